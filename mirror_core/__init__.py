@@ -1,0 +1,9 @@
+"""Mirror Speculative Decoding engine: token ids in, typed events out (no text, no UI)."""
+from .api import MirrorEngine, PairInfo, auto_lanes
+from .config import DECODER_NAMES, LaneConfig, MirrorError, Request, SamplingConfig, SpecConfig
+from .engine import DECODERS
+from .events import (Event, RejectedEvent, RunEnd, RunStart, SpanEvent, StepRecord, TokenEvent)
+
+__all__ = ["MirrorEngine", "PairInfo", "auto_lanes", "DECODER_NAMES", "DECODERS", "LaneConfig", "MirrorError",
+           "Request", "SamplingConfig", "SpecConfig", "Event", "RejectedEvent", "RunEnd", "RunStart", "SpanEvent",
+           "StepRecord", "TokenEvent"]

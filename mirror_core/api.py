@@ -1,0 +1,175 @@
+"""MirrorEngine: load a target/draft pair onto two lanes once, then stream events per request.
+
+    engine = MirrorEngine.load("path/or/hub-id/target", "path/or/hub-id/draft")
+    for event in engine.stream(Request(prompt_ids=(1, 2, 3), decoder="mirror")):
+        ...
+    engine.close()
+
+The target runs on the engine's target-lane thread (pinned to its cores); the draft on its own
+lane (a process by default). No global state: two engines are independent.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from dataclasses import asdict, dataclass
+from typing import Iterator
+
+import torch
+
+from .config import LaneConfig, MirrorError, Request
+from .engine import decode_events
+from .events import Event, RunEnd
+from .hf_runner import HFRunner
+from .lanes import DraftLaneSpec, make_draft_lane, pinned
+from .models import ModelSpec, check_device, load_config, load_model, load_tokenizer, shared_vocab_size
+from .run import Run
+
+
+def auto_lanes(kind: str | None = None) -> LaneConfig:
+    """Two GPUs → one each; one GPU → target on it, draft in a thread with its own stream; CPU → cores split."""
+    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n_gpu >= 2:
+        return LaneConfig("cuda:0", "cuda:1", kind or "process")
+    if n_gpu == 1:
+        return LaneConfig("cuda:0", "cuda:0", kind or "thread")
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return LaneConfig("cpu", "cpu", kind or "inline", target_threads=1, draft_threads=1)
+    half = len(cpus) // 2
+    return LaneConfig("cpu", "cpu", kind or "process", target_cpus=tuple(cpus[:half]), draft_cpus=tuple(cpus[half:]),
+                      target_threads=half, draft_threads=len(cpus) - half)
+
+
+@dataclass(frozen=True)
+class PairInfo:
+    target: str
+    draft: str | None
+    num_layers: int          # N of the target
+    vocab_size: int
+    max_context: int | None  # tokens both models can attend over (prompt + new + window)
+    lanes: LaneConfig
+
+
+class MirrorEngine:
+    def __init__(self, target_runner: HFRunner, draft_lane, info: PairInfo, tokenizer, eos_ids: frozenset[int]):
+        self.target, self.lane, self.info = target_runner, draft_lane, info
+        self.tokenizer, self.eos_ids = tokenizer, eos_ids
+        self._lock = threading.Lock()
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._target_lane, name="mirror-target-lane", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def load(cls, target: str, draft: str | None, lanes: LaneConfig | None = None,
+             trust_remote_code: bool = False) -> "MirrorEngine":
+        lanes = lanes or auto_lanes()
+        check_device(lanes.target_device)
+        check_device(lanes.draft_device)
+        target_cfg = load_config(ModelSpec(target, lanes.target_device, trust_remote_code))
+        tokenizer = load_tokenizer(target)
+        vocab = int(target_cfg.vocab_size)
+        contexts = [_context_of(target_cfg)]
+        if draft is not None:
+            draft_cfg = load_config(ModelSpec(draft, lanes.draft_device, trust_remote_code))
+            vocab = shared_vocab_size(target_cfg, draft_cfg, tokenizer, load_tokenizer(draft))
+            contexts.append(_context_of(draft_cfg))
+        runner = HFRunner(load_model(ModelSpec(target, lanes.target_device, trust_remote_code)), vocab)
+        lane = None
+        if draft is not None:
+            lane = make_draft_lane(lanes, DraftLaneSpec(draft, lanes.draft_device, vocab, lanes.draft_threads,
+                                                        lanes.draft_cpus, trust_remote_code))
+        known = [c for c in contexts if c]
+        info = PairInfo(target, draft, runner.num_layers, vocab, min(known) if known else None, lanes)
+        return cls(runner, lane, info, tokenizer, _eos_ids(runner.model))
+
+    # -- requests --------------------------------------------------------------------------
+    def validate(self, request: Request) -> int:
+        """Check a request against the loaded pair; returns the early-exit layer ℓ_e it will use."""
+        n = self.info.num_layers
+        exit_layer = request.spec.exit_layer if request.spec.exit_layer is not None else max(1, n // 2)
+        if not 1 <= exit_layer <= n - 1:
+            raise MirrorError(f"exit layer must be in 1..{n - 1} for this {n}-layer target, got {exit_layer}")
+        if request.decoder != "ar" and self.lane is None:
+            raise MirrorError(f"decoder {request.decoder!r} needs a draft model; load one or use 'ar'")
+        bad = [t for t in request.prompt_ids if t >= self.info.vocab_size]
+        if bad:
+            raise MirrorError(f"prompt id {bad[0]} is outside the vocabulary (0..{self.info.vocab_size - 1})")
+        need = len(request.prompt_ids) + request.max_new_tokens + request.spec.gamma + 2
+        if self.info.max_context and need > self.info.max_context:
+            raise MirrorError(f"prompt ({len(request.prompt_ids)} tokens) + max new tokens ({request.max_new_tokens}) "
+                              f"+ window ({request.spec.gamma + 2}) exceeds the models' context of "
+                              f"{self.info.max_context} tokens; shorten the prompt or lower max new tokens")
+        return exit_layer
+
+    def stream(self, request: Request, stop: threading.Event | None = None) -> Iterator[Event]:
+        """Validate now (raising MirrorError), then return an iterator of events ending in RunEnd."""
+        exit_layer = self.validate(request)
+        return self._stream(request, exit_layer, stop or threading.Event())
+
+    def generate(self, request: Request, stop: threading.Event | None = None) -> RunEnd:
+        """The non-streaming call: the last event of stream()."""
+        return list(self.stream(request, stop))[-1]
+
+    def _stream(self, request: Request, exit_layer: int, stop: threading.Event) -> Iterator[Event]:
+        out: queue.Queue = queue.Queue()
+        with self._lock:
+            self._jobs.put((request, exit_layer, stop, out))
+            finished = False
+            try:
+                while (batch := out.get()) is not None:
+                    yield from batch
+                finished = True
+            finally:  # closed early: stop the run within one step and wait until no lane is busy
+                if not finished:
+                    stop.set()
+                    while out.get() is not None:
+                        pass
+
+    def _target_lane(self) -> None:
+        """The target lane's thread: pinned once, then runs one request after another."""
+        lanes = self.info.lanes
+        with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads):
+            while True:
+                job = self._jobs.get()
+                if job is None:
+                    return
+                request, exit_layer, stop, out = job
+                settings = {"request": asdict(request), "lanes": asdict(lanes), "exit_layer": exit_layer,
+                            "target": self.info.target, "draft": self.info.draft}
+                try:
+                    run = Run(request, self.target, exit_layer, self.eos_ids, stop, settings)
+                    for batch in decode_events(run, self.lane):
+                        out.put(batch)
+                finally:
+                    if self.lane is not None:
+                        self.lane.drain()
+                    out.put(None)
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=60)
+        if self.lane is not None:
+            self.lane.close()
+
+    def __enter__(self) -> "MirrorEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _context_of(config) -> int | None:
+    limits = [getattr(config, name, None) for name in ("max_position_embeddings", "n_positions", "sliding_window")]
+    limits = [int(v) for v in limits if isinstance(v, int) and v > 0]
+    return min(limits) if limits else None
+
+
+def _eos_ids(model) -> frozenset[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)

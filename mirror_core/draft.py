@@ -1,0 +1,186 @@
+"""The draft lane's work: prefill, fresh rollouts, branch-complete rollouts, and branch adoption.
+
+A DraftWorker lives on the draft lane (its own process, thread, or inline) and sees only token
+ids: the committed tokens it is told about, the early-exit candidates M_t, and (A_t, c).
+
+Cache invariant between steps (mirror_sd.md §2.8): the draft cache holds every committed token
+through w0 (`committed` of them) plus the window tokens it fed while drafting, d1..d_{γ−1}
+(and d_γ once bonus-slot branches have been prepared).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import SamplingConfig
+from .events import STAGE_DRAFT_BRANCHES, STAGE_DRAFT_ROLLOUT, STAGE_PREFILL, STAGE_SELECT_BRANCH
+from .runner import Runner
+from .sampling import draft_sample
+
+SpanTuple = tuple[str, float, float]  # (stage, t0, t1) on the shared monotonic clock
+
+
+@dataclass(frozen=True)
+class DraftStart:
+    """Begin a request: prefill the prompt (runs while the target prefills)."""
+    prompt_ids: tuple[int, ...]
+    gamma: int
+    sampling: SamplingConfig
+    fault_at_step: int | None = None   # test hook: fail when this step's command arrives
+    fault_mode: str = "raise"          # "raise" an exception, or "exit" the lane's process
+
+
+@dataclass(frozen=True)
+class BranchRequest:
+    """M_t: early-exit candidate ids per slot 1..γ+1 (−1 = no candidate); ids only, log-probs stay with the target."""
+    step: int
+    topk_ids: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class ResolveRequest:
+    """(A_t, c) after acceptance; the reply is the next window."""
+    step: int
+    accepted: int
+    token: int
+
+
+@dataclass
+class DraftWindow:
+    tokens: tuple[int, ...]                 # d1..dγ of the next window
+    p_draft: torch.Tensor | None            # [γ, V] the exact law each token was drawn from (T > 0), CPU
+    hit: bool | None                        # None: no branches were prepared for this step
+    branch_row: int | None                  # reused row on a hit
+    branches: tuple[tuple[int, ...], ...]   # every precomputed branch (row order = slot-major candidates)
+    spans: list[SpanTuple] = field(default_factory=list)
+    forwards: int = 0                       # draft forward passes since the previous reply
+
+
+class DraftFault(RuntimeError):
+    """Injected failure of the draft lane (MIRROR_FAULT_DRAFT_AT_STEP)."""
+
+
+@dataclass
+class _BranchSet:
+    rows: list[tuple[int, int]]       # (slot index 0..γ, candidate token) per row
+    tokens: torch.Tensor              # [R, γ] branch tokens
+    p_draft: torch.Tensor | None      # [R, γ, V]
+    cache: object                     # the runner's forked branch cache
+
+
+class DraftWorker:
+    def __init__(self, runner: Runner):
+        self.runner = runner
+        self.cache = None
+        self.req: DraftStart | None = None
+
+    def handle(self, cmd) -> DraftWindow | None:
+        """Process one command; only ResolveRequest has a reply."""
+        if isinstance(cmd, DraftStart):
+            return self._start(cmd)
+        self._maybe_fault(cmd.step)
+        if isinstance(cmd, BranchRequest):
+            return self._branch(cmd)
+        return self._resolve(cmd)
+
+    # -- commands --------------------------------------------------------------------------
+    def _start(self, req: DraftStart) -> None:
+        self.req = req
+        self.gen = torch.Generator().manual_seed(req.sampling.seed + 1)  # the draft lane's own stream
+        self.cache = self.runner.new_cache()
+        self.committed = len(req.prompt_ids)   # tokens through w0 (the prompt's last token for now)
+        self.window: list[int] = []
+        self.p_window: torch.Tensor | None = None
+        self.branch_set: _BranchSet | None = None
+        self.spans: list[SpanTuple] = []
+        self.forwards = 0
+        with self._span(STAGE_PREFILL):
+            self.runner.forward(self.cache, list(req.prompt_ids))
+            self.forwards += 1
+
+    def _branch(self, cmd: BranchRequest) -> None:
+        """Branch-complete rollouts: a γ-token continuation for every candidate, as one batch."""
+        gamma = self.req.gamma
+        with self._span(STAGE_DRAFT_BRANCHES):
+            if self.runner.cache_len(self.cache) < self.committed + len(self.window):
+                self.runner.forward(self.cache, self.window[-1:])  # feed d_γ for the bonus slot's branches
+                self.forwards += 1
+            rows = [(j, v) for j, cands in enumerate(cmd.topk_ids) for v in cands if v >= 0]
+            if not rows:
+                self.branch_set = None
+                return
+            # Slot j+1's branches see the committed prefix through w0 plus d1..d_j.
+            bcache = self.runner.fork(self.cache, [self.committed + j for j, _ in rows])
+            ids = torch.tensor([v for _, v in rows], dtype=torch.long)  # [R]
+            tokens, ps = [], []
+            for _ in range(gamma):
+                logits = self.runner.forward_rows(bcache, ids)            # [R, V]
+                ids, p = draft_sample(logits, self.req.sampling, self.gen)
+                ids = ids.cpu()
+                tokens.append(ids)
+                ps.append(p)
+                self.forwards += 1
+            p_draft = None if ps[0] is None else torch.stack(ps, 1)        # [R, γ, V]
+            self.branch_set = _BranchSet(rows, torch.stack(tokens, 1), p_draft, bcache)  # tokens [R, γ]
+
+    def _resolve(self, cmd: ResolveRequest) -> DraftWindow:
+        bs, self.branch_set = self.branch_set, None
+        hit = None if bs is None else (cmd.accepted, cmd.token) in bs.rows
+        branches = () if bs is None else tuple(tuple(r) for r in bs.tokens.tolist())
+        row = None
+        if hit:
+            row = bs.rows.index((cmd.accepted, cmd.token))
+            with self._span(STAGE_SELECT_BRANCH):
+                self.cache = self.runner.select_row(bs.cache, row)
+            self.window = bs.tokens[row].tolist()
+            self.p_window = None if bs.p_draft is None else bs.p_draft[row]
+        else:
+            self._fresh_rollout(cmd.accepted, cmd.token)
+        self.committed += cmd.accepted + 1
+        reply = DraftWindow(tuple(self.window), self.p_window, hit, row, branches, self.spans, self.forwards)
+        self.spans, self.forwards = [], 0
+        return reply
+
+    def _fresh_rollout(self, accepted: int, token: int) -> None:
+        """Truncate to the committed prefix, feed what is missing plus c, draft γ tokens."""
+        with self._span(STAGE_DRAFT_ROLLOUT):
+            keep = min(self.runner.cache_len(self.cache), self.committed + accepted)
+            self.runner.truncate(self.cache, keep)
+            feed = self.window[keep - self.committed : accepted] + [token]
+            window, ps = [], []
+            for _ in range(self.req.gamma):
+                logits = self.runner.forward(self.cache, feed)[-1:]         # [1, V]
+                ids, p = draft_sample(logits, self.req.sampling, self.gen)
+                feed = [int(ids[0])]
+                window.append(feed[0])
+                ps.append(p)
+                self.forwards += 1
+            self.window = window
+            self.p_window = None if ps[0] is None else torch.cat(ps, 0)     # [γ, V]
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _maybe_fault(self, step: int) -> None:
+        if self.req.fault_at_step is not None and step >= self.req.fault_at_step:
+            if self.req.fault_mode == "exit":
+                os._exit(3)
+            raise DraftFault(f"injected draft-lane fault at step {step}")
+
+    def _span(self, stage: str):
+        return _Span(self, stage)
+
+
+class _Span:
+    def __init__(self, worker: DraftWorker, stage: str):
+        self.worker, self.stage = worker, stage
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        if self.worker.runner.device.type == "cuda":
+            torch.cuda.synchronize(self.worker.runner.device)
+        self.worker.spans.append((self.stage, self.t0, time.perf_counter()))
+        return False

@@ -1,0 +1,97 @@
+"""Typed events every decoder emits, in order: RunStart, then Token/Rejected/Span/Step, then RunEnd."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+# Where a committed token came from.
+ORIGIN_TARGET = "target"          # produced by the target alone (prefill token, AR step, target-only fallback)
+ORIGIN_ACCEPTED = "accepted"      # a draft token the target accepted
+ORIGIN_CORRECTION = "correction"  # the target's token at the first rejected slot
+ORIGIN_BONUS = "bonus"            # the target's token after a fully accepted window
+ORIGINS = (ORIGIN_TARGET, ORIGIN_ACCEPTED, ORIGIN_CORRECTION, ORIGIN_BONUS)
+
+LANE_TARGET = "target"
+LANE_DRAFT = "draft"
+
+# Stage names of SpanEvent.stage.
+STAGE_PREFILL = "prefill"                  # target or draft prompt prefill
+STAGE_TARGET_STEP = "target_step"          # one target-only decode step (ar / fallback)
+STAGE_TARGET_VERIFY = "target_verify"      # a whole verification pass (sd: no early exit)
+STAGE_TARGET_PREFIX = "target_prefix"      # layers 1..ℓ_e over the window
+STAGE_EXIT_READOUT = "exit_readout"        # final norm + LM head at ℓ_e, top-κ, send M_t
+STAGE_TARGET_SUFFIX = "target_suffix"      # layers ℓ_e+1..N + LM head
+STAGE_ACCEPT = "accept"                    # acceptance rule (A_t, c)
+STAGE_WAIT = "wait"                        # target lane waiting for the draft lane's next window
+STAGE_DRAFT_BRANCHES = "draft_branches"    # branch-complete rollouts for every candidate, one batch
+STAGE_DRAFT_ROLLOUT = "draft_rollout"      # fresh γ-token rollout (first window, sd, or fallback)
+STAGE_SELECT_BRANCH = "select_branch"      # adopting a precomputed branch's KV on a hit
+TARGET_BUSY_STAGES = (STAGE_PREFILL, STAGE_TARGET_STEP, STAGE_TARGET_VERIFY, STAGE_TARGET_PREFIX,
+                      STAGE_EXIT_READOUT, STAGE_TARGET_SUFFIX, STAGE_ACCEPT)
+
+
+@dataclass(frozen=True)
+class RunStart:
+    decoder: str
+    prompt_ids: tuple[int, ...]
+    settings: dict  # the request's sampling/spec settings and lane mapping, JSON-ready
+    t0: float       # run start on the shared monotonic clock (seconds)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token_id: int
+    index: int          # 0-based index among the new tokens
+    step: int           # verification step that committed it (0 = prefill)
+    origin: str         # one of ORIGINS
+    from_branch: bool   # an accepted token that came from a reused (precomputed) branch
+    t: float            # commit time on the shared clock
+
+
+@dataclass(frozen=True)
+class RejectedEvent:
+    step: int
+    token_ids: tuple[int, ...]  # the draft tokens after the first rejection, in window order
+    first_slot: int             # 1-based slot of the first rejected token
+
+
+@dataclass(frozen=True)
+class SpanEvent:
+    lane: str    # LANE_TARGET or LANE_DRAFT
+    stage: str   # one of the STAGE_* names
+    t0: float    # seconds on the shared monotonic clock (time.perf_counter, CLOCK_MONOTONIC)
+    t1: float
+    step: int
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One verification pass; the raw material of every metric."""
+
+    step: int
+    window: tuple[int, ...]        # [w0, d1..dγ]
+    drafted: int                   # D_t: draft tokens presented
+    accepted: int                  # A_t
+    token: int                     # c: correction (A_t < D_t) or bonus (A_t = D_t)
+    committed: int                 # n_t (A_t + 1 unless EOS or the token budget cut the step)
+    from_branch: bool              # this window was a reused branch (hit at the previous step)
+    hit: bool | None               # c ∈ TopK_τ (None: no branches were prepared this step)
+    topk_ids: tuple[tuple[int, ...], ...] = ()        # per slot 1..γ+1: early-exit candidates (-1 = none)
+    topk_logprobs: tuple[tuple[float, ...], ...] = ()  # matching log p_exit
+    target_tokens: tuple[int, ...] = ()               # argmax p_target per slot (for Ω̂_κ)
+    branches: tuple[tuple[int, ...], ...] = ()        # precomputed branch tokens, row order = slot-major topk order
+    branch_row: int | None = None                     # the reused row on a hit
+    t_end: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    token_ids: tuple[int, ...]
+    stats: dict                     # RunSummary as a dict (see metrics.summarize)
+    fallback: str | None            # None, or why the run did not run as asked (e.g. draft lane failed)
+    stopped: bool = False           # the caller's stop flag ended it early
+    error: str | None = None        # target-lane failure: the tokens above are kept
+    extra: dict = field(default_factory=dict)
+
+
+Event = Union[RunStart, TokenEvent, RejectedEvent, SpanEvent, StepRecord, RunEnd]

@@ -1,0 +1,115 @@
+"""Load Hugging Face causal LMs and tokenizers onto devices; check that a pair can work together."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .config import MirrorError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a model comes from (hub id or local folder) and where it runs."""
+    source: str
+    device: str = "cpu"
+    trust_remote_code: bool = False
+
+
+def check_device(device: str) -> torch.device:
+    """A torch.device that exists on this machine, or a MirrorError saying what does."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = dev.index if dev.index is not None else 0
+        if index >= n:
+            have = "no CUDA devices" if n == 0 else f"{n} CUDA device(s): " + ", ".join(f"cuda:{i}" for i in range(n))
+            raise MirrorError(f"device {device!r} is not available; this machine has {have}; use 'cpu'")
+        dev = torch.device("cuda", index)
+    elif dev.type != "cpu":
+        raise MirrorError(f"unsupported device {device!r}; use 'cpu' or 'cuda:N'")
+    return dev
+
+
+def load_config(spec: ModelSpec):
+    """The model's config, checked to be an architecture the runner supports."""
+    from transformers import AutoConfig
+
+    from .hf_runner import SUPPORTED_MODEL_TYPES
+
+    _import_own_model_classes()
+    try:
+        config = AutoConfig.from_pretrained(spec.source, trust_remote_code=spec.trust_remote_code)
+    except Exception as exc:  # OSError, ValueError, hub errors: all mean "not a loadable model here"
+        raise MirrorError(f"cannot load model {spec.source!r}: {_first_line(exc)}") from None
+    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+        raise MirrorError(f"{spec.source!r} has unsupported architecture {getattr(config, 'model_type', '?')!r}; "
+                          f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    return config
+
+
+def load_model(spec: ModelSpec):
+    """AutoModelForCausalLM from a hub id or folder: fp32 on CPU (no bf16 math there), stored dtype on CUDA."""
+    from transformers import AutoModelForCausalLM
+
+    device = check_device(spec.device)
+    config = load_config(spec)
+    dtype = torch.float32
+    if device.type == "cuda" and getattr(config, "dtype", None) in (torch.float16, torch.bfloat16):
+        dtype = config.dtype
+    try:
+        model = AutoModelForCausalLM.from_pretrained(spec.source, dtype=dtype, trust_remote_code=spec.trust_remote_code,
+                                                     use_safetensors=_has_safetensors(spec.source))
+    except Exception as exc:
+        raise MirrorError(f"{spec.source!r} is not a loadable causal LM: {_first_line(exc)}") from None
+    return model.to(device).eval()
+
+
+def load_tokenizer(source: str):
+    """The model's tokenizer, or None when the folder has none (then use prompt ids)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except Exception:
+        return None
+
+
+def shared_vocab_size(target_config, draft_config, tok_target, tok_draft) -> int:
+    """The vocabulary both models index the same way; raise if the pair disagrees.
+
+    Padded embedding tables may differ in size (e.g. 151936 vs 152064); then the tokenizers
+    must be identical and the logits are sliced to the tokenizer's length.
+    """
+    vt, vd = int(target_config.vocab_size), int(draft_config.vocab_size)
+    if tok_target is not None and tok_draft is not None:
+        if tok_target.get_vocab() != tok_draft.get_vocab():
+            raise MirrorError("target and draft tokenizers have different vocabularies; pick a draft from the target's family")
+        n = len(tok_target)
+        if n > min(vt, vd):
+            raise MirrorError(f"tokenizer has {n} tokens but a model has only {min(vt, vd)} embeddings")
+        return n if vt != vd else vt
+    if vt != vd:
+        raise MirrorError(f"target vocabulary ({vt}) and draft vocabulary ({vd}) differ, and there is no tokenizer to reconcile them")
+    return vt
+
+
+def _has_safetensors(source: str) -> bool | None:
+    """Local folders must hold safetensors; hub ids let transformers choose (it prefers safetensors)."""
+    if os.path.isdir(source):
+        return any(f.endswith(".safetensors") for f in os.listdir(source))
+    return None
+
+
+def _import_own_model_classes() -> None:
+    """Our speculative-streaming draft registers itself with the Auto classes on import."""
+    try:
+        import mirror_core.ss_draft  # noqa: F401
+    except ImportError:
+        pass
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

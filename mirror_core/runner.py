@@ -1,0 +1,47 @@
+"""The runner interface: everything the engine asks of a model, in token ids and positions.
+
+A runner owns its KV layout. The engine only moves positions: it appends windows, truncates
+after a rejection, forks a cache into branch rows that each see their own prefix of it, advances
+those rows one token at a time, and adopts one row. Nothing here knows about transformers; the
+Hugging Face implementation is `hf_runner.HFRunner`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import torch
+
+ExitCallback = Callable[[torch.Tensor], None]  # receives p_exit logits [T, V] mid-forward
+
+
+class Runner(Protocol):
+    num_layers: int   # N: decoder layers
+    vocab_size: int   # V: logits are sliced to this width
+    device: torch.device
+
+    def new_cache(self) -> Any:
+        """An empty sequence cache (batch of one)."""
+
+    def cache_len(self, cache: Any) -> int:
+        """Tokens held; the next appended token gets this position."""
+
+    def forward(self, cache: Any, ids: list[int], exit_layer: int | None = None,
+                on_exit: ExitCallback | None = None) -> torch.Tensor:
+        """Append ids at positions cache_len.. and return logits [T, V] (float32).
+
+        With exit_layer ℓ_e, on_exit is called with the readout final_norm(h^(ℓ_e)) · W_LM [T, V]
+        after layer ℓ_e and before layers ℓ_e+1..N run, so another lane can start meanwhile.
+        """
+
+    def truncate(self, cache: Any, length: int) -> None:
+        """Keep the first `length` tokens."""
+
+    def fork(self, cache: Any, valid_lengths: list[int]) -> Any:
+        """Branch rows over a shared cache: row r sees only its first valid_lengths[r] tokens and
+        its next token gets position valid_lengths[r]."""
+
+    def forward_rows(self, branches: Any, ids: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (ids [R]) at each row's next position; returns logits [R, V]."""
+
+    def select_row(self, branches: Any, row: int) -> Any:
+        """A sequence cache holding row `row`'s visible prefix followed by that row's own tokens."""
