@@ -325,6 +325,9 @@ def _process_main(spec: DraftLaneSpec, channel_name: str) -> None:
     alive = lambda: os.getppid() == parent  # noqa: E731
     ch = Channel(cap_i64=1 << 18, cap_f32=_f32_capacity(spec.vocab_size), name=channel_name)
     try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
         if spec.cpus:
             os.sched_setaffinity(0, spec.cpus)
         if spec.threads:

@@ -40,8 +40,6 @@ class RunCounters:
     hits_by_kind: dict | None = None
     overlap_slots: int = 0
     overlap_in_topk: int = 0
-    draft_forwards: int = 0    # draft forward passes (for η̄)
-    draft_tokens: int = 0      # tokens those passes produced per row (for η̄)
 
 
 def count_steps(records: list[StepRecord], gamma: int) -> RunCounters:

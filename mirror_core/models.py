@@ -39,6 +39,8 @@ def load_config(spec: ModelSpec):
     from .hf_runner import SUPPORTED_MODEL_TYPES
 
     _import_own_model_classes()
+    if _looks_like_path(spec.source) and not os.path.isdir(spec.source):
+        raise MirrorError(f"model folder {spec.source!r} does not exist")
     try:
         config = AutoConfig.from_pretrained(spec.source, trust_remote_code=spec.trust_remote_code)
     except Exception as exc:  # OSError, ValueError, hub errors: all mean "not a loadable model here"
@@ -93,6 +95,11 @@ def shared_vocab_size(target_config, draft_config, tok_target, tok_draft) -> int
     if vt != vd:
         raise MirrorError(f"target vocabulary ({vt}) and draft vocabulary ({vd}) differ, and there is no tokenizer to reconcile them")
     return vt
+
+
+def _looks_like_path(source: str) -> bool:
+    """Hub ids are 'name' or 'org/name'; anything else is meant as a local folder."""
+    return source.startswith(("/", "./", "../", "~")) or source.count("/") > 1
 
 
 def _has_safetensors(source: str) -> bool | None:

@@ -1,0 +1,148 @@
+"""`python -m mirror_core generate ...`: one request from the command line (flags → configs in one place)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .config import DECODER_NAMES, RULES, LaneConfig, MirrorError, Request, SamplingConfig, SpecConfig
+from .events import RunEnd, TokenEvent
+
+ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "default_pair")
+DEFAULT_TARGET = os.path.join(ASSETS, "target")
+DEFAULT_DRAFT = os.path.join(ASSETS, "draft_ar")
+SUMMARY_KEYS = ("tau", "acceptance_rate", "hit_rate", "fallback_frequency", "draft_hidden_fraction",
+                "exit_overlap", "tokens_per_s", "ttft_s", "wall_s", "steps")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit status 2, no usage dump
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m mirror_core", description="Mirror speculative decoding engine")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    g = sub.add_parser("generate", help="decode one prompt and stream the text")
+    g.add_argument("--target", default=DEFAULT_TARGET, help="target model: Hugging Face id or local folder")
+    g.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model: Hugging Face id or local folder")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text (needs a tokenizer next to the target)")
+    src.add_argument("--prompt-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
+    g.add_argument("--decoder", default="mirror", help=f"one of {', '.join(DECODER_NAMES)}")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--gamma", type=int, default=4, help="draft tokens per window (γ)")
+    g.add_argument("--kappa", type=int, default=4, help="early-exit candidates per slot (κ)")
+    g.add_argument("--exit-layer", type=int, default=None, help="early-exit layer ℓ_e (default N/2)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=0, help="0 = off")
+    g.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--rule", default="exact", help=f"acceptance rule at T > 0: {', '.join(RULES)}")
+    g.add_argument("--target-device", default=None, help="cpu, cuda or cuda:N (default: automatic lanes)")
+    g.add_argument("--draft-device", default=None, help="cpu, cuda or cuda:N (default: automatic lanes)")
+    g.add_argument("--lane", default=None, help="draft lane: process, thread or inline (default: automatic)")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    g.add_argument("--trace", default=None, help="write every event to this JSON file")
+    return p
+
+
+def lanes_from_args(args) -> LaneConfig:
+    from dataclasses import replace
+
+    from .api import auto_lanes
+
+    lanes = auto_lanes(args.lane)
+    if args.target_device or args.draft_device:
+        target = args.target_device or lanes.target_device
+        draft = args.draft_device or lanes.draft_device
+        cpu_split = target == draft == "cpu"
+        lanes = replace(lanes, target_device=target, draft_device=draft,
+                        target_cpus=lanes.target_cpus if cpu_split else (),
+                        draft_cpus=lanes.draft_cpus if cpu_split else ())
+    return lanes
+
+
+def request_from_args(args, prompt_ids: tuple[int, ...]) -> Request:
+    return Request(prompt_ids=prompt_ids, decoder=args.decoder, max_new_tokens=args.max_new_tokens,
+                   sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed, args.rule),
+                   spec=SpecConfig(args.gamma, args.kappa, args.exit_layer))
+
+
+def parse_prompt_ids(text: str) -> tuple[int, ...]:
+    try:
+        ids = tuple(int(x) for x in text.replace(" ", "").split(",") if x != "")
+    except ValueError:
+        raise MirrorError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise MirrorError("--prompt-ids is empty; give at least one token id")
+    return ids
+
+
+def generate(args) -> int:
+    from .api import MirrorEngine
+    from .textstream import IncrementalText
+    from .trace import event_to_dict, write_trace
+
+    if args.prompt is not None and not args.prompt.strip():
+        raise MirrorError("the prompt is empty; give some text")
+    prompt_ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    # Check every setting before loading anything.
+    request_from_args(args, prompt_ids or (0,))
+    for path in (args.target, args.draft):
+        if path in (DEFAULT_TARGET, DEFAULT_DRAFT) and not os.path.isdir(path):
+            raise MirrorError(f"the default model pair is not in {ASSETS}; pass --target and --draft")
+    draft = None if args.decoder == "ar" else args.draft
+    with MirrorEngine.load(args.target, draft, lanes_from_args(args)) as engine:
+        if prompt_ids is None:
+            if engine.tokenizer is None:
+                raise MirrorError(f"{args.target!r} has no tokenizer; pass --prompt-ids instead of --prompt")
+            prompt_ids = tuple(engine.tokenizer.encode(args.prompt))
+        request = request_from_args(args, prompt_ids)
+        text = IncrementalText(engine.tokenizer) if engine.tokenizer is not None else None
+        events = []
+        for event in engine.stream(request):
+            events.append(event)
+            if not args.json and isinstance(event, TokenEvent):
+                print(text.push(event.token_id) if text else f"{event.token_id} ", end="", flush=True)
+        end: RunEnd = events[-1]
+        if args.trace:
+            write_trace(args.trace, events)
+        if args.json:
+            out = {"decoder": request.decoder, "prompt_ids": list(prompt_ids), "token_ids": list(end.token_ids),
+                   "text": engine.tokenizer.decode(list(end.token_ids)) if engine.tokenizer is not None else None,
+                   "stats": end.stats, "fallback": end.fallback, "error": end.error}
+            print(json.dumps(out))
+        else:
+            print((text.flush() if text else "") + "\n")
+            print(_summary_line(end))
+        return 1 if end.error else 0
+
+
+def _summary_line(end: RunEnd) -> str:
+    parts = []
+    for key in SUMMARY_KEYS:
+        v = end.stats.get(key)
+        if v is not None:
+            parts.append(f"{key}={v:.3f}" if isinstance(v, float) else f"{key}={v}")
+    line = "-- " + " ".join(parts)
+    if end.fallback:
+        line += f"\n-- fallback: {end.fallback}"
+    if end.error:
+        line += f"\n-- error: {end.error}"
+    return line
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        return generate(args)
+    except MirrorError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
