@@ -68,10 +68,15 @@ def load_model(spec: ModelSpec):
     return model.to(device).eval()
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def load_tokenizer(source: str):
     """The model's tokenizer, or None when the folder has none (then use prompt ids)."""
     from transformers import AutoTokenizer
 
+    if os.path.isdir(source) and not any(os.path.exists(os.path.join(source, f)) for f in _TOKENIZER_FILES):
+        return None  # transformers would build an empty tokenizer from the config alone
     try:
         return AutoTokenizer.from_pretrained(source)
     except Exception:

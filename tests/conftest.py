@@ -44,7 +44,7 @@ def _in_first_layer(name: str) -> bool:
 
 
 def build_pair(root: str, arch: str, target_layers: int = 4, hidden: int = 64, seed: int = 0,
-               eos: int | None = None, vocab: int = VOCAB) -> tuple[str, str]:
+               eos: int | None = None, vocab: int = VOCAB, draft_noise: float = 0.1) -> tuple[str, str]:
     """A random target and a 1-layer draft initialised from its embedding, first layer, norm and head
     (so acceptance is neither 0 nor 1)."""
     cls, cfg = _config(arch, target_layers, hidden, vocab, eos)
@@ -67,8 +67,8 @@ def build_pair(root: str, arch: str, target_layers: int = 4, hidden: int = 64, s
     torch.manual_seed(seed + 100)
     with torch.no_grad():  # perturb the draft a little so it is not the target's own first layer
         for p in draft.parameters():
-            p.add_(0.1 * p.std() * torch.randn_like(p) if p.numel() > 1 else 0.0)
-    tag = f"{arch}_s{seed}_e{eos}_v{vocab}_h{hidden}_n{target_layers}"
+            p.add_(draft_noise * p.std() * torch.randn_like(p) if p.numel() > 1 else 0.0)
+    tag = f"{arch}_s{seed}_e{eos}_v{vocab}_h{hidden}_n{target_layers}_z{draft_noise}"
     t_dir, d_dir = os.path.join(root, tag + "_target"), os.path.join(root, tag + "_draft")
     target.save_pretrained(t_dir)
     draft.save_pretrained(d_dir)

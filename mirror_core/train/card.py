@@ -1,0 +1,105 @@
+"""Render the training/evaluation record as model_card.json (machine-readable) and MODEL_CARD.md (for people)."""
+import json
+import os
+
+NAMES = {"target": "target", "draft_ar": "AR draft", "draft_ss": "SS draft"}
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+
+
+def _models_section(c: dict) -> list[str]:
+    rows = []
+    for key, label in NAMES.items():
+        s, t, loss = c["sizes"][key], c["training"][key], c["val_loss"][key]
+        rows.append([label, s["layers"], s["hidden_size"], f"{s['params'] / 1e6:.2f} M", f"{s['safetensors_mb']:.1f}",
+                     f"{t['seconds'] / 60:.1f}", t["device"], t["steps"], f"{t['tokens'] / 1e6:.2f} M",
+                     loss.get("code", float("nan")), loss.get("prose", float("nan"))])
+    return (["## Models", ""]
+            + _table(["model", "layers", "hidden", "params", "fp16 MB", "train min", "device", "steps", "train tokens",
+                      "val loss code", "val loss prose"], rows)
+            + ["", f"Total fp16 weights: {c['sizes']['total_safetensors_mb']:.1f} MB. Validation loss in nats/token "
+                   "on held-out files (teacher-forced, context as trained).", "",
+               "One-token cached decode step (Hugging Face eager forward, fp32 on CPU, 1 intra-op thread, "
+               "median, measured right after training on the training machine; the SS step includes its streams): "
+               + ", ".join(f"{NAMES[k]} {v:.2f} ms" for k, v in c["decode_step_ms"].items()) + ".", ""])
+
+
+def _exit_section(c: dict) -> list[str]:
+    le, kinds = c["exit_layer"], list(c["exit_overlap"])
+    rows = [[f"{layer}{' (ℓ_e)' if int(layer) == le else ''}"] + [c["exit_overlap"][k][layer][kk] for k in kinds
+                                                                   for kk in ("1", "4", "8")]
+            for layer in c["exit_overlap"][kinds[0]]]
+    header = ["exit after layer"] + [f"{k} top-{kk}" for k in kinds for kk in ("1", "4", "8")]
+    return (["## Early exit (logit lens: final norm + tied head)", "",
+             "Share of held-out positions whose final greedy token lies in the exit readout's top-k "
+             f"(empirical Ω̂_κ with greedy targets). Trained with an auxiliary exit loss at ℓ_e = {le}.", ""]
+            + _table(header, rows) + [""])
+
+
+def _draft_section(c: dict) -> list[str]:
+    kinds = list(c["val_loss"]["target"])
+    rows = [[NAMES[m]] + [c["agreement_top1"][m][k] for k in kinds] for m in ("draft_ar", "draft_ss")]
+    for j, per_kind in c["streams"].items():
+        rows.append([f"SS stream {j} (token t+{1 + int(j)})"] + [per_kind[k]["agreement_with_target"] for k in kinds])
+    lines = ["## Draft agreement with the target", "",
+             "Top-1 agreement with the target's greedy token on held-out text (teacher-forced). Stream j at t is "
+             "compared with the target's greedy token at t+j.", ""]
+    lines += _table(["draft"] + kinds, rows) + [""]
+    spf = c["generation"]["draft_ss"].get("self_speculation_tokens_per_forward")
+    if spf is not None:
+        lines += [f"SS draft self-verifying greedy decode: {spf:.2f} tokens per forward on the held-out prompts "
+                  "(the draft checking its own lookahead; not the pair's τ).", ""]
+    return lines
+
+
+def _samples_section(c: dict) -> list[str]:
+    lines = ["## Greedy samples", ""]
+    for key, label in NAMES.items():
+        g = c["generation"][key]
+        s = g["sample"]
+        lines += [f"### {label}", "",
+                  f"Repeated-4-gram share: {s['repeated_4gram_fraction']:.2f} in this sample, "
+                  f"{g['repeated_4gram_fraction_mean']:.2f} mean over {g['n_prompts']} held-out prompts "
+                  f"× {g['new_tokens']} tokens. Prompt from `{s['prompt_source']}`.", "",
+                  "```", s["prompt"] + " ⟦" + s["continuation"] + "⟧", "```", ""]
+    return lines
+
+
+def render_markdown(c: dict) -> str:
+    """The human-readable card; every number comes from the same dict as model_card.json."""
+    m = c["corpus"]
+    lines = ["# Mirror-SD Playground default model pair", "",
+             "A small Llama-style target, an autoregressive (AR) draft and a Speculative-Streaming (SS) draft, "
+             "trained offline by `python -m mirror_core.train`. They are toy models meant for demonstrating "
+             "speculative decoding, not for writing useful code or text.", ""]
+    lines += _models_section(c) + _exit_section(c) + _draft_section(c)
+    spec = c.get("speculation") or {}
+    lines += ["## Speculative decoding", ""]
+    lines += ([f"- {k}: {v}" for k, v in spec.items()] if spec else
+              ["τ and hit rate are measured by the decoding engine's benchmark, not by this training script."])
+    lines += [""] + _samples_section(c)
+    rows = [[f"{split} {kind}", m["documents"][split][kind], f"{m['bytes'][split][kind]:,}"]
+            for split in ("train", "val") for kind in ("code", "prose")]
+    lines += ["## Corpus", "",
+              f"Source {m['source']} (Python {m['python_version']}), split by document name hash; excluded "
+              f"directories {', '.join(m['excluded_dirs'])}; files over {m['max_file_bytes']:,} bytes skipped.", ""]
+    lines += _table(["split", "documents", "bytes"], rows)
+    lines += ["", f"Prose upsampled {m['prose_train_upsample']}x in training; {m['train_tokens']:,} training tokens; "
+              f"sha256 of the documents `{m['sha256']}`. Tokenizer: byte-level BPE, "
+              f"vocab {m['tokenizer']['vocab_size']}, "
+              f"only special token `{m['tokenizer']['special_tokens'][0]}` (bos/eos/pad/unk, document separator).", "",
+              f"Total wall time including tokenizer and evaluation: {c['total_wall_seconds'] / 60:.1f} min. "
+              "Full configuration in model_card.json.", ""]
+    return "\n".join(lines)
+
+
+def write(out_dir: str, c: dict) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "model_card.json"), "w") as f:
+        json.dump(c, f, indent=2, ensure_ascii=False)
+    with open(os.path.join(out_dir, "MODEL_CARD.md"), "w") as f:
+        f.write(render_markdown(c))

@@ -1,0 +1,52 @@
+"""Command line → TrainConfig, in one place; `python -m mirror_core.train --out assets/default_pair`."""
+import argparse
+import dataclasses
+
+from mirror_core.train.trainer import TrainConfig, train_all
+
+# flag name → TrainConfig field; every default comes from TrainConfig itself
+FLAGS = {
+    "budget_minutes": "training wall time for all three models, split 60/20/20 (tokenizer and evaluation extra)",
+    "seed": "seed of the init and data generators",
+    "device": "cpu or cuda",
+    "threads": "torch intra-op threads (0 = torch default)",
+    "corpus_dir": "train on .py (code) and .txt/.md/.rst (prose) files under this directory instead of the stdlib",
+    "vocab_size": "BPE vocabulary size",
+    "context": "training context length",
+    "hidden_size": "hidden size of all three models",
+    "intermediate_size": "MLP width",
+    "num_heads": "attention heads",
+    "num_kv_heads": "key/value heads",
+    "target_layers": "target depth N",
+    "draft_layers": "AR draft depth (copied from the target's first layers)",
+    "ss_layers": "SS draft depth (copied from the target's first layers)",
+    "ss_msa_layers": "top SS layers with multi-stream attention (N_s)",
+    "num_streams": "SS lookahead streams (n_str)",
+    "exit_layer": "early-exit layer ℓ_e (0 = target_layers // 2)",
+    "batch_size": "sequences per step",
+    "lr_target": "peak learning rate of the target",
+    "lr_draft": "peak learning rate of both drafts",
+    "warmup_steps": "linear warmup steps",
+    "max_steps": "cap on steps per model (0 = time budget only)",
+    "eval_chunks": "validation chunks per kind (code, prose)",
+    "n_prompts": "held-out prompts for greedy samples",
+    "sample_tokens": "greedy tokens per prompt",
+}
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    """Parse flags into a validated, frozen TrainConfig."""
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    parser = argparse.ArgumentParser(prog="python -m mirror_core.train", description=__doc__)
+    parser.add_argument("--out", required=True, help="output folder (target/, draft_ar/, draft_ss/, model card)")
+    for name, help_text in FLAGS.items():
+        default = fields[name].default
+        kind = str if default is None else type(default)
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
+                            help=f"{help_text} (default: {default})")
+    args = vars(parser.parse_args(argv))
+    return TrainConfig(out_dir=args.pop("out"), **args)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return train_all(parse_args(argv))

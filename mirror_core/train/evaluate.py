@@ -1,0 +1,173 @@
+"""Held-out metrics for the saved model bundle, measured on the fp16 files reloaded as fp32 (what the engine loads)."""
+import os
+import time
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import mirror_core.ss_draft as ss_draft  # registers the SS draft with the Auto classes
+from mirror_core.train import card, data
+
+MODEL_NAMES = ("target", "draft_ar", "draft_ss")
+TOP_KS = (1, 4, 8)
+
+
+def evaluate_speculation(out_dir: str) -> dict:
+    """Speculation metrics (τ, hit rate) of the saved pair; the decoding engine supplies them, so this returns {}."""
+    return {}
+
+
+def repeated_4gram_fraction(sequence: list[int], n_generated: int) -> float:
+    """Share of generated tokens that complete a 4-gram already seen earlier in prompt + generation."""
+    seen, repeats = set(), 0
+    start = len(sequence) - n_generated
+    for i in range(3, len(sequence)):
+        gram = tuple(sequence[i - 3: i + 1])
+        repeats += int(i >= start and gram in seen)
+        seen.add(gram)
+    return repeats / max(n_generated, 1)
+
+
+@torch.inference_mode()
+def llama_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """Plain KV-cached greedy decoding for exactly n tokens (no stop at EOT, so samples compare)."""
+    out = model(torch.tensor([prompt]), use_cache=True)
+    tokens = [int(out.logits[0, -1].argmax())]
+    while len(tokens) < n:
+        out = model(torch.tensor([[tokens[-1]]]), cache=out.cache, use_cache=True)
+        tokens.append(int(out.logits[0, -1].argmax()))
+    return tokens
+
+
+def _nll_sum(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), reduction="sum").item()
+
+
+@torch.inference_mode()
+def teacher_forced_metrics(models: dict, chunks: dict[str, torch.Tensor], batch_size: int = 8) -> dict:
+    """Validation NLL per model and kind, early-exit top-k overlap per layer, draft agreement with the target."""
+    target, ar, ss = models["target"], models["draft_ar"], models["draft_ss"]
+    n_layers, n_streams = target.config.num_hidden_layers, ss.config.num_streams
+    sums = defaultdict(float)  # raw counters; rates are derived below
+    for kind, kind_chunks in chunks.items():
+        for batch in kind_chunks.split(batch_size):
+            x, y = batch[:, :-1], batch[:, 1:]  # [B, T] each
+            out = target(x, output_hidden_states=True, use_cache=False)
+            greedy = out.logits.argmax(-1)  # [B, T] the target's greedy token at each position
+            sums[kind, "positions"] += y.numel()
+            sums["target", kind, "nll"] += _nll_sum(out.logits, y)
+            for layer in range(1, n_layers):
+                exit_logits = target.lm_head(target.model.norm(out.hidden_states[layer]))  # [B, T, V]
+                top = exit_logits.topk(max(TOP_KS), dim=-1).indices  # [B, T, 8]
+                for k in TOP_KS:
+                    sums["exit", kind, layer, k] += (top[..., :k] == greedy[..., None]).any(-1).sum().item()
+            ar_logits = ar(x, use_cache=False).logits  # [B, T, V]
+            sums["draft_ar", kind, "nll"] += _nll_sum(ar_logits, y)
+            sums["draft_ar", kind, "agree"] += (ar_logits.argmax(-1) == greedy).sum().item()
+            ss_out = ss(x)
+            sums["draft_ss", kind, "nll"] += _nll_sum(ss_out.logits, y)
+            sums["draft_ss", kind, "agree"] += (ss_out.logits.argmax(-1) == greedy).sum().item()
+            t = x.shape[1]
+            for j in range(1, n_streams + 1):
+                stream_top1 = ss_out.stream_logits[:, : t - j, j - 1].argmax(-1)  # [B, T-j] predicts token t+1+j
+                sums["stream", kind, j, "agree"] += (stream_top1 == greedy[:, j:]).sum().item()
+                sums["stream", kind, j, "correct"] += (stream_top1 == y[:, j:]).sum().item()
+                sums["stream", kind, j, "positions"] += stream_top1.numel()
+    return _derive(sums, chunks, n_layers, n_streams)
+
+
+def _derive(sums: dict, chunks: dict, n_layers: int, n_streams: int) -> dict:
+    """Rates from the raw counters: nats/token, overlap shares, agreement shares."""
+    kinds = list(chunks)
+    pos = {k: sums[k, "positions"] for k in kinds}
+    result = {"val_tokens": {k: int(pos[k]) for k in kinds}}
+    result["val_loss"] = {m: {k: sums[m, k, "nll"] / pos[k] for k in kinds} for m in MODEL_NAMES}
+    result["exit_overlap"] = {k: {str(layer): {str(kk): sums["exit", k, layer, kk] / pos[k] for kk in TOP_KS}
+                                  for layer in range(1, n_layers)} for k in kinds}
+    result["agreement_top1"] = {m: {k: sums[m, k, "agree"] / pos[k] for k in kinds} for m in ("draft_ar", "draft_ss")}
+    stream = lambda k, j, what: sums["stream", k, j, what] / sums["stream", k, j, "positions"]  # noqa: E731
+    result["streams"] = {str(j): {k: {"agreement_with_target": stream(k, j, "agree"),
+                                      "accuracy_on_data": stream(k, j, "correct")} for k in kinds}
+                         for j in range(1, n_streams + 1)}
+    return result
+
+
+def generation_metrics(models: dict, tokenizer, prompts: list[data.HeldoutPrompt], n: int) -> dict:
+    """Greedy continuations of every held-out prompt: repeated-4-gram share, one sample text, SS tokens/forward."""
+    result = {}
+    for name, model in models.items():
+        fractions, per_forward, sample = [], [], None
+        for p in prompts:
+            if name == "draft_ss":
+                tokens, steps = ss_draft.ss_greedy_generate(model, list(p.ids), n)
+                per_forward += steps
+            else:
+                tokens = llama_greedy(model, list(p.ids), n)
+            fractions.append(repeated_4gram_fraction(list(p.ids) + tokens, len(tokens)))
+            if sample is None:
+                sample = {"prompt_source": p.source, "prompt": tokenizer.decode(list(p.ids)),
+                          "continuation": tokenizer.decode(tokens), "repeated_4gram_fraction": fractions[-1]}
+        result[name] = {"sample": sample, "repeated_4gram_fraction_mean": sum(fractions) / len(fractions),
+                        "n_prompts": len(prompts), "new_tokens": n}
+        if per_forward:
+            result[name]["self_speculation_tokens_per_forward"] = sum(per_forward) / len(per_forward)
+    return result
+
+
+@torch.inference_mode()
+def decode_step_ms(model, prefix_len: int, reps: int = 40) -> float:
+    """Median wall time of a one-token cached forward after prefix_len tokens, on 1 intra-op thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        prefix = torch.zeros(1, prefix_len, dtype=torch.long)
+        token = torch.zeros(1, 1, dtype=torch.long)
+        is_ss = isinstance(model, ss_draft.SSDraftForCausalLM)
+        cache = model(prefix).cache if is_ss else model(prefix, use_cache=True).cache
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            if is_ss:
+                model(token, cache=cache)  # main + lookahead streams; the returned cache is a new list
+            else:
+                model(token, cache=cache, use_cache=True)
+                cache.crop(-1)  # undo the append so every call sees the same prefix
+            times.append(time.perf_counter() - t0)
+        return 1e3 * sorted(times)[len(times) // 2]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def model_sizes(out_dir: str, models: dict) -> dict:
+    """Parameter counts (tied weights once) and on-disk fp16 safetensors size."""
+    sizes = {}
+    for name, model in models.items():
+        path = os.path.join(out_dir, name, "model.safetensors")
+        sizes[name] = {"params": sum(p.numel() for p in model.parameters()),
+                       "safetensors_mb": os.path.getsize(path) / 1e6,
+                       "layers": model.config.num_hidden_layers, "hidden_size": model.config.hidden_size}
+    sizes["total_safetensors_mb"] = sum(s["safetensors_mb"] for s in sizes.values())
+    return sizes
+
+
+def evaluate_bundle(out_dir: str, corpus: data.Corpus, cfg) -> dict:
+    """All held-out metrics for the model card, from the files on disk."""
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(out_dir, "target"))
+    models = {n: AutoModelForCausalLM.from_pretrained(os.path.join(out_dir, n), dtype=torch.float32).eval()
+              for n in MODEL_NAMES}
+    chunks = {kind: data.eval_chunks(data.token_stream(tokenizer, corpus.select("val", kind)), cfg.context,
+                                     cfg.eval_chunks) for kind in ("code", "prose") if corpus.select("val", kind)}
+    prompts = data.heldout_prompts(tokenizer, corpus, cfg.n_prompts, cfg.prompt_tokens)
+    metrics = teacher_forced_metrics(models, chunks)
+    metrics["exit_layer"] = cfg.resolved_exit_layer
+    metrics["generation"] = generation_metrics(models, tokenizer, prompts, cfg.sample_tokens)
+    metrics["sizes"] = model_sizes(out_dir, models)
+    metrics["decode_step_ms"] = {n: decode_step_ms(m, min(128, cfg.context)) for n, m in models.items()}
+    metrics["speculation"] = evaluate_speculation(out_dir)
+    return metrics
+
+
+def write_model_card(out_dir: str, card_data: dict) -> None:
+    card.write(out_dir, card_data)

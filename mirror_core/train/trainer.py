@@ -1,0 +1,195 @@
+"""One training loop for the bundled target, AR draft and SS draft, run in that order under a wall-clock budget."""
+import dataclasses
+import math
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from tqdm import tqdm
+
+from mirror_core.train import build, data, evaluate, losses
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a training run depends on; the CLI maps its flags onto this in one place."""
+
+    out_dir: str
+    budget_minutes: float = 120.0  # training wall time for all three models (tokenizer and eval extra)
+    budget_split: tuple[float, float, float] = (0.6, 0.2, 0.2)  # target, AR draft, SS draft
+    seed: int = 0
+    device: str = "cpu"  # "cpu" or "cuda"
+    threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+    corpus_dir: str | None = None  # None: CPython stdlib + pydoc topics
+    # default shapes: build.py's docstring gives the latency and size measurements behind them
+    vocab_size: int = 4096
+    context: int = 256
+    hidden_size: int = 384
+    intermediate_size: int = 1024
+    num_heads: int = 6
+    num_kv_heads: int = 2
+    target_layers: int = 10
+    draft_layers: int = 1
+    ss_layers: int = 1
+    ss_msa_layers: int = 1  # N_s
+    num_streams: int = 2  # n_str
+    exit_layer: int = 0  # ℓ_e; 0 means target_layers // 2
+    exit_loss_weight: float = 0.25
+    stream_loss_weight: float = 0.1  # α_j
+    batch_size: int = 8
+    lr_target: float = 1.5e-3
+    lr_draft: float = 1e-3
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    max_steps: int = 0  # per model; 0 = limited by the time budget only
+    eval_chunks: int = 64  # validation chunks per kind (code, prose)
+    n_prompts: int = 16
+    prompt_tokens: int = 48
+    sample_tokens: int = 64
+
+    def __post_init__(self):
+        if abs(sum(self.budget_split) - 1.0) > 1e-6 or min(self.budget_split) <= 0:
+            raise ValueError(f"budget_split must be positive and sum to 1, got {self.budget_split}")
+        if not 0 <= self.exit_layer < self.target_layers:
+            raise ValueError(f"exit_layer must be in 1..{self.target_layers - 1} (0 = half), got {self.exit_layer}")
+        if max(self.draft_layers, self.ss_layers) > self.target_layers or not 1 <= self.ss_msa_layers <= self.ss_layers:
+            raise ValueError("drafts copy target layers: need draft_layers, ss_layers ≤ target_layers and "
+                             "1 ≤ ss_msa_layers ≤ ss_layers")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device}")
+
+    @property
+    def resolved_exit_layer(self) -> int:
+        return self.exit_layer or self.target_layers // 2
+
+
+@dataclass(frozen=True)
+class PhaseStats:
+    """What one model's training phase did, for the model card."""
+
+    steps: int
+    tokens: int
+    seconds: float
+    final_train_loss: float  # mean of the last ≤ 50 steps
+
+
+def lr_at(cfg: TrainConfig, peak: float, step: int, progress: float) -> float:
+    """Linear warmup, then cosine to 10% of peak; progress in [0, 1] is the share of the phase spent."""
+    warm = min(1.0, (step + 1) / cfg.warmup_steps)
+    return peak * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def optimizer_for(model: torch.nn.Module, cfg: TrainConfig, lr: float) -> torch.optim.AdamW:
+    """AdamW; matrices (embedding included) decay, norm gains and stream embeddings do not."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in named if p.dim() >= 2 and not n.endswith("stream_embed")]
+    rest = [p for n, p in named if p.dim() < 2 or n.endswith("stream_embed")]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": rest, "weight_decay": 0.0}], lr=lr, betas=cfg.betas)
+
+
+def run_phase(name: str, model: torch.nn.Module, loss_fn: Callable, stream: torch.Tensor, cfg: TrainConfig,
+              peak_lr: float, budget_s: float, generator: torch.Generator) -> PhaseStats:
+    """Train until the phase's time (or step) budget is spent; always at least one step."""
+    opt = optimizer_for(model, cfg, peak_lr)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if cfg.device == "cuda" else nullcontext()
+    model.train()
+    recent, step, t0 = [], 0, time.perf_counter()
+    bar = tqdm(total=max(round(budget_s), 1), desc=name, unit="s", mininterval=1.0)
+    while True:
+        elapsed = time.perf_counter() - t0
+        if step > 0 and (elapsed >= budget_s or (cfg.max_steps and step >= cfg.max_steps)):
+            break
+        progress = step / cfg.max_steps if cfg.max_steps else elapsed / budget_s
+        for group in opt.param_groups:
+            group["lr"] = lr_at(cfg, peak_lr, step, progress)
+        x, y = data.sample_batch(stream, cfg.batch_size, cfg.context, generator, cfg.device)  # [B, T] each
+        with amp:
+            loss = loss_fn(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        recent = (recent + [loss.item()])[-50:]
+        step += 1
+        bar.set_postfix(step=step, loss=f"{recent[-1]:.3f}", refresh=False)
+        bar.update(min(int(time.perf_counter() - t0), bar.total) - bar.n)
+    bar.close()
+    model.eval()
+    seconds = time.perf_counter() - t0
+    return PhaseStats(step, step * cfg.batch_size * cfg.context, seconds, sum(recent) / len(recent))
+
+
+def target_loss_fn(target, cfg: TrainConfig) -> Callable:
+    """Next-token CE plus the early-exit auxiliary loss at ℓ_e (logit lens: final norm + tied head)."""
+    def loss_fn(x, y):
+        out = target(x, output_hidden_states=True, use_cache=False)
+        exit_logits = target.lm_head(target.model.norm(out.hidden_states[cfg.resolved_exit_layer]))  # [B, T, V]
+        exit_term = losses.early_exit_loss(exit_logits, out.logits, y)
+        return losses.next_token_loss(out.logits, y) + cfg.exit_loss_weight * exit_term
+    return loss_fn
+
+
+def ar_draft_loss_fn(draft, target) -> Callable:
+    """Forward-KL distillation of the AR draft from the frozen target."""
+    def loss_fn(x, y):
+        with torch.no_grad():
+            target_logits = target(x, use_cache=False).logits  # [B, T, V]
+        return losses.distill_loss(draft(x, use_cache=False).logits, target_logits)
+    return loss_fn
+
+
+def ss_draft_loss_fn(draft, target, cfg: TrainConfig) -> Callable:
+    """SS loss with a distilled main stream (forward KL) and CE lookahead streams (α_j = stream_loss_weight)."""
+    def loss_fn(x, y):
+        with torch.no_grad():
+            target_logits = target(x, use_cache=False).logits  # [B, T, V]
+        out = draft(x)
+        return losses.speculative_streaming_loss(out.logits, out.stream_logits, y, cfg.stream_loss_weight,
+                                                 target_logits=target_logits)
+    return loss_fn
+
+
+def train_all(cfg: TrainConfig) -> dict:
+    """Tokenizer → target → AR draft → SS draft → saved fp16 models → model card; returns the card dict."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    t_start = time.perf_counter()
+    corpus = data.load_corpus(cfg.corpus_dir)
+    tokenizer = data.train_tokenizer(corpus, cfg.vocab_size)
+    train_stream = data.token_stream(tokenizer, corpus.select("train"), corpus.manifest["prose_train_upsample"])
+    eot = tokenizer.convert_tokens_to_ids(data.EOT)
+    gen_init = torch.Generator().manual_seed(cfg.seed)
+    # one data generator per phase, so a phase's batches do not depend on how many steps the previous one ran
+    gen_data = [torch.Generator().manual_seed(cfg.seed + 1 + i) for i in range(3)]
+    budget = [cfg.budget_minutes * 60 * share for share in cfg.budget_split]
+    config = build.llama_config(len(tokenizer), eot, cfg.hidden_size, cfg.intermediate_size, cfg.target_layers,
+                                cfg.num_heads, cfg.num_kv_heads, max_positions=4 * cfg.context)
+    target = build.make_target(config, gen_init).to(cfg.device)
+    stats = {"target": run_phase("target", target, target_loss_fn(target, cfg), train_stream, cfg,
+                                 cfg.lr_target, budget[0], gen_data[0])}
+    build.save_fp16(target, tokenizer, os.path.join(cfg.out_dir, "target"))  # saved at once: hours of work
+    target.requires_grad_(False)
+    draft_ar = build.make_ar_draft(target, cfg.draft_layers).requires_grad_(True)
+    stats["draft_ar"] = run_phase("draft_ar", draft_ar, ar_draft_loss_fn(draft_ar, target), train_stream, cfg,
+                                  cfg.lr_draft, budget[1], gen_data[1])
+    build.save_fp16(draft_ar, tokenizer, os.path.join(cfg.out_dir, "draft_ar"))
+    draft_ss = build.make_ss_draft(target, cfg.ss_layers, cfg.ss_msa_layers, cfg.num_streams, gen_init)
+    draft_ss.requires_grad_(True)
+    stats["draft_ss"] = run_phase("draft_ss", draft_ss, ss_draft_loss_fn(draft_ss, target, cfg), train_stream, cfg,
+                                  cfg.lr_draft, budget[2], gen_data[2])
+    build.save_fp16(draft_ss, tokenizer, os.path.join(cfg.out_dir, "draft_ss"))
+    manifest = dict(corpus.manifest, train_tokens=len(train_stream),
+                    tokenizer={"vocab_size": len(tokenizer), "special_tokens": [data.EOT]})
+    training = {name: dict(dataclasses.asdict(s), device=cfg.device, threads=torch.get_num_threads())
+                for name, s in stats.items()}
+    card = evaluate.evaluate_bundle(cfg.out_dir, corpus, cfg)
+    card.update(corpus=manifest, training=training, config=dataclasses.asdict(cfg),
+                total_wall_seconds=time.perf_counter() - t_start)
+    evaluate.write_model_card(cfg.out_dir, card)
+    return card

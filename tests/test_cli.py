@@ -1,0 +1,102 @@
+"""The command-line contract: --json output, streaming text, and one-line errors with status 2."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mirror_core.cli import main
+
+from conftest import build_pair, hf_greedy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "mirror_core", *args], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=ROOT)
+
+
+def test_json_output_matches_the_contract(pairs, tmp_path):
+    target, draft = pairs["llama"]
+    trace = tmp_path / "trace.json"
+    proc = run_cli("generate", "--target", target, "--draft", draft, "--prompt-ids", "1,2,3", "--decoder", "mirror",
+                   "--max-new-tokens", "12", "--gamma", "3", "--kappa", "2", "--exit-layer", "2", "--json",
+                   "--trace", str(trace))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["decoder"] == "mirror" and out["prompt_ids"] == [1, 2, 3]
+    assert out["token_ids"] == hf_greedy(target, (1, 2, 3), 12)
+    for key in ("tau", "acceptance_rate", "hit_rate", "fallback_frequency", "draft_hidden_fraction",
+                "tokens_per_s", "wall_s", "steps"):
+        assert key in out["stats"]
+    assert out["fallback"] is None and out["text"] is None
+    events = json.loads(trace.read_text())["events"]
+    assert events[0]["type"] == "RunStart" and events[-1]["type"] == "RunEnd"
+
+
+def test_streaming_mode_prints_tokens_and_a_summary(pairs, capsys):
+    target, draft = pairs["qwen2"]
+    assert main(["generate", "--target", target, "--draft", draft, "--prompt-ids", "4,5", "--max-new-tokens", "6",
+                 "--lane", "inline"]) == 0
+    out = capsys.readouterr().out
+    ids = hf_greedy(target, (4, 5), 6)
+    assert " ".join(map(str, ids)) in out and "tau=" in out
+
+
+@pytest.fixture(scope="module")
+def mismatched(pair_root):
+    target, _ = build_pair(pair_root, "llama", seed=1)
+    _, other_draft = build_pair(pair_root, "llama", seed=1, vocab=80)
+    return target, other_draft
+
+
+BAD = [
+    (["--decoder", "beam"], "unknown decoder"),
+    (["--gamma", "0"], "gamma"),
+    (["--kappa", "0"], "kappa"),
+    (["--exit-layer", "4"], "exit layer must be in 1..3"),
+    (["--exit-layer", "0"], "exit layer"),
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "0"], "top-p"),
+    (["--top-p", "1.5"], "top-p"),
+    (["--max-new-tokens", "0"], "max new tokens"),
+    (["--rule", "magic"], "rule"),
+    (["--target-device", "cuda:3"], "not available"),
+]
+
+
+@pytest.mark.parametrize("extra,needle", BAD)
+def test_bad_settings_are_one_line_errors(pairs, capsys, extra, needle):
+    target, draft = pairs["llama"]
+    rc = main(["generate", "--target", target, "--draft", draft, "--prompt-ids", "1,2", "--lane", "inline", *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error:") and needle in err[0], err
+
+
+def test_bad_inputs_and_models(pairs, mismatched, capsys, tmp_path):
+    target, draft = pairs["llama"]
+    cases = [
+        (["--target", target, "--draft", draft, "--prompt", "   "], "prompt is empty"),
+        (["--target", target, "--draft", draft, "--prompt-ids", ""], "empty"),
+        (["--target", target, "--draft", draft, "--prompt-ids", "1,x"], "comma-separated"),
+        (["--target", target, "--draft", draft, "--prompt", "hello"], "no tokenizer"),
+        (["--target", str(tmp_path / "missing"), "--draft", draft, "--prompt-ids", "1"], "does not exist"),
+        (["--target", str(tmp_path), "--draft", draft, "--prompt-ids", "1"], "cannot load model"),
+        (["--target", mismatched[0], "--draft", mismatched[1], "--prompt-ids", "1"], "vocabulary"),
+        (["--target", target, "--draft", draft, "--prompt-ids", "100000"], "outside the vocabulary"),
+    ]
+    for args, needle in cases:
+        rc = main(["generate", "--lane", "inline", *args])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and err[0].startswith("error:") and needle in err[0], (args, err)
+
+
+def test_argument_errors_exit_2_without_traceback():
+    proc = run_cli("generate", "--prompt-ids", "1", "--gamma", "two")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error:") and "Traceback" not in proc.stderr

@@ -1,0 +1,132 @@
+"""Two lanes: real overlap in CPU+CPU process mode, stop within a step, draft faults fall back to the target."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig, StepRecord, TokenEvent
+from mirror_core.api import auto_lanes
+from mirror_core.channel import Channel, Message
+from mirror_core.draft import BranchRequest, DraftStart, DraftWindow, ResolveRequest
+from mirror_core.lanes import decode, encode
+from mirror_core.metrics import interval_overlap
+
+from conftest import build_pair, hf_greedy
+
+import numpy as np
+import torch
+
+from mirror_core import SamplingConfig
+
+
+@pytest.fixture(scope="module")
+def heavy_pair(pair_root):
+    """A target much heavier than its draft, so the branch batch can hide inside the target suffix."""
+    return build_pair(pair_root, "llama", target_layers=8, hidden=256, seed=2)
+
+
+@pytest.fixture(scope="module")
+def process_engine(heavy_pair):
+    lanes = auto_lanes("process")
+    with MirrorEngine.load(*heavy_pair, lanes) as engine:
+        yield engine
+
+
+def test_cpu_lanes_overlap_in_time(process_engine):
+    events = list(process_engine.stream(Request((1, 2, 3, 4), "mirror", 48, spec=SpecConfig(3, 2, 4))))
+    end = events[-1]
+    spans = [e for e in events if type(e).__name__ == "SpanEvent"]
+    suffix = [(s.t0, s.t1) for s in spans if s.stage == "target_suffix"]
+    branches = [(s.t0, s.t1) for s in spans if s.stage == "draft_branches"]
+    assert branches and suffix
+    assert interval_overlap(suffix, branches) > 0.0       # the draft ran while the target ran its suffix
+    assert end.stats["draft_hidden_fraction"] > 0.05
+    assert end.fallback is None
+
+
+def test_process_lane_pins_each_lane_to_its_own_cores():
+    lanes = auto_lanes("process")
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert set(lanes.target_cpus).isdisjoint(lanes.draft_cpus)
+        assert lanes.target_cpus and lanes.draft_cpus
+
+
+def test_stop_flag_ends_the_run_within_one_step(process_engine, heavy_pair):
+    import threading
+
+    stop = threading.Event()
+    steps = 0
+    tokens = []
+    for event in process_engine.stream(Request((1, 2, 3), "mirror", 200, spec=SpecConfig(3, 2, 4)), stop):
+        if isinstance(event, StepRecord):
+            steps += 1
+            if steps == 2:
+                stop.set()
+        if isinstance(event, TokenEvent):
+            tokens.append(event.token_id)
+        last = event
+    assert last.stopped and last.stats["steps"] <= 3
+    assert tokens == hf_greedy(heavy_pair[0], (1, 2, 3), len(tokens))
+    _assert_lane_idle(process_engine)
+
+
+def test_closing_the_generator_frees_the_lanes(process_engine):
+    stream = process_engine.stream(Request((4, 5, 6), "mirror", 200, spec=SpecConfig(3, 2, 4)))
+    for event in stream:
+        if isinstance(event, StepRecord):
+            break
+    stream.close()
+    _assert_lane_idle(process_engine)
+    end = process_engine.generate(Request((4, 5, 6), "mirror", 8))  # the engine still serves
+    assert len(end.token_ids) == 8
+
+
+def _assert_lane_idle(engine):
+    box = engine.lane.channel.to_worker
+    assert box.drained() and box.header[6] == 0 and engine.lane.outstanding == 0
+
+
+@pytest.mark.parametrize("kind,mode", [("inline", "raise"), ("thread", "raise"), ("process", "raise"), ("process", "exit")])
+def test_draft_fault_finishes_on_the_target_alone(pairs, monkeypatch, kind, mode):
+    target, draft = pairs["llama"]
+    ref = hf_greedy(target, (7, 8, 9), 40)
+    with MirrorEngine.load(target, draft, LaneConfig(kind=kind)) as engine:
+        for fault_step in (0, 1, 3):
+            monkeypatch.setenv("MIRROR_FAULT_DRAFT_AT_STEP", str(fault_step))
+            monkeypatch.setenv("MIRROR_FAULT_DRAFT_MODE", mode)
+            for decoder in ("sd", "mirror"):
+                end = engine.generate(Request((7, 8, 9), decoder, 40, spec=SpecConfig(3, 2, 2)))
+                assert list(end.token_ids) == ref
+                assert end.fallback and "draft lane failed" in end.fallback
+        monkeypatch.delenv("MIRROR_FAULT_DRAFT_AT_STEP")
+        end = engine.generate(Request((7, 8, 9), "mirror", 40, spec=SpecConfig(3, 2, 2)))
+        assert list(end.token_ids) == ref and end.fallback is None  # the lane recovers for the next request
+
+
+def test_channel_codec_round_trips():
+    cmds = [DraftStart((1, 2, 3), 4, SamplingConfig(0.7, 5, 0.9, 42, "rejection"), 3, "exit"),
+            BranchRequest(2, ((1, 2), (3, -1), (4, 5))), ResolveRequest(5, 2, 17)]
+    for cmd in cmds:
+        assert decode(encode(cmd)) == cmd
+    window = DraftWindow((1, 2), torch.rand(2, 7), True, 3, ((1, 2), (3, 4)), [("draft_branches", 1.0, 2.0)], 5)
+    back = decode(encode(window))
+    assert back.tokens == window.tokens and back.hit and back.branch_row == 3 and back.branches == window.branches
+    assert torch.allclose(back.p_draft, window.p_draft) and back.spans == window.spans and back.forwards == 5
+
+
+def test_shared_memory_channel_delivers_in_order():
+    ch = Channel(cap_i64=16, cap_f32=4)
+    peer = Channel(16, 4, name=ch.name)
+    try:
+        for k in range(5):
+            ch.to_worker.send(Message(1, np.arange(k, dtype=np.int64), np.zeros(0), np.zeros(0, np.float32)),
+                              lambda: True, 1)
+            msg = peer.to_worker.recv(lambda: True, 1)
+            assert msg.i64.tolist() == list(range(k))
+        with pytest.raises(ValueError):
+            ch.to_worker.send(Message(1, np.arange(17, dtype=np.int64), np.zeros(0), np.zeros(0, np.float32)),
+                              lambda: True, 1)
+    finally:
+        peer.close()
+        ch.close()

@@ -1,0 +1,144 @@
+"""CPU tests for the training pipeline: corpus split, tokenizer, batches, losses and the CLI end to end."""
+import json
+import os
+import shutil
+import sysconfig
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from mirror_core.ss_draft import SSDraftForCausalLM
+from mirror_core.train import build, cli, data, evaluate, losses, trainer
+from mirror_core.train.trainer import TrainConfig
+
+STDLIB = sysconfig.get_paths()["stdlib"]
+TINY_FLAGS = ["--budget-minutes", "0.05", "--max-steps", "15", "--vocab-size", "320", "--context", "32",
+              "--hidden-size", "32", "--intermediate-size", "64", "--num-heads", "4", "--num-kv-heads", "2",
+              "--target-layers", "4", "--draft-layers", "1", "--ss-layers", "2", "--batch-size", "4",
+              "--warmup-steps", "5", "--eval-chunks", "4", "--n-prompts", "4", "--sample-tokens", "10"]
+
+
+@pytest.fixture(scope="module")
+def toy_dir(tmp_path_factory) -> str:
+    """A toy corpus: six small stdlib modules (code) and four pydoc topics as .txt files (prose)."""
+    root = tmp_path_factory.mktemp("toy")
+    for name in ("bisect", "colorsys", "heapq", "textwrap", "keyword", "fnmatch"):
+        shutil.copy(os.path.join(STDLIB, f"{name}.py"), root / f"{name}.py")
+    topics = data._pydoc_topics(STDLIB)
+    for key in sorted(topics)[:4]:
+        (root / f"{key}.txt").write_text(topics[key][:6000])
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def toy_tokenizer(toy_dir):
+    return data.train_tokenizer(data.load_corpus(toy_dir), 320)
+
+
+def test_split_is_by_document_name_and_deterministic(toy_dir, tmp_path):
+    first, second = data.load_corpus(toy_dir), data.load_corpus(toy_dir)
+    assert [(d.name, d.split) for d in first.documents] == [(d.name, d.split) for d in second.documents]
+    assert first.manifest["sha256"] == second.manifest["sha256"]
+    assert data.stable_hash("os.py") % 1000 == 892  # sha256-based: the same on every machine and process
+    assert data.split_of("asyncio/futures.py", 30) == "val" and data.split_of("os.py", 30) == "train"
+    for kind in ("code", "prose"):
+        assert first.select("val", kind) and first.select("train", kind)
+    shutil.copytree(toy_dir, tmp_path / "more")
+    (tmp_path / "more" / "extra.py").write_text("x = 1\n")
+    grown = {d.name: d.split for d in data.load_corpus(str(tmp_path / "more")).documents}
+    assert all(grown[d.name] == d.split for d in first.documents)
+
+
+def test_default_corpus_is_the_filtered_stdlib():
+    corpus = data.load_corpus()
+    names = [d.name for d in corpus.documents]
+    assert names == sorted(names)
+    assert not any(n.split("/")[0] in data.EXCLUDED_DIRS for n in names if "::" not in n)
+    assert sum(n.startswith(data.TOPICS_PATH + "::") for n in names) > 50
+    counts = corpus.manifest["documents"]
+    assert counts["train"]["code"] + counts["val"]["code"] > 500
+    assert 0 < counts["val"]["code"] < counts["train"]["code"] / 10
+
+
+def test_tokenizer_saves_loads_and_round_trips(toy_tokenizer, tmp_path):
+    toy_tokenizer.save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    eot = tok.convert_tokens_to_ids(data.EOT)
+    assert tok.bos_token_id == tok.eos_token_id == tok.pad_token_id == tok.unk_token_id == eot
+    for text in ["def f(x):\n\treturn x  # ünïcødé ✓ 日本\n", "  leading and trailing  \n\n", "a<|endoftext|>b"]:
+        assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    assert len(tok) == 320
+
+
+def test_batches_are_reproducible_and_shifted(toy_dir, toy_tokenizer):
+    corpus = data.load_corpus(toy_dir)
+    stream = data.token_stream(toy_tokenizer, corpus.select("train"), upsample_prose=3)
+    assert stream[0] == toy_tokenizer.convert_tokens_to_ids(data.EOT)
+    x1, y1 = data.sample_batch(stream, 4, 16, torch.Generator().manual_seed(5))
+    x2, y2 = data.sample_batch(stream, 4, 16, torch.Generator().manual_seed(5))
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert torch.equal(x1[:, 1:], y1[:, :-1])
+    chunks = data.eval_chunks(stream, 16, 3)  # [3, 17]
+    assert chunks.shape == (3, 17) and torch.equal(chunks[1, 0], chunks[0, 16])
+    prompts = data.heldout_prompts(toy_tokenizer, corpus, 4, prompt_tokens=12)
+    assert {p.kind for p in prompts} == {"code", "prose"} and all(len(p.ids) <= 12 for p in prompts)
+
+
+def test_ss_loss_labels_streams_with_later_tokens():
+    vocab, t = 7, 6
+    targets = torch.arange(t)[None] % vocab  # [1, T]: token t+1 at index t
+    sharp = lambda ids: torch.nn.functional.one_hot(ids, vocab).float() * 50  # noqa: E731
+    main = sharp(targets)  # [1, T, V]
+    streams = torch.stack([sharp(targets.roll(-j, 1)) for j in (1, 2)], dim=2)  # [1, T, 2, V]: token t+1+j
+    assert losses.speculative_streaming_loss(main, streams, targets) < 1e-6
+    shifted = torch.stack([sharp(targets) for _ in (1, 2)], dim=2)  # streams wrongly predicting token t+1
+    assert losses.speculative_streaming_loss(main, shifted, targets) > 1.0
+    assert losses.distill_loss(main, main) < 1e-6
+    assert losses.early_exit_loss(main, main, targets) < 1e-6
+
+
+def test_config_rejects_impossible_shapes():
+    with pytest.raises(ValueError):
+        TrainConfig(out_dir="x", target_layers=4, exit_layer=4)
+    with pytest.raises(ValueError):
+        TrainConfig(out_dir="x", target_layers=4, ss_layers=2, ss_msa_layers=3)
+    assert cli.parse_args(["--out", "x"]) == TrainConfig(out_dir="x")
+
+
+def test_cli_trains_saves_and_writes_the_model_card(toy_dir, tmp_path):
+    out = str(tmp_path / "pair")
+    cli.main(["--out", out, "--corpus-dir", toy_dir] + TINY_FLAGS)
+    for name in ("target", "draft_ar", "draft_ss"):
+        path = os.path.join(out, name)
+        with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+            assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(path)
+        ids = torch.tensor([tok.encode("def f(x):\n", add_special_tokens=False)])
+        assert model(ids).logits.shape == (1, ids.shape[1], 320)
+    assert isinstance(AutoModelForCausalLM.from_pretrained(os.path.join(out, "draft_ss")), SSDraftForCausalLM)
+    with open(os.path.join(out, "model_card.json")) as f:
+        card = json.load(f)
+    assert set(card["val_loss"]["target"]) == {"code", "prose"}
+    assert set(card["exit_overlap"]["code"][str(card["exit_layer"])]) == {"1", "4", "8"}
+    assert card["training"]["target"]["steps"] >= 1 and card["speculation"] == {}
+    assert card["corpus"]["sha256"] == data.load_corpus(toy_dir).manifest["sha256"]
+    markdown = open(os.path.join(out, "MODEL_CARD.md")).read()
+    assert "Early exit" in markdown and "Greedy samples" in markdown
+    assert evaluate.evaluate_speculation(out) == {}
+
+
+def test_init_and_training_steps_are_reproducible(toy_dir, toy_tokenizer):
+    cfg = TrainConfig(out_dir="unused", target_layers=2, hidden_size=32, intermediate_size=64, num_heads=4,
+                      num_kv_heads=2, context=16, batch_size=2, max_steps=3, warmup_steps=2)
+    stream = data.token_stream(toy_tokenizer, data.load_corpus(toy_dir).select("train"))
+    weights = []
+    for _ in range(2):
+        config = build.llama_config(320, 0, 32, 64, 2, 4, 2, max_positions=64)
+        model = build.make_target(config, torch.Generator().manual_seed(0))
+        trainer.run_phase("t", model, trainer.target_loss_fn(model, cfg), stream, cfg, 1e-3, 60.0,
+                          torch.Generator().manual_seed(1))
+        weights.append(torch.cat([p.flatten() for p in model.parameters()]))
+    assert torch.equal(weights[0], weights[1])
