@@ -72,7 +72,7 @@ class MirrorEngine:
         vocab = int(target_cfg.vocab_size)
         contexts = [_context_of(target_cfg)]
         if draft is not None:
-            draft_cfg = load_config(ModelSpec(draft, lanes.draft_device, trust_remote_code))
+            draft_cfg = load_config(ModelSpec(draft, lanes.draft_device, trust_remote_code), draft=True)
             vocab = shared_vocab_size(target_cfg, draft_cfg, tokenizer, load_tokenizer(draft))
             contexts.append(_context_of(draft_cfg))
         runner = HFRunner(load_model(ModelSpec(target, lanes.target_device, trust_remote_code)), vocab)

@@ -56,7 +56,26 @@ class DraftWindow:
     branch_row: int | None                  # reused row on a hit
     branches: tuple[tuple[int, ...], ...]   # every precomputed branch (row order = slot-major candidates)
     spans: list[SpanTuple] = field(default_factory=list)
-    forwards: int = 0                       # draft forward passes since the previous reply
+    forwards: int = 0                       # draft row-forwards since the previous reply (a batch of R rows = R)
+    produced: int = 0                       # draft tokens those row-forwards produced (η̄ = produced / forwards)
+
+
+def self_verify(logits: torch.Tensor, lookahead: list[int], cfg: SamplingConfig, gen: torch.Generator | None
+                ) -> tuple[list[int], torch.Tensor | None]:
+    """SS self-verification: y_i from the main stream at each position (argmax, or a sample); keep
+    lookahead tokens while they equal y_i, then emit the first y_i that differs (or the last one).
+
+    Each emitted token is exactly a main-stream draw given the emitted prefix, so p_draft is the
+    main stream's distribution there and greedy output equals one-token-at-a-time decoding.
+    logits [T, V] with T = len(lookahead) + 1; returns emitted ids and their p_draft [E, V].
+    """
+    ys, p = draft_sample(logits, cfg, gen)                                  # [T], [T, V]
+    emitted = []
+    for i, y in enumerate(ys.tolist()):
+        emitted.append(y)
+        if i == len(lookahead) or lookahead[i] != y:
+            break
+    return emitted, None if p is None else p[: len(emitted)]
 
 
 class DraftFault(RuntimeError):
@@ -96,35 +115,64 @@ class DraftWorker:
         self.p_window: torch.Tensor | None = None
         self.branch_set: _BranchSet | None = None
         self.spans: list[SpanTuple] = []
-        self.forwards = 0
+        self.forwards = self.produced = 0
         with self._span(STAGE_PREFILL):
             self.runner.forward(self.cache, list(req.prompt_ids))
-            self.forwards += 1
 
     def _branch(self, cmd: BranchRequest) -> None:
         """Branch-complete rollouts: a γ-token continuation for every candidate, as one batch."""
-        gamma = self.req.gamma
         with self._span(STAGE_DRAFT_BRANCHES):
             if self.runner.cache_len(self.cache) < self.committed + len(self.window):
                 self.runner.forward(self.cache, self.window[-1:])  # feed d_γ for the bonus slot's branches
-                self.forwards += 1
+                self._count(1, 1)
             rows = [(j, v) for j, cands in enumerate(cmd.topk_ids) for v in cands if v >= 0]
             if not rows:
                 self.branch_set = None
                 return
             # Slot j+1's branches see the committed prefix through w0 plus d1..d_j.
             bcache = self.runner.fork(self.cache, [self.committed + j for j, _ in rows])
-            ids = torch.tensor([v for _, v in rows], dtype=torch.long)  # [R]
-            tokens, ps = [], []
-            for _ in range(gamma):
-                logits = self.runner.forward_rows(bcache, ids)            # [R, V]
-                ids, p = draft_sample(logits, self.req.sampling, self.gen)
-                ids = ids.cpu()
-                tokens.append(ids)
-                ps.append(p)
-                self.forwards += 1
-            p_draft = None if ps[0] is None else torch.stack(ps, 1)        # [R, γ, V]
-            self.branch_set = _BranchSet(rows, torch.stack(tokens, 1), p_draft, bcache)  # tokens [R, γ]
+            first = torch.tensor([[v] for _, v in rows], dtype=torch.long)  # [R, 1]
+            rollout = self._rows_streaming if self.runner.num_streams else self._rows_autoregressive
+            tokens, p_draft = rollout(bcache, first)
+            self.branch_set = _BranchSet(rows, tokens, p_draft, bcache)
+
+    def _rows_autoregressive(self, bcache, ids: torch.Tensor):
+        """γ batched one-token steps: feed v, b1..b_{γ−1}; returns tokens [R, γ] and p_draft [R, γ, V]."""
+        tokens, ps = [], []
+        for _ in range(self.req.gamma):
+            logits, _ = self.runner.forward_rows(bcache, ids)               # [R, 1, V]
+            next_ids, p = draft_sample(logits[:, -1], self.req.sampling, self.gen)
+            tokens.append(next_ids.cpu())
+            ps.append(p)
+            ids = tokens[-1].unsqueeze(1)                                   # [R, 1]
+            self._count(len(tokens[-1]), len(tokens[-1]))
+        return torch.stack(tokens, 1), None if ps[0] is None else torch.stack(ps, 1)
+
+    def _rows_streaming(self, bcache, ids: torch.Tensor):
+        """SS rows: each batched pass verifies every row's lookahead and emits 1..n_str+1 tokens per row."""
+        gamma, rows = self.req.gamma, ids.shape[0]
+        start = bcache.positions.clone()
+        out: list[list[int]] = [[] for _ in range(rows)]
+        out_p: list[list[torch.Tensor]] = [[] for _ in range(rows)]
+        while min(len(o) for o in out) < gamma:
+            main, streams = self.runner.forward_rows(bcache, ids)          # [R, T, V], [R, T, n, V]
+            lookahead = ids[:, 1:].tolist()
+            drop, feed = [], []
+            for r in range(rows):
+                emitted, p = self_verify(main[r], lookahead[r], self.req.sampling, self.gen)
+                out[r] += emitted
+                if p is not None:
+                    out_p[r] += list(p)
+                drop.append(len(lookahead[r]) + 1 - len(emitted))          # rejected lookahead entries
+                feed.append([emitted[-1]] + streams[r, len(emitted) - 1].argmax(-1).tolist())
+                self._count(len(emitted), 1)
+            self.runner.rewind_rows(bcache, drop)
+            ids = torch.tensor(feed, dtype=torch.long)                     # [R, 1 + n_str]
+        # Keep exactly v, b1..b_{γ−1} per row (the invariant for an adopted branch).
+        self.runner.rewind_rows(bcache, [int(n) - gamma for n in (bcache.positions - start).tolist()])
+        tokens = torch.tensor([o[:gamma] for o in out], dtype=torch.long)  # [R, γ]
+        p_draft = torch.stack([torch.stack(p[:gamma]) for p in out_p]) if out_p[0] else None  # [R, γ, V]
+        return tokens, p_draft
 
     def _resolve(self, cmd: ResolveRequest) -> DraftWindow:
         bs, self.branch_set = self.branch_set, None
@@ -138,30 +186,53 @@ class DraftWorker:
             self.window = bs.tokens[row].tolist()
             self.p_window = None if bs.p_draft is None else bs.p_draft[row]
         else:
-            self._fresh_rollout(cmd.accepted, cmd.token)
+            with self._span(STAGE_DRAFT_ROLLOUT):
+                self._fresh_rollout(cmd.accepted, cmd.token)
         self.committed += cmd.accepted + 1
-        reply = DraftWindow(tuple(self.window), self.p_window, hit, row, branches, self.spans, self.forwards)
-        self.spans, self.forwards = [], 0
+        reply = DraftWindow(tuple(self.window), self.p_window, hit, row, branches, self.spans, self.forwards,
+                            self.produced)
+        self.spans, self.forwards, self.produced = [], 0, 0
         return reply
 
     def _fresh_rollout(self, accepted: int, token: int) -> None:
         """Truncate to the committed prefix, feed what is missing plus c, draft γ tokens."""
-        with self._span(STAGE_DRAFT_ROLLOUT):
-            keep = min(self.runner.cache_len(self.cache), self.committed + accepted)
-            self.runner.truncate(self.cache, keep)
-            feed = self.window[keep - self.committed : accepted] + [token]
-            window, ps = [], []
-            for _ in range(self.req.gamma):
-                logits = self.runner.forward(self.cache, feed)[-1:]         # [1, V]
-                ids, p = draft_sample(logits, self.req.sampling, self.gen)
-                feed = [int(ids[0])]
-                window.append(feed[0])
-                ps.append(p)
-                self.forwards += 1
-            self.window = window
-            self.p_window = None if ps[0] is None else torch.cat(ps, 0)     # [γ, V]
+        keep = min(self.runner.cache_len(self.cache), self.committed + accepted)
+        self.runner.truncate(self.cache, keep)
+        feed = self.window[keep - self.committed: accepted] + [token]
+        step = self._ss_step if self.runner.num_streams else self._ar_step
+        window, ps, lookahead = [], [], []
+        while len(window) < self.req.gamma:
+            emitted, p, lookahead = step(feed, lookahead)
+            window += emitted
+            ps += [] if p is None else list(p)
+            feed = emitted[-1:]
+        # The cache holds c, d1..d_{γ−1} after the committed prefix (an SS pass may have gone further).
+        self.runner.truncate(self.cache, self.committed + accepted + self.req.gamma)
+        self.window = window[: self.req.gamma]
+        self.p_window = torch.stack(ps[: self.req.gamma]) if ps else None  # [γ, V]
+
+    def _ar_step(self, feed: list[int], _lookahead: list[int]):
+        logits = self.runner.forward(self.cache, feed)[-1:]                  # [1, V]
+        ids, p = draft_sample(logits, self.req.sampling, self.gen)
+        self._count(1, 1)
+        return [int(ids[0])], p, []
+
+    def _ss_step(self, feed: list[int], lookahead: list[int]):
+        """One SS pass over feed + lookahead: verify the lookahead, emit, propose the next lookahead."""
+        before = self.runner.cache_len(self.cache)
+        main, streams = self.runner.forward_streams(self.cache, feed + lookahead)  # [T, V], [T, n, V]
+        base = len(feed) - 1
+        emitted, p = self_verify(main[base:], lookahead, self.req.sampling, self.gen)
+        self.runner.truncate(self.cache, before + len(feed) + len(emitted) - 1)    # drop rejected lookahead
+        self._count(len(emitted), 1)
+        return emitted, p, streams[base + len(emitted) - 1].argmax(-1).tolist()
 
     # -- helpers ---------------------------------------------------------------------------
+    def _count(self, tokens: int, row_forwards: int) -> None:
+        """η̄ bookkeeping: draft tokens produced per row-forward (1 for an AR draft)."""
+        self.produced += tokens
+        self.forwards += row_forwards
+
     def _maybe_fault(self, step: int) -> None:
         if self.req.fault_at_step is not None and step >= self.req.fault_at_step:
             if self.req.fault_mode == "exit":

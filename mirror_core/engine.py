@@ -103,6 +103,7 @@ def _next_window(run: Run, lane, step: int, accepted: int, token: int) -> DraftW
     run.span(STAGE_WAIT, t0, time.perf_counter(), step)
     run.draft_spans(window.spans, step)
     run.draft_forwards += window.forwards
+    run.draft_produced += window.produced
     return window
 
 

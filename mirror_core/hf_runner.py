@@ -52,6 +52,7 @@ class HFRunner:
         self.final_norm = _attr_path(model, norm_path)
         self.lm_head = model.get_output_embeddings()
         self.num_layers = len(self.layers)
+        self.num_streams = 0  # plain next-token model: one token per forward
         self.vocab_size = int(vocab_size or model.config.vocab_size)
         self.device = next(model.parameters()).device
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
@@ -103,13 +104,15 @@ class HFRunner:
         return HFBranches(forked, mask, lengths.clone())
 
     @torch.inference_mode()
-    def forward_rows(self, branches: HFBranches, ids: torch.Tensor) -> torch.Tensor:
-        rows = ids.shape[0]
-        branches.mask = torch.cat([branches.mask, torch.ones(rows, 1, dtype=torch.long, device=self.device)], 1)  # [R, S+1]
-        out = self.model(input_ids=ids.view(rows, 1).to(self.device), position_ids=branches.positions.view(rows, 1),
-                         attention_mask=branches.mask, cache=branches.cache, use_cache=True)
-        branches.positions = branches.positions + 1
-        return out.logits[:, -1, : self.vocab_size].float()                                  # [R, V]
+    def forward_rows(self, branches: HFBranches, ids: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """ids [R, T] at each row's next positions; returns logits [R, T, V] (and no stream logits)."""
+        rows, t = ids.shape
+        pos = branches.positions.unsqueeze(1) + torch.arange(t, device=self.device)             # [R, T]
+        branches.mask = torch.cat([branches.mask, torch.ones(rows, t, dtype=torch.long, device=self.device)], 1)  # [R, S+T]
+        out = self.model(input_ids=ids.to(self.device), position_ids=pos, attention_mask=branches.mask,
+                         cache=branches.cache, use_cache=True)
+        branches.positions = branches.positions + t
+        return out.logits[:, :, : self.vocab_size].float(), None
 
     def select_row(self, branches: HFBranches, row: int) -> DynamicCache:
         keep = branches.mask[row].nonzero().squeeze(-1)                                      # [S_row]

@@ -48,10 +48,15 @@ class DraftLaneSpec:
 
 
 def make_runner(spec: DraftLaneSpec):
+    """The draft's runner: our speculative-streaming draft, or any supported Hugging Face model."""
     from .hf_runner import HFRunner
     from .models import ModelSpec, load_model
+    from .ss_draft import SSDraftForCausalLM
+    from .ss_runner import SSRunner
 
-    model = load_model(ModelSpec(spec.source, spec.device, spec.trust_remote_code))
+    model = load_model(ModelSpec(spec.source, spec.device, spec.trust_remote_code), draft=True)
+    if isinstance(model, SSDraftForCausalLM):
+        return SSRunner(model, spec.vocab_size)
     return HFRunner(model, spec.vocab_size)
 
 
@@ -94,7 +99,7 @@ def encode(cmd) -> Message:
         width = len(cmd.branches[0]) if rows else 0
         vocab = 0 if cmd.p_draft is None else cmd.p_draft.shape[-1]
         head = [-1 if cmd.hit is None else int(cmd.hit), -1 if cmd.branch_row is None else cmd.branch_row,
-                len(cmd.tokens), cmd.forwards, rows, width, vocab]
+                len(cmd.tokens), cmd.forwards, rows, width, vocab, cmd.produced]
         i64 = head + list(cmd.tokens) + [t for b in cmd.branches for t in b]
         f64 = [x for stage, t0, t1 in cmd.spans for x in (_STAGES.index(stage), t0, t1)]
         f32 = None if cmd.p_draft is None else cmd.p_draft.numpy().astype(np.float32).ravel()
@@ -114,13 +119,13 @@ def decode(msg: Message):
     if msg.kind == _RESOLVE:
         return ResolveRequest(i[0], i[1], i[2])
     if msg.kind == _WINDOW:
-        hit, row, n, forwards, rows, width, vocab = i[:7]
-        tokens = tuple(i[7: 7 + n])
-        flat = i[7 + n:]
+        hit, row, n, forwards, rows, width, vocab, produced = i[:8]
+        tokens = tuple(i[8: 8 + n])
+        flat = i[8 + n:]
         branches = tuple(tuple(flat[r * width:(r + 1) * width]) for r in range(rows))
         spans = [(_STAGES[int(msg.f64[k])], float(msg.f64[k + 1]), float(msg.f64[k + 2])) for k in range(0, msg.f64.size, 3)]
         p_draft = torch.from_numpy(msg.f32.reshape(n, vocab)) if vocab else None
-        return DraftWindow(tokens, p_draft, None if hit < 0 else bool(hit), None if row < 0 else row, branches, spans, forwards)
+        return DraftWindow(tokens, p_draft, None if hit < 0 else bool(hit), None if row < 0 else row, branches, spans, forwards, produced)
     if msg.kind == _ERROR:
         return LaneError(bytes(msg.i64.astype(np.uint8)).decode("utf-8", "replace"))
     raise ValueError(f"unknown message kind {msg.kind}")
@@ -310,7 +315,7 @@ class ProcessLane:
 
 def _f32_capacity(vocab: int) -> int:
     from .config import MAX_GAMMA
-    return MAX_GAMMA * vocab
+    return MAX_GAMMA * vocab  # p_draft of one window
 
 
 def _raise_if_error(reply):

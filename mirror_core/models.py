@@ -32,31 +32,32 @@ def check_device(device: str) -> torch.device:
     return dev
 
 
-def load_config(spec: ModelSpec):
-    """The model's config, checked to be an architecture the runner supports."""
+def load_config(spec: ModelSpec, draft: bool = False):
+    """The model's config, checked to be an architecture a runner supports (SS drafts only as drafts)."""
     from transformers import AutoConfig
 
+    from . import ss_draft  # noqa: F401  (registers our speculative-streaming draft with the Auto classes)
     from .hf_runner import SUPPORTED_MODEL_TYPES
 
-    _import_own_model_classes()
+    supported = SUPPORTED_MODEL_TYPES + ((ss_draft.SSDraftConfig.model_type,) if draft else ())
     if _looks_like_path(spec.source) and not os.path.isdir(spec.source):
         raise MirrorError(f"model folder {spec.source!r} does not exist")
     try:
         config = AutoConfig.from_pretrained(spec.source, trust_remote_code=spec.trust_remote_code)
     except Exception as exc:  # OSError, ValueError, hub errors: all mean "not a loadable model here"
         raise MirrorError(f"cannot load model {spec.source!r}: {_first_line(exc)}") from None
-    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+    if getattr(config, "model_type", None) not in supported:
         raise MirrorError(f"{spec.source!r} has unsupported architecture {getattr(config, 'model_type', '?')!r}; "
-                          f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+                          f"supported{' as a draft' if draft else ''}: {', '.join(supported)}")
     return config
 
 
-def load_model(spec: ModelSpec):
+def load_model(spec: ModelSpec, draft: bool = False):
     """AutoModelForCausalLM from a hub id or folder: fp32 on CPU (no bf16 math there), stored dtype on CUDA."""
     from transformers import AutoModelForCausalLM
 
     device = check_device(spec.device)
-    config = load_config(spec)
+    config = load_config(spec, draft)
     dtype = torch.float32
     if device.type == "cuda" and getattr(config, "dtype", None) in (torch.float16, torch.bfloat16):
         dtype = config.dtype
@@ -112,14 +113,6 @@ def _has_safetensors(source: str) -> bool | None:
     if os.path.isdir(source):
         return any(f.endswith(".safetensors") for f in os.listdir(source))
     return None
-
-
-def _import_own_model_classes() -> None:
-    """Our speculative-streaming draft registers itself with the Auto classes on import."""
-    try:
-        import mirror_core.ss_draft  # noqa: F401
-    except ImportError:
-        pass
 
 
 def _first_line(exc: BaseException) -> str:

@@ -38,7 +38,8 @@ class Run:
         self.pending: list = []
         self.spans: list[SpanEvent] = []
         self.records: list[StepRecord] = []
-        self.draft_forwards = 0
+        self.draft_forwards = 0   # draft row-forwards (a batched pass over R branch rows counts R)
+        self.draft_produced = 0   # draft tokens they produced
         self.gen = torch.Generator().manual_seed(self.cfg.seed)  # the target lane's stream (Rule R)
         self.t_start = time.perf_counter()
         self.t_first: float | None = None   # first new token committed
@@ -122,5 +123,7 @@ class Run:
                           extra={"decoder": self.req.decoder, "gamma": self.req.spec.gamma,
                                  "kappa": self.req.spec.kappa, "exit_layer": self.exit_layer,
                                  "sampling": asdict(self.cfg), "draft_forwards": self.draft_forwards,
+                                 "draft_tokens_per_forward": (self.draft_produced / self.draft_forwards
+                                                              if self.draft_forwards else None),
                                  "fallback": self.fallback, "stopped": stopped})
         return RunEnd(tuple(self.new_tokens), stats, self.fallback, stopped, error)

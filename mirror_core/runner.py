@@ -16,6 +16,7 @@ ExitCallback = Callable[[torch.Tensor], None]  # receives p_exit logits [T, V] m
 
 class Runner(Protocol):
     num_layers: int   # N: decoder layers
+    num_streams: int  # lookahead streams of a speculative-streaming draft (0: one token per forward)
     vocab_size: int   # V: logits are sliced to this width
     device: torch.device
 
@@ -40,8 +41,13 @@ class Runner(Protocol):
         """Branch rows over a shared cache: row r sees only its first valid_lengths[r] tokens and
         its next token gets position valid_lengths[r]."""
 
-    def forward_rows(self, branches: Any, ids: torch.Tensor) -> torch.Tensor:
-        """Feed one token per row (ids [R]) at each row's next position; returns logits [R, V]."""
+    def forward_rows(self, branches: Any, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed ids [R, T] at each row's next positions; returns logits [R, T, V] and, for a
+        speculative-streaming draft, lookahead-stream logits [R, T, n_str, V] (else None)."""
+
+    # Speculative-streaming drafts (num_streams > 0) also provide:
+    #   forward_streams(cache, ids) -> (logits [T, V], stream logits [T, n_str, V])
+    #   rewind_rows(branches, drop: list[int]) hides each row's newest drop[r] entries.
 
     def select_row(self, branches: Any, row: int) -> Any:
         """A sequence cache holding row `row`'s visible prefix followed by that row's own tokens."""

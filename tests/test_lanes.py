@@ -109,10 +109,11 @@ def test_channel_codec_round_trips():
             BranchRequest(2, ((1, 2), (3, -1), (4, 5))), ResolveRequest(5, 2, 17)]
     for cmd in cmds:
         assert decode(encode(cmd)) == cmd
-    window = DraftWindow((1, 2), torch.rand(2, 7), True, 3, ((1, 2), (3, 4)), [("draft_branches", 1.0, 2.0)], 5)
+    window = DraftWindow((1, 2), torch.rand(2, 7), True, 3, ((1, 2), (3, 4)), [("draft_branches", 1.0, 2.0)], 5, 9)
     back = decode(encode(window))
     assert back.tokens == window.tokens and back.hit and back.branch_row == 3 and back.branches == window.branches
     assert torch.allclose(back.p_draft, window.p_draft) and back.spans == window.spans and back.forwards == 5
+    assert back.produced == 9
 
 
 def test_shared_memory_channel_delivers_in_order():

@@ -1,0 +1,80 @@
+"""The engine with a speculative-streaming draft: lossless, and several draft tokens per forward."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from mirror_core import LaneConfig, MirrorEngine, Request, SamplingConfig, SpecConfig
+from mirror_core.config import SamplingConfig as SC
+from mirror_core.draft import BranchRequest, DraftStart, DraftWorker, ResolveRequest
+from mirror_core.ss_draft import main_greedy_generate, ss_draft_from_llama
+from mirror_core.ss_runner import SSRunner
+
+from conftest import build_pair, hf_greedy, prompts
+
+
+@pytest.fixture(scope="module")
+def ss_pair(pair_root):
+    target, _ = build_pair(pair_root, "llama", target_layers=4, seed=5)
+    llama = AutoModelForCausalLM.from_pretrained(target)
+    ss = ss_draft_from_llama(llama, num_layers=2, num_msa_layers=1, num_streams=2,
+                             generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # strong stream embeddings are not needed; the streams copy the main stream's guess
+        ss.stream_embed.zero_()
+    path = os.path.join(pair_root, "ss_draft_s5")
+    ss.save_pretrained(path)
+    return target, path
+
+
+@pytest.mark.parametrize("kind", ["inline", "process"])
+def test_ss_draft_is_lossless_for_every_decoder(ss_pair, kind):
+    target, draft = ss_pair
+    with MirrorEngine.load(target, draft, LaneConfig(kind=kind)) as engine:
+        for i, prompt in enumerate(prompts(4, seed=21)):
+            ref = hf_greedy(target, prompt, 24)
+            for decoder in ("ar", "sd", "mirror"):
+                spec = SpecConfig(gamma=2 + 2 * i, kappa=1 + i, exit_layer=1 + i % 3)
+                end = engine.generate(Request(prompt, decoder, 24, spec=spec))
+                assert list(end.token_ids) == ref, (decoder, prompt, spec)
+                if decoder != "ar":
+                    assert end.stats["draft_tokens_per_forward"] > 1.0  # η̄: several tokens per SS pass
+
+
+def test_ss_draft_with_rule_e_reproduces_ar(ss_pair):
+    target, draft = ss_pair
+    with MirrorEngine.load(target, draft, LaneConfig(kind="inline")) as engine:
+        for seed in (1, 2, 3):
+            cfg = SamplingConfig(temperature=0.9, top_k=30, seed=seed)
+            ar = engine.generate(Request((4, 4, 9), "ar", 24, sampling=cfg)).token_ids
+            for decoder in ("sd", "mirror"):
+                assert engine.generate(Request((4, 4, 9), decoder, 24, sampling=cfg,
+                                               spec=SpecConfig(5, 2, 2))).token_ids == ar
+
+
+def test_ss_rollouts_equal_one_token_at_a_time_decoding(ss_pair):
+    """The worker's multi-token fresh rollout and every branch row equal plain main-stream greedy."""
+    _, draft = ss_pair
+    model = AutoModelForCausalLM.from_pretrained(draft).eval()
+    worker = DraftWorker(SSRunner(model))
+    prompt, gamma = (3, 1, 4, 1, 5), 7
+    worker.handle(DraftStart(prompt, gamma, SC()))
+    first = worker.handle(ResolveRequest(0, 0, 9))
+    assert list(first.tokens) == main_greedy_generate(model, list(prompt) + [9], gamma)
+    assert first.produced / first.forwards > 1.0
+    candidates = ((10, 11), (12,), (13, 14), (15,), (16,), (17,), (18,), (19, 20))
+    worker.handle(BranchRequest(1, candidates))
+    reply = worker.handle(ResolveRequest(1, 2, 13))  # A_t = 2, c = 13: a hit on slot 3
+    assert reply.hit
+    rows = [(j, v) for j, c in enumerate(candidates) for v in c]
+    window = [9, *first.tokens]
+    for (j, v), branch in zip(rows, reply.branches):
+        prefix = list(prompt) + window[: j + 1] + [v]
+        assert list(branch) == main_greedy_generate(model, prefix, gamma), (j, v)
+    assert list(reply.tokens) == list(reply.branches[rows.index((2, 13))])
+    # After adopting the branch the cache is consistent: the next rollout continues correctly.
+    nxt = worker.handle(ResolveRequest(2, 0, 21))
+    committed = list(prompt) + window[:3] + [13] + [21]
+    assert list(nxt.tokens) == main_greedy_generate(model, committed, gamma)
