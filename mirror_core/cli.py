@@ -26,12 +26,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m mirror_core", description="Mirror speculative decoding engine")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     g = sub.add_parser("generate", help="decode one prompt and stream the text")
-    g.add_argument("--target", default=DEFAULT_TARGET, help="target model: Hugging Face id or local folder")
-    g.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model: Hugging Face id or local folder")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (needs a tokenizer next to the target)")
     src.add_argument("--prompt-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
     g.add_argument("--decoder", default="mirror", help=f"one of {', '.join(DECODER_NAMES)}")
+    _add_pair_and_settings(g)
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    g.add_argument("--trace", default=None, help="write every event to this JSON file")
+    b = sub.add_parser("bench", help="prompts × decoders on one pair → table and JSON")
+    b.add_argument("--prompts", required=True, help="Spec-Bench style question.jsonl")
+    b.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    b.add_argument("--decoders", default="ar,sd,mirror", help="comma-separated decoders")
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--warmup", type=int, default=1)
+    b.add_argument("--out", default=None, help="write the JSON report here")
+    _add_pair_and_settings(b)
+    return p
+
+
+def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--target", default=DEFAULT_TARGET, help="target model: Hugging Face id or local folder")
+    g.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model: Hugging Face id or local folder")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--gamma", type=int, default=4, help="draft tokens per window (γ)")
     g.add_argument("--kappa", type=int, default=4, help="early-exit candidates per slot (κ)")
@@ -44,9 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--target-device", default=None, help="cpu, cuda or cuda:N (default: automatic lanes)")
     g.add_argument("--draft-device", default=None, help="cpu, cuda or cuda:N (default: automatic lanes)")
     g.add_argument("--lane", default=None, help="draft lane: process, thread or inline (default: automatic)")
-    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
-    g.add_argument("--trace", default=None, help="write every event to this JSON file")
-    return p
 
 
 def lanes_from_args(args) -> LaneConfig:
@@ -121,6 +133,28 @@ def generate(args) -> int:
         return 1 if end.error else 0
 
 
+def bench(args) -> int:
+    from .api import MirrorEngine
+    from .bench import format_table, load_prompts, run_bench
+
+    decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
+    for d in decoders:
+        if d not in DECODER_NAMES:
+            raise MirrorError(f"unknown decoder {d!r}; choose from {', '.join(DECODER_NAMES)}")
+    if args.repeats < 1 or args.warmup < 0:
+        raise MirrorError("--repeats must be >= 1 and --warmup >= 0")
+    probe = request_from_args(argparse.Namespace(**{**vars(args), "decoder": "ar"}), (0,))
+    with MirrorEngine.load(args.target, args.draft, lanes_from_args(args)) as engine:
+        prompts = load_prompts(args.prompts, engine.tokenizer, args.limit)
+        report = run_bench(engine, prompts, decoders, args.max_new_tokens, probe.spec, probe.sampling,
+                           args.repeats, args.warmup, progress=lambda m: print(m, file=sys.stderr))
+    print(format_table(report["summary"]))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
 def _summary_line(end: RunEnd) -> str:
     parts = []
     for key in SUMMARY_KEYS:
@@ -142,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()
     try:
-        return generate(args)
+        return generate(args) if args.command == "generate" else bench(args)
     except MirrorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
