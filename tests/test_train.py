@@ -123,7 +123,9 @@ def test_cli_trains_saves_and_writes_the_model_card(toy_dir, tmp_path):
         card = json.load(f)
     assert set(card["val_loss"]["target"]) == {"code", "prose"}
     assert set(card["exit_overlap"]["code"][str(card["exit_layer"])]) == {"1", "4", "8"}
-    assert card["training"]["target"]["steps"] >= 1 and card["speculation"] == {}
+    assert card["training"]["target"]["steps"] >= 1
+    for key in ("draft_ar/sd", "draft_ar/mirror", "draft_ss/sd", "draft_ss/mirror"):  # measured by the engine
+        assert card["speculation"][key]["output_equals_ar"] is True and card["speculation"][key]["tau"] >= 1.0
     assert card["corpus"]["sha256"] == data.load_corpus(toy_dir).manifest["sha256"]
     markdown = open(os.path.join(out, "MODEL_CARD.md")).read()
     assert "Early exit" in markdown and "Greedy samples" in markdown

@@ -69,6 +69,22 @@ def _samples_section(c: dict) -> list[str]:
     return lines
 
 
+def _speculation_section(spec: dict) -> list[str]:
+    if not spec:
+        return ["## Speculative decoding", "", "Not measured for this bundle.", ""]
+    st = spec["settings"]
+    fmt = lambda v: "–" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
+    rows = [[key, *(fmt(m[k]) for k in ("tau", "acceptance_rate", "hit_rate", "exit_overlap_top_kappa",
+                                          "draft_tokens_per_forward", "output_equals_ar"))]
+            for key, m in spec.items() if key != "settings"]
+    return (["## Speculative decoding (engine, greedy)", "",
+             f"γ = {st['gamma']}, κ = {st['kappa']}, ℓ_e = N/2, {st['max_new_tokens']} new tokens on each of "
+             f"{st['prompts']} held-out prompts; τ counts the correction/bonus token; Ω̂_κ excludes d_j "
+             "(mirror_core/metrics.py). Re-measure with `python -m mirror_core.train.evaluate DIR`.", ""]
+            + _table(["draft/decoder", "τ", "α", "hit rate", "Ω̂_κ", "η̄ (draft tokens/forward)",
+                      "output = ar"], rows) + [""])
+
+
 def render_markdown(c: dict) -> str:
     """The human-readable card; every number comes from the same dict as model_card.json."""
     m = c["corpus"]
@@ -77,10 +93,7 @@ def render_markdown(c: dict) -> str:
              "trained offline by `python -m mirror_core.train`. They are toy models meant for demonstrating "
              "speculative decoding, not for writing useful code or text.", ""]
     lines += _models_section(c) + _exit_section(c) + _draft_section(c)
-    spec = c.get("speculation") or {}
-    lines += ["## Speculative decoding", ""]
-    lines += ([f"- {k}: {v}" for k, v in spec.items()] if spec else
-              ["τ and hit rate are measured by the decoding engine's benchmark, not by this training script."])
+    lines += _speculation_section(c.get("speculation") or {})
     lines += [""] + _samples_section(c)
     rows = [[f"{split} {kind}", m["documents"][split][kind], f"{m['bytes'][split][kind]:,}"]
             for split in ("train", "val") for kind in ("code", "prose")]
