@@ -62,19 +62,9 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
 
 
 def lanes_from_args(args) -> LaneConfig:
-    from dataclasses import replace
-
     from .api import auto_lanes
 
-    lanes = auto_lanes(args.lane)
-    if args.target_device or args.draft_device:
-        target = args.target_device or lanes.target_device
-        draft = args.draft_device or lanes.draft_device
-        cpu_split = target == draft == "cpu"
-        lanes = replace(lanes, target_device=target, draft_device=draft,
-                        target_cpus=lanes.target_cpus if cpu_split else (),
-                        draft_cpus=lanes.draft_cpus if cpu_split else ())
-    return lanes
+    return auto_lanes(args.target_device, args.draft_device, args.lane)
 
 
 def request_from_args(args, prompt_ids: tuple[int, ...]) -> Request:

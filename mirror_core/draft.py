@@ -251,7 +251,7 @@ class _Span:
         self.t0 = time.perf_counter()
 
     def __exit__(self, *exc):
-        if self.worker.runner.device.type == "cuda":
-            torch.cuda.synchronize(self.worker.runner.device)
+        if self.worker.runner.device.type == "cuda":  # the draft lane's own stream only
+            torch.cuda.current_stream(self.worker.runner.device).synchronize()
         self.worker.spans.append((self.stage, self.t0, time.perf_counter()))
         return False

@@ -54,8 +54,8 @@ class Run:
 
     def now(self) -> float:
         """The shared clock, after the target's device has finished its queued work."""
-        if self.target.device.type == "cuda":
-            torch.cuda.synchronize(self.target.device)
+        if self.target.device.type == "cuda":  # this lane's stream only, never the draft's
+            torch.cuda.current_stream(self.target.device).synchronize()
         return time.perf_counter()
 
     def draft_spans(self, spans, step: int) -> None:

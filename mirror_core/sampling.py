@@ -36,7 +36,8 @@ def keyed_uniform(seed: int, position: int) -> float:
 
 def sample_inverse_cdf(p: torch.Tensor, u: float) -> int:
     """Token whose CDF interval contains u; p [V] need not be exactly normalised."""
-    cdf = p.double().cumsum(0)  # [V]
+    p = p.detach().double().cpu()  # [V]
+    cdf = p.cumsum(0)               # [V]
     idx = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64)).item())
     idx = min(idx, p.shape[0] - 1)
     while p[idx] <= 0 and idx > 0:  # never land on a zero-probability token at the boundary

@@ -28,7 +28,7 @@ def heavy_pair(pair_root):
 
 @pytest.fixture(scope="module")
 def process_engine(heavy_pair):
-    lanes = auto_lanes("process")
+    lanes = auto_lanes(kind="process")
     with MirrorEngine.load(*heavy_pair, lanes) as engine:
         yield engine
 
@@ -45,11 +45,18 @@ def test_cpu_lanes_overlap_in_time(process_engine):
     assert end.fallback is None
 
 
-def test_process_lane_pins_each_lane_to_its_own_cores():
-    lanes = auto_lanes("process")
-    if len(os.sched_getaffinity(0)) >= 2:
-        assert set(lanes.target_cpus).isdisjoint(lanes.draft_cpus)
-        assert lanes.target_cpus and lanes.draft_cpus
+def test_automatic_lane_mapping_splits_the_cores(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    cpu = auto_lanes()
+    assert (cpu.kind, cpu.target_cpus, cpu.draft_cpus, cpu.target_threads) == ("process", (0, 1), (2, 3), 2)
+    gpu_cpu = auto_lanes("cuda:0", "cpu")
+    assert gpu_cpu.kind == "process" and gpu_cpu.target_cpus == (0,) and gpu_cpu.draft_cpus == (1, 2, 3)
+    one_gpu = auto_lanes("cuda", "cuda:0")
+    assert one_gpu.kind == "thread" and one_gpu.target_device == "cuda:0"
+    two_gpu = auto_lanes("cuda:0", "cuda:1")
+    assert two_gpu.kind == "process" and not two_gpu.target_cpus
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0})
+    assert auto_lanes().kind == "inline"
 
 
 def test_stop_flag_ends_the_run_within_one_step(process_engine, heavy_pair):
