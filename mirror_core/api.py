@@ -161,6 +161,8 @@ class MirrorEngine:
                     run = Run(request, self.target, exit_layer, self.eos_ids, stop, settings)
                     for batch in decode_events(run, self.lane):
                         out.put(batch)
+                except Exception as exc:  # never leave a consumer without a RunEnd
+                    out.put([RunEnd((), {}, None, error=f"{type(exc).__name__}: {exc}")])
                 finally:
                     if self.lane is not None:
                         self.lane.drain()

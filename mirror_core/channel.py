@@ -121,10 +121,14 @@ class Channel:
         return self.shm.name
 
     def close(self) -> None:
+        """Release the block (idempotent); the creator also unlinks it."""
+        if self.shm is None:
+            return
         del self.to_worker, self.to_target
         self.shm.close()
         if self.owner:
             self.shm.unlink()
+        self.shm = None
 
 
 def _round_trip_benchmark(n: int = 2000) -> None:

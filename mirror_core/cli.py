@@ -86,7 +86,7 @@ def parse_prompt_ids(text: str) -> tuple[int, ...]:
 def generate(args) -> int:
     from .api import MirrorEngine
     from .textstream import IncrementalText
-    from .trace import event_to_dict, write_trace
+    from .trace import write_trace
 
     if args.prompt is not None and not args.prompt.strip():
         raise MirrorError("the prompt is empty; give some text")

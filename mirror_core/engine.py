@@ -1,4 +1,4 @@
-"""The decode loops (ar, sd, mirror) and MirrorEngine, the public entry point.
+"""The decode loops: ar, sd and mirror, all emitting the same events (MirrorEngine in api.py runs them).
 
 Mirror-SD, one step (mirror_sd.md §2.3), for the window W = [w0, d1..dγ]:
   target prefix (layers 1..ℓ_e over W) → early-exit readout: top-κ per slot, sent to the draft
@@ -15,7 +15,6 @@ from typing import Iterator
 
 import torch
 
-from .config import Request
 from .draft import BranchRequest, DraftStart, DraftWindow, ResolveRequest
 from .events import (ORIGIN_ACCEPTED, ORIGIN_BONUS, ORIGIN_CORRECTION, STAGE_ACCEPT, STAGE_EXIT_READOUT,
                      STAGE_TARGET_PREFIX, STAGE_TARGET_SUFFIX, STAGE_TARGET_VERIFY, STAGE_WAIT, Event, StepRecord)
@@ -43,10 +42,14 @@ def mirror_sd_decode(run: Run, lane) -> Iterator[list[Event]]:
 def speculative_decode(run: Run, lane, mirror: bool) -> Iterator[list[Event]]:
     gamma = run.req.spec.gamma
     fault_step, fault_mode = fault_plan_from_env()
-    lane.start(DraftStart(run.req.prompt_ids, gamma, run.cfg, fault_step, fault_mode))  # draft prefills meanwhile
+    try:
+        lane.start(DraftStart(run.req.prompt_ids, gamma, run.cfg, fault_step, fault_mode))  # draft prefills meanwhile
+        lane_ok = True
+    except LaneError as exc:
+        run.fallback, lane_ok = f"draft lane failed to start ({exc}); decoded on the target alone", False
     c0 = run.prefill()
     yield run.flush()
-    window = None if run.done else _next_window(run, lane, step=0, accepted=0, token=c0)
+    window = None if run.done or not lane_ok else _next_window(run, lane, step=0, accepted=0, token=c0)
     step = 0
     while window is not None and not run.done:
         run.check_stop()
@@ -64,6 +67,8 @@ def speculative_decode(run: Run, lane, mirror: bool) -> Iterator[list[Event]]:
                                + [(result.token, origin, False)], step)
         run.reject(step, list(window.tokens), result.accepted)
         next_window = None if run.done else _next_window(run, lane, step, result.accepted, result.token)
+        if next_window is not None and hit is not None and next_window.hit != hit:
+            raise RuntimeError(f"step {step}: the lanes disagree on hit/miss (a bug; output so far is exact)")
         run.record(StepRecord(
             step=step, window=tuple(w), drafted=gamma, accepted=result.accepted, token=result.token,
             committed=committed, from_branch=bool(window.hit), hit=hit,

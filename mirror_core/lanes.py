@@ -266,7 +266,10 @@ class ProcessLane:
     def start(self, cmd: DraftStart) -> None:
         if not self.proc.is_alive():  # a previous request killed it (fault injection or crash)
             self._reap()
-            self._spawn()
+            try:
+                self._spawn()
+            except MirrorError as exc:
+                raise LaneError(str(exc)) from None
         self.drain()
         self._send(cmd)
 

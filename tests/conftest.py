@@ -87,7 +87,6 @@ def pairs(pair_root) -> dict[str, tuple[str, str]]:
 
 def hf_greedy(path: str, prompt: tuple[int, ...], n: int) -> list[int]:
     """The reference: transformers' own greedy generate."""
-    from transformers import AutoModelForCausalLM
 
     model = _cached_model(path)
     out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=0)
