@@ -78,7 +78,17 @@ def test_bad_settings_are_one_line_errors(pairs, capsys, extra, needle):
     assert rc == 2 and len(err) == 1 and err[0].startswith("error:") and needle in err[0], err
 
 
-def test_bad_inputs_and_models(pairs, mismatched, capsys, tmp_path):
+@pytest.fixture(scope="module")
+def unsupported(pair_root):
+    from transformers import OPTConfig, OPTForCausalLM
+
+    path = os.path.join(pair_root, "opt_tiny")
+    OPTForCausalLM(OPTConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
+                             word_embed_proj_dim=32, max_position_embeddings=64)).save_pretrained(path)
+    return path
+
+
+def test_bad_inputs_and_models(pairs, mismatched, unsupported, capsys, tmp_path):
     target, draft = pairs["llama"]
     cases = [
         (["--target", target, "--draft", draft, "--prompt", "   "], "prompt is empty"),
@@ -89,6 +99,8 @@ def test_bad_inputs_and_models(pairs, mismatched, capsys, tmp_path):
         (["--target", str(tmp_path), "--draft", draft, "--prompt-ids", "1"], "cannot load model"),
         (["--target", mismatched[0], "--draft", mismatched[1], "--prompt-ids", "1"], "vocabulary"),
         (["--target", target, "--draft", draft, "--prompt-ids", "100000"], "outside the vocabulary"),
+        (["--target", unsupported, "--draft", draft, "--prompt-ids", "1"], "supported: llama, mistral, qwen2, qwen3, gpt2"),
+        (["--target", target, "--draft", draft, "--prompt-ids", ",".join(["1"] * 600)], "exceeds the models' context"),
     ]
     for args, needle in cases:
         rc = main(["generate", "--lane", "inline", *args])
