@@ -21,14 +21,13 @@ import torch
 from .config import LaneConfig, MirrorError, Request
 from .engine import decode_events
 from .events import Event, RunEnd
-from .hf_runner import HFRunner
 from .lanes import DraftLaneSpec, make_draft_lane, pinned
-from .models import ModelSpec, check_device, load_config, load_model, load_tokenizer, shared_vocab_size
+from .models import ModelSpec, build_runner, check_device, load_config, load_model, load_tokenizer, shared_vocab_size
 from .run import Run
 
 
-def auto_lanes(target_device: str | None = None, draft_device: str | None = None, kind: str | None = None
-               ) -> LaneConfig:
+def auto_lanes(target_device: str | None = None, draft_device: str | None = None, kind: str | None = None,
+               runner: str = "auto") -> LaneConfig:
     """The lane mapping for this machine, for the devices given (None = choose).
 
     Two GPUs → one each (draft in a process); one GPU → both on it, the draft in a thread with its
@@ -54,7 +53,7 @@ def auto_lanes(target_device: str | None = None, draft_device: str | None = None
         target_cpus, draft_cpus = tuple(cpus[1:]), (cpus[0],)
     return LaneConfig(target_device, draft_device, kind, target_cpus, draft_cpus,
                       target_threads=len(target_cpus) if target_device == "cpu" else 0,
-                      draft_threads=len(draft_cpus) if draft_device == "cpu" else 0)
+                      draft_threads=len(draft_cpus) if draft_device == "cpu" else 0, runner=runner)
 
 
 def _canonical(device: str) -> str:
@@ -69,10 +68,11 @@ class PairInfo:
     vocab_size: int
     max_context: int | None  # tokens both models can attend over (prompt + new + window)
     lanes: LaneConfig
+    target_runner: str = ""  # which runner executes the target (FastLlamaRunner, HFRunner)
 
 
 class MirrorEngine:
-    def __init__(self, target_runner: HFRunner, draft_lane, info: PairInfo, tokenizer, eos_ids: frozenset[int]):
+    def __init__(self, target_runner, draft_lane, info: PairInfo, tokenizer, eos_ids: frozenset[int]):
         self.target, self.lane, self.info = target_runner, draft_lane, info
         self.tokenizer, self.eos_ids = tokenizer, eos_ids
         self._lock = threading.Lock()
@@ -94,14 +94,17 @@ class MirrorEngine:
             draft_cfg = load_config(ModelSpec(draft, lanes.draft_device, trust_remote_code), draft=True)
             vocab = shared_vocab_size(target_cfg, draft_cfg, tokenizer, load_tokenizer(draft))
             contexts.append(_context_of(draft_cfg))
-        runner = HFRunner(load_model(ModelSpec(target, lanes.target_device, trust_remote_code)), vocab)
+        target_model = load_model(ModelSpec(target, lanes.target_device, trust_remote_code))
+        eos_ids = _eos_ids(target_model)
+        runner = build_runner(target_model, vocab, lanes.runner)
         lane = None
         if draft is not None:
             lane = make_draft_lane(lanes, DraftLaneSpec(draft, lanes.draft_device, vocab, lanes.draft_threads,
-                                                        lanes.draft_cpus, trust_remote_code))
+                                                        lanes.draft_cpus, trust_remote_code, lanes.runner))
         known = [c for c in contexts if c]
-        info = PairInfo(target, draft, runner.num_layers, vocab, min(known) if known else None, lanes)
-        return cls(runner, lane, info, tokenizer, _eos_ids(runner.model))
+        info = PairInfo(target, draft, runner.num_layers, vocab, min(known) if known else None, lanes,
+                        type(runner).__name__)
+        return cls(runner, lane, info, tokenizer, eos_ids)
 
     # -- requests --------------------------------------------------------------------------
     def validate(self, request: Request) -> int:
@@ -156,7 +159,8 @@ class MirrorEngine:
                     return
                 request, exit_layer, stop, out = job
                 settings = {"request": asdict(request), "lanes": asdict(lanes), "exit_layer": exit_layer,
-                            "target": self.info.target, "draft": self.info.draft}
+                            "target": self.info.target, "draft": self.info.draft,
+                            "target_runner": self.info.target_runner}
                 try:
                     run = Run(request, self.target, exit_layer, self.eos_ids, stop, settings)
                     for batch in decode_events(run, self.lane):

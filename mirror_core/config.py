@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 DECODER_NAMES = ("ar", "sd", "mirror")
 RULES = ("exact", "rejection")
 LANE_KINDS = ("process", "thread", "inline")
+RUNNER_KINDS = ("auto", "fast", "hf")  # auto: the fast runner for Llama-family weights, else the generic one
 MAX_NEW_TOKENS_CAP = 4096  # documented upper bound for one request
 MAX_GAMMA = 16
 MAX_KAPPA = 64
@@ -100,9 +101,11 @@ class LaneConfig:
     target_threads: int = 0
     draft_threads: int = 0
     reply_timeout_s: float = 120.0
+    runner: str = "auto"
 
     def __post_init__(self) -> None:
         _require(self.kind in LANE_KINDS, f"lane kind must be one of {', '.join(LANE_KINDS)}, got {self.kind!r}")
+        _require(self.runner in RUNNER_KINDS, f"runner must be one of {', '.join(RUNNER_KINDS)}, got {self.runner!r}")
         for name in ("target_device", "draft_device"):
             dev = getattr(self, name)
             _require(isinstance(dev, str) and (dev == "cpu" or dev == "cuda" or dev.startswith("cuda:")),

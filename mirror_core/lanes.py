@@ -45,19 +45,15 @@ class DraftLaneSpec:
     threads: int
     cpus: tuple[int, ...]
     trust_remote_code: bool = False
+    runner: str = "auto"
 
 
 def make_runner(spec: DraftLaneSpec):
-    """The draft's runner: our speculative-streaming draft, or any supported Hugging Face model."""
-    from .hf_runner import HFRunner
-    from .models import ModelSpec, load_model
-    from .ss_draft import SSDraftForCausalLM
-    from .ss_runner import SSRunner
+    """The draft's runner, loaded on the lane that runs it."""
+    from .models import ModelSpec, build_runner, load_model
 
     model = load_model(ModelSpec(spec.source, spec.device, spec.trust_remote_code), draft=True)
-    if isinstance(model, SSDraftForCausalLM):
-        return SSRunner(model, spec.vocab_size)
-    return HFRunner(model, spec.vocab_size)
+    return build_runner(model, spec.vocab_size, spec.runner)
 
 
 @contextlib.contextmanager

@@ -72,6 +72,27 @@ def load_model(spec: ModelSpec, draft: bool = False):
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
+def build_runner(model, vocab_size: int, choice: str = "auto"):
+    """The runner for a loaded model: SS drafts get theirs; Llama-family weights the fast runner
+    (unless choice is "hf"); everything else the generic Hugging Face runner."""
+    from .fast_runner import FAST_MODEL_TYPES, FastLlamaRunner
+    from .hf_runner import HFRunner
+    from .ss_draft import SSDraftForCausalLM
+    from .ss_runner import SSRunner
+
+    if isinstance(model, SSDraftForCausalLM):
+        return SSRunner(model, vocab_size)
+    if choice != "hf" and model.config.model_type in FAST_MODEL_TYPES:
+        try:
+            return FastLlamaRunner(model, vocab_size)
+        except ValueError as exc:  # e.g. sequence-length-dependent RoPE: the generic runner handles it
+            if choice == "fast":
+                raise MirrorError(str(exc)) from None
+    if choice == "fast" and model.config.model_type not in FAST_MODEL_TYPES:
+        raise MirrorError(f"the fast runner supports {', '.join(FAST_MODEL_TYPES)}, not {model.config.model_type!r}")
+    return HFRunner(model, vocab_size)
+
+
 def load_tokenizer(source: str):
     """The model's tokenizer, or None when the folder has none (then use prompt ids)."""
     from transformers import AutoTokenizer

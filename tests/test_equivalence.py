@@ -12,9 +12,11 @@ from conftest import ARCHS, build_pair, hf_greedy, prompts
 N_NEW = 24
 
 
-@pytest.fixture(scope="module")
-def engines(pairs):
-    made = {arch: MirrorEngine.load(t, d, LaneConfig(kind="inline")) for arch, (t, d) in pairs.items()}
+@pytest.fixture(scope="module", params=["auto", "hf"])
+def engines(pairs, request):
+    """Every pair with the default runners (fast for Llama-family weights) and with the generic HF runner."""
+    made = {arch: MirrorEngine.load(t, d, LaneConfig(kind="inline", runner=request.param))
+            for arch, (t, d) in pairs.items()}
     yield made
     for e in made.values():
         e.close()

@@ -1,0 +1,60 @@
+"""The fast Llama-family runner matches the Hugging Face forward: logits, exit readout, branch rows."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
+from mirror_core.fast_runner import FastLlamaRunner
+from mirror_core.hf_runner import HFRunner
+
+from conftest import hf_greedy, prompts
+
+ATOL = 1e-4
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+def test_fast_runner_matches_hf_logits(pairs, arch):
+    model = AutoModelForCausalLM.from_pretrained(pairs[arch][0]).eval()
+    fast, hf = FastLlamaRunner(model, capacity=8), HFRunner(model)   # capacity 8: the cache must grow
+    ids = torch.randint(0, 96, (24,), generator=torch.Generator().manual_seed(0)).tolist()
+    cf, ch = fast.new_cache(), hf.new_cache()
+    pairs_out = [(fast.forward(cf, ids[:12]), hf.forward(ch, ids[:12])),        # prefill
+                 (fast.forward(cf, ids[12:17]), hf.forward(ch, ids[12:17]))]    # a window
+    fast.truncate(cf, 14)
+    hf.truncate(ch, 14)
+    pairs_out.append((fast.forward(cf, ids[17:18]), hf.forward(ch, ids[17:18])))  # after a rejection
+    exits: list = []
+    fast.forward(fast.new_cache(), ids[:6], 2, exits.append)
+    hf.forward(hf.new_cache(), ids[:6], 2, exits.append)
+    pairs_out.append(tuple(exits))
+    bf, bh = fast.fork(cf, [10, 12, 15]), hf.fork(ch, [10, 12, 15])
+    for step in range(20):  # grows the rows' own buffers past their initial 16 entries
+        tok = torch.tensor([[step % 96], [(step * 7) % 96], [(step * 3) % 96]])
+        pairs_out.append((fast.forward_rows(bf, tok)[0], hf.forward_rows(bh, tok)[0]))
+    sf, sh = fast.select_row(bf, 1), hf.select_row(bh, 1)
+    assert fast.cache_len(sf) == hf.cache_len(sh) == 12 + 20
+    pairs_out.append((fast.forward(sf, [5]), hf.forward(sh, [5])))
+    for a, b in pairs_out:
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+def test_fast_runner_decoders_match_hf_generate(pairs, arch):
+    target, draft = pairs[arch]
+    with MirrorEngine.load(target, draft, LaneConfig(kind="inline", runner="fast")) as engine:
+        assert isinstance(engine.target, FastLlamaRunner)
+        for i, prompt in enumerate(prompts(4, seed=13)):
+            ref = hf_greedy(target, prompt, 24)
+            for decoder in ("ar", "sd", "mirror"):
+                end = engine.generate(Request(prompt, decoder, 24, spec=SpecConfig(1 + 2 * i, 1 + i, 1 + i % 3)))
+                assert list(end.token_ids) == ref
+
+
+def test_fast_runner_refuses_other_architectures(pairs):
+    from mirror_core import MirrorError
+
+    with pytest.raises(MirrorError, match="fast runner supports"):
+        MirrorEngine.load(*pairs["gpt2"], LaneConfig(kind="inline", runner="fast"))
