@@ -99,7 +99,7 @@ def test_draft_fault_finishes_on_the_target_alone(pairs, monkeypatch, kind, mode
     target, draft = pairs["llama"]
     ref = hf_greedy(target, (7, 8, 9), 40)
     with MirrorEngine.load(target, draft, LaneConfig(kind=kind)) as engine:
-        for fault_step in (0, 1, 3):
+        for fault_step in (0, 1, 3) if mode == "raise" else (2,):  # each "exit" costs a process respawn
             monkeypatch.setenv("MIRROR_FAULT_DRAFT_AT_STEP", str(fault_step))
             monkeypatch.setenv("MIRROR_FAULT_DRAFT_MODE", mode)
             for decoder in ("sd", "mirror"):
