@@ -1,6 +1,6 @@
 """The token channel between the target lane and a draft-lane process: shared memory + sequence counters.
 
-Measured on the 2-core dev machine (docs/BENCHMARKS.md, `python -m mirror_core.channel`): a round
+Measured on the 2-core dev machine (docs/BENCHMARKS.md, `python -m mirror_core channel`): a round
 trip of a 64-id message costs a few µs with shared memory and a sequence counter, against
 61–237 µs for multiprocessing pipes and milliseconds for torch queues, so lanes in separate
 processes talk through two one-slot mailboxes in one shared-memory block. A writer fills the
@@ -131,8 +131,8 @@ class Channel:
         self.shm = None
 
 
-def _round_trip_benchmark(n: int = 2000) -> None:
-    """python -m mirror_core.channel: median round trip of a 64-id + 64-log-prob message."""
+def round_trip_benchmark(n: int = 2000) -> str:
+    """`python -m mirror_core channel`: round trip of a 64-id + 64-log-prob message to a spawned process."""
     import multiprocessing as mp
 
     ch = Channel(cap_i64=1024, cap_f32=1024)
@@ -147,8 +147,8 @@ def _round_trip_benchmark(n: int = 2000) -> None:
         times.append(time.perf_counter() - t0)
     proc.join()
     times.sort()
-    print(f"shared-memory round trip: median {times[n // 2] * 1e6:.1f} µs, p99 {times[int(n * 0.99)] * 1e6:.1f} µs (n={n})")
     ch.close()
+    return f"shared-memory round trip: median {times[n // 2] * 1e6:.1f} µs, p99 {times[int(n * 0.99)] * 1e6:.1f} µs (n={n})"
 
 
 def _echo(name: str, n: int) -> None:
@@ -156,7 +156,3 @@ def _echo(name: str, n: int) -> None:
     for _ in range(n):
         ch.to_target.send(ch.to_worker.recv(lambda: True, 10), lambda: True, 10)
     ch.close()
-
-
-if __name__ == "__main__":
-    _round_trip_benchmark()

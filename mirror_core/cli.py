@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=1)
     b.add_argument("--out", default=None, help="write the JSON report here")
     _add_pair_and_settings(b)
+    c = sub.add_parser("channel", help="measure the lanes' shared-memory round trip")
+    c.add_argument("--n", type=int, default=2000, help="round trips")
     return p
 
 
@@ -167,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()
     try:
+        if args.command == "channel":
+            from .channel import round_trip_benchmark
+
+            print(round_trip_benchmark(args.n))
+            return 0
         return generate(args) if args.command == "generate" else bench(args)
     except MirrorError as exc:
         print(f"error: {exc}", file=sys.stderr)
