@@ -96,10 +96,8 @@ def generate(args) -> int:
     prompt_ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
     # Check every setting before loading anything.
     request_from_args(args, prompt_ids or (0,))
-    for path in (args.target, args.draft):
-        if path in (DEFAULT_TARGET, DEFAULT_DRAFT) and not os.path.isdir(path):
-            raise MirrorError(f"the default model pair is not in {ASSETS}; pass --target and --draft")
     draft = None if args.decoder == "ar" else args.draft
+    _check_default_pair(args.target, draft)
     with MirrorEngine.load(args.target, draft, lanes_from_args(args)) as engine:
         if prompt_ids is None:
             if engine.tokenizer is None:
@@ -126,6 +124,12 @@ def generate(args) -> int:
         return 1 if end.error else 0
 
 
+def _check_default_pair(*paths: str | None) -> None:
+    for path in paths:
+        if path in (DEFAULT_TARGET, DEFAULT_DRAFT) and not os.path.isdir(path):
+            raise MirrorError(f"the default model pair is not in {ASSETS}; pass --target and --draft")
+
+
 def bench(args) -> int:
     from .api import MirrorEngine
     from .bench import format_table, load_prompts, run_bench
@@ -137,6 +141,7 @@ def bench(args) -> int:
     if args.repeats < 1 or args.warmup < 0:
         raise MirrorError("--repeats must be >= 1 and --warmup >= 0")
     probe = request_from_args(argparse.Namespace(**{**vars(args), "decoder": "ar"}), (0,))
+    _check_default_pair(args.target, args.draft)
     with MirrorEngine.load(args.target, args.draft, lanes_from_args(args)) as engine:
         prompts = load_prompts(args.prompts, engine.tokenizer, args.limit)
         report = run_bench(engine, prompts, decoders, args.max_new_tokens, probe.spec, probe.sampling,
