@@ -80,6 +80,7 @@ class SSRunner:
         br.positions = br.positions + t
         return out.logits[..., : self.vocab_size].float(), out.stream_logits[..., : self.vocab_size].float()
 
+    @torch.inference_mode()
     def rewind_rows(self, br: SSBranches, drop: list[int]) -> None:
         """Hide each row's newest drop[r] entries (rejected lookahead tokens) and move its position back."""
         for r, n in enumerate(drop):

@@ -22,8 +22,8 @@ def ss_pair(pair_root):
     llama = AutoModelForCausalLM.from_pretrained(target)
     ss = ss_draft_from_llama(llama, num_layers=2, num_msa_layers=1, num_streams=2,
                              generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():  # strong stream embeddings are not needed; the streams copy the main stream's guess
-        ss.stream_embed.zero_()
+    with torch.no_grad():  # streams that agree with the main stream only sometimes (η̄ ≈ 1.9 of at most 3):
+        ss.stream_embed.mul_(35.0)  # both accepted and rejected lookahead tokens are exercised
     path = os.path.join(pair_root, "ss_draft_s5")
     ss.save_pretrained(path)
     return target, path
@@ -39,8 +39,9 @@ def test_ss_draft_is_lossless_for_every_decoder(ss_pair, kind):
                 spec = SpecConfig(gamma=2 + 2 * i, kappa=1 + i, exit_layer=1 + i % 3)
                 end = engine.generate(Request(prompt, decoder, 24, spec=spec))
                 assert list(end.token_ids) == ref, (decoder, prompt, spec)
-                if decoder != "ar":
-                    assert end.stats["draft_tokens_per_forward"] > 1.0  # η̄: several tokens per SS pass
+                assert end.fallback is None, end.fallback
+                if decoder != "ar":  # η̄: several tokens per SS pass, and some lookahead rejected
+                    assert 1.0 < end.stats["draft_tokens_per_forward"] < 3.0
 
 
 def test_ss_draft_with_rule_e_reproduces_ar(ss_pair):
@@ -50,8 +51,8 @@ def test_ss_draft_with_rule_e_reproduces_ar(ss_pair):
             cfg = SamplingConfig(temperature=0.9, top_k=30, seed=seed)
             ar = engine.generate(Request((4, 4, 9), "ar", 24, sampling=cfg)).token_ids
             for decoder in ("sd", "mirror"):
-                assert engine.generate(Request((4, 4, 9), decoder, 24, sampling=cfg,
-                                               spec=SpecConfig(5, 2, 2))).token_ids == ar
+                end = engine.generate(Request((4, 4, 9), decoder, 24, sampling=cfg, spec=SpecConfig(5, 2, 2)))
+                assert end.token_ids == ar and end.fallback is None
 
 
 def test_ss_rollouts_equal_one_token_at_a_time_decoding(ss_pair):
@@ -63,7 +64,6 @@ def test_ss_rollouts_equal_one_token_at_a_time_decoding(ss_pair):
     worker.handle(DraftStart(prompt, gamma, SC()))
     first = worker.handle(ResolveRequest(0, 0, 9))
     assert list(first.tokens) == main_greedy_generate(model, list(prompt) + [9], gamma)
-    assert first.produced / first.forwards > 1.0
     candidates = ((10, 11), (12,), (13, 14), (15,), (16,), (17,), (18,), (19, 20))
     worker.handle(BranchRequest(1, candidates))
     reply = worker.handle(ResolveRequest(1, 2, 13))  # A_t = 2, c = 13: a hit on slot 3
