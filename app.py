@@ -1,0 +1,80 @@
+"""Mirror-SD Playground: `python app.py [--target T --draft D] [--host H --port P] [--share]`.
+
+The composition root: flags → lanes and model pair presets → EngineLoader → ui.build_demo → launch().
+The only place that reads argv/environment and launches a server.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PAIR_DIR = os.path.join(HERE, "assets", "default_pair")
+EXAMPLES = os.path.join(HERE, "assets", "examples.json")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Mirror-SD Playground (Gradio)")
+    p.add_argument("--target", default=None, help="target model: Hugging Face id or local folder "
+                                                  "(default: the embedded pair in assets/default_pair)")
+    p.add_argument("--draft", default=None, help="draft model: Hugging Face id or local folder")
+    p.add_argument("--target-device", default=None, help="cpu, cuda or cuda:N (default: automatic lanes)")
+    p.add_argument("--draft-device", default=None, help="cpu, cuda or cuda:N (default: automatic lanes)")
+    p.add_argument("--lane", default=None, help="draft lane kind: process, thread or inline (default: automatic)")
+    p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                   help="address to listen on (0.0.0.0 for a container; default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
+    p.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.draft and not args.target:
+        print("error: --draft needs --target (a draft only works with its target's vocabulary)", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    from mirror_core import MirrorError, auto_lanes
+    from ui import CSS, EngineLoader, build_demo, default_presets, load_examples
+
+    try:
+        lanes = auto_lanes(target_device=args.target_device, draft_device=args.draft_device, kind=args.lane)
+    except MirrorError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    presets = default_presets(PAIR_DIR, args.target, args.draft)
+    loader = EngineLoader(lanes)
+    demo = build_demo(loader, presets, load_examples(EXAMPLES))
+    demo.queue(max_size=32, default_concurrency_limit=1)
+    _, url, share_url = demo.launch(server_name=args.host, server_port=args.port, share=args.share,
+                                    prevent_thread_lock=True, css=CSS, quiet=True)
+    print(f"Mirror-SD Playground: {url}" + (f"  (public: {share_url})" if share_url else ""), flush=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `docker stop` / kill: shut down like Ctrl-C
+    try:
+        _preload(loader, presets)
+        demo.block_thread()
+    finally:
+        loader.close()  # ends the draft lane's process and frees the token channel's shared memory
+    return 0
+
+
+def _preload(loader, presets) -> None:
+    """Load the first available pair now, so the first Run does not wait for it."""
+    first = next((p for p in presets if p.available), None)
+    if first is None:
+        print(f"note: no model pair in {PAIR_DIR}; pass --target/--draft or type model ids in the page", flush=True)
+        return
+    try:
+        loader.get(first.target, first.draft)
+        print(f"loaded {first.target} + {first.draft}", flush=True)
+    except Exception as exc:  # noqa: BLE001 - the page shows the same error on Run; keep serving
+        print(f"note: could not load {first.label}: {exc}", flush=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

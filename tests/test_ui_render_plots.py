@@ -1,0 +1,189 @@
+"""UI pure parts on synthetic events: token renderer, figure builders, numbers, inspector, settings mapping."""
+from __future__ import annotations
+
+import copy
+import json
+
+import plotly.graph_objects as go
+import pytest
+
+from mirror_core import MirrorError, RejectedEvent, RunEnd, RunStart, SpanEvent, StepRecord, TokenEvent
+from ui import plots
+from ui.inspector import inspector_html
+from ui.numbers import latency_model, numbers_html, speedup
+from ui.render import COLOR_MAP, highlighted, plain_text, rejected_html
+from ui.session import DecoderRun, Session, TokenNamer
+from ui.settings import DEFAULTS, encode_prompt, load_examples, settings_from_ui
+
+
+class ByteTokenizer:
+    """Token id = one UTF-8 byte, so a multi-byte character spans several tokens."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def encode(self, text):
+        return list(text.encode("utf-8"))
+
+
+def mirror_run(tokenizer=None) -> DecoderRun:
+    """Two Mirror-SD steps: step 1 accepts 1 of 2 drafts (miss), step 2 accepts both from a reused branch (bonus)."""
+    t0 = 100.0
+    run = DecoderRun("mirror", TokenNamer(tokenizer))
+    events = [
+        RunStart("mirror", (104, 105), {"request": {"spec": {"gamma": 2}}}, t0),
+        SpanEvent("target", "prefill", t0, t0 + 0.010, 0),
+        SpanEvent("draft", "prefill", t0, t0 + 0.004, 0),
+        TokenEvent(0xC3, 0, 0, "target", False, t0 + 0.010),       # first byte of "é": held back
+        SpanEvent("draft", "draft_rollout", t0 + 0.004, t0 + 0.008, 0),
+        SpanEvent("target", "target_prefix", t0 + 0.011, t0 + 0.015, 1),
+        SpanEvent("target", "exit_readout", t0 + 0.015, t0 + 0.016, 1),
+        SpanEvent("target", "target_suffix", t0 + 0.016, t0 + 0.020, 1),
+        SpanEvent("target", "accept", t0 + 0.020, t0 + 0.021, 1),
+        TokenEvent(0xA9, 1, 1, "accepted", False, t0 + 0.021),      # completes "é"
+        TokenEvent(ord("x"), 2, 1, "correction", False, t0 + 0.021),
+        RejectedEvent(1, (ord("q"),), 2),
+        SpanEvent("draft", "draft_branches", t0 + 0.016, t0 + 0.019, 1),
+        SpanEvent("draft", "draft_rollout", t0 + 0.021, t0 + 0.024, 1),
+        StepRecord(1, (0xC3, 0xA9, ord("q")), 2, 1, ord("x"), 2, False, False,
+                   topk_ids=((ord("a"), ord("b")), (ord("y"), -1), (ord("z"), ord("w"))),
+                   topk_logprobs=((-0.5, -1.5), (-0.1, float("-inf")), (-0.7, -0.9)),
+                   target_tokens=(0xA9, ord("x"), ord("z")),
+                   branches=((1, 2), (3, 4), (5, 6), (7, 8), (9, 10)), branch_row=None, t_end=t0 + 0.024),
+        SpanEvent("target", "target_prefix", t0 + 0.025, t0 + 0.029, 2),
+        SpanEvent("target", "exit_readout", t0 + 0.029, t0 + 0.030, 2),
+        SpanEvent("target", "target_suffix", t0 + 0.030, t0 + 0.034, 2),
+        SpanEvent("target", "accept", t0 + 0.034, t0 + 0.035, 2),
+        TokenEvent(ord("y"), 3, 2, "accepted", True, t0 + 0.035),
+        TokenEvent(ord("z"), 4, 2, "accepted", True, t0 + 0.035),
+        TokenEvent(ord("!"), 5, 2, "bonus", False, t0 + 0.035),
+        SpanEvent("draft", "draft_branches", t0 + 0.030, t0 + 0.033, 2),
+        SpanEvent("draft", "select_branch", t0 + 0.035, t0 + 0.036, 2),
+        StepRecord(2, (ord("x"), ord("y"), ord("z")), 2, 2, ord("!"), 3, True, True,
+                   topk_ids=((ord("a"),), (ord("b"),), (ord("!"),)), topk_logprobs=((-1.0,), (-1.0,), (-0.2,)),
+                   target_tokens=(ord("y"), ord("z"), ord("!")), branches=((1, 1), (2, 2), (3, 3)), branch_row=2,
+                   t_end=t0 + 0.036),
+        RunEnd((0xC3, 0xA9, ord("x"), ord("y"), ord("z"), ord("!")),
+               {"new_tokens": 6, "steps": 2, "tau": 2.5, "acceptance_rate": 0.75, "hit_rate": 0.5,
+                "fallback_frequency": 0.5, "draft_hidden_fraction": 0.4, "tokens_per_s": 166.0, "ttft_s": 0.01,
+                "wall_s": 0.036}, None),
+    ]
+    for e in events:
+        run.add(e)
+    return run
+
+
+def ar_run(wall: float = 0.072, n: int = 6) -> DecoderRun:
+    run = DecoderRun("ar", TokenNamer(None))
+    run.add(RunStart("ar", (1,), {}, 0.0))
+    for i in range(n):
+        run.add(SpanEvent("target", "target_step" if i else "prefill", i * wall / n, (i + 1) * wall / n, i))
+        run.add(TokenEvent(10 + i, i, i, "target", False, (i + 1) * wall / n))
+    run.add(RunEnd(tuple(range(10, 10 + n)), {"new_tokens": n, "wall_s": wall, "tokens_per_s": n / wall}, None))
+    return run
+
+
+def test_renderer_is_utf8_safe_and_keeps_rejected_drafts_out_of_the_copyable_text():
+    run = mirror_run(ByteTokenizer())
+    assert plain_text(run) == "éxyz!"
+    pieces = highlighted(run)
+    assert pieces[0] == ("é", "accepted draft")                 # the held-back byte joined the next token
+    assert ("x", "correction") in pieces and ("!", "bonus") in pieces
+    assert ("y", "accepted · reused branch") in pieces
+    assert all("\ufffd" not in text for text, _ in pieces)
+    assert {label for _, label in pieces} <= set(COLOR_MAP)
+    html = rejected_html(run)
+    assert "<del" in html and ">q</del>" in html and html.index(">q</del>") < html.index(">x<")
+    assert "1 rejected draft token" in html
+    assert plain_text(run, upto=3) == "éx" and rejected_html(run, upto=1).count("<del") == 0
+
+
+def test_models_without_a_tokenizer_show_token_ids():
+    run = mirror_run(None)
+    assert plain_text(run).split() == ["195", "169", "120", "121", "122", "33"]
+    assert TokenNamer(None).show(7) == "#7"
+
+
+def test_figure_builders_on_synthetic_events():
+    mirror, ar = mirror_run(ByteTokenizer()), ar_run()
+    steps = go.Figure(plots.tokens_per_step_figure([ar, mirror]))   # also validates the dict
+    bars = [t for t in steps.data if isinstance(t, go.Bar)]
+    assert sum(sum(t.y) for t in bars) == 5                     # 2 + 3 tokens over the two steps
+    marks = {t.name: list(t.x) for t in steps.data if isinstance(t, go.Scatter)}
+    assert marks == {"hit: c ∈ TopK, branch reused": [2], "miss: fallback rollout": [1]}
+
+    gantt = go.Figure(plots.lane_timeline_figure([ar, mirror]))
+    assert all(t.orientation == "h" and t.base is not None for t in gantt.data)
+    branches = next(t for t in gantt.data if t.name.startswith("draft branch"))
+    assert list(branches.base) == pytest.approx([16.0, 30.0]) and list(branches.x) == pytest.approx([3.0, 3.0])
+    assert {"Mirror-SD · target", "Mirror-SD · draft", "AR · target"} <= \
+        {y for t in gantt.data for y in t.y}
+
+    race = go.Figure(plots.race_figure([ar, mirror], {"mirror": speedup(ar, mirror)}))
+    line = next(t for t in race.data if t.name.startswith("Mirror-SD"))
+    assert "2.00× vs AR (wall time)" in line.name and list(line.y) == list(range(7))
+    assert line.x[-1] == pytest.approx(35.0)
+
+    acc = go.Figure(plots.acceptance_figure([mirror]))
+    hist, alpha = acc.data
+    assert list(hist.y) == [0, 1, 1] and list(alpha.y) == [1.0, 0.5]
+    for fig in (plots.tokens_per_step_figure([]), plots.race_figure([], {}), plots.lane_timeline_figure([]),
+                plots.acceptance_figure([])):
+        go.Figure(fig)                                            # empty states are valid figures too
+        json.loads(plots.to_json(fig))
+
+
+def test_speedup_below_one_is_shown_and_token_counts_must_match():
+    slow = ar_run(wall=0.036)
+    value, kind = speedup(slow, mirror_run())
+    assert value == pytest.approx(1.0) and kind == "wall time"
+    value, kind = speedup(ar_run(wall=0.009, n=3), mirror_run())
+    assert value == pytest.approx(0.5) and kind == "per-token time"
+    html = numbers_html({"ar": ar_run(wall=0.018, n=6), "mirror": mirror_run()})
+    assert "mirror-slow" in html and "0.50×" in html and "Σ A_t / Σ D_t" in html
+
+
+def test_latency_model_from_spans():
+    model = latency_model(mirror_run(), ar_run())
+    assert model.t_pre == pytest.approx(0.004) and model.delta == pytest.approx(0.004)
+    assert model.t_branch == pytest.approx(0.003) and model.t_rv_ee == pytest.approx(0.001)
+    assert model.t_rv_fv == pytest.approx(0.001 + 0.001)   # accept + adopting a branch (hit path: steps that did)
+    assert model.t_mirror == pytest.approx(0.004 + 0.001 + 0.004 + 0.002)
+    assert model.expected_step == pytest.approx(model.t_mirror + 0.5 * model.t_fresh)
+    assert model.speedup == pytest.approx(2.5 * 0.012 / model.expected_step)
+    assert latency_model(None, None) is None
+
+
+def test_inspector_shows_topk_probabilities_branches_and_fallback_reason():
+    run = mirror_run(ByteTokenizer())
+    miss = inspector_html(run, 1)
+    assert "Miss → fallback" in miss and "0.607" in miss                # exp(-0.5)
+    assert "rejected → c = x" in miss
+    hit = inspector_html(run, 2)
+    assert "Hit" in hit and "branch row 2" in hit and "mirror-reused" in hit and "bonus" in hit
+    assert "not in this run" in inspector_html(run, 9)
+
+
+def test_settings_map_to_configs_in_one_place():
+    s = settings_from_ui("hi", " t ", "", ["mirror", "ar"], 5.0, 3, 0, 0.7, 10, 0.9, "rejection", 32, 7)
+    assert s.decoders == ("ar", "mirror") and s.draft is None and s.target == "t"
+    assert s.spec.gamma == 5 and s.spec.exit_layer is None and s.sampling.rule == "rejection"
+    (req,) = s.requests((1, 2))[1:]
+    assert req.decoder == "mirror" and req.max_new_tokens == 32 and req.sampling.seed == 7
+    for bad in ({"gamma": 0}, {"kappa": 2.5}, {"temperature": -1}, {"top_p": 0}, {"max_new_tokens": 0}):
+        values = dict(DEFAULTS, **bad)
+        with pytest.raises(MirrorError):
+            settings_from_ui("p", "t", "d", values["decoders"], values["gamma"], values["kappa"], 0,
+                             values["temperature"], 0, values["top_p"], "exact", values["max_new_tokens"], 0)
+    with pytest.raises(MirrorError, match="token ids"):
+        encode_prompt(None, "not ids")
+    assert encode_prompt(None, "1, 2 3") == (1, 2, 3)
+
+
+def test_session_copies_start_fresh_and_examples_load():
+    session = Session()
+    session.runs["ar"] = ar_run()
+    copied = copy.deepcopy(session)
+    assert copied.runs == {} and copied.stop is not session.stop
+    examples = load_examples("assets/examples.json")
+    assert examples and all(isinstance(e, str) and e for e in examples)

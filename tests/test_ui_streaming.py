@@ -1,0 +1,146 @@
+"""The streaming handler on tiny models (inline lanes): full runs, throttling, Stop, close, errors, engine cache."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from conftest import build_pair
+
+from mirror_core import LaneConfig
+from ui.layout import _view
+from ui.loader import EngineLoader, default_presets
+from ui.session import Session
+from ui.settings import settings_from_ui
+from ui.streaming import DONE, PLOTS, RESET, TEXT, Throttle, replay, run_comparison
+
+LANES = LaneConfig(kind="inline", target_threads=1, draft_threads=1)
+
+
+@pytest.fixture(scope="module")
+def pair(pair_root):
+    return build_pair(pair_root, "llama")
+
+
+@pytest.fixture(scope="module")
+def loader():
+    loader = EngineLoader(LANES)
+    yield loader
+    loader.close()
+
+
+def settings(pair, decoders=("ar", "sd", "mirror"), max_new=24, exit_layer=0, target=None):
+    return settings_from_ui("1, 2, 3", target or pair[0], pair[1], list(decoders), 3, 2, exit_layer, 0.0, 0, 1.0,
+                            "exact", max_new, 0)
+
+
+def test_full_comparison_streams_text_then_plots_then_everything(pair, loader):
+    session = Session()
+    ticks = []
+    for tick in run_comparison(loader, session, settings(pair), plot_every_s=0.0):
+        ticks.append(tick)
+        outputs = _view(session, tick)
+        assert len(outputs) == 1 + 9 + 4 + 7
+    assert ticks[0].kind == RESET and ticks[-1].kind == DONE and "Done" in ticks[-1].status
+    assert {t.active for t in ticks[1:-1]} == {"ar", "sd", "mirror"}         # live ticks refresh one column
+    assert sum(t.kind == PLOTS for t in ticks) >= 3
+    runs = session.runs
+    assert list(runs) == ["ar", "sd", "mirror"] and all(r.end and not r.end.error for r in runs.values())
+    ids = {d: r.end.token_ids for d, r in runs.items()}
+    assert len(ids["ar"]) == 24 and ids["ar"] == ids["sd"] == ids["mirror"]    # greedy: lossless
+    assert runs["mirror"].steps and any(s.branches for s in runs["mirror"].steps)
+    final = _view(session, ticks[-1])
+    assert final[1] and final[3].split() == [str(t) for t in ids["ar"]]     # AR column: highlighted, text
+    with open(session.trace_path) as f:
+        trace = json.load(f)
+    starts = [e["decoder"] for e in trace["events"] if e["type"] == "RunStart"]
+    assert trace["format"] == "mirror-sd-trace/1" and starts == ["ar", "sd", "mirror"]
+    assert session.idle.is_set()
+    again = run_comparison(loader, session, settings(pair, ("ar",), max_new=4))
+    cleared = _view(session, next(again))                                   # a new comparison starts empty
+    assert cleared[1:10] == [[], "", ""] * 3 and "Numbers appear" in cleared[14]
+    assert list(again)[-1].kind == DONE
+
+
+def test_throttle_sends_plots_at_most_every_interval():
+    now = [0.0]
+    throttle = Throttle(lambda: now[0], text_every_s=0.05, plot_every_s=0.2)
+    kinds = []
+    for _ in range(20):
+        kinds.append(throttle())
+        now[0] += 0.02
+    assert kinds[0] == PLOTS and kinds.count(PLOTS) == 2 and kinds.count(TEXT) >= 4 and None in kinds
+
+
+def test_stop_ends_the_run_within_one_step_and_skips_the_rest(pair, loader):
+    session = Session()
+    gen = run_comparison(loader, session, settings(pair, ("sd", "mirror"), max_new=400), text_every_s=0.0)
+    for _ in gen:
+        run = session.runs.get("sd")
+        if run is not None and len(run.steps) >= 2:
+            t_stop = time.perf_counter()  # the engine's clock
+            session.stop.set()
+            break
+    ticks = list(gen)
+    sd = session.runs["sd"]
+    assert sd.end.stopped and len(sd.tokens) < 400
+    assert sum(s.t_end > t_stop for s in sd.steps) <= 1     # the engine finished at most the step it was in
+    assert "mirror" not in session.runs and ticks[-1].kind == DONE and "Stopped" in ticks[-1].status
+
+
+def test_closing_the_generator_cleans_up_and_the_engine_keeps_serving(pair, loader):
+    session = Session()
+    gen = run_comparison(loader, session, settings(pair, ("mirror",), max_new=400), text_every_s=0.0)
+    for _ in gen:
+        if session.runs.get("mirror") and session.runs["mirror"].tokens:
+            break
+    gen.close()                                                    # what Gradio does on cancel
+    assert session.idle.is_set() and session.trace_path and session.stopped
+    again = Session()
+    ticks = list(run_comparison(loader, again, settings(pair, ("mirror",), max_new=8)))
+    assert "Done" in ticks[-1].status and len(again.runs["mirror"].tokens) == 8
+
+
+def test_errors_are_readable_and_the_loader_recovers(pair, loader, tmp_path):
+    session = Session()
+    ticks = list(run_comparison(loader, session, settings(pair, target=str(tmp_path / "missing"))))
+    assert ticks[-1].kind == DONE and "**Error:**" in ticks[-1].status and "does not exist" in ticks[-1].status
+    ticks = list(run_comparison(loader, session, settings(pair, exit_layer=9)))
+    assert "exit layer must be in 1..3" in ticks[-1].status and session.runs == {}
+    ticks = list(run_comparison(loader, session, settings(pair, ("ar",), max_new=4)))
+    assert "Done" in ticks[-1].status
+
+
+def test_replay_follows_measured_commit_times(pair, loader):
+    session = Session()
+    list(run_comparison(loader, session, settings(pair, ("ar", "mirror"), max_new=12)))
+    ticks = list(replay(session, speed=1.0, fps=1000.0, sleep=lambda s: None))
+    shown = [session.runs["ar"].count_until(t.replay_at) for t in ticks if t.replay_at is not None]
+    assert shown == sorted(shown) and ticks[-1].replay_at is None
+    assert _view(session, ticks[-1])[3].split() == [str(t) for t in session.runs["ar"].end.token_ids]
+
+
+class FakeEngine:
+    def __init__(self, key):
+        self.key, self.closed = key, False
+
+    def close(self):
+        self.closed = True
+
+
+def test_loader_caches_one_engine_per_pair_and_closes_on_switch(tmp_path):
+    made = []
+
+    def load(target, draft, lanes):
+        made.append(FakeEngine((target, draft)))
+        return made[-1]
+
+    loader = EngineLoader(LANES, load=load, warmup=False)
+    a = loader.get("t", "d")
+    assert loader.get("t", "d") is a and len(made) == 1
+    b = loader.get("t", "d2")
+    assert a.closed and not b.closed and loader.loaded() == ("t", "d2")
+    loader.close()
+    assert b.closed and loader.loaded() is None
+    presets = default_presets(str(tmp_path), "my/target", None)
+    assert presets[0].label == "Command-line pair" and not any(p.available for p in presets[1:])

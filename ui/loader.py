@@ -1,0 +1,81 @@
+"""The engine cache app.py creates: one loaded MirrorEngine at a time, keyed by (target, draft, lanes)."""
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mirror_core import LaneConfig, MirrorEngine, Request
+
+
+@dataclass(frozen=True)
+class PairPreset:
+    """A model pair the selector offers; `available` is False when its folders are missing."""
+
+    label: str
+    target: str
+    draft: str | None
+    available: bool = True
+
+
+def default_presets(pair_dir: str, target: str | None = None, draft: str | None = None) -> list[PairPreset]:
+    """The command-line pair (if given), then the embedded pair with its AR and its SS draft."""
+    presets = []
+    if target:
+        presets.append(PairPreset("Command-line pair", target, draft))
+    embedded_target = os.path.join(pair_dir, "target")
+    for kind, label in (("draft_ar", "Embedded pair · AR draft"), ("draft_ss", "Embedded pair · SS draft")):
+        draft_dir = os.path.join(pair_dir, kind)
+        ok = os.path.isdir(embedded_target) and os.path.isdir(draft_dir)
+        presets.append(PairPreset(label, embedded_target, draft_dir, ok))
+    return presets
+
+
+class EngineLoader:
+    """Loads a pair on first use, keeps it for the next request, and closes it when the pair changes.
+
+    Only one engine is alive at a time (the lanes belong to it). Handlers that use it share one
+    Gradio queue (concurrency_id "lanes", limit 1); the lock guards direct callers too.
+    """
+
+    def __init__(self, lanes: LaneConfig, load: Callable[..., MirrorEngine] = MirrorEngine.load, warmup: bool = True):
+        self.lanes, self._load, self.warmup = lanes, load, warmup
+        self._key: tuple | None = None
+        self._engine: MirrorEngine | None = None
+        self._lock = threading.Lock()
+
+    def get(self, target: str, draft: str | None) -> MirrorEngine:
+        key = (target, draft, self.lanes)
+        with self._lock:
+            if key != self._key:
+                self._close_current()
+                engine = self._load(target, draft, self.lanes)
+                try:
+                    if self.warmup:
+                        _warm_up(engine)
+                except BaseException:
+                    engine.close()
+                    raise
+                self._engine, self._key = engine, key
+            return self._engine
+
+    def loaded(self) -> tuple[str, str | None] | None:
+        """The (target, draft) currently loaded, or None."""
+        return None if self._key is None else self._key[:2]
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_current()
+
+    def _close_current(self) -> None:
+        engine, self._engine, self._key = self._engine, None, None
+        if engine is not None:
+            engine.close()
+
+
+def _warm_up(engine: MirrorEngine) -> None:
+    """A few tokens through both lanes so the first measured run does not pay one-off start-up costs."""
+    decoder = "mirror" if engine.info.draft is not None and engine.info.num_layers >= 2 else "ar"
+    for _ in engine.stream(Request(prompt_ids=(0,), decoder=decoder, max_new_tokens=4)):
+        pass

@@ -1,0 +1,152 @@
+"""Per-user state (kept in gr.State): the events of the last comparison, decoded incrementally per decoder."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+
+from mirror_core import RejectedEvent, RunEnd, RunStart, SpanEvent, StepRecord, TokenEvent
+from mirror_core.textstream import IncrementalText
+
+# HighlightedText labels for a committed token's origin.
+LABEL_TARGET = "target"
+LABEL_ACCEPTED = "accepted draft"
+LABEL_REUSED = "accepted · reused branch"
+LABEL_CORRECTION = "correction"
+LABEL_BONUS = "bonus"
+_ORIGIN_LABELS = {"target": LABEL_TARGET, "accepted": LABEL_ACCEPTED, "correction": LABEL_CORRECTION,
+                  "bonus": LABEL_BONUS}
+
+
+def token_label(event: TokenEvent) -> str:
+    if event.origin == "accepted" and event.from_branch:
+        return LABEL_REUSED
+    return _ORIGIN_LABELS.get(event.origin, event.origin)
+
+
+class TokenNamer:
+    """One token id → its text (`text`) or a visible, escaped form for tables (`show`); ids when no tokenizer."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def text(self, token_id: int) -> str:
+        if self.tokenizer is None:
+            return f"{token_id} "
+        if token_id not in self._cache:
+            self._cache[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return self._cache[token_id]
+
+    def show(self, token_id: int) -> str:
+        if token_id < 0:
+            return "—"
+        if self.tokenizer is None:
+            return f"#{token_id}"
+        return json.dumps(self.text(token_id), ensure_ascii=False)[1:-1].replace(" ", "␣") or "∅"
+
+
+@dataclass
+class DecoderRun:
+    """Everything one decoder's stream produced, plus its committed text split per token."""
+
+    decoder: str
+    namer: TokenNamer
+    start: RunStart | None = None
+    tokens: list[TokenEvent] = field(default_factory=list)
+    pieces: list[tuple[str, str]] = field(default_factory=list)          # (text, label) per committed token
+    rejected: list[tuple[int, RejectedEvent]] = field(default_factory=list)  # (index of the token it precedes, event)
+    spans: list[SpanEvent] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    end: RunEnd | None = None
+    events: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        tok = self.namer.tokenizer
+        self._text = IncrementalText(tok) if tok is not None else None
+
+    def add(self, event) -> None:
+        self.events.append(event)
+        if isinstance(event, TokenEvent):
+            piece = self._text.push(event.token_id) if self._text else f"{event.token_id} "
+            self.tokens.append(event)
+            self.pieces.append((piece, token_label(event)))
+        elif isinstance(event, RejectedEvent):
+            # The step's correction is its last committed token; the rejected drafts were in its place.
+            self.rejected.append((max(0, len(self.tokens) - 1), event))
+        elif isinstance(event, SpanEvent):
+            self.spans.append(event)
+        elif isinstance(event, StepRecord):
+            self.steps.append(event)
+        elif isinstance(event, RunStart):
+            self.start = event
+        elif isinstance(event, RunEnd):
+            self.end = event
+            rest = self._text.flush() if self._text else ""
+            if rest and self.pieces:
+                text, label = self.pieces[-1]
+                self.pieces[-1] = (text + rest, label)
+
+    @property
+    def t0(self) -> float:
+        return self.start.t0 if self.start else 0.0
+
+    @property
+    def gamma(self) -> int:
+        spec = (self.start.settings.get("request", {}) if self.start else {}).get("spec", {})
+        return int(spec.get("gamma") or max((s.drafted for s in self.steps), default=1))
+
+    def token_times(self) -> list[float]:
+        """Commit time of each token in seconds since this run's start (the engine's clock)."""
+        return [e.t - self.t0 for e in self.tokens]
+
+    def count_until(self, seconds: float) -> int:
+        """How many tokens had been committed `seconds` after the start (for replay)."""
+        return sum(1 for t in self.token_times() if t <= seconds)
+
+    @property
+    def stats(self) -> dict:
+        return self.end.stats if self.end else {}
+
+
+class Session:
+    """One visitor's state: the last comparison, its stop flag, and whether a run is in flight."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.replay_stop = threading.Event()
+        self.skipped = False                 # Stop came between two decoders: the rest did not run
+        self.idle = threading.Event()
+        self.idle.set()
+        self.runs: dict[str, DecoderRun] = {}
+        self.status = ""
+        self.error: str | None = None
+        self.trace_path: str | None = None
+        self.generation = 0                  # which comparison owns the state (a closing one must not touch a newer one)
+
+    def __deepcopy__(self, memo) -> Session:  # gr.State copies its default per visitor: start fresh
+        return Session()
+
+    def begin_comparison(self) -> int:
+        if self.trace_path:  # the page already has its own copy of the previous trace
+            with contextlib.suppress(OSError):
+                os.remove(self.trace_path)
+        self.stop = threading.Event()
+        self.idle.clear()
+        self.runs, self.error, self.trace_path, self.skipped = {}, None, None, False
+        self.generation += 1
+        return self.generation
+
+    def begin(self, decoder: str, namer: TokenNamer) -> DecoderRun:
+        self.runs[decoder] = run = DecoderRun(decoder, namer)
+        return run
+
+    def all_events(self) -> list:
+        return [e for run in self.runs.values() for e in run.events]
+
+    @property
+    def stopped(self) -> bool:
+        """Stopped by the user: a run ended with stopped=True, was cut off (no RunEnd), or never started."""
+        return self.skipped or any(r.end is None or r.end.stopped for r in self.runs.values())

@@ -1,0 +1,138 @@
+"""Per-user generators: run the chosen decoders one after another, and replay finished runs side by side.
+
+They yield Ticks that say what the page should refresh; the page maps them to outputs (ui/layout.py).
+Plots are refreshed at most every `plot_every_s`, text at most every `text_every_s` (page pacing only:
+every number shown comes from the engine's events, never from these clocks).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from mirror_core import MirrorError, RunEnd, StepRecord, TokenEvent
+from mirror_core.trace import write_trace
+
+from .session import Session, TokenNamer
+from .settings import DECODER_TITLES, RunSettings, encode_prompt
+
+TEXT, PLOTS, STATUS, DONE, RESET = "text", "plots", "status", "done", "reset"
+
+
+@dataclass(frozen=True)
+class Tick:
+    kind: str     # STATUS: only the status line; TEXT: token views; PLOTS: token views + plots;
+                  # DONE: everything; RESET: everything, from an emptied session (a new comparison starts)
+    status: str   # markdown for the status line
+    replay_at: float | None = None  # replay: seconds since the runs' starts to show
+    active: str | None = None       # the decoder running now: the other token views need no refresh
+
+
+class Throttle:
+    """Decides whether a new event is worth a text update, a plot update, or nothing yet."""
+
+    def __init__(self, clock: Callable[[], float], text_every_s: float, plot_every_s: float):
+        self.clock, self.text_every_s, self.plot_every_s = clock, text_every_s, plot_every_s
+        self.last_text = self.last_plot = -1e9
+
+    def __call__(self) -> str | None:
+        now = self.clock()
+        if now - self.last_plot >= self.plot_every_s:
+            self.last_plot = self.last_text = now
+            return PLOTS
+        if now - self.last_text >= self.text_every_s:
+            self.last_text = now
+            return TEXT
+        return None
+
+
+def run_comparison(loader, session: Session, settings: RunSettings, *, clock: Callable[[], float] = time.monotonic,
+                   text_every_s: float = 0.05, plot_every_s: float = 0.25) -> Iterator[Tick]:
+    """Load the pair (cached), then stream each decoder in turn with the lanes to itself."""
+    generation = session.begin_comparison()
+    try:
+        pair = (settings.target, settings.draft)
+        session.status = (f"Loading `{settings.target}` + `{settings.draft or 'no draft'}` (first use of this pair; "
+                          "Stop takes effect once it has loaded) …" if loader.loaded() != pair else "Starting …")
+        yield Tick(RESET, session.status)  # clears the previous comparison's views
+        engine = loader.get(settings.target, settings.draft)
+        requests = settings.requests(encode_prompt(engine.tokenizer, settings.prompt))
+        for request in requests:
+            engine.validate(request)  # every setting checked before anything runs
+        namer = TokenNamer(engine.tokenizer)
+        throttle = Throttle(clock, text_every_s, plot_every_s)
+        for i, request in enumerate(requests, start=1):
+            if session.stop.is_set():
+                session.skipped = True
+                break
+            run = session.begin(request.decoder, namer)
+            session.status = f"Running {DECODER_TITLES[request.decoder]} ({i}/{len(requests)}) …"
+            yield Tick(PLOTS, session.status, active=request.decoder)
+            stream = engine.stream(request, session.stop)
+            try:
+                for event in stream:
+                    run.add(event)
+                    if isinstance(event, (TokenEvent, StepRecord)) and (kind := throttle()):
+                        yield Tick(kind, session.status, active=request.decoder)
+            finally:
+                stream.close()  # closed early (Stop, page gone): the engine stops within one step
+            if isinstance(run.end, RunEnd) and run.end.error:
+                session.error = f"{DECODER_TITLES[request.decoder]} failed: {run.end.error}"
+        session.status = final_status(session)
+    except MirrorError as exc:
+        session.error = str(exc)
+        session.status = f"**Error:** {exc}"
+    except Exception as exc:  # noqa: BLE001 - any failure is shown on the page; the app keeps serving
+        session.error = f"{type(exc).__name__}: {exc}"
+        session.status = f"**Error:** {session.error}"
+    finally:
+        finish(session, generation)
+    yield Tick(DONE, session.status)
+
+
+def finish(session: Session, generation: int) -> None:
+    """Write the trace (whatever ran) and mark the session idle; also runs when the generator is closed."""
+    if generation != session.generation:
+        return  # a newer comparison already owns the session
+    try:
+        events = session.all_events()
+        if events:
+            fd, path = tempfile.mkstemp(prefix="mirror-sd-trace-", suffix=".json")
+            os.close(fd)
+            write_trace(path, events)
+            session.trace_path = path
+    finally:
+        session.idle.set()
+
+
+def final_status(session: Session) -> str:
+    if session.error:
+        return f"**Error:** {session.error}"
+    names = [DECODER_TITLES[d] for d in session.runs]
+    if session.stopped:
+        if not names:
+            return "**Stopped** before any decoder ran."
+        return f"**Stopped.** Showing what {', '.join(names)} committed before the stop."
+    if len(names) == 1:
+        return f"**Done.** {names[0]} ran with both lanes to itself."
+    return f"**Done.** {', '.join(names)} ran one after another, each with both lanes to itself."
+
+
+def replay(session: Session, *, speed: float = 1.0, fps: float = 20.0,
+           sleep: Callable[[float], None] = time.sleep) -> Iterator[Tick]:
+    """Re-animate the finished runs side by side at their measured commit times (TokenEvent.t − RunStart.t0)."""
+    runs = [r for r in session.runs.values() if r.tokens]
+    if not runs:
+        yield Tick(STATUS, "Nothing to replay yet: run a comparison first.")
+        return
+    session.replay_stop = threading.Event()
+    end = max(r.token_times()[-1] for r in runs)
+    t = 0.0
+    while t < end and not session.replay_stop.is_set():
+        yield Tick(TEXT, f"Replaying at measured speed: t = {t * 1e3:.0f} ms of {end * 1e3:.0f} ms", replay_at=t)
+        sleep(1.0 / fps)
+        t += speed / fps
+    yield Tick(TEXT, f"Replay finished ({end * 1e3:.0f} ms of decoding, measured by the engine).", replay_at=None)
