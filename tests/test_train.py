@@ -126,6 +126,7 @@ def test_cli_trains_saves_and_writes_the_model_card(toy_dir, tmp_path):
     assert card["training"]["target"]["steps"] >= 1
     for key in ("draft_ar/sd", "draft_ar/mirror", "draft_ss/sd", "draft_ss/mirror"):  # measured by the engine
         assert card["speculation"][key]["output_equals_ar"] is True and card["speculation"][key]["tau"] >= 1.0
+        assert card["speculation"][key]["runs_that_fell_back_to_the_target"] == 0
     assert card["corpus"]["sha256"] == data.load_corpus(toy_dir).manifest["sha256"]
     markdown = open(os.path.join(out, "MODEL_CARD.md")).read()
     assert "Early exit" in markdown and "Greedy samples" in markdown and "Speculative decoding (engine" in markdown

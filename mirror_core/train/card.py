@@ -75,14 +75,15 @@ def _speculation_section(spec: dict) -> list[str]:
     st = spec["settings"]
     fmt = lambda v: "–" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
     rows = [[key, *(fmt(m[k]) for k in ("tau", "acceptance_rate", "hit_rate", "exit_overlap_top_kappa",
-                                          "draft_tokens_per_forward", "output_equals_ar"))]
+                                          "draft_tokens_per_forward", "output_equals_ar",
+                                          "runs_that_fell_back_to_the_target"))]
             for key, m in spec.items() if key != "settings"]
     return (["## Speculative decoding (engine, greedy)", "",
              f"γ = {st['gamma']}, κ = {st['kappa']}, ℓ_e = N/2, {st['max_new_tokens']} new tokens on each of "
              f"{st['prompts']} held-out prompts; τ counts the correction/bonus token; Ω̂_κ excludes d_j "
              "(mirror_core/metrics.py). Re-measure with `python -m mirror_core.train.evaluate DIR`.", ""]
             + _table(["draft/decoder", "τ", "α", "hit rate", "Ω̂_κ", "η̄ (draft tokens/forward)",
-                      "output = ar"], rows) + [""])
+                      "output = ar", "draft-lane failures"], rows) + [""])
 
 
 def render_markdown(c: dict) -> str:

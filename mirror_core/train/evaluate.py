@@ -28,11 +28,12 @@ def evaluate_speculation(out_dir: str, prompts: list, n_tokens: int) -> dict:
         with MirrorEngine.load(target, os.path.join(out_dir, name), LaneConfig(kind="inline")) as engine:
             spec = SpecConfig(SPEC_SETTINGS["gamma"], SPEC_SETTINGS["kappa"])
             for decoder in ("sd", "mirror"):
-                counters, equal, per_forward = defaultdict(int), True, []
+                counters, equal, per_forward, fallbacks = defaultdict(int), True, [], 0
                 for p in prompts:
                     ar = engine.generate(Request(p.ids, "ar", n_tokens, stop_at_eos=False))
                     end = engine.generate(Request(p.ids, decoder, n_tokens, spec=spec, stop_at_eos=False))
                     equal &= end.token_ids == ar.token_ids
+                    fallbacks += end.fallback is not None
                     for k, v in end.stats["counters"].items():
                         if isinstance(v, int):
                             counters[k] += v
@@ -44,7 +45,7 @@ def evaluate_speculation(out_dir: str, prompts: list, n_tokens: int) -> dict:
                     "exit_overlap_top_kappa": (counters["overlap_in_topk"] / counters["overlap_slots"]
                                                if counters["overlap_slots"] else None),
                     "draft_tokens_per_forward": sum(per_forward) / len(per_forward),
-                    "output_equals_ar": equal}
+                    "output_equals_ar": equal, "runs_that_fell_back_to_the_target": fallbacks}
     return result
 
 
