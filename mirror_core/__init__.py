@@ -3,7 +3,9 @@ from .api import MirrorEngine, PairInfo, auto_lanes
 from .config import DECODER_NAMES, LaneConfig, MirrorError, Request, SamplingConfig, SpecConfig
 from .engine import DECODERS
 from .events import (Event, RejectedEvent, RunEnd, RunStart, SpanEvent, StepRecord, TokenEvent)
+from .textstream import IncrementalText
+from .trace import event_to_dict, write_trace
 
 __all__ = ["MirrorEngine", "PairInfo", "auto_lanes", "DECODER_NAMES", "DECODERS", "LaneConfig", "MirrorError",
            "Request", "SamplingConfig", "SpecConfig", "Event", "RejectedEvent", "RunEnd", "RunStart", "SpanEvent",
-           "StepRecord", "TokenEvent"]
+           "StepRecord", "TokenEvent", "IncrementalText", "event_to_dict", "write_trace"]

@@ -60,6 +60,11 @@ class DraftWindow:
     produced: int = 0                       # draft tokens those row-forwards produced (η̄ = produced / forwards)
 
 
+def branch_rows(topk_ids: tuple[tuple[int, ...], ...]) -> list[tuple[int, int]]:
+    """Row order of the branch batch: (slot index 0..γ, candidate) slot-major, skipping empty (−1) candidates."""
+    return [(j, v) for j, cands in enumerate(topk_ids) for v in cands if v >= 0]
+
+
 def self_verify(logits: torch.Tensor, lookahead: list[int], cfg: SamplingConfig, gen: torch.Generator | None
                 ) -> tuple[list[int], torch.Tensor | None]:
     """SS self-verification: y_i from the main stream at each position (argmax, or a sample); keep
@@ -125,7 +130,7 @@ class DraftWorker:
             if self.runner.cache_len(self.cache) < self.committed + len(self.window):
                 self.runner.forward(self.cache, self.window[-1:])  # feed d_γ for the bonus slot's branches
                 self._count(1, 1)
-            rows = [(j, v) for j, cands in enumerate(cmd.topk_ids) for v in cands if v >= 0]
+            rows = branch_rows(cmd.topk_ids)
             if not rows:
                 self.branch_set = None
                 return

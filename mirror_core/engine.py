@@ -15,7 +15,7 @@ from typing import Iterator
 
 import torch
 
-from .draft import BranchRequest, DraftStart, DraftWindow, ResolveRequest
+from .draft import BranchRequest, DraftStart, DraftWindow, ResolveRequest, branch_rows
 from .events import (ORIGIN_ACCEPTED, ORIGIN_BONUS, ORIGIN_CORRECTION, STAGE_ACCEPT, STAGE_EXIT_READOUT,
                      STAGE_TARGET_PREFIX, STAGE_TARGET_SUFFIX, STAGE_TARGET_VERIFY, STAGE_WAIT, Event, StepRecord)
 from .lanes import LaneError, fault_plan_from_env
@@ -75,6 +75,7 @@ def speculative_decode(run: Run, lane, mirror: bool) -> Iterator[list[Event]]:
             topk_ids=readout.topk_ids if readout else (), topk_logprobs=readout.topk_logprobs if readout else (),
             target_tokens=result.target_tokens,
             branches=next_window.branches if next_window else (),
+            branch_rows=tuple(branch_rows(readout.topk_ids)) if next_window and next_window.branches else (),
             branch_row=next_window.branch_row if next_window else None, t_end=time.perf_counter()))
         yield run.flush()
         window = next_window

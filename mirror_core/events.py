@@ -79,7 +79,8 @@ class StepRecord:
     topk_ids: tuple[tuple[int, ...], ...] = ()        # per slot 1..γ+1: early-exit candidates (-1 = none)
     topk_logprobs: tuple[tuple[float, ...], ...] = ()  # matching log p_exit
     target_tokens: tuple[int, ...] = ()               # argmax p_target per slot (for Ω̂_κ)
-    branches: tuple[tuple[int, ...], ...] = ()        # precomputed branch tokens, row order = slot-major topk order
+    branches: tuple[tuple[int, ...], ...] = ()        # precomputed branch tokens, one row per branch_rows entry
+    branch_rows: tuple[tuple[int, int], ...] = ()     # (slot index 0..γ, candidate token) of each branch row
     branch_row: int | None = None                     # the reused row on a hit
     t_end: float = 0.0
 

@@ -92,3 +92,17 @@ def test_parallel_lanes_are_lossless(pairs, kind):
                 end = engine.generate(Request(prompt, decoder, N_NEW, spec=SpecConfig(2 + i, 1 + i, 2)))
                 assert list(end.token_ids) == ref
                 assert end.fallback is None
+
+
+def test_step_records_name_each_branch_row(pairs, engines):
+    """StepRecord.branch_rows says which (slot, candidate) each precomputed branch belongs to."""
+    from mirror_core import StepRecord
+
+    events = list(engines["llama"].stream(Request((3, 1, 4), "mirror", 24, spec=SpecConfig(3, 2, 2))))
+    records = [e for e in events if isinstance(e, StepRecord) and e.branches]
+    assert records
+    for r in records:
+        assert len(r.branch_rows) == len(r.branches)
+        assert all(v in r.topk_ids[j] for j, v in r.branch_rows)
+        if r.hit:
+            assert r.branch_rows[r.branch_row] == (r.accepted, r.token)

@@ -74,7 +74,7 @@ def _branches(decoder: str, rec: StepRecord, name, last: bool) -> str:
         why = "the run ended at this step (EOS or max new tokens), so no next window was needed" if last else \
               "the draft lane returned no branches"
         return f"<p><b>No branches used</b>: {why}.</p>"
-    rows = [(j, v) for j, cands in enumerate(rec.topk_ids) for v in cands if v >= 0]  # the draft lane's row order
+    rows = list(rec.branch_rows)  # (slot index, candidate) of each branch row, from the engine
     if rec.hit and rec.branch_row is not None:
         verdict = (f"<b class='mirror-fast'>Hit</b>: c = <code>{html.escape(name(rec.token))}</code> is among slot "
                    f"τ = {slot}'s candidates, so branch row {rec.branch_row} became the next window at once "
