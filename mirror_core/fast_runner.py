@@ -69,7 +69,6 @@ class FastLlamaRunner:
         self.inv_freq = rotary.inv_freq.to(self.device, torch.float32)                 # [D/2]
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self.capacity = capacity
-        self.max_positions = getattr(cfg, "max_position_embeddings", None)
         with torch.no_grad():
             self.embed = model.model.embed_tokens.weight.detach()                          # [V, H]
             self.norm = model.model.norm.weight.detach()                                   # [H]

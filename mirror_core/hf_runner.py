@@ -55,7 +55,6 @@ class HFRunner:
         self.num_streams = 0  # plain next-token model: one token per forward
         self.vocab_size = int(vocab_size or model.config.vocab_size)
         self.device = next(model.parameters()).device
-        self.max_positions = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
 
     # -- sequences -------------------------------------------------------------------------
     def new_cache(self) -> DynamicCache:

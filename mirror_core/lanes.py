@@ -324,23 +324,24 @@ def _raise_if_error(reply):
 
 
 def _process_main(spec: DraftLaneSpec, channel_name: str) -> None:
-    """Entry point of the draft lane's process."""
+    """Entry point of the draft lane's process: pinned to its cores for its whole life."""
     parent = os.getppid()
     alive = lambda: os.getppid() == parent  # noqa: E731
     ch = Channel(cap_i64=1 << 18, cap_f32=_f32_capacity(spec.vocab_size), name=channel_name)
-    try:
-        from transformers.utils import logging as hf_logging
+    with pinned(spec.cpus, spec.threads):
+        try:
+            from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
-        if spec.cpus:
-            os.sched_setaffinity(0, spec.cpus)
-        if spec.threads:
-            torch.set_num_threads(spec.threads)
-        serve = _Serve(DraftWorker(make_runner(spec)))
-    except Exception as exc:
-        ch.to_target.send(_error_msg(exc), alive, 60)
-        return
-    ch.to_target.send(_msg(_READY), alive, 60)
+            hf_logging.disable_progress_bar()
+            serve = _Serve(DraftWorker(make_runner(spec)))
+        except Exception as exc:
+            ch.to_target.send(_error_msg(exc), alive, 60)
+            return
+        ch.to_target.send(_msg(_READY), alive, 60)
+        _serve_commands(ch, serve, alive)
+
+
+def _serve_commands(ch: Channel, serve: _Serve, alive) -> None:
     box = ch.to_worker
     while True:
         try:

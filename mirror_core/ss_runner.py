@@ -33,7 +33,6 @@ class SSRunner:
         self.num_streams = model.config.num_streams
         self.vocab_size = int(vocab_size or model.config.vocab_size)
         self.device = model.embed_tokens.weight.device
-        self.max_positions = model.config.max_position_embeddings
 
     def new_cache(self) -> SSCache:
         return SSCache()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+from mirror_core.metrics import count_steps
+
 from .session import DecoderRun
 from .settings import DECODER_TITLES
 
@@ -152,13 +154,9 @@ def acceptance_figure(runs: list[DecoderRun]) -> dict:
     data = []
     for run in runs:
         gamma = run.gamma
-        hist = [0] * (gamma + 1)
-        for s in run.steps:
-            hist[min(s.accepted, gamma)] += 1
-        alpha = []
-        for i in range(1, gamma + 1):
-            drafted = sum(s.drafted >= i for s in run.steps)
-            alpha.append(sum(s.accepted >= i for s in run.steps) / drafted if drafted else None)
+        counts = count_steps(run.steps, gamma)  # the engine's own counters (mirror_core/metrics.py)
+        hist = counts.hist
+        alpha = [a / d if d else None for a, d in zip(counts.pos_accepted, counts.pos_drafted)]
         color, name = DECODER_COLORS.get(run.decoder), DECODER_TITLES[run.decoder]
         data.append({"type": "bar", "x": list(range(gamma + 1)), "y": hist, "name": name,
                      "marker": {"color": color}, "legendgroup": name})
