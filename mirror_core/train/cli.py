@@ -6,7 +6,7 @@ from mirror_core.train.trainer import TrainConfig, train_all
 
 # flag name → TrainConfig field; every default comes from TrainConfig itself
 FLAGS = {
-    "budget_minutes": "training wall time for all three models, split 60/20/20 (tokenizer and evaluation extra)",
+    "budget_minutes": "training wall time for all three models, split 60/15/25 (target/AR/SS) (tokenizer and evaluation extra)",
     "seed": "seed of the init and data generators",
     "device": "cpu or cuda",
     "threads": "torch intra-op threads (0 = torch default)",
