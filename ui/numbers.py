@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
-from statistics import fmean
+
+from mirror_core.events import STAGE_TARGET_STEP
+from mirror_core.latency import LatencyModel, latency_model_from_events, stage_mean
 
 from .session import DecoderRun
 from .settings import DECODER_TITLES
@@ -82,62 +83,12 @@ def _run_notes(run: DecoderRun) -> list[str]:
     return notes
 
 
-@dataclass(frozen=True)
-class LatencyModel:
-    """mirror_sd.md §4 terms (seconds, means over steps ≥ 1 of the Mirror-SD run) and its predictions."""
-
-    t_pre: float          # target layers 1..ℓ_e (target_prefix spans)
-    t_rv_ee: float        # early-exit readout + sending top-κ (exit_readout spans)
-    delta: float          # Δ: target layers ℓ_e+1..N (target_suffix spans)
-    t_branch: float       # T_draft^gen(γ) for the branch batch (draft_branches spans)
-    t_rv_fv: float        # final readout: acceptance + adopting a branch (accept + select_branch spans)
-    t_fresh: float        # a fresh γ-token rollout (draft_rollout spans)
-    ff: float             # fallback frequency
-    tau: float
-    t_ar: float | None    # one target-only step (target_step spans of the AR run)
-    measured_step: float  # measured mean step time of the Mirror-SD run
-
-    @property
-    def t_mirror(self) -> float:
-        return self.t_pre + self.t_rv_ee + max(self.delta, self.t_branch) + self.t_rv_fv
-
-    @property
-    def expected_step(self) -> float:
-        return self.t_mirror + self.ff * self.t_fresh
-
-    @property
-    def speedup(self) -> float | None:
-        return None if not self.t_ar else self.tau * self.t_ar / self.expected_step
-
-
-def _mean(run: DecoderRun, stages: tuple[str, ...], first_step: int = 1) -> float:
-    """Mean total time per step spent in `stages` (0 when never seen)."""
-    per_step: dict[int, float] = {}
-    for s in run.spans:
-        if s.stage in stages and s.step >= first_step:
-            per_step[s.step] = per_step.get(s.step, 0.0) + (s.t1 - s.t0)
-    return fmean(per_step.values()) if per_step else 0.0
-
-
 def latency_model(mirror: DecoderRun | None, ar: DecoderRun | None) -> LatencyModel | None:
+    """The §4 model (mirror_core.latency) from the Mirror-SD run's spans, T_AR from the AR run's mean step."""
     if mirror is None or not mirror.steps or mirror.end is None:
         return None
-    starts: dict[int, float] = {}
-    for s in mirror.spans:
-        if s.lane == "target" and s.step >= 1:
-            starts[s.step] = min(starts.get(s.step, s.t0), s.t0)
-    step_times = [r.t_end - starts[r.step] for r in mirror.steps if r.step in starts]
-    if not step_times:
-        return None
-    measured = fmean(step_times)
-    ar_steps = [s.t1 - s.t0 for s in ar.spans if s.stage == "target_step"] if ar else []
-    stats = mirror.stats
-    return LatencyModel(
-        t_pre=_mean(mirror, ("target_prefix",)), t_rv_ee=_mean(mirror, ("exit_readout",)),
-        delta=_mean(mirror, ("target_suffix",)), t_branch=_mean(mirror, ("draft_branches",)),
-        t_rv_fv=_mean(mirror, ("accept",)) + _mean(mirror, ("select_branch",)),
-        t_fresh=_mean(mirror, ("draft_rollout",), first_step=0), ff=stats.get("fallback_frequency") or 0.0,
-        tau=stats.get("tau") or 1.0, t_ar=fmean(ar_steps) if ar_steps else None, measured_step=measured)
+    t_ar = stage_mean(ar.spans, (STAGE_TARGET_STEP,)) if ar else 0.0
+    return latency_model_from_events(mirror.spans, mirror.steps, mirror.stats, t_ar or None)
 
 
 def latency_html(model: LatencyModel | None, measured_speedup: float | None) -> str:
