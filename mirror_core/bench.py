@@ -1,19 +1,37 @@
-"""`python -m mirror_core bench`: prompts × decoders on one loaded pair → a table and a JSON report.
+"""`python -m mirror_core bench`: prompts × decoders × settings on one pair → rows for the report.
 
-Every decoder runs on the same prompts, lengths and settings, one after another with the lanes to
-themselves, after a warm-up; each (prompt, decoder) is repeated and the median taken. Every
-speculative decoder's greedy output is checked equal to `ar`'s, and the report says so. Timings
-are the engine's own (decode wall time from the first target forward to the last commit).
+Every decoder runs on the same prompts, lengths and settings in this process, one after another
+with the lanes to themselves, after a warm-up; repeats are interleaved across decoders (so the
+machine's drift hits them alike) and each row keeps the median and the min/max wall time. The
+engine's decoders are timed by the engine's own spans (prefill start → last commit); the Hugging
+Face peers by `time.perf_counter` around `generate()` (bench_peers.py). Every decoder's greedy
+output is checked equal to `ar`'s, and the rows say so.
+
+Decoders: `ar` (target only, on the target's lane), `ar_all` (target only, every core), `sd`,
+`mirror`, `hf` (transformers' greedy generate), `hf_assisted` (transformers' assisted generation).
+The baseline is the faster of `ar` and `ar_all` over the suite (mirror_sd.md §8, issue 5).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import statistics
-import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
+from itertools import product
+from typing import Callable, Iterator
 
 from .api import MirrorEngine
-from .config import MirrorError, Request, SamplingConfig, SpecConfig
+from .config import LaneConfig, MirrorError, Request, SamplingConfig, SpecConfig
+from .events import RunEnd, SpanEvent, StepRecord
+from .latency import (LatencyModel, ar_step_time, hidden_draft_bound, latency_model_from_events, step_times,
+                      verify_time)
+
+ENGINE_DECODERS = {"ar": "ar", "ar_all": "ar", "sd": "sd", "mirror": "mirror"}  # bench name → engine decoder
+PEER_DECODERS = ("hf", "hf_assisted")
+BENCH_DECODERS = tuple(ENGINE_DECODERS) + PEER_DECODERS
+SWEEP_AXES = {"gamma": "gamma", "kappa": "kappa", "exit": "exit_layer"}  # --sweep name → SpecConfig field
+_USES_GAMMA = ("sd", "mirror", "hf_assisted")
 
 
 @dataclass(frozen=True)
@@ -23,89 +41,264 @@ class BenchPrompt:
     prompt_ids: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to run: decoders at `spec`, and `mirror` at every sweep setting instead when a sweep is given."""
+
+    decoders: tuple[str, ...]
+    max_new_tokens: int
+    sampling: SamplingConfig
+    spec: SpecConfig
+    sweep: tuple[SpecConfig, ...] = ()
+    repeats: int = 3
+    warmup: int = 1
+
+    def __post_init__(self) -> None:
+        unknown = [d for d in self.decoders if d not in BENCH_DECODERS]
+        if unknown:
+            raise MirrorError(f"unknown decoder {unknown[0]!r}; choose from {', '.join(BENCH_DECODERS)}")
+        if not self.decoders or len(set(self.decoders)) != len(self.decoders):
+            raise MirrorError("--decoders must name each decoder once")
+        if self.repeats < 1 or self.warmup < 0:
+            raise MirrorError("--repeats must be >= 1 and --warmup >= 0")
+        if self.sweep and "mirror" not in self.decoders:
+            raise MirrorError("--sweep varies mirror's settings; add mirror to --decoders")
+        if set(PEER_DECODERS) & set(self.decoders) and not self.sampling.greedy:
+            raise MirrorError("the Hugging Face peers are compared greedily; use --temperature 0 or drop hf, hf_assisted")
+
+    @property
+    def needs_draft(self) -> bool:
+        return any(d in _USES_GAMMA for d in self.decoders)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One decoder at one setting (the settings it ignores are None)."""
+
+    decoder: str
+    spec: SpecConfig
+    gamma: int | None
+    kappa: int | None
+    exit_layer: int | None
+
+    @property
+    def label(self) -> str:
+        parts = [("γ", self.gamma), ("κ", self.kappa), ("ℓe", self.exit_layer)]
+        return " ".join(f"{k}={v}" for k, v in parts if v is not None)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One timed run."""
+
+    tokens: tuple[int, ...]
+    wall_s: float
+    stats: dict = field(default_factory=dict)  # the engine's run summary ({} for the peers)
+    t_ar: float | None = None                  # median target-only step (s)
+    t_verify: float | None = None              # median verification pass (s)
+    step: float | None = None                  # median measured step (s)
+    hidden_bound: float | None = None          # mirror: verification + acceptance + fastest draft reply (s)
+    model: LatencyModel | None = None          # mirror: §4 terms from this run's spans (t_ar filled later)
+    fallback: str | None = None
+
+
 def load_prompts(path: str, tokenizer, limit: int | None = None) -> list[BenchPrompt]:
     """Spec-Bench question.jsonl lines ({"question_id", "category", "turns": [...]}); the first turn is
     the prompt. A "prompt_ids" field (our extension) serves models without a tokenizer."""
+    if not os.path.isfile(path):
+        raise MirrorError(f"prompt file {path!r} does not exist")
     out = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f):
             if not line.strip():
                 continue
-            row = json.loads(line)
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise MirrorError(f"{path}: line {n + 1} is not JSON ({exc.msg})") from None
             if "prompt_ids" in row:
                 ids = tuple(int(t) for t in row["prompt_ids"])
             elif tokenizer is None:
                 raise MirrorError(f"{path}: line {n + 1} has text but the target has no tokenizer; add prompt_ids")
+            elif not row.get("turns"):
+                raise MirrorError(f"{path}: line {n + 1} has neither turns nor prompt_ids")
             else:
                 ids = tuple(tokenizer.encode(row["turns"][0]))
             out.append(BenchPrompt(str(row.get("question_id", n)), str(row.get("category", "")), ids))
+    if not out:
+        raise MirrorError(f"{path} holds no prompts")
     return out[:limit] if limit else out
 
 
-def run_bench(engine: MirrorEngine, prompts: list[BenchPrompt], decoders: list[str], max_new_tokens: int,
-              spec: SpecConfig, sampling: SamplingConfig, repeats: int, warmup: int, progress=print) -> dict:
+def parse_sweep(items: list[str] | None, base: SpecConfig) -> tuple[SpecConfig, ...]:
+    """["gamma=2,4", "kappa=1,2", "exit=3,5"] → the grid of SpecConfigs (unswept axes keep `base`)."""
+    if not items:
+        return ()
+    axes: dict[str, list[int]] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        if not sep or name not in SWEEP_AXES:
+            raise MirrorError(f"--sweep takes AXIS=V1,V2,... with AXIS one of {', '.join(SWEEP_AXES)}; got {item!r}")
+        if name in axes:
+            raise MirrorError(f"--sweep names {name} twice")
+        try:
+            axes[name] = [int(v) for v in values.split(",") if v.strip()]
+        except ValueError:
+            raise MirrorError(f"--sweep {name} values must be integers, got {values!r}") from None
+        if not axes[name]:
+            raise MirrorError(f"--sweep {name} has no values")
+    names = list(axes)
+    return tuple(replace(base, **{SWEEP_AXES[n]: v for n, v in zip(names, combo)})
+                 for combo in product(*(axes[n] for n in names)))
+
+
+def all_core_lanes(lanes: LaneConfig) -> LaneConfig:
+    """The target lane on every core with one intra-op thread per core (the `ar_all` baseline)."""
+    if lanes.target_device != "cpu":
+        raise MirrorError("ar_all (target-only ar on every core) needs the target on the CPU; drop it from --decoders")
+    cpus = tuple(sorted(os.sched_getaffinity(0)))
+    return replace(lanes, target_cpus=cpus, target_threads=len(cpus))
+
+
+def default_decoders(lanes: LaneConfig) -> tuple[str, ...]:
+    return tuple(d for d in BENCH_DECODERS if d != "ar_all" or lanes.target_device == "cpu")
+
+
+@dataclass
+class BenchPair:
+    """Everything loaded for one bench: the engine, the all-core ar engine, the Hugging Face peers."""
+
+    engine: MirrorEngine
+    all_core: MirrorEngine | None
+    peers: object | None  # bench_peers.HFPeers
+
+
+@contextlib.contextmanager
+def open_pair(target: str, draft: str | None, lanes: LaneConfig, config: BenchConfig) -> Iterator[BenchPair]:
+    """Load what `config.decoders` need; close the lanes afterwards."""
+    from .bench_peers import HFPeers
+
+    with contextlib.ExitStack() as stack:
+        engine = stack.enter_context(MirrorEngine.load(target, draft if config.needs_draft else None, lanes))
+        all_core = (stack.enter_context(MirrorEngine.load(target, None, all_core_lanes(lanes)))
+                    if "ar_all" in config.decoders else None)
+        peers = None
+        if set(PEER_DECODERS) & set(config.decoders):
+            peers = HFPeers(target, draft if "hf_assisted" in config.decoders else None, lanes.target_device)
+        yield BenchPair(engine, all_core, peers)
+
+
+def plan(engine: MirrorEngine, config: BenchConfig, probe: tuple[int, ...]) -> list[Cell]:
+    """Every (decoder, setting) to run, with ℓ_e resolved and each setting checked against the pair."""
+    cells = []
+    for decoder in config.decoders:
+        specs = config.sweep if decoder == "mirror" and config.sweep else (config.spec,)
+        for spec in specs:
+            exit_layer = engine.validate(Request(probe, ENGINE_DECODERS.get(decoder, "ar"), config.max_new_tokens,
+                                                 config.sampling, spec))
+            spec = replace(spec, exit_layer=exit_layer)
+            cells.append(Cell(decoder, spec, spec.gamma if decoder in _USES_GAMMA else None,
+                              spec.kappa if decoder == "mirror" else None, exit_layer if decoder == "mirror" else None))
+    return cells
+
+
+def measure(pair: BenchPair, cell: Cell, prompt: BenchPrompt, config: BenchConfig) -> Measurement:
+    if cell.decoder in PEER_DECODERS:
+        tokens, wall = pair.peers.generate(cell.decoder, prompt.prompt_ids, config.max_new_tokens, cell.spec.gamma)
+        return Measurement(tokens, wall)
+    engine = pair.all_core if cell.decoder == "ar_all" else pair.engine
+    request = Request(prompt.prompt_ids, ENGINE_DECODERS[cell.decoder], config.max_new_tokens, config.sampling,
+                      cell.spec)
+    events = list(engine.stream(request))
+    end: RunEnd = events[-1]
+    if end.error:
+        raise MirrorError(f"{cell.decoder} failed on prompt {prompt.name}: {end.error}")
+    spans = [e for e in events if isinstance(e, SpanEvent)]
+    steps = [e for e in events if isinstance(e, StepRecord)]
+    times = step_times(spans, steps)
+    mirror = cell.decoder == "mirror"
+    return Measurement(end.token_ids, end.stats["wall_s"], end.stats, ar_step_time(spans), verify_time(spans),
+                       statistics.median(times) if times else None, hidden_draft_bound(spans) if mirror else None,
+                       latency_model_from_events(spans, steps, end.stats, None) if mirror else None, end.fallback)
+
+
+def run_bench(pair: BenchPair, prompts: list[BenchPrompt], config: BenchConfig,
+              on_run: Callable[[str], None] = lambda _: None) -> list[dict]:
+    """Warm up every cell on the first prompt, then per prompt interleave the repeats; one row per cell."""
+    cells = plan(pair.engine, config, prompts[0].prompt_ids)
+    for cell in cells:
+        for _ in range(config.warmup):
+            measure(pair, cell, prompts[0], config)
+            on_run(f"warm-up {cell.decoder} {cell.label}")
     rows = []
-    for p in prompts[:1]:
-        for _ in range(warmup):
-            for decoder in decoders:
-                engine.generate(Request(p.prompt_ids, decoder, max_new_tokens, sampling, spec))
-    for i, p in enumerate(prompts):
-        reference = None
-        for decoder in decoders:
-            runs = [engine.generate(Request(p.prompt_ids, decoder, max_new_tokens, sampling, spec))
-                    for _ in range(repeats)]
-            stats = [r.stats for r in runs]
-            tokens = runs[0].token_ids
-            reference = tokens if decoder == "ar" else reference
-            rows.append({
-                "prompt": p.name, "category": p.category, "decoder": decoder, "new_tokens": len(tokens),
-                "wall_s": statistics.median(s["wall_s"] for s in stats),
-                "wall_s_spread": [min(s["wall_s"] for s in stats), max(s["wall_s"] for s in stats)],
-                "tau": stats[0]["tau"], "acceptance_rate": stats[0]["acceptance_rate"],
-                "hit_rate": stats[0]["hit_rate"], "draft_hidden_fraction": statistics.median(
-                    s["draft_hidden_fraction"] for s in stats) if stats[0]["draft_hidden_fraction"] is not None else None,
-                "draft_tokens_per_forward": stats[0].get("draft_tokens_per_forward"),
-                "target_busy_s": statistics.median(s["target_busy_s"] for s in stats),
-                "steps": stats[0]["steps"], "fallback": runs[0].fallback,
-                "equal_to_ar": None if reference is None or decoder == "ar" else tokens == reference,
-            })
-        progress(f"[{i + 1}/{len(prompts)}] {p.name}")
-    return {"rows": rows, "summary": summarize_rows(rows, decoders), "settings": {
-        "max_new_tokens": max_new_tokens, "gamma": spec.gamma, "kappa": spec.kappa, "exit_layer": spec.exit_layer,
-        "temperature": sampling.temperature, "repeats": repeats, "warmup": warmup,
-        "target": engine.info.target, "draft": engine.info.draft, "lanes": engine.info.lanes.__dict__,
-        "time": time.strftime("%Y-%m-%d %H:%M:%S")}}
+    for p in prompts:
+        runs: dict[Cell, list[Measurement]] = {c: [] for c in cells}
+        for _ in range(config.repeats):
+            for cell in cells:
+                runs[cell].append(measure(pair, cell, p, config))
+                on_run(f"{p.name} {cell.decoder} {cell.label}")
+        rows += [_row(p, cell, runs[cell]) for cell in cells]
+    return derive(rows)
 
 
-def summarize_rows(rows: list[dict], decoders: list[str]) -> dict:
-    """Per decoder: median tokens/s, median speedup over ar on the same prompt, mean τ/hit/hidden."""
-    by = {(r["prompt"], r["decoder"]): r for r in rows}
-    out = {}
-    for decoder in decoders:
-        mine = [r for r in rows if r["decoder"] == decoder]
-        speedups = [by[(r["prompt"], "ar")]["wall_s"] / r["wall_s"] for r in mine if (r["prompt"], "ar") in by]
-        mean = lambda key: _mean([r[key] for r in mine])  # noqa: E731
-        out[decoder] = {
-            "tokens_per_s": statistics.median(r["new_tokens"] / r["wall_s"] for r in mine),
-            "speedup_vs_ar": statistics.median(speedups) if speedups else None,
-            "tau": mean("tau"), "acceptance_rate": mean("acceptance_rate"), "hit_rate": mean("hit_rate"),
-            "draft_hidden_fraction": mean("draft_hidden_fraction"),
-            "draft_tokens_per_forward": mean("draft_tokens_per_forward"),
-            "all_equal_to_ar": None if decoder == "ar" else all(r["equal_to_ar"] for r in mine),
-        }
-    return out
+def total_runs(n_prompts: int, n_cells: int, config: BenchConfig) -> int:
+    return n_cells * (config.warmup + n_prompts * config.repeats)
 
 
-def _mean(values: list) -> float | None:
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
+def _ms(v: float | None) -> float | None:
+    return None if v is None else v * 1e3
 
 
-def format_table(summary: dict) -> str:
-    cols = ("tokens_per_s", "speedup_vs_ar", "tau", "acceptance_rate", "hit_rate", "draft_hidden_fraction",
-            "draft_tokens_per_forward", "all_equal_to_ar")
-    lines = ["decoder  " + "  ".join(f"{c:>12.12}" for c in cols)]
-    for decoder, s in summary.items():
-        cells = [f"{s[c]:12.3f}" if isinstance(s[c], float) else f"{str(s[c]):>12}" for c in cols]
-        lines.append(f"{decoder:8} " + "  ".join(cells))
-    return "\n".join(lines)
+def _row(p: BenchPrompt, cell: Cell, runs: list[Measurement]) -> dict:
+    """Medians over repeats for times; everything else from the run with the median wall time."""
+    walls = [m.wall_s for m in runs]
+    rep = sorted(runs, key=lambda m: m.wall_s)[(len(runs) - 1) // 2]
+    s, model = rep.stats, rep.model
+    return {
+        "prompt": p.name, "category": p.category, "decoder": cell.decoder, "setting": cell.label,
+        "gamma": cell.gamma, "kappa": cell.kappa, "exit_layer": cell.exit_layer, "new_tokens": len(rep.tokens),
+        "wall_s": statistics.median(walls), "wall_s_min": min(walls), "wall_s_max": max(walls),
+        "tokens_per_s": len(rep.tokens) / statistics.median(walls), "repeats": len(runs),
+        "timed_by": "engine spans" if rep.stats else "perf_counter around generate()",
+        "tau": s.get("tau"), "acceptance_rate": s.get("acceptance_rate"), "hit_rate": s.get("hit_rate"),
+        "fallback_frequency": s.get("fallback_frequency"), "draft_hidden_fraction": s.get("draft_hidden_fraction"),
+        "draft_tokens_per_forward": s.get("draft_tokens_per_forward"), "steps": s.get("steps"),
+        "t_ar_ms": _ms(rep.t_ar), "t_verify_ms": _ms(rep.t_verify), "step_ms": _ms(rep.step),
+        "hidden_bound_ms": _ms(rep.hidden_bound),
+        "model_ms": None if model is None else {k: _ms(v) for k, v in asdict(model).items()
+                                                if k not in ("ff", "tau", "t_ar")} | {
+            "t_mirror": _ms(model.t_mirror), "expected_step": _ms(model.expected_step)},
+        "fallback": rep.fallback, "token_ids": list(rep.tokens),
+    }
+
+
+def derive(rows: list[dict]) -> list[dict]:
+    """Add what needs the same prompt's ar rows: equality, speedups, the bounds and the model's prediction."""
+    by = {(r["prompt"], r["decoder"]): r for r in rows if r["decoder"] in ("ar", "ar_all")}
+    base = baseline_decoder(rows)
+    for r in rows:
+        ar, ar_all, bl = (by.get((r["prompt"], d)) for d in ("ar", "ar_all", base))
+        t_ar = ar["t_ar_ms"] if ar else None
+        r["equal_to_ar"] = None if ar is None or r["decoder"] == "ar" else r["token_ids"] == ar["token_ids"]
+        r["speedup_vs_ar"] = _speedup(ar, r)
+        r["speedup_vs_ar_all"] = _speedup(ar_all, r)
+        r["speedup_vs_baseline"] = _speedup(bl, r)
+        r["bound"] = (r["tau"] * t_ar / r["t_verify_ms"]
+                      if r["tau"] and t_ar and r["t_verify_ms"] and r["decoder"] in ("sd", "mirror") else None)
+        model = r["model_ms"]
+        r["predicted_speedup_vs_ar"] = r["tau"] * t_ar / model["expected_step"] if model and t_ar else None
+    return rows
+
+
+def baseline_decoder(rows: list[dict]) -> str | None:
+    """The faster of ar and ar_all: the lower sum of per-prompt median wall times."""
+    totals = {d: sum(r["wall_s"] for r in rows if r["decoder"] == d) for d in ("ar", "ar_all")
+              if any(r["decoder"] == d for r in rows)}
+    return min(totals, key=totals.get) if totals else None
+
+
+def _speedup(base: dict | None, r: dict) -> float | None:
+    """Per-token time ratio: the wall-time ratio whenever the lengths match (equal outputs)."""
+    if base is None or not r["new_tokens"] or not base["new_tokens"]:
+        return None
+    return (base["wall_s"] / base["new_tokens"]) / (r["wall_s"] / r["new_tokens"])

@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import asdict
 
 from .config import DECODER_NAMES, RULES, LaneConfig, MirrorError, Request, SamplingConfig, SpecConfig
 from .events import RunEnd, TokenEvent
@@ -33,13 +34,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pair_and_settings(g)
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     g.add_argument("--trace", default=None, help="write every event to this JSON file")
-    b = sub.add_parser("bench", help="prompts × decoders on one pair → table and JSON")
+    b = sub.add_parser("bench", help="prompts × decoders × settings on one pair → table, JSON, CSV, HTML")
     b.add_argument("--prompts", required=True, help="Spec-Bench style question.jsonl")
     b.add_argument("--limit", type=int, default=None, help="use the first N prompts")
-    b.add_argument("--decoders", default="ar,sd,mirror", help="comma-separated decoders")
-    b.add_argument("--repeats", type=int, default=3)
-    b.add_argument("--warmup", type=int, default=1)
+    b.add_argument("--decoders", default=None,
+                   help="comma-separated, from ar, ar_all, sd, mirror, hf, hf_assisted (default: all that apply)")
+    b.add_argument("--repeats", type=int, default=3, help="timed runs per prompt, decoder and setting (median)")
+    b.add_argument("--warmup", type=int, default=1, help="untimed runs of every decoder and setting first")
+    b.add_argument("--sweep", nargs="+", default=None, metavar="AXIS=V1,V2",
+                   help="run mirror over the grid, e.g. --sweep gamma=2,4,6 kappa=1,2,4 exit=3,5")
     b.add_argument("--out", default=None, help="write the JSON report here")
+    b.add_argument("--out-dir", default=None, help="write bench.json, bench.csv and bench.html into this folder")
     _add_pair_and_settings(b)
     c = sub.add_parser("channel", help="measure the lanes' shared-memory round trip")
     c.add_argument("--n", type=int, default=2000, help="round trips")
@@ -131,25 +136,32 @@ def _check_default_pair(*paths: str | None) -> None:
 
 
 def bench(args) -> int:
-    from .api import MirrorEngine
-    from .bench import format_table, load_prompts, run_bench
+    from tqdm import tqdm
 
-    decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
-    for d in decoders:
-        if d not in DECODER_NAMES:
-            raise MirrorError(f"unknown decoder {d!r}; choose from {', '.join(DECODER_NAMES)}")
-    if args.repeats < 1 or args.warmup < 0:
-        raise MirrorError("--repeats must be >= 1 and --warmup >= 0")
+    from .bench import BenchConfig, default_decoders, load_prompts, open_pair, parse_sweep, plan, run_bench, total_runs
+    from .bench_report import build_report, format_table, write_outputs
+
     probe = request_from_args(argparse.Namespace(**{**vars(args), "decoder": "ar"}), (0,))
-    _check_default_pair(args.target, args.draft)
-    with MirrorEngine.load(args.target, args.draft, lanes_from_args(args)) as engine:
-        prompts = load_prompts(args.prompts, engine.tokenizer, args.limit)
-        report = run_bench(engine, prompts, decoders, args.max_new_tokens, probe.spec, probe.sampling,
-                           args.repeats, args.warmup, progress=lambda m: print(m, file=sys.stderr))
-    print(format_table(report["summary"]))
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=1)
+    lanes = lanes_from_args(args)
+    decoders = (tuple(d.strip() for d in args.decoders.split(",") if d.strip()) if args.decoders is not None
+                else default_decoders(lanes))
+    config = BenchConfig(decoders, args.max_new_tokens, probe.sampling, probe.spec,
+                         parse_sweep(args.sweep, probe.spec), args.repeats, args.warmup)
+    if args.limit is not None and args.limit < 1:
+        raise MirrorError("--limit must be >= 1")
+    _check_default_pair(args.target, args.draft if config.needs_draft else None)
+    with open_pair(args.target, args.draft, lanes, config) as pair:
+        prompts = load_prompts(args.prompts, pair.engine.tokenizer, args.limit)
+        n_cells = len(plan(pair.engine, config, prompts[0].prompt_ids))
+        with tqdm(total=total_runs(len(prompts), n_cells, config), file=sys.stderr, unit="run",
+                  mininterval=1.0) as bar:
+            rows = run_bench(pair, prompts, config, on_run=lambda what: (bar.set_postfix_str(what), bar.update()))
+        info = pair.engine.info
+        report = build_report(rows, config, {"target": info.target, "draft": info.draft, "lanes": asdict(info.lanes),
+                                             "target_runner": info.target_runner, "prompts_file": args.prompts})
+    print(format_table(report))
+    for path in write_outputs(report, args.out, args.out_dir):
+        print(f"wrote {path}", file=sys.stderr)
     return 0
 
 

@@ -1,33 +1,164 @@
-"""The bench command on tiny models and two prompts: finishes in seconds, checks outputs, writes JSON."""
+"""The bench command on tiny models and two prompts: every decoder and peer, JSON/CSV/HTML, sweeps,
+the latency model on hand-made numbers, and the GPU script's CPU dry run; each finishes in seconds."""
 from __future__ import annotations
 
+import csv
+import importlib.util
 import json
+import os
+import sys
 
+import pytest
+import torch
+
+from mirror_core.bench import derive, parse_sweep
 from mirror_core.cli import main
+from mirror_core.config import SpecConfig
+from mirror_core.events import SpanEvent, StepRecord
+from mirror_core.latency import hidden_draft_bound, latency_model_from_events, physical_bound, verify_time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_bench_writes_a_report_with_equality_checks(pairs, tmp_path, capsys):
+def _prompts(tmp_path, n: int = 2) -> str:
+    path = tmp_path / "question.jsonl"
+    rows = [{"question_id": "q1", "category": "toy", "prompt_ids": [1, 2, 3]},
+            {"question_id": "q2", "category": "toy", "prompt_ids": [9, 8]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows[:n]))
+    return str(path)
+
+
+def test_bench_runs_every_decoder_and_peer_and_writes_json_csv_html(pairs, tmp_path, capsys):
     target, draft = pairs["llama"]
-    prompts = tmp_path / "question.jsonl"
-    prompts.write_text('{"question_id": "q1", "category": "toy", "prompt_ids": [1, 2, 3]}\n'
-                       '{"question_id": "q2", "category": "toy", "prompt_ids": [9, 8]}\n')
-    out = tmp_path / "report.json"
-    rc = main(["bench", "--target", target, "--draft", draft, "--prompts", str(prompts), "--max-new-tokens", "16",
-               "--repeats", "2", "--lane", "inline", "--out", str(out)])
+    out = tmp_path / "out"
+    rc = main(["bench", "--target", target, "--draft", draft, "--prompts", _prompts(tmp_path), "--max-new-tokens", "12",
+               "--repeats", "2", "--lane", "inline", "--out-dir", str(out)])
     assert rc == 0
     table = capsys.readouterr().out
-    assert "mirror" in table and "speedup_vs_a" in table
-    report = json.loads(out.read_text())
-    assert {r["decoder"] for r in report["rows"]} == {"ar", "sd", "mirror"} and len(report["rows"]) == 6
-    assert report["summary"]["mirror"]["all_equal_to_ar"] is True
-    assert report["summary"]["sd"]["all_equal_to_ar"] is True
-    assert report["summary"]["ar"]["speedup_vs_ar"] == 1.0
+    assert "hf_assisted" in table and "baseline:" in table
+    report = json.loads((out / "bench.json").read_text())
+    decoders = ("ar", "ar_all", "sd", "mirror", "hf", "hf_assisted")
+    assert [e["name"] for e in report["summary"]] == list(decoders) and len(report["rows"]) == 12
+    summary = {e["name"]: e for e in report["summary"]}
+    for d in decoders[1:]:  # the peers' greedy output equals ar's, token for token and length for length
+        assert summary[d]["all_equal_to_ar"] is True, d
+    assert report["baseline"] in ("ar", "ar_all") and summary[report["baseline"]]["speedup_vs_baseline"] == 1.0
+    assert summary["ar"]["speedup_vs_ar"] == 1.0
+    mirror = [r for r in report["rows"] if r["decoder"] == "mirror"]
+    assert all(r["bound"] > 0 and r["hidden_bound_ms"] > 0 and r["predicted_speedup_vs_ar"] > 0 for r in mirror)
+    assert all(r["wall_s_min"] <= r["wall_s"] <= r["wall_s_max"] for r in report["rows"])
+    assert {r["timed_by"] for r in report["rows"] if r["decoder"].startswith("hf")} == {"perf_counter around generate()"}
+    with open(out / "bench.csv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 12 and {"speedup_vs_baseline", "bound", "model_delta_ms"} <= set(rows[0])
+    page = (out / "bench.html").read_text()
+    assert "Plotly.newPlot" in page and "<script src=" not in page          # plotly.js inlined: self-contained
+    assert "Speedup vs the baseline" in page and "How it was measured" in page
 
 
-def test_bench_rejects_unknown_decoders(pairs, tmp_path, capsys):
+def test_bench_sweeps_the_grid_and_names_the_best_setting(pairs, tmp_path, capsys):
     target, draft = pairs["llama"]
-    prompts = tmp_path / "q.jsonl"
-    prompts.write_text('{"question_id": "q1", "prompt_ids": [1]}\n')
-    assert main(["bench", "--target", target, "--draft", draft, "--prompts", str(prompts),
-                 "--decoders", "ar,eagle", "--lane", "inline"]) == 2
-    assert capsys.readouterr().err.startswith("error: unknown decoder")
+    out = tmp_path / "sweep.json"
+    rc = main(["bench", "--target", target, "--draft", draft, "--prompts", _prompts(tmp_path, 1),
+               "--max-new-tokens", "8", "--repeats", "1", "--warmup", "0", "--lane", "inline",
+               "--decoders", "ar,mirror", "--sweep", "gamma=2,3", "kappa=1,2", "--out", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    mirror = [e for e in report["summary"] if e["decoder"] == "mirror"]
+    assert {(e["gamma"], e["kappa"], e["exit_layer"]) for e in mirror} == {(2, 1, 2), (2, 2, 2), (3, 1, 2), (3, 2, 2)}
+    assert all(e["predicted_speedup_vs_ar"] is not None and e["all_equal_to_ar"] for e in mirror)
+    best = report["best"]
+    assert best["speedup_vs_baseline"] == max(e["speedup_vs_baseline"] for e in mirror)
+    assert "best mirror setting" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--decoders", "ar,eagle"], "error: unknown decoder"),
+    (["--decoders", "ar,sd", "--sweep", "gamma=2"], "error: --sweep varies mirror"),
+    (["--sweep", "depth=2"], "error: --sweep takes AXIS=V1,V2"),
+    (["--sweep", "gamma=2,x"], "error: --sweep gamma values must be integers"),
+    (["--decoders", "ar,hf", "--temperature", "0.7"], "error: the Hugging Face peers are compared greedily"),
+    (["--repeats", "0"], "error: --repeats must be >= 1"),
+])
+def test_bench_rejects_bad_flags_with_one_error_line(pairs, tmp_path, capsys, flags, message):
+    target, draft = pairs["llama"]
+    rc = main(["bench", "--target", target, "--draft", draft, "--prompts", _prompts(tmp_path, 1), "--lane", "inline",
+               *flags])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith(message) and len(err.splitlines()) == 1
+
+
+def test_sweep_grid_is_the_product_of_the_axes():
+    grid = parse_sweep(["gamma=2,4,6", "kappa=1,2,4", "exit=3,5"], SpecConfig(gamma=4, kappa=4))
+    assert len(grid) == 18 and grid[0] == SpecConfig(2, 1, 3) and grid[-1] == SpecConfig(6, 4, 5)
+    assert parse_sweep(["kappa=1,8"], SpecConfig(gamma=5)) == (SpecConfig(5, 1), SpecConfig(5, 8))
+    assert parse_sweep(None, SpecConfig()) == ()
+
+
+def _mirror_step(step: int, t: float) -> list[SpanEvent]:
+    """One hand-made Mirror-SD step starting at t (ms): prefix 4, readout 1, suffix 4 (draft branches 3
+    meanwhile), accept 1, wait 0.5 + step (the fastest reply is 1.5 ms)."""
+    ms = 1e-3
+    return [SpanEvent("target", "target_prefix", t * ms, (t + 4) * ms, step),
+            SpanEvent("target", "exit_readout", (t + 4) * ms, (t + 5) * ms, step),
+            SpanEvent("draft", "draft_branches", (t + 5) * ms, (t + 8) * ms, step),
+            SpanEvent("target", "target_suffix", (t + 5) * ms, (t + 9) * ms, step),
+            SpanEvent("target", "accept", (t + 9) * ms, (t + 10) * ms, step),
+            SpanEvent("target", "wait", (t + 10) * ms, (t + 10.5 + step) * ms, step)]
+
+
+def test_latency_model_and_bounds_on_hand_made_numbers():
+    spans = [SpanEvent("draft", "draft_rollout", 0.0, 0.002, 0)] + _mirror_step(1, 10.0) + _mirror_step(2, 30.0)
+    steps = [StepRecord(s, (0,) * 5, 4, 2, 7, 3, False, True, t_end=(t + 10.5 + s) * 1e-3)
+             for s, t in ((1, 10.0), (2, 30.0))]
+    model = latency_model_from_events(spans, steps, {"tau": 3.0, "fallback_frequency": 0.25}, t_ar=0.006)
+    assert model.t_pre == pytest.approx(0.004) and model.delta == pytest.approx(0.004)
+    assert model.t_branch == pytest.approx(0.003) and model.t_fresh == pytest.approx(0.002)
+    assert model.t_mirror == pytest.approx(0.004 + 0.001 + 0.004 + 0.001)      # the draft fits in Δ: hidden
+    assert model.expected_step == pytest.approx(0.010 + 0.25 * 0.002)
+    assert model.speedup == pytest.approx(3.0 * 0.006 / 0.0105)
+    assert model.t_sd == pytest.approx(0.010) and model.sd_speedup == pytest.approx(1.8)
+    assert model.measured_step == pytest.approx((0.0115 + 0.0125) / 2)
+    assert verify_time(spans) == pytest.approx(0.009)                          # prefix + readout + suffix
+    assert physical_bound(3.0, 0.006, 0.009) == pytest.approx(2.0)
+    assert hidden_draft_bound(spans) == pytest.approx(0.010 + 0.0015)           # verify + accept + fastest reply
+    assert latency_model_from_events([], [], {}, None) is None
+
+
+def test_derive_picks_the_faster_ar_as_baseline_and_checks_equality():
+    def row(decoder, wall, tokens, tau=None, t_verify=None, t_ar=None):
+        return {"prompt": "p", "decoder": decoder, "wall_s": wall, "new_tokens": len(tokens), "token_ids": tokens,
+                "tau": tau, "t_verify_ms": t_verify, "t_ar_ms": t_ar, "model_ms": None}
+    rows = derive([row("ar", 1.0, [1, 2], t_ar=5.0), row("ar_all", 0.8, [1, 2]),
+                   row("sd", 0.5, [1, 2], tau=2.0, t_verify=8.0), row("hf", 0.4, [1, 3])])
+    sd, hf = rows[2], rows[3]
+    assert sd["speedup_vs_baseline"] == pytest.approx(1.6) and sd["speedup_vs_ar"] == pytest.approx(2.0)
+    assert sd["bound"] == pytest.approx(2.0 * 5.0 / 8.0) and sd["equal_to_ar"] is True
+    assert hf["equal_to_ar"] is False
+
+
+def _gpu_script():
+    spec = importlib.util.spec_from_file_location("gpu_bench", os.path.join(ROOT, "scripts", "gpu_bench.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_script_dry_run_on_cpu_writes_json_and_markdown(tmp_path):
+    gpu = _gpu_script()
+    assert gpu.main(["--device", "cpu", "--tiny", "--max-new-tokens", "4", "--prompts", "1", "--repeats", "1",
+                     "--out", str(tmp_path)]) == 0
+    out = json.loads((tmp_path / "gpu_bench.json").read_text())
+    random_pair, default_pair = out["results"]
+    assert random_pair["replay"]["label"] == "modelled" and random_pair["replay"]["mirror_speedup_vs_ar"] > 0
+    assert random_pair["replay"]["tau"] == out["acceptance_replayed"]["tau"]
+    assert default_pair["report"]["summary"][2]["all_equal_to_ar"] is True
+    assert "Replayed acceptance" in (tmp_path / "gpu_bench.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA refusal")
+def test_gpu_script_fails_fast_without_cuda(tmp_path, capsys):
+    assert _gpu_script().main(["--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("error: no CUDA device")
+    assert _gpu_script().main(["--device", "cpu", "--out", str(tmp_path)]) == 2
