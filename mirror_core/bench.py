@@ -64,7 +64,8 @@ class BenchConfig:
         if self.sweep and "mirror" not in self.decoders:
             raise MirrorError("--sweep varies mirror's settings; add mirror to --decoders")
         if set(PEER_DECODERS) & set(self.decoders) and not self.sampling.greedy:
-            raise MirrorError("the Hugging Face peers are compared greedily; use --temperature 0 or drop hf, hf_assisted")
+            raise MirrorError("the Hugging Face peers are compared greedily; "
+                              "use --temperature 0 or drop hf, hf_assisted")
 
     @property
     def needs_draft(self) -> bool:

@@ -39,7 +39,8 @@ class HFPeers:
                  gamma: int) -> tuple[tuple[int, ...], float]:
         """(new token ids, wall seconds) of one greedy call."""
         ids = torch.tensor([prompt_ids], device=self.target.device)
-        kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=0)
+        kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+                      min_new_tokens=0)
         if decoder == "hf_assisted":
             if self.draft is None:
                 raise MirrorError("hf_assisted needs a draft model")

@@ -35,7 +35,8 @@ NOTES = (
 )
 _SUMMARY_COLS = (("tok/s", "tokens_per_s", "{:.1f}"), ("×base", "speedup_vs_baseline", "{:.2f}"),
                  ("min–max", "speedup_vs_baseline_range", "{}"), ("×ar", "speedup_vs_ar", "{:.2f}"),
-                 ("×ar_all", "speedup_vs_ar_all", "{:.2f}"), ("τ", "tau", "{:.2f}"), ("α", "acceptance_rate", "{:.2f}"),
+                 ("×ar_all", "speedup_vs_ar_all", "{:.2f}"), ("τ", "tau", "{:.2f}"),
+                 ("α", "acceptance_rate", "{:.2f}"),
                  ("hit", "hit_rate", "{:.2f}"), ("hidden", "draft_hidden_fraction", "{:.2f}"),
                  ("bound", "bound", "{:.2f}"), ("pred×ar", "predicted_speedup_vs_ar", "{:.2f}"),
                  ("step/hb", "step_over_hidden_bound", "{:.2f}"), ("=ar", "all_equal_to_ar", "{}"))

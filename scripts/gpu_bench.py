@@ -1,4 +1,6 @@
-"""The bench on one CUDA GPU, offline, in a few minutes: `python scripts/gpu_bench.py` (writes under $OUT or ./gpu_bench_out).
+"""The bench on one CUDA GPU, offline, in a few minutes: `python scripts/gpu_bench.py`.
+
+Writes gpu_bench.json and gpu_bench.md under $OUT (else ./gpu_bench_out, or --out DIR).
 
 1. Randomly initialised Llama-shaped targets (1B and 7B shapes, bf16, built from configs: nothing is
    downloaded) with a small random draft: ar / sd / mirror (+ transformers' generate and assisted
@@ -142,7 +144,8 @@ def replay(report: dict, acceptance: dict) -> dict | None:
     med = lambda xs: sorted(xs)[(len(xs) - 1) // 2]  # noqa: E731
     terms = {k: med([r["model_ms"][k] for r in mirror]) / 1e3
              for k in ("t_pre", "t_rv_ee", "delta", "t_branch", "t_rv_fv", "t_fresh", "measured_step")}
-    model = LatencyModel(**terms, ff=acceptance["ff"], tau=acceptance["tau"], t_ar=med([r["t_ar_ms"] for r in ar]) / 1e3)
+    model = LatencyModel(**terms, ff=acceptance["ff"], tau=acceptance["tau"],
+                         t_ar=med([r["t_ar_ms"] for r in ar]) / 1e3)
     return {"terms_ms": {k: v * 1e3 for k, v in terms.items()}, "t_ar_ms": model.t_ar * 1e3,
             "tau": model.tau, "ff": model.ff, "draft_hidden": model.t_branch <= model.delta,
             "mirror_speedup_vs_ar": model.speedup, "sd_speedup_vs_ar": model.sd_speedup,
@@ -159,14 +162,16 @@ def markdown(results: list[dict]) -> str:
         t_ar = [r["t_ar_ms"] for r in rows if r["decoder"] == "ar" and r["t_ar_ms"]]
         for e in res["report"]["summary"]:
             mine = [r for r in rows if r["decoder"] == e["decoder"]]
-            model = next((r["model_ms"] for r in mine if r["model_ms"]), {}) or {}
+            models = [r["model_ms"] for r in mine if r["model_ms"]]
+            model = {k: med([m[k] for m in models]) for k in models[0]} if models else {}
             t_verify = [r["t_verify_ms"] for r in mine if r["t_verify_ms"]]
             lines.append(f"| {res['pair']} | {res['lanes']} | {e['name']} | {f(e['tokens_per_s'], 1)} | "
                          f"{f(e['speedup_vs_ar'])} | {f(e['tau'])} | {f(med(t_ar))} | "
                          f"{f(med(t_verify))} | {f(model.get('delta'))} | "
                          f"{f(model.get('t_branch'))} | {f(model.get('t_fresh'))} | {e['all_equal_to_ar']} |")
     lines += ["", "Replayed acceptance through the latency model (modelled, not measured):", "",
-              "| pair | lanes | τ | FF | draft hidden | mirror × ar | sd × ar | source |", "|---|---|---|---|---|---|---|---|"]
+              "| pair | lanes | τ | FF | draft hidden | mirror × ar | sd × ar | source |",
+              "|---|---|---|---|---|---|---|---|"]
     for res in results:
         r = res.get("replay")
         if r:
