@@ -15,6 +15,7 @@ from typing import Iterator
 
 import torch
 
+from .branching import BranchPlanner
 from .draft import BranchRequest, DraftStart, DraftWindow, ResolveRequest, branch_rows
 from .events import (ORIGIN_ACCEPTED, ORIGIN_BONUS, ORIGIN_CORRECTION, STAGE_ACCEPT, STAGE_EXIT_READOUT,
                      STAGE_TARGET_PREFIX, STAGE_TARGET_SUFFIX, STAGE_TARGET_VERIFY, STAGE_WAIT, Event, StepRecord)
@@ -50,18 +51,21 @@ def speculative_decode(run: Run, lane, mirror: bool) -> Iterator[list[Event]]:
     c0 = run.prefill()
     yield run.flush()
     window = None if run.done or not lane_ok else _next_window(run, lane, step=0, accepted=0, token=c0)
+    planner = BranchPlanner(run.req.spec.branch_budget, run.req.spec.kappa)
     step = 0
     while window is not None and not run.done:
         run.check_stop()
         step += 1
         w = [run.ids[-1], *window.tokens]                                 # [w0, d1..dγ]
-        readout = ExitReadout(run, lane, step, w, run.req.spec.kappa) if mirror else None
+        readout = ExitReadout(run, lane, step, w, run.req.spec.kappa, planner) if mirror else None
         logits = _verify_pass(run, w, readout, step)                      # [γ+1, V] target logits per slot
         t0 = run.now()
         result = accept(logits, list(window.tokens), run.cfg, len(run.ids), window.p_draft, run.gen)
         run.span(STAGE_ACCEPT, t0, run.now(), step)
         run.target.truncate(run.cache, len(run.ids) + result.accepted)  # keep w0, d1..d_A
         hit = None if readout is None or readout.failed else result.token in readout.topk_ids[result.accepted]
+        if readout is not None:
+            readout.observe(result.accepted, result.token)
         origin = ORIGIN_BONUS if result.accepted == gamma else ORIGIN_CORRECTION
         committed = run.commit([(d, ORIGIN_ACCEPTED, bool(window.hit)) for d in window.tokens[: result.accepted]]
                                + [(result.token, origin, False)], step)
@@ -114,12 +118,17 @@ def _next_window(run: Run, lane, step: int, accepted: int, token: int) -> DraftW
 
 
 class ExitReadout:
-    """Called inside the target's forward after layer ℓ_e: top-κ per slot → M_t → the draft lane."""
+    """Called inside the target's forward after layer ℓ_e: top-κ per slot → M_t → the draft lane.
 
-    def __init__(self, run: Run, lane, step: int, window: list[int], kappa: int):
-        self.run, self.lane, self.step, self.window, self.kappa = run, lane, step, window, kappa
-        self.topk_ids: tuple[tuple[int, ...], ...] = ()
+    With a branch budget, the planner keeps only the likeliest (slot, candidate) pairs (branching.py).
+    """
+
+    def __init__(self, run: Run, lane, step: int, window: list[int], kappa: int, planner: BranchPlanner):
+        self.run, self.lane, self.step, self.window, self.kappa, self.planner = run, lane, step, window, kappa, planner
+        self.topk_ids: tuple[tuple[int, ...], ...] = ()      # what was sent (pruned candidates are −1)
         self.topk_logprobs: tuple[tuple[float, ...], ...] = ()
+        self.ranked: list[list[int]] = []                   # [γ+1][κ] every candidate, by exit rank
+        self.draft_is_top1: list[bool] = []                 # [γ] d_j was the exit's argmax at slot j
         self.failed = False
         self.t0 = self.t1 = 0.0
 
@@ -128,19 +137,26 @@ class ExitReadout:
         slots = logits_exit.shape[0]                                          # γ+1
         x = logits_exit if self.run.cfg.greedy else warp_logits(logits_exit, self.run.cfg)  # same support as p_target
         drafts = torch.tensor(self.window[1:], device=x.device).unsqueeze(1)  # [γ, 1]
+        self.draft_is_top1 = (x[: slots - 1].argmax(-1, keepdim=True) == drafts).squeeze(1).tolist()
         x = x.clone()
         x[: slots - 1].scatter_(1, drafts, float("-inf"))                    # c ≠ d_j at draft slot j
         logp_exit = torch.log_softmax(x, dim=-1)                              # [γ+1, V]
         k = min(self.kappa, x.shape[-1])
         top = torch.topk(logp_exit, k, dim=-1)                                # [γ+1, κ]
-        ids = torch.where(torch.isfinite(top.values), top.indices, -1).tolist()
-        self.topk_ids = tuple(tuple(r) for r in ids)
+        ids = torch.where(torch.isfinite(top.values), top.indices, -1)        # [γ+1, κ]
+        self.ranked = ids.tolist()
+        self.topk_ids = tuple(tuple(r) for r in self.planner.select(ids, self.draft_is_top1).tolist())
         self.topk_logprobs = tuple(tuple(round(v, 4) for v in r) for r in top.values.tolist())
         try:
             self.lane.branch(BranchRequest(self.step, self.topk_ids))
         except LaneError:
             self.failed = True
         self.t1 = self.run.now()
+
+    def observe(self, accepted: int, token: int) -> None:
+        """Teach the planner this step's outcome."""
+        cands = self.ranked[accepted]
+        self.planner.observe(self.draft_is_top1, accepted, cands.index(token) if token in cands else None)
 
 
 DECODERS = {"ar": autoregressive_decode, "sd": vanilla_sd_decode, "mirror": mirror_sd_decode}

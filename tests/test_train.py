@@ -132,6 +132,15 @@ def test_cli_trains_saves_and_writes_the_model_card(toy_dir, tmp_path):
     assert "Early exit" in markdown and "Greedy samples" in markdown and "Speculative decoding (engine" in markdown
     assert evaluate.refresh_speculation(out)["draft_ss/mirror"] == card["speculation"]["draft_ss/mirror"]
 
+    # a second run continues that target (same tokenizer) and says so in the card
+    more = str(tmp_path / "more")
+    cli.main(["--out", more, "--corpus-dir", toy_dir, "--init-target", os.path.join(out, "target")] + TINY_FLAGS)
+    with open(os.path.join(more, "model_card.json")) as f:
+        target = json.load(f)["training"]["target"]
+    assert target["earlier"]["steps"] == card["training"]["target"]["steps"]
+    assert "continued training" in open(os.path.join(more, "MODEL_CARD.md")).read()
+    assert AutoTokenizer.from_pretrained(os.path.join(more, "target")).get_vocab() == tok.get_vocab()
+
 
 def test_init_and_training_steps_are_reproducible(toy_dir, toy_tokenizer):
     cfg = TrainConfig(out_dir="unused", target_layers=2, hidden_size=32, intermediate_size=64, num_heads=4,

@@ -21,11 +21,25 @@ def _models_section(c: dict) -> list[str]:
     return (["## Models", ""]
             + _table(["model", "layers", "hidden", "params", "fp16 MB", "train min", "device", "steps", "train tokens",
                       "val loss code", "val loss prose"], rows)
+            + _continued(c["training"]["target"])
             + ["", f"Total fp16 weights: {c['sizes']['total_safetensors_mb']:.1f} MB. Validation loss in nats/token "
                    "on held-out files (teacher-forced, context as trained).", "",
                "One-token cached decode step (Hugging Face eager forward, fp32 on CPU, 1 intra-op thread, "
                "median, measured right after training on the training machine; the SS step includes its streams): "
                + ", ".join(f"{NAMES[k]} {v:.2f} ms" for k, v in c["decode_step_ms"].items()) + ".", ""])
+
+
+def _continued(t: dict) -> list[str]:
+    """A target trained in two runs says so, with the earlier run's share."""
+    if "continued_from" not in t:
+        return []
+    e = t.get("earlier")
+    earlier = "" if e is None else (f" after an earlier run of {e['steps']} steps, {e['tokens'] / 1e6:.2f} M tokens, "
+                                    f"{e['seconds'] / 60:.1f} min on {e['device']}; in all "
+                                    f"{e['steps'] + t['steps']} steps, {(e['tokens'] + t['tokens']) / 1e6:.2f} M tokens, "
+                                    f"{(e['seconds'] + t['seconds']) / 60:.1f} min")
+    return ["", f"The target row above is its continued training (`--init-target {t['continued_from']}`){earlier}. "
+                "The drafts were initialised from and distilled from the final target in this run."]
 
 
 def _exit_section(c: dict) -> list[str]:

@@ -11,6 +11,7 @@ FLAGS = {
     "device": "cpu or cuda",
     "threads": "torch intra-op threads (0 = torch default)",
     "corpus_dir": "train on .py (code) and .txt/.md/.rst (prose) files under this directory instead of the stdlib",
+    "init_target": "continue training the target in this folder (reusing its tokenizer) instead of a fresh one",
     "vocab_size": "BPE vocabulary size",
     "context": "training context length",
     "hidden_size": "hidden size of all three models",

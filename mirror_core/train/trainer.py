@@ -1,5 +1,6 @@
 """One training loop for the bundled target, AR draft and SS draft, run in that order under a wall-clock budget."""
 import dataclasses
+import json
 import math
 import os
 import time
@@ -24,6 +25,7 @@ class TrainConfig:
     device: str = "cpu"  # "cpu" or "cuda"
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
     corpus_dir: str | None = None  # None: CPython stdlib + pydoc topics
+    init_target: str | None = None  # continue training this target folder (its tokenizer and shapes) instead of a fresh one
     # default shapes: build.py's docstring gives the latency and size measurements behind them
     vocab_size: int = 4096
     context: int = 256
@@ -161,7 +163,11 @@ def train_all(cfg: TrainConfig) -> dict:
         torch.set_num_threads(cfg.threads)
     t_start = time.perf_counter()
     corpus = data.load_corpus(cfg.corpus_dir)
-    tokenizer = data.train_tokenizer(corpus, cfg.vocab_size)
+    if cfg.init_target:  # a continued run keeps the earlier run's tokenizer and shapes
+        from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.init_target)
+    else:
+        tokenizer = data.train_tokenizer(corpus, cfg.vocab_size)
     train_stream = data.token_stream(tokenizer, corpus.select("train"), corpus.manifest["prose_train_upsample"])
     eot = tokenizer.convert_tokens_to_ids(data.EOT)
     gen_init = torch.Generator().manual_seed(cfg.seed)
@@ -170,7 +176,12 @@ def train_all(cfg: TrainConfig) -> dict:
     budget = [cfg.budget_minutes * 60 * share for share in cfg.budget_split]
     config = build.llama_config(len(tokenizer), eot, cfg.hidden_size, cfg.intermediate_size, cfg.target_layers,
                                 cfg.num_heads, cfg.num_kv_heads, max_positions=4 * cfg.context)
-    target = build.make_target(config, gen_init).to(cfg.device)
+    if cfg.init_target:
+        target = AutoModelForCausalLM.from_pretrained(cfg.init_target, dtype=torch.float32).to(cfg.device)
+        if target.config.num_hidden_layers != cfg.target_layers or target.config.hidden_size != cfg.hidden_size:
+            raise ValueError(f"--init-target {cfg.init_target} has a different shape than the flags ask for")
+    else:
+        target = build.make_target(config, gen_init).to(cfg.device)
     stats = {"target": run_phase("target", target, target_loss_fn(target, cfg), train_stream, cfg,
                                  cfg.lr_target, budget[0], gen_data[0])}
     build.save_fp16(target, tokenizer, os.path.join(cfg.out_dir, "target"))  # saved at once: hours of work
@@ -188,6 +199,12 @@ def train_all(cfg: TrainConfig) -> dict:
                     tokenizer={"vocab_size": len(tokenizer), "special_tokens": [data.EOT]})
     training = {name: dict(dataclasses.asdict(s), device=cfg.device, threads=torch.get_num_threads())
                 for name, s in stats.items()}
+    if cfg.init_target:  # the continued target's earlier training, from that run's card when it has one
+        prior = os.path.join(os.path.dirname(os.path.abspath(cfg.init_target)), "model_card.json")
+        training["target"]["continued_from"] = cfg.init_target
+        if os.path.exists(prior):
+            with open(prior, encoding="utf-8") as f:
+                training["target"]["earlier"] = json.load(f)["training"]["target"]
     card = evaluate.evaluate_bundle(cfg.out_dir, corpus, cfg)
     card.update(corpus=manifest, training=training, config=dataclasses.asdict(cfg),
                 total_wall_seconds=time.perf_counter() - t_start)

@@ -1,0 +1,45 @@
+"""The branch planner: which (slot, candidate) pairs to precompute under a row budget."""
+import torch
+
+from mirror_core.branching import BranchPlanner
+
+
+def _ids(gamma: int, kappa: int) -> torch.Tensor:
+    return torch.arange((gamma + 1) * kappa).view(gamma + 1, kappa)  # [γ+1, κ] distinct candidate ids
+
+
+def test_no_budget_keeps_every_candidate():
+    ids = _ids(4, 3)
+    assert torch.equal(BranchPlanner(0, 3).select(ids, [True] * 4), ids)
+    assert torch.equal(BranchPlanner(15, 3).select(ids, [True] * 4), ids)
+
+
+def test_budget_keeps_exactly_that_many_and_prefers_top_ranks():
+    kept = BranchPlanner(5, 3).select(_ids(4, 3), [True] * 4)
+    assert int((kept >= 0).sum()) == 5
+    # uniform priors (acceptance 1/2, every rank alike): slot 0 first, then slot 1 by rank
+    assert kept[0].tolist() == [0, 1, 2] and kept[1].tolist() == [3, 4, -1]
+
+
+def test_learns_where_rejections_happen():
+    """After many steps that accept everything, the bonus slot's candidates win the budget."""
+    planner = BranchPlanner(3, 3)
+    for _ in range(50):
+        planner.observe([True] * 4, accepted=4, rank=0)
+    kept = planner.select(_ids(4, 3), [True] * 4)
+    assert kept[4].tolist() == _ids(4, 3)[4].tolist() and int((kept[:4] >= 0).sum()) == 0
+
+
+def test_draft_tokens_the_exit_disputes_pull_the_budget_to_their_slot():
+    planner = BranchPlanner(2, 2)
+    for _ in range(50):  # top-1 draft tokens always pass, others always fail
+        planner.observe([True, False, True], accepted=1, rank=0)
+    kept = planner.select(_ids(3, 2), [True, False, True])
+    assert kept[1, 0] >= 0 and int((kept[2:] >= 0).sum()) == 0  # the budget goes where d_2 is disputed
+
+
+def test_pruned_candidates_are_minus_one_and_empty_ones_stay_empty():
+    ids = _ids(2, 2).clone()
+    ids[2, 1] = -1
+    kept = BranchPlanner(2, 2).select(ids, [False, False])
+    assert int((kept >= 0).sum()) == 2 and kept[2, 1] == -1
