@@ -30,7 +30,8 @@ from .latency import (LatencyModel, ar_step_time, hidden_draft_bound, latency_mo
 ENGINE_DECODERS = {"ar": "ar", "ar_all": "ar", "sd": "sd", "mirror": "mirror"}  # bench name → engine decoder
 PEER_DECODERS = ("hf", "hf_assisted")
 BENCH_DECODERS = tuple(ENGINE_DECODERS) + PEER_DECODERS
-SWEEP_AXES = {"gamma": "gamma", "kappa": "kappa", "exit": "exit_layer"}  # --sweep name → SpecConfig field
+SWEEP_AXES = {"gamma": "gamma", "kappa": "kappa", "exit": "exit_layer",  # --sweep name → SpecConfig field
+              "budget": "branch_budget"}
 _USES_GAMMA = ("sd", "mirror", "hf_assisted")
 
 
@@ -81,10 +82,11 @@ class Cell:
     gamma: int | None
     kappa: int | None
     exit_layer: int | None
+    branch_budget: int | None = None
 
     @property
     def label(self) -> str:
-        parts = [("γ", self.gamma), ("κ", self.kappa), ("ℓe", self.exit_layer)]
+        parts = [("γ", self.gamma), ("κ", self.kappa), ("ℓe", self.exit_layer), ("B", self.branch_budget or None)]
         return " ".join(f"{k}={v}" for k, v in parts if v is not None)
 
 
@@ -199,7 +201,8 @@ def plan(engine: MirrorEngine, config: BenchConfig, probe: tuple[int, ...]) -> l
                                                  config.sampling, spec))
             spec = replace(spec, exit_layer=exit_layer)
             cells.append(Cell(decoder, spec, spec.gamma if decoder in _USES_GAMMA else None,
-                              spec.kappa if decoder == "mirror" else None, exit_layer if decoder == "mirror" else None))
+                              spec.kappa if decoder == "mirror" else None, exit_layer if decoder == "mirror" else None,
+                              spec.branch_budget if decoder == "mirror" else None))
     return cells
 
 
@@ -257,7 +260,8 @@ def _row(p: BenchPrompt, cell: Cell, runs: list[Measurement]) -> dict:
     s, model = rep.stats, rep.model
     return {
         "prompt": p.name, "category": p.category, "decoder": cell.decoder, "setting": cell.label,
-        "gamma": cell.gamma, "kappa": cell.kappa, "exit_layer": cell.exit_layer, "new_tokens": len(rep.tokens),
+        "gamma": cell.gamma, "kappa": cell.kappa, "exit_layer": cell.exit_layer, "branch_budget": cell.branch_budget,
+        "new_tokens": len(rep.tokens),
         "wall_s": statistics.median(walls), "wall_s_min": min(walls), "wall_s_max": max(walls),
         "tokens_per_s": len(rep.tokens) / statistics.median(walls), "repeats": len(runs),
         "timed_by": "engine spans" if rep.stats else "perf_counter around generate()",

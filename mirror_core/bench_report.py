@@ -82,7 +82,8 @@ def summarize(rows: list[dict]) -> list[dict]:
         first = mine[0]
         out.append({
             "name": name, "decoder": first["decoder"], "setting": first["setting"], "gamma": first["gamma"],
-            "kappa": first["kappa"], "exit_layer": first["exit_layer"], "prompts": len(mine),
+            "kappa": first["kappa"], "exit_layer": first["exit_layer"], "branch_budget": first.get("branch_budget"),
+            "prompts": len(mine),
             "tokens_per_s": _median(col("tokens_per_s")),
             "speedup_vs_baseline": _median(speedups),
             "speedup_vs_baseline_range": [min(speedups), max(speedups)] if speedups else None,
@@ -106,7 +107,7 @@ def best_setting(summary: list[dict]) -> dict | None:
     if len(mirror) < 2:
         return None
     best = max(mirror, key=lambda s: s["speedup_vs_baseline"])
-    return {k: best[k] for k in ("name", "gamma", "kappa", "exit_layer", "speedup_vs_baseline",
+    return {k: best[k] for k in ("name", "gamma", "kappa", "exit_layer", "branch_budget", "speedup_vs_baseline",
                                  "predicted_speedup_vs_ar", "speedup_vs_ar")}
 
 
@@ -140,6 +141,7 @@ def format_table(report: dict) -> str:
     if report["best"]:
         b = report["best"]
         lines.append(f"best mirror setting: γ={b['gamma']} κ={b['kappa']} ℓe={b['exit_layer']} "
+                     f"branch budget={b['branch_budget'] or 'all'} "
                      f"({_cell(b['speedup_vs_baseline'], '{:.2f}')}× vs baseline, "
                      f"predicted {_cell(b['predicted_speedup_vs_ar'], '{:.2f}')}× vs ar)")
     return "\n".join(lines)

@@ -94,6 +94,7 @@ def test_sweep_grid_is_the_product_of_the_axes():
     assert len(grid) == 18 and grid[0] == SpecConfig(2, 1, 3) and grid[-1] == SpecConfig(6, 4, 5)
     assert parse_sweep(["kappa=1,8"], SpecConfig(gamma=5)) == (SpecConfig(5, 1), SpecConfig(5, 8))
     assert parse_sweep(None, SpecConfig()) == ()
+    assert parse_sweep(["budget=0,6"], SpecConfig()) == (SpecConfig(branch_budget=0), SpecConfig(branch_budget=6))
 
 
 def _mirror_step(step: int, t: float) -> list[SpanEvent]:
