@@ -12,6 +12,12 @@ the target's token is the exit's k-th candidate. Both are counted on this run's 
 uniform prior (the exit's raw probabilities are too flat on small targets to use directly:
 tokens with p_exit < 0.1 were accepted 86% of the time when they were the exit's top-1).
 Only efficiency depends on this: the output never does.
+
+The budget is fixed, or automatic (AUTO_BRANCH_BUDGET): the allowance starts at every candidate
+and after each step moves halfway towards the row count whose batch would have taken HEADROOM of
+the target's suffix (the time the draft lane has before the target needs the next window), assuming
+the batch time scales with its rows. With a fixed per-batch overhead this still converges, from
+above, to the rows that fit.
 """
 from __future__ import annotations
 
@@ -19,11 +25,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .config import AUTO_BRANCH_BUDGET
+
+HEADROOM = 0.9  # auto budget: aim the branch batch at this share of the target's suffix
+
 
 @dataclass
 class BranchPlanner:
-    budget: int            # rows per step; 0 = every candidate
+    budget: int            # rows per step; 0 = every candidate; AUTO_BRANCH_BUDGET = fit to the suffix
     kappa: int
+    allowance: float = 0.0  # auto mode: the current row allowance (0 = not measured yet: every candidate)
     # [n, accepted] for draft tokens the exit ranked first / not first; prior: 1 of 2
     accepts_top1: list[int] = field(default_factory=lambda: [2, 1])
     accepts_other: list[int] = field(default_factory=lambda: [2, 1])
@@ -36,7 +47,8 @@ class BranchPlanner:
     def select(self, ids: torch.Tensor, draft_is_top1: list[bool]) -> torch.Tensor:
         """ids [γ+1, κ] exit candidates by rank (−1 = none), draft_is_top1 [γ] → ids with all but the
         budget's likeliest (slot, candidate) pairs set to −1."""
-        if not self.budget or self.budget >= int((ids >= 0).sum()):
+        limit = round(self.allowance) if self.budget == AUTO_BRANCH_BUDGET else self.budget
+        if not limit or limit >= int((ids >= 0).sum()):
             return ids
         accept = [self._rate(self.accepts_top1 if top1 else self.accepts_other) for top1 in draft_is_top1]
         total = sum(self.rank_counts)
@@ -50,7 +62,7 @@ class BranchPlanner:
             if j < len(accept):
                 reach *= accept[j]
         keep = torch.full_like(ids, -1)
-        for _, j, k in sorted(scores, key=lambda s: (-s[0], s[1], s[2]))[: self.budget]:  # ties: earlier slot, rank
+        for _, j, k in sorted(scores, key=lambda s: (-s[0], s[1], s[2]))[:limit]:  # ties: earlier slot, rank
             keep[j, k] = ids[j, k]
         return keep
 
@@ -62,6 +74,14 @@ class BranchPlanner:
             counts[0] += 1
             counts[1] += i < accepted
         self.rank_counts[self.kappa if rank is None else rank] += 1
+
+    def adapt(self, rows: int, branch_s: float, suffix_s: float, max_rows: int) -> None:
+        """Auto mode, after a step whose branch batch of `rows` rows took branch_s while the target's
+        suffix took suffix_s: move the allowance halfway to the rows that would have fit."""
+        if self.budget != AUTO_BRANCH_BUDGET or rows <= 0 or branch_s <= 0:
+            return
+        fit = rows * HEADROOM * suffix_s / branch_s
+        self.allowance = min(max(1.0, 0.5 * (rows + fit)), float(max_rows))
 
     @staticmethod
     def _rate(counts: list[int]) -> float:

@@ -17,8 +17,9 @@ import torch
 
 from .branching import BranchPlanner
 from .draft import BranchRequest, DraftStart, DraftWindow, ResolveRequest, branch_rows
-from .events import (ORIGIN_ACCEPTED, ORIGIN_BONUS, ORIGIN_CORRECTION, STAGE_ACCEPT, STAGE_EXIT_READOUT,
-                     STAGE_TARGET_PREFIX, STAGE_TARGET_SUFFIX, STAGE_TARGET_VERIFY, STAGE_WAIT, Event, StepRecord)
+from .events import (ORIGIN_ACCEPTED, ORIGIN_BONUS, ORIGIN_CORRECTION, STAGE_ACCEPT, STAGE_DRAFT_BRANCHES,
+                     STAGE_EXIT_READOUT, STAGE_TARGET_PREFIX, STAGE_TARGET_SUFFIX, STAGE_TARGET_VERIFY, STAGE_WAIT,
+                     Event, StepRecord)
 from .lanes import LaneError, fault_plan_from_env
 from .run import Run, StopRun
 from .sampling import warp_logits
@@ -71,6 +72,9 @@ def speculative_decode(run: Run, lane, mirror: bool) -> Iterator[list[Event]]:
                                + [(result.token, origin, False)], step)
         run.reject(step, list(window.tokens), result.accepted)
         next_window = None if run.done else _next_window(run, lane, step, result.accepted, result.token)
+        if readout is not None and next_window is not None:
+            branch_s = sum(t1 - t0 for stage, t0, t1 in next_window.spans if stage == STAGE_DRAFT_BRANCHES)
+            planner.adapt(len(next_window.branches), branch_s, readout.t_done - readout.t1, len(w) * readout.kappa)
         if next_window is not None and hit is not None and next_window.hit != hit:
             raise RuntimeError(f"step {step}: the lanes disagree on hit/miss (a bug; output so far is exact)")
         run.record(StepRecord(
@@ -99,6 +103,7 @@ def _verify_pass(run: Run, w: list[int], readout: "ExitReadout | None", step: in
     run.span(STAGE_TARGET_PREFIX, t0, readout.t0, step)
     run.span(STAGE_EXIT_READOUT, readout.t0, readout.t1, step)
     run.span(STAGE_TARGET_SUFFIX, readout.t1, t1, step)
+    readout.t_done = t1
     return logits
 
 
@@ -130,7 +135,7 @@ class ExitReadout:
         self.ranked: list[list[int]] = []                   # [γ+1][κ] every candidate, by exit rank
         self.draft_is_top1: list[bool] = []                 # [γ] d_j was the exit's argmax at slot j
         self.failed = False
-        self.t0 = self.t1 = 0.0
+        self.t0 = self.t1 = self.t_done = 0.0  # readout start, readout end (suffix start), suffix end
 
     def __call__(self, logits_exit: torch.Tensor) -> None:
         self.t0 = self.run.now()

@@ -43,3 +43,21 @@ def test_pruned_candidates_are_minus_one_and_empty_ones_stay_empty():
     ids[2, 1] = -1
     kept = BranchPlanner(2, 2).select(ids, [False, False])
     assert int((kept >= 0).sum()) == 2 and kept[2, 1] == -1
+
+
+def test_auto_budget_shrinks_to_what_fits_the_suffix_and_grows_back():
+    """Batch time = 1 ms + 1 ms per row against a 9 ms suffix: the allowance settles where it fits."""
+    from mirror_core.config import AUTO_BRANCH_BUDGET
+
+    planner = BranchPlanner(AUTO_BRANCH_BUDGET, 4)
+    ids = _ids(4, 4)
+    rows = int((planner.select(ids, [True] * 4) >= 0).sum())
+    assert rows == 20  # nothing measured yet: every candidate
+    for _ in range(30):
+        planner.adapt(rows, (1 + rows) * 1e-3, 9e-3, 20)
+        rows = int((planner.select(ids, [True] * 4) >= 0).sum())
+    assert (1 + rows) * 1e-3 <= 9e-3 * 1.05 and rows >= 6
+    for _ in range(30):  # the suffix got slower (or the draft faster): the allowance grows back
+        planner.adapt(rows, (1 + rows) * 1e-3, 30e-3, 20)
+        rows = int((planner.select(ids, [True] * 4) >= 0).sum())
+    assert rows == 20
