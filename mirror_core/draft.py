@@ -160,19 +160,21 @@ class DraftWorker:
         out: list[list[int]] = [[] for _ in range(rows)]
         out_p: list[list[torch.Tensor]] = [[] for _ in range(rows)]
         while min(len(o) for o in out) < gamma:
-            main, streams = self.runner.forward_rows(bcache, ids)          # [R, T, V], [R, T, n, V]
+            main, streams = self.runner.forward_rows(bcache, ids)          # [R, T, V], [R, T, n, H]
             lookahead = ids[:, 1:].tolist()
-            drop, feed = [], []
+            drop, last, at = [], [], []
             for r in range(rows):
                 emitted, p = self_verify(main[r], lookahead[r], self.req.sampling, self.gen)
                 out[r] += emitted
                 if p is not None:
                     out_p[r] += list(p)
                 drop.append(len(lookahead[r]) + 1 - len(emitted))          # rejected lookahead entries
-                feed.append([emitted[-1]] + streams[r, len(emitted) - 1].argmax(-1).tolist())
+                last.append(emitted[-1])
+                at.append(len(emitted) - 1)                                # where the next lookahead is read
                 self._count(len(emitted), 1)
             self.runner.rewind_rows(bcache, drop)
-            ids = torch.tensor(feed, dtype=torch.long)                     # [R, 1 + n_str]
+            proposals = self.runner.stream_proposals(streams[torch.arange(rows), torch.tensor(at)])  # [R, n]
+            ids = torch.cat([torch.tensor(last).unsqueeze(1), proposals.cpu()], 1)  # [R, 1 + n_str]
         # Keep exactly v, b1..b_{γ−1} per row (the invariant for an adopted branch).
         self.runner.rewind_rows(bcache, [int(n) - gamma for n in (bcache.positions - start).tolist()])
         tokens = torch.tensor([o[:gamma] for o in out], dtype=torch.long)  # [R, γ]
@@ -225,12 +227,12 @@ class DraftWorker:
     def _ss_step(self, feed: list[int], lookahead: list[int]):
         """One SS pass over feed + lookahead: verify the lookahead, emit, propose the next lookahead."""
         before = self.runner.cache_len(self.cache)
-        main, streams = self.runner.forward_streams(self.cache, feed + lookahead)  # [T, V], [T, n, V]
+        main, streams = self.runner.forward_streams(self.cache, feed + lookahead)  # [T, V], [T, n, H]
         base = len(feed) - 1
         emitted, p = self_verify(main[base:], lookahead, self.req.sampling, self.gen)
         self.runner.truncate(self.cache, before + len(feed) + len(emitted) - 1)    # drop rejected lookahead
         self._count(len(emitted), 1)
-        return emitted, p, streams[base + len(emitted) - 1].argmax(-1).tolist()
+        return emitted, p, self.runner.stream_proposals(streams[base + len(emitted) - 1]).tolist()
 
     # -- helpers ---------------------------------------------------------------------------
     def _count(self, tokens: int, row_forwards: int) -> None:

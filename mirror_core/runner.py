@@ -43,10 +43,11 @@ class Runner(Protocol):
 
     def forward_rows(self, branches: Any, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed ids [R, T] at each row's next positions; returns logits [R, T, V] and, for a
-        speculative-streaming draft, lookahead-stream logits [R, T, n_str, V] (else None)."""
+        speculative-streaming draft, lookahead-stream states [R, T, n_str, H] (else None)."""
 
     # Speculative-streaming drafts (num_streams > 0) also provide:
-    #   forward_streams(cache, ids) -> (logits [T, V], stream logits [T, n_str, V])
+    #   forward_streams(cache, ids) -> (logits [T, V], stream states [T, n_str, H])
+    #   stream_proposals(states [..., n_str, H]) -> greedy lookahead ids [..., n_str]
     #   rewind_rows(branches, drop: list[int]) hides each row's newest drop[r] entries.
 
     def select_row(self, branches: Any, row: int) -> Any:

@@ -74,6 +74,7 @@ class SSDraftOutput:
     logits: torch.Tensor  # [B, T, V] fp32-or-model dtype; main stream, predicts token t+1
     stream_logits: torch.Tensor | None  # [B, T, n_str, V]; stream j (index j-1) predicts token t+1+j
     cache: KVCache  # per layer (k, v): [B, H_kv, S+T, D]
+    stream_states: torch.Tensor | None = None  # [B, T, n_str, H] normed stream states (stream_head=False)
 
 
 def cache_length(cache: KVCache | None) -> int:
@@ -198,8 +199,12 @@ class SSDraftForCausalLM(PreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 cache: KVCache | None = None, attention_mask: torch.Tensor | None = None,
-                with_streams: bool = True) -> SSDraftOutput:
-        """Main + stream logits for T new tokens appended after the cache (see module docstring)."""
+                with_streams: bool = True, stream_head: bool = True) -> SSDraftOutput:
+        """Main + stream logits for T new tokens appended after the cache (see module docstring).
+
+        stream_head=False returns the streams' normed states instead of their logits, so a caller
+        that needs the lookahead at one position only applies the head there (`stream_logits_of`).
+        """
         b, t = input_ids.shape
         past = cache_length(cache)
         dev = input_ids.device
@@ -222,9 +227,16 @@ class SSDraftForCausalLM(PreTrainedModel):
                 allowed = _rows_mask(key_mask, t, r)
             x, kv = layer(x, rope, None if cache is None else cache[i], allowed)
             new_cache.append(kv)
+        if not (n and stream_head):
+            states = self.norm(x)  # [B, T, R, H]
+            logits = F.linear(states[:, :, 0], self.embed_tokens.weight)  # tied head, main rows only: [B, T, V]
+            return SSDraftOutput(logits, None, new_cache, states[:, :, 1:] if n else None)
         all_logits = F.linear(self.norm(x), self.embed_tokens.weight)  # tied head: [B, T, R, V]
-        stream_logits = all_logits[:, :, 1:] if n else None  # [B, T, n, V]
-        return SSDraftOutput(logits=all_logits[:, :, 0], stream_logits=stream_logits, cache=new_cache)
+        return SSDraftOutput(logits=all_logits[:, :, 0], stream_logits=all_logits[:, :, 1:], cache=new_cache)
+
+    def stream_logits_of(self, states: torch.Tensor) -> torch.Tensor:
+        """The tied head over stream states [..., H] → logits [..., V]."""
+        return F.linear(states, self.embed_tokens.weight)
 
 
 def ss_draft_from_llama(llama: LlamaForCausalLM, num_layers: int, num_msa_layers: int, num_streams: int,

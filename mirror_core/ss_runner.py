@@ -1,7 +1,9 @@
 """Runner over our speculative-streaming draft (mirror_core.ss_draft): main + lookahead-stream logits.
 
-Same interface as HFRunner, plus stream logits: `forward_streams` and `forward_rows` return the
-main stream's logits [.., T, V] and the n_str lookahead streams' [.., T, n_str, V]. Only the main
+Same interface as HFRunner, plus streams: `forward_streams` and `forward_rows` return the main
+stream's logits [.., T, V] and the n_str lookahead streams' normed states [.., T, n_str, H];
+`stream_proposals` applies the head only where the caller needs the lookahead (one position per
+row: on this CPU the head over every stream row cost more than the layers). Only the main
 stream has KV; branch rows share a forked cache and see their own prefix through a key mask, and
 `rewind_rows` hides the entries of lookahead tokens a row's self-verification rejected.
 """
@@ -51,10 +53,15 @@ class SSRunner:
     @torch.inference_mode()
     def _forward(self, cache: SSCache, ids: list[int], with_streams: bool):
         x = torch.tensor([ids], dtype=torch.long, device=self.device)                        # [1, T]
-        out = self.model(x, cache=cache.kv, with_streams=with_streams)
+        out = self.model(x, cache=cache.kv, with_streams=with_streams, stream_head=False)
         cache.kv = out.cache
-        streams = out.stream_logits[0, :, :, : self.vocab_size].float() if with_streams else None  # [T, n, V]
+        streams = out.stream_states[0] if with_streams else None                          # [T, n, H]
         return out.logits[0, :, : self.vocab_size].float(), streams                        # [T, V]
+
+    @torch.inference_mode()
+    def stream_proposals(self, states: torch.Tensor) -> torch.Tensor:
+        """Greedy lookahead tokens from stream states [..., n, H] → ids [..., n]."""
+        return self.model.stream_logits_of(states)[..., : self.vocab_size].argmax(-1)
 
     def truncate(self, cache: SSCache, length: int) -> None:
         if cache.kv is not None and self.cache_len(cache) > length:
@@ -70,14 +77,14 @@ class SSRunner:
 
     @torch.inference_mode()
     def forward_rows(self, br: SSBranches, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids [R, T] at each row's next positions; returns main [R, T, V] and streams [R, T, n, V]."""
+        """ids [R, T] at each row's next positions; returns main logits [R, T, V] and stream states [R, T, n, H]."""
         rows, t = ids.shape
         pos = br.positions.unsqueeze(1) + torch.arange(t, device=self.device)                  # [R, T]
         br.mask = torch.cat([br.mask, torch.ones(rows, t, dtype=torch.bool, device=self.device)], 1)  # [R, S+T]
-        out = self.model(ids.to(self.device), position_ids=pos, cache=br.kv, attention_mask=br.mask)
+        out = self.model(ids.to(self.device), position_ids=pos, cache=br.kv, attention_mask=br.mask, stream_head=False)
         br.kv = out.cache
         br.positions = br.positions + t
-        return out.logits[..., : self.vocab_size].float(), out.stream_logits[..., : self.vocab_size].float()
+        return out.logits[..., : self.vocab_size].float(), out.stream_states                 # [R, T, V], [R, T, n, H]
 
     @torch.inference_mode()
     def rewind_rows(self, br: SSBranches, drop: list[int]) -> None:
