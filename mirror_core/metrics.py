@@ -9,7 +9,9 @@ Definitions (the prefill token is excluded from every ratio):
   deeper (1 < τ ≤ γ) and bonus (τ = γ + 1). Fallback frequency FF = 1 − hit rate.
 - Ω̂_κ (exit overlap) = share of slots whose target token y_j = argmax p_target (greedy; the
   argmax is also used at T > 0) lies in that slot's early-exit top-κ, over the slots where
-  y_j ≠ d_j (a draft token equal to y_j is excluded from TopK_j) plus every bonus slot.
+  y_j ≠ d_j (a draft token equal to y_j is excluded from TopK_j) plus every bonus slot. With a
+  branch budget, TopK_j is the candidates actually sent (the pruned ones are −1), so Ω̂ then
+  measures the sent set and bounds the hit rate the same way.
 - draft-hidden fraction = Σ |draft busy ∩ target busy| / Σ |draft busy| on one clock; fallback
   rollouts count as draft busy time, waits do not count as target busy time.
 - tokens/s = new tokens / decode wall time (prefill start to last commit); TTFT = time to the
