@@ -27,6 +27,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="address to listen on (0.0.0.0 for a container; default 127.0.0.1)")
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let models run their own Python code when loaded (off by default; the page shows a warning)")
     return p.parse_args(argv)
 
 
@@ -40,17 +42,22 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()
     from mirror_core import MirrorError, auto_lanes
-    from ui import CSS, EngineLoader, build_demo, default_presets, load_examples
+    from mirror_core.models import check_device
+    from ui import CSS, EngineLoader, ModelPolicy, build_demo, default_presets, load_examples
 
     try:
         lanes = auto_lanes(target_device=args.target_device, draft_device=args.draft_device, kind=args.lane)
+        check_device(lanes.target_device)
+        check_device(lanes.draft_device)
     except MirrorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     presets = default_presets(PAIR_DIR, args.target, args.draft)
-    loader = EngineLoader(lanes)
-    demo = build_demo(loader, presets, load_examples(EXAMPLES))
-    demo.queue(max_size=32, default_concurrency_limit=1)
+    policy = ModelPolicy.from_env(os.environ, presets, args.trust_remote_code)
+    if args.trust_remote_code:
+        print("warning: --trust-remote-code: loaded models may run their own Python code on this machine", flush=True)
+    loader = EngineLoader(lanes, policy=policy)
+    demo = build_demo(loader, presets, load_examples(EXAMPLES))  # its queue: one run at a time, bounded wait
     _, url, share_url = demo.launch(server_name=args.host, server_port=args.port, share=args.share,
                                     prevent_thread_lock=True, css=CSS, quiet=True)
     print(f"Mirror-SD Playground: {url}" + (f"  (public: {share_url})" if share_url else ""), flush=True)

@@ -18,7 +18,7 @@ from typing import Iterator
 
 import torch
 
-from .config import LaneConfig, MirrorError, Request
+from .config import LaneConfig, MirrorError, Request, check_prompt_text
 from .engine import decode_events
 from .events import Event, RunEnd
 from .lanes import DraftLaneSpec, make_draft_lane, pinned
@@ -122,8 +122,19 @@ class MirrorEngine:
         if self.info.max_context and need > self.info.max_context:
             raise MirrorError(f"prompt ({len(request.prompt_ids)} tokens) + max new tokens ({request.max_new_tokens}) "
                               f"+ window ({request.spec.gamma + 2}) exceeds the models' context of "
-                              f"{self.info.max_context} tokens; shorten the prompt or lower max new tokens")
+                              f"{self.info.max_context} tokens; refused (prompts are never truncated): "
+                              "shorten the prompt or lower max new tokens")
         return exit_layer
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        """Prompt text → token ids with the target's tokenizer, after the text checks (MirrorError)."""
+        check_prompt_text(text)
+        if self.tokenizer is None:
+            raise MirrorError(f"{self.info.target!r} has no tokenizer; give prompt token ids instead of text")
+        ids = tuple(self.tokenizer.encode(text))
+        if not ids:
+            raise MirrorError("the prompt encodes to no tokens")
+        return ids
 
     def stream(self, request: Request, stop: threading.Event | None = None) -> Iterator[Event]:
         """Validate now (raising MirrorError), then return an iterator of events ending in RunEnd."""

@@ -7,7 +7,8 @@ import os
 import sys
 from dataclasses import asdict
 
-from .config import DECODER_NAMES, RULES, LaneConfig, MirrorError, Request, SamplingConfig, SpecConfig
+from .config import (DECODER_NAMES, RULES, LaneConfig, MirrorError, Request, SamplingConfig, SpecConfig,
+                     check_prompt_text)
 from .events import RunEnd, TokenEvent
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "default_pair")
@@ -34,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pair_and_settings(g)
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     g.add_argument("--trace", default=None, help="write every event to this JSON file")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="let transformers run Python code shipped with the models (off: only built-in architectures)")
     b = sub.add_parser("bench", help="prompts × decoders × settings on one pair → table, JSON, CSV, HTML")
     b.add_argument("--prompts", required=True, help="Spec-Bench style question.jsonl")
     b.add_argument("--limit", type=int, default=None, help="use the first N prompts")
@@ -58,6 +61,8 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
     g.add_argument("--gamma", type=int, default=4, help="draft tokens per window (γ)")
     g.add_argument("--kappa", type=int, default=4, help="early-exit candidates per slot (κ)")
     g.add_argument("--exit-layer", type=int, default=None, help="early-exit layer ℓ_e (default N/2)")
+    g.add_argument("--branch-budget", type=int, default=SpecConfig.branch_budget,
+                   help="mirror: at most this many branch rows per step, the likeliest by the early exit (0 = all)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
@@ -78,7 +83,7 @@ def lanes_from_args(args) -> LaneConfig:
 def request_from_args(args, prompt_ids: tuple[int, ...]) -> Request:
     return Request(prompt_ids=prompt_ids, decoder=args.decoder, max_new_tokens=args.max_new_tokens,
                    sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed, args.rule),
-                   spec=SpecConfig(args.gamma, args.kappa, args.exit_layer))
+                   spec=SpecConfig(args.gamma, args.kappa, args.exit_layer, args.branch_budget))
 
 
 def parse_prompt_ids(text: str) -> tuple[int, ...]:
@@ -96,18 +101,20 @@ def generate(args) -> int:
     from .textstream import IncrementalText
     from .trace import write_trace
 
-    if args.prompt is not None and not args.prompt.strip():
-        raise MirrorError("the prompt is empty; give some text")
+    if args.prompt is not None:
+        check_prompt_text(args.prompt)
     prompt_ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
     # Check every setting before loading anything.
     request_from_args(args, prompt_ids or (0,))
     draft = None if args.decoder == "ar" else args.draft
     _check_default_pair(args.target, draft)
-    with MirrorEngine.load(args.target, draft, lanes_from_args(args)) as engine:
+    if args.trust_remote_code:
+        print("warning: --trust-remote-code lets the model folders run their own Python code", file=sys.stderr)
+    with MirrorEngine.load(args.target, draft, lanes_from_args(args), args.trust_remote_code) as engine:
         if prompt_ids is None:
             if engine.tokenizer is None:
                 raise MirrorError(f"{args.target!r} has no tokenizer; pass --prompt-ids instead of --prompt")
-            prompt_ids = tuple(engine.tokenizer.encode(args.prompt))
+            prompt_ids = engine.encode(args.prompt)
         request = request_from_args(args, prompt_ids)
         text = IncrementalText(engine.tokenizer) if engine.tokenizer is not None else None
         events = []
@@ -116,8 +123,9 @@ def generate(args) -> int:
             if not args.json and isinstance(event, TokenEvent):
                 print(text.push(event.token_id) if text else f"{event.token_id} ", end="", flush=True)
         end: RunEnd = events[-1]
-        if args.trace:
-            write_trace(args.trace, events)
+        if args.trace:  # written whole or not at all
+            write_trace(args.trace + ".part", events)
+            os.replace(args.trace + ".part", args.trace)
         if args.json:
             out = {"decoder": request.decoder, "prompt_ids": list(prompt_ids), "token_ids": list(end.token_ids),
                    "text": engine.tokenizer.decode(list(end.token_ids)) if engine.tokenizer is not None else None,

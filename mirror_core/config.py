@@ -8,12 +8,34 @@ RULES = ("exact", "rejection")
 LANE_KINDS = ("process", "thread", "inline")
 RUNNER_KINDS = ("auto", "fast", "hf")  # auto: the fast runner for Llama-family weights, else the generic one
 MAX_NEW_TOKENS_CAP = 4096  # documented upper bound for one request
+MAX_PROMPT_CHARS = 32_000  # prompt text is refused above this many characters (before tokenizing)
 MAX_GAMMA = 16
 MAX_KAPPA = 64
+AUTO_BRANCH_BUDGET = -1  # SpecConfig.branch_budget: fit the branch rows to the target's suffix (branching.py)
 
 
 class MirrorError(ValueError):
     """A problem the user can fix (bad setting, bad model, bad device); carries one readable line."""
+
+
+def check_prompt_text(text) -> str:
+    """Refuse prompt text that is empty, oversized, not valid UTF-8 or holds control characters.
+
+    Invalid UTF-8 reaches Python as lone surrogates (argv's surrogateescape, JSON "\\udcff" escapes);
+    tab, newline and carriage return are the only control characters allowed.
+    """
+    _require(isinstance(text, str), f"the prompt must be text, got {type(text).__name__}")
+    _require(bool(text.strip()), "the prompt is empty; give some text")
+    _require(len(text) <= MAX_PROMPT_CHARS,
+             f"the prompt is too long ({len(text)} characters; the limit is {MAX_PROMPT_CHARS}); shorten it")
+    for i, ch in enumerate(text):
+        code = ord(ch)
+        _require(not 0xD800 <= code <= 0xDFFF,
+                 f"the prompt is not valid UTF-8 (undecodable byte or lone surrogate at character {i}); "
+                 "re-encode it as UTF-8")
+        _require(ch in "\t\n\r" or not (code < 0x20 or 0x7F <= code < 0xA0),
+                 f"the prompt contains control character U+{code:04X} at character {i}; remove it")
+    return text
 
 
 @dataclass(frozen=True)
@@ -27,13 +49,13 @@ class SamplingConfig:
     rule: str = "exact"  # T > 0 acceptance rule: "exact" (paper's Rule E) or "rejection" (Rule R)
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.temperature, (int, float)) and 0.0 <= self.temperature <= 100.0,
+        _require(_is_number(self.temperature) and 0.0 <= self.temperature <= 100.0,
                  f"temperature must be a number in [0, 100], got {self.temperature!r}")
-        _require(isinstance(self.top_k, int) and self.top_k >= 0,
+        _require(_is_int(self.top_k) and self.top_k >= 0,
                  f"top-k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        _require(isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0,
+        _require(_is_number(self.top_p) and 0.0 < self.top_p <= 1.0,
                  f"top-p must be in (0, 1], got {self.top_p!r}")
-        _require(isinstance(self.seed, int) and 0 <= self.seed < 2**63, f"seed must be an integer >= 0, got {self.seed!r}")
+        _require(_is_int(self.seed) and 0 <= self.seed < 2**63, f"seed must be an integer >= 0, got {self.seed!r}")
         _require(self.rule in RULES, f"rule must be one of {', '.join(RULES)}, got {self.rule!r}")
 
     @property
@@ -43,7 +65,8 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """Speculation shape: γ draft tokens per window, κ candidates per slot, early-exit layer ℓ_e.
+    """Speculation shape: γ draft tokens per window, κ candidates per slot, early-exit layer ℓ_e,
+    and an optional cap on the branch rows the draft lane rolls out per step (engine.ExitReadout).
 
     exit_layer None means N // 2 of the loaded target (the paper's default); it is checked
     against the target's depth when the request reaches the engine.
@@ -52,13 +75,19 @@ class SpecConfig:
     gamma: int = 4
     kappa: int = 4
     exit_layer: int | None = None
+    # at most this many branch rows per step, the likeliest (slot, candidate); 0 = all κ(γ+1);
+    # AUTO_BRANCH_BUDGET = as many as the draft lane finishes while the target runs its suffix
+    branch_budget: int = 0
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.gamma, int) and 1 <= self.gamma <= MAX_GAMMA,
+        _require(_is_int(self.branch_budget) and AUTO_BRANCH_BUDGET <= self.branch_budget <= (MAX_GAMMA + 1) * MAX_KAPPA,
+                 f"branch budget must be an integer in {AUTO_BRANCH_BUDGET}..{(MAX_GAMMA + 1) * MAX_KAPPA} "
+                 f"(0 = every candidate, {AUTO_BRANCH_BUDGET} = auto), got {self.branch_budget!r}")
+        _require(_is_int(self.gamma) and 1 <= self.gamma <= MAX_GAMMA,
                  f"gamma must be an integer in 1..{MAX_GAMMA}, got {self.gamma!r}")
-        _require(isinstance(self.kappa, int) and 1 <= self.kappa <= MAX_KAPPA,
+        _require(_is_int(self.kappa) and 1 <= self.kappa <= MAX_KAPPA,
                  f"kappa must be an integer in 1..{MAX_KAPPA}, got {self.kappa!r}")
-        _require(self.exit_layer is None or (isinstance(self.exit_layer, int) and self.exit_layer >= 1),
+        _require(self.exit_layer is None or (_is_int(self.exit_layer) and self.exit_layer >= 1),
                  f"exit layer must be an integer >= 1, got {self.exit_layer!r}")
 
 
@@ -77,9 +106,9 @@ class Request:
         _require(self.decoder in DECODER_NAMES,
                  f"unknown decoder {self.decoder!r}; choose one of {', '.join(DECODER_NAMES)}")
         _require(len(self.prompt_ids) > 0, "the prompt is empty; give at least one token")
-        _require(all(isinstance(t, int) and t >= 0 for t in self.prompt_ids),
+        _require(all(_is_int(t) and t >= 0 for t in self.prompt_ids),
                  "prompt ids must be non-negative integers")
-        _require(isinstance(self.max_new_tokens, int) and 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_CAP,
+        _require(_is_int(self.max_new_tokens) and 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_CAP,
                  f"max new tokens must be an integer in 1..{MAX_NEW_TOKENS_CAP}, got {self.max_new_tokens!r}")
 
 
@@ -110,6 +139,14 @@ class LaneConfig:
             dev = getattr(self, name)
             _require(isinstance(dev, str) and (dev == "cpu" or dev == "cuda" or dev.startswith("cuda:")),
                      f"{name.replace('_', ' ')} must be 'cpu', 'cuda' or 'cuda:N', got {dev!r}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _require(ok: bool, message: str) -> None:

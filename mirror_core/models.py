@@ -49,6 +49,7 @@ def load_config(spec: ModelSpec, draft: bool = False):
     if getattr(config, "model_type", None) not in supported:
         raise MirrorError(f"{spec.source!r} has unsupported architecture {getattr(config, 'model_type', '?')!r}; "
                           f"supported{' as a draft' if draft else ''}: {', '.join(supported)}")
+    _require_safetensors(spec.source)  # before anything loads, on either lane
     return config
 
 
@@ -61,11 +62,12 @@ def load_model(spec: ModelSpec, draft: bool = False):
     dtype = torch.float32
     if device.type == "cuda" and getattr(config, "dtype", None) in (torch.float16, torch.bfloat16):
         dtype = config.dtype
-    try:
+    try:  # safetensors only: pickled .bin weights can run code when loaded
         model = AutoModelForCausalLM.from_pretrained(spec.source, dtype=dtype, trust_remote_code=spec.trust_remote_code,
-                                                     use_safetensors=_has_safetensors(spec.source))
+                                                     use_safetensors=True)
     except Exception as exc:
-        raise MirrorError(f"{spec.source!r} is not a loadable causal LM: {_first_line(exc)}") from None
+        raise MirrorError(f"{spec.source!r} is not a loadable causal LM (safetensors weights are required): "
+                          f"{_first_line(exc)}") from None
     return model.to(device).eval()
 
 
@@ -129,11 +131,19 @@ def _looks_like_path(source: str) -> bool:
     return source.startswith(("/", "./", "../", "~")) or source.count("/") > 1
 
 
-def _has_safetensors(source: str) -> bool | None:
-    """Local folders must hold safetensors; hub ids let transformers choose (it prefers safetensors)."""
-    if os.path.isdir(source):
-        return any(f.endswith(".safetensors") for f in os.listdir(source))
-    return None
+def _require_safetensors(source: str) -> None:
+    """A local folder must hold .safetensors weights; pickled ones (.bin, .pt, .pth) are refused, not loaded.
+    (Hub ids are loaded with use_safetensors=True, so transformers refuses pickles there.)"""
+    if not os.path.isdir(source):
+        return
+    files = os.listdir(source)
+    if any(f.endswith(".safetensors") for f in files):
+        return
+    pickles = sorted(f for f in files if f.endswith((".bin", ".pt", ".pth", ".ckpt")))
+    if pickles:
+        raise MirrorError(f"{source!r} has only pickled weights ({', '.join(pickles[:3])}); only .safetensors "
+                          "weights are loaded (convert them with save_pretrained, which writes safetensors)")
+    raise MirrorError(f"{source!r} has no .safetensors weights; it is not a loadable causal LM")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -33,7 +33,6 @@ def app(pair_root, tmp_path_factory):
     target, draft = build_pair(pair_root, "llama")
     loader = EngineLoader(LANES)
     demo = build_demo(loader, default_presets(str(tmp_path_factory.mktemp("no_pair")), target, draft), ["1, 2, 3"])
-    demo.queue()
     _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, css=CSS)
     try:
         yield url, target, draft, lambda: Client(url, verbose=False)

@@ -171,7 +171,6 @@ def test_page_runs_a_generation_and_shows_tokens_and_plots(pair_root, tmp_path):
     target, draft = build_pair(pair_root, "llama")
     loader = EngineLoader(LaneConfig(kind="inline", target_threads=1, draft_threads=1))
     demo = build_demo(loader, default_presets(str(tmp_path), target, draft), ["1, 2, 3"])
-    demo.queue()
     _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, css=CSS)
     try:
         loader.get(target, draft)  # load before the browser starts, so the run itself is short

@@ -7,14 +7,16 @@ import gradio as gr
 from gradio.components.plot import PlotData
 
 from mirror_core import MirrorError
+from mirror_core.config import MAX_PROMPT_CHARS
 
 from . import inspector, numbers, plots, render
 from .loader import EngineLoader, PairPreset
 from .session import Session
-from .settings import DECODER_TITLES, DEFAULTS, INFO, RULE_CHOICES, settings_from_ui
+from .settings import APP_MAX_NEW_TOKENS, DECODER_TITLES, DEFAULTS, INFO, RULE_CHOICES, settings_from_ui
 from .streaming import DONE, PLOTS, RESET, STATUS, Tick, final_status, replay, run_comparison
 
 COLUMNS = ("ar", "mirror", "sd")  # left to right on the page
+QUEUE_MAX_SIZE = 32                # waiting requests beyond this are turned away ("queue is full")
 CUSTOM = "Custom (type below)"
 HONESTY = ("Decoders run **one after another**, each with both lanes to itself, so the columns fill in turn. "
            "Every time shown comes from the engine's spans and commit stamps (never from the page). "
@@ -76,13 +78,14 @@ class Views:
 def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[str] | None = None) -> gr.Blocks:
     """The playground page; loads nothing until the first Run (the loader does that, once per pair)."""
     with gr.Blocks(title="Mirror-SD Playground", delete_cache=(3600, 3600)) as demo:  # hourly: old trace copies
-        state = gr.State(Session())
+        state = gr.State(Session(), delete_callback=Session.close)  # tab closed: stop its run, drop its trace
         gr.Markdown("# Mirror-SD Playground\nMirror speculative decoding (arXiv 2510.13161): the draft rolls out "
                     "branches for the target's early-exit candidates *while* the target finishes its layers.")
         gr.Markdown(_banner(presets, loader))
         controls = _controls(presets, examples or [])
         views = _views()
         _wire(loader, presets, state, controls, views)
+    demo.queue(max_size=QUEUE_MAX_SIZE, default_concurrency_limit=1)  # one run on the lanes at a time
     return demo
 
 
@@ -92,6 +95,14 @@ def _banner(presets: list[PairPreset], loader: EngineLoader) -> str:
              if lanes.target_cpus else "")
     text = (f"Lanes: target on `{lanes.target_device}`, draft on `{lanes.draft_device}` as a "
             f"**{lanes.kind}** lane{cores}.")
+    policy = loader.policy
+    if policy.trust_remote_code:
+        text = ("⚠️ **trust_remote_code is ON** (`--trust-remote-code`): model folders and hub repos may run their "
+                "own Python code on this server when loaded. Load only models you trust.\n\n" + text)
+    if policy.in_space or policy.allowlist is not None:
+        allowed = ", ".join(f"`{m}`" for m in sorted(policy.allowlist or ())) or "none"
+        text += (f"\n\nModels you can type in: the pairs in the selector and {allowed}"
+                 + (" (local paths are refused on a Space)." if policy.in_space else "."))
     if not any(p.available for p in presets):
         text = ("⚠️ **No model pair available yet**: the embedded pair is not in `assets/default_pair/`. "
                 "Start with `python app.py --target T --draft D`, or type Hugging Face ids / local folders into "
@@ -104,7 +115,7 @@ def _controls(presets: list[PairPreset], examples: list[str]) -> Controls:
     with gr.Row():
         with gr.Column(scale=3):
             prompt = gr.Textbox(label="Prompt", lines=4, info=INFO["prompt"], value=examples[0] if examples else "",
-                                elem_id="mirror-prompt")
+                                max_length=MAX_PROMPT_CHARS, elem_id="mirror-prompt")
             if examples:
                 gr.Examples(examples=[[e] for e in examples], inputs=[prompt], label="Example prompts")
             with gr.Row():
@@ -125,7 +136,7 @@ def _controls(presets: list[PairPreset], examples: list[str]) -> Controls:
                                         info=INFO["kappa"]),
                      "exit_layer": gr.Number(DEFAULTS["exit_layer"], precision=0, minimum=0,
                                              label="ℓ_e (early-exit layer)", info=INFO["exit_layer"]),
-                     "max_new_tokens": gr.Slider(1, 1024, DEFAULTS["max_new_tokens"], step=1, label="Max new tokens",
+                     "max_new_tokens": gr.Slider(1, APP_MAX_NEW_TOKENS, DEFAULTS["max_new_tokens"], step=1, label="Max new tokens",
                                                  info=INFO["max_new_tokens"])}
         with gr.Row():
             knobs |= {"temperature": gr.Slider(0.0, 2.0, DEFAULTS["temperature"], step=0.05, label="Temperature",
@@ -203,8 +214,12 @@ def _wire(loader: EngineLoader, presets: list[PairPreset], state: gr.State, c: C
     def on_inspect(session: Session, decoder: str, step):
         return inspector.inspector_html(session.runs.get(decoder), step)
 
+    # Progress only on the status line: it shows the queue position ("queue: 2/3") while waiting,
+    # and no spinner covers the live plots. No preprocessing: out-of-range or non-numeric values reach
+    # settings_from_ui, which answers each with one readable line on the status (Gradio's own checks would not).
     run_evt = c.run.click(on_run, [state, *c.inputs()], outputs, api_name="run", concurrency_id="lanes",
-                          concurrency_limit=1, show_progress="hidden")
+                          concurrency_limit=1, show_progress="minimal", show_progress_on=[v.status],
+                          preprocess=False)  # raw values: settings_from_ui checks every field with one message
     replay_evt = c.replay.click(on_replay, [state], outputs, api_name="replay", concurrency_limit=8,
                                 show_progress="hidden")
     c.stop.click(on_stop, [state], outputs, api_name="stop", cancels=[run_evt, replay_evt], concurrency_limit=None,

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from mirror_core import LaneConfig, MirrorEngine, Request
+from mirror_core import LaneConfig, MirrorEngine, MirrorError, Request
+
+ALLOWLIST_ENV = "MIRROR_MODEL_ALLOWLIST"  # comma-separated Hugging Face ids the page may load
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,43 @@ def default_presets(pair_dir: str, target: str | None = None, draft: str | None 
     return presets
 
 
+@dataclass(frozen=True)
+class ModelPolicy:
+    """Which model sources the page may load: the presets always; in a Space (`SPACE_ID` set) only hub ids
+    on the allowlist and never a local path; elsewhere any source unless an allowlist is given."""
+
+    presets: frozenset[str] = frozenset()    # the selector's targets/drafts (chosen by whoever started the app)
+    allowlist: frozenset[str] | None = None  # ids typed into the page that may load (None = any)
+    in_space: bool = False
+    trust_remote_code: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], presets: list[PairPreset], trust_remote_code: bool = False):
+        """app.py passes os.environ; the page itself reads no environment."""
+        in_space = bool(env.get("SPACE_ID"))
+        raw = env.get(ALLOWLIST_ENV)
+        allowlist = frozenset(x.strip() for x in raw.split(",") if x.strip()) if raw is not None else None
+        if in_space and allowlist is None:
+            allowlist = frozenset()
+        fixed = frozenset(src for p in presets for src in (p.target, p.draft) if src)
+        return cls(fixed, allowlist, in_space, trust_remote_code)
+
+    def check(self, source: str) -> None:
+        if source in self.presets:
+            return
+        if self.in_space and _is_local(source):
+            raise MirrorError(f"local paths are refused on this Space ({source!r}); type a Hugging Face id "
+                              f"from the allowlist ({ALLOWLIST_ENV})")
+        if self.allowlist is not None and source not in self.allowlist:
+            allowed = ", ".join(sorted(self.allowlist)) or "none; use the pairs in the selector"
+            raise MirrorError(f"model {source!r} is not on this server's allowlist ({ALLOWLIST_ENV}): {allowed}")
+
+
+def _is_local(source: str) -> bool:
+    return (source.startswith(("/", ".", "~")) or "\\" in source or source.count("/") > 1
+            or os.path.exists(source))
+
+
 class EngineLoader:
     """Loads a pair on first use, keeps it for the next request, and closes it when the pair changes.
 
@@ -39,8 +78,9 @@ class EngineLoader:
     Gradio queue (concurrency_id "lanes", limit 1); the lock guards direct callers too.
     """
 
-    def __init__(self, lanes: LaneConfig, load: Callable[..., MirrorEngine] = MirrorEngine.load, warmup: bool = True):
-        self.lanes, self._load, self.warmup = lanes, load, warmup
+    def __init__(self, lanes: LaneConfig, load: Callable[..., MirrorEngine] = MirrorEngine.load, warmup: bool = True,
+                 policy: ModelPolicy = ModelPolicy()):
+        self.lanes, self._load, self.warmup, self.policy = lanes, load, warmup, policy
         self._key: tuple | None = None
         self._engine: MirrorEngine | None = None
         self._lock = threading.Lock()
@@ -49,8 +89,12 @@ class EngineLoader:
         key = (target, draft, self.lanes)
         with self._lock:
             if key != self._key:
+                for source in (target, draft):
+                    if source is not None:
+                        self.policy.check(source)  # before the current pair is closed
                 self._close_current()
-                engine = self._load(target, draft, self.lanes)
+                engine = (self._load(target, draft, self.lanes, trust_remote_code=True) if self.policy.trust_remote_code
+                          else self._load(target, draft, self.lanes))
                 try:
                     if self.warmup:
                         _warm_up(engine)

@@ -129,6 +129,14 @@ class Session:
     def __deepcopy__(self, memo) -> Session:  # gr.State copies its default per visitor: start fresh
         return Session()
 
+    def close(self) -> None:
+        """The visitor left (Gradio deletes the state): stop a run in flight, remove the trace copy."""
+        self.stop.set()
+        self.replay_stop.set()
+        if self.trace_path:
+            with contextlib.suppress(OSError):
+                os.remove(self.trace_path)
+
     def begin_comparison(self) -> int:
         if self.trace_path:  # the page already has its own copy of the previous trace
             with contextlib.suppress(OSError):

@@ -5,12 +5,15 @@ import json
 from dataclasses import dataclass
 
 from mirror_core import MirrorError, Request, SamplingConfig, SpecConfig
+from mirror_core.config import check_prompt_text
 
 # Decoder keys in the order they run (baseline first) and the names the page shows.
 DECODER_ORDER = ("ar", "sd", "mirror")
 DECODER_TITLES = {"ar": "Target-only AR (baseline)", "sd": "Vanilla SD", "mirror": "Mirror-SD"}
 RULE_CHOICES = (("exact: Rule E, reproduces AR token for token with the same seed", "exact"),
                 ("rejection: Rule R, Leviathan/Chen rejection sampling", "rejection"))
+
+APP_MAX_NEW_TOKENS = 1024  # the page's cap per decoder (below the engine's MAX_NEW_TOKENS_CAP), checked server-side
 
 # Every control's default value; the page and the tests both read these.
 DEFAULTS = {"gamma": 4, "kappa": 4, "exit_layer": 0, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
@@ -54,12 +57,12 @@ class RunSettings:
 def settings_from_ui(prompt: str, target: str, draft: str, decoders, gamma, kappa, exit_layer, temperature,
                      top_k, top_p, rule, max_new_tokens, seed) -> RunSettings:
     """The one mapping from the page's raw values to configs; raises MirrorError with a readable line."""
-    target = (target or "").strip()
+    target = _as_text(target, "Target").strip()
     if not target:
         raise MirrorError("no target model: pick a pair or type a Hugging Face id / local folder under Target")
-    if not (prompt or "").strip():
-        raise MirrorError("the prompt is empty; type something or pick an example")
-    chosen = tuple(d for d in DECODER_ORDER if d in (decoders or ()))
+    draft = _as_text(draft, "Draft").strip()
+    prompt = check_prompt_text(_as_text(prompt, "the prompt"))
+    chosen = tuple(d for d in DECODER_ORDER if isinstance(decoders, (list, tuple)) and d in decoders)
     if not chosen:
         raise MirrorError("choose at least one decoder to run")
     exit_layer = _as_int(exit_layer, "exit layer ℓ_e")
@@ -67,8 +70,9 @@ def settings_from_ui(prompt: str, target: str, draft: str, decoders, gamma, kapp
     sampling = SamplingConfig(temperature=_as_float(temperature, "temperature"), top_k=_as_int(top_k, "top-k"),
                               top_p=_as_float(top_p, "top-p"), seed=_as_int(seed, "seed"), rule=rule)
     max_new = _as_int(max_new_tokens, "max new tokens")
-    Request(prompt_ids=(0,), max_new_tokens=max_new)  # range check before anything loads
-    return RunSettings(target, (draft or "").strip() or None, prompt, chosen, max_new, sampling, spec)
+    if not 1 <= max_new <= APP_MAX_NEW_TOKENS:
+        raise MirrorError(f"max new tokens must be in 1..{APP_MAX_NEW_TOKENS} on this page, got {max_new}")
+    return RunSettings(target, draft or None, prompt, chosen, max_new, sampling, spec)
 
 
 def encode_prompt(tokenizer, prompt: str) -> tuple[int, ...]:
@@ -97,6 +101,14 @@ def load_examples(path: str) -> list[str]:
     return [str(p) for p in data.get("prompts", [])]
 
 
+def _as_text(value, name: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise MirrorError(f"{name} must be text, got {type(value).__name__}")
+    return value
+
+
 def _as_int(value, name: str) -> int:
     try:
         f = float(value)
@@ -110,5 +122,5 @@ def _as_int(value, name: str) -> int:
 def _as_float(value, name: str) -> float:
     try:
         return float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise MirrorError(f"{name} must be a number, got {value!r}") from None

@@ -79,8 +79,10 @@ def run_comparison(loader, session: Session, settings: RunSettings, *, clock: Ca
                         yield Tick(kind, session.status, active=request.decoder)
             finally:
                 stream.close()  # closed early (Stop, page gone): the engine stops within one step
-            if isinstance(run.end, RunEnd) and run.end.error:
-                session.error = f"{DECODER_TITLES[request.decoder]} failed: {run.end.error}"
+            if isinstance(run.end, RunEnd) and run.end.error:  # the target lane failed: keep what it committed
+                failed = (f"{DECODER_TITLES[request.decoder]} stopped: the target lane failed ({run.end.error}); "
+                          f"the {len(run.end.token_ids)} tokens committed before the failure are kept and shown")
+                session.error = f"{session.error}; {failed}" if session.error else failed
         session.status = final_status(session)
     except MirrorError as exc:
         session.error = str(exc)

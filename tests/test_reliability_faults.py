@@ -1,0 +1,154 @@
+"""Faults: ≥ 50 seeded draft-lane faults each equal `ar`; a failing target lane keeps its committed tokens;
+a client that goes away frees the lanes within one step."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from conftest import build_pair
+from reliability import INLINE, TargetFault, fault_trial, free_port, process_fault_mode
+
+from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig, StepRecord
+
+N_FAULTS = 54          # seeded trials on inline/thread lanes (injected raises)
+
+
+@pytest.fixture(scope="module")
+def pair(pair_root):
+    return build_pair(pair_root, "llama")
+
+
+@pytest.fixture(scope="module")
+def engines(pair):
+    with (MirrorEngine.load(*pair, INLINE) as inline,
+          MirrorEngine.load(*pair, LaneConfig(kind="thread", target_threads=1, draft_threads=1)) as thread):
+        yield {"inline": inline, "thread": thread}
+
+
+def test_seeded_draft_faults_finish_on_the_target_with_the_ar_output(engines):
+    trials = [fault_trial(engines, seed, ("inline", "thread")) for seed in range(N_FAULTS)]
+    failed = [t for t in trials if not t.ok]
+    assert not failed, failed[:3]
+    assert {t.kind for t in trials} == {"inline", "thread"} and {t.decoder for t in trials} == {"sd", "mirror"}
+    assert len({t.step for t in trials}) == 4
+
+
+def test_draft_process_faults_and_kills_match_ar(pair):
+    """A real draft process: one seeded kill (the process exits), then one seeded raise (after its respawn)."""
+    with MirrorEngine.load(*pair, LaneConfig(kind="process", target_threads=1, draft_threads=1)) as engine:
+        trials = []
+        for mode in ("exit", "raise"):  # each kill costs a respawn (seconds), so one of each here; the soak does more
+            seed = next(s for s in range(1000) if process_fault_mode(s) == mode)
+            trials.append(fault_trial({"process": engine}, seed, ("process",)))
+        assert all(t.ok for t in trials), trials
+        end = engine.generate(Request((1, 2, 3), "mirror", 8))
+        assert end.fallback is None and engine.lane.proc.is_alive()  # respawned for the next request
+
+
+def test_target_lane_failure_stops_with_an_error_and_keeps_the_committed_tokens(engines):
+    engine = engines["inline"]
+    ref = engine.generate(Request((5, 6, 7), "ar", 30, stop_at_eos=False))
+    for decoder in ("ar", "sd", "mirror"):
+        with TargetFault(engine, at_call=4):
+            end = engine.generate(Request((5, 6, 7), decoder, 30, spec=SpecConfig(3, 2), stop_at_eos=False))
+        assert end.error and "injected target-lane fault" in end.error
+        assert 0 < len(end.token_ids) < 30 and list(end.token_ids) == list(ref.token_ids[:len(end.token_ids)])
+    assert engine.generate(Request((5, 6, 7), "mirror", 30, stop_at_eos=False)).token_ids == ref.token_ids
+
+
+def test_target_lane_failure_in_the_app_shows_the_error_and_the_kept_tokens(pair):
+    from ui import EngineLoader
+    from ui.session import Session
+    from ui.settings import settings_from_ui
+    from ui.streaming import run_comparison
+
+    loader = EngineLoader(INLINE)
+    try:
+        engine = loader.get(*pair)
+        settings = settings_from_ui("5, 6, 7", *pair, ["ar", "mirror"], 3, 2, 0, 0.0, 0, 1.0, "exact", 30, 0)
+        session = Session()
+        with TargetFault(engine, at_call=6):
+            list(run_comparison(loader, session, settings))
+        ar = session.runs["ar"]
+        kept = len(ar.end.token_ids)
+        assert ar.end.error and 0 < kept < 30 and len(ar.pieces) == kept          # shown in the token view
+        assert "target lane failed" in session.status and f"{kept} tokens committed" in session.status
+        assert "Mirror-SD" not in session.status and session.runs["mirror"].end.error is None  # the next decoder ran
+        assert session.trace_path is not None                                      # what ran is exported
+        session.close()
+    finally:
+        loader.close()
+
+
+def test_a_cancelled_client_frees_the_lanes_within_one_step(pair):
+    """gradio_client's cancel closes the handler's generator (as a closed tab does): the engine stops."""
+    from gradio_client import Client
+
+    from ui import CSS, EngineLoader, build_demo, default_presets
+
+    log: list = []
+
+    def watched_load(target, draft, lanes):
+        engine = MirrorEngine.load(target, draft, lanes)
+        stream = engine.stream
+
+        def watched(request, stop=None):
+            inner = stream(request, stop)
+
+            def gen():
+                try:
+                    for event in inner:
+                        log.append((time.monotonic(), type(event).__name__))
+                        yield event
+                finally:
+                    log.append((time.monotonic(), "closing"))
+                    inner.close()  # returns once the target lane has finished its step and the draft lane drained
+                    log.append((time.monotonic(), "closed"))
+            return gen()
+
+        engine.stream = watched
+        return engine
+
+    loader = EngineLoader(INLINE, load=watched_load, warmup=False)
+    demo = build_demo(loader, default_presets("/nonexistent", *pair), [])
+    demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, css=CSS)
+    try:
+        engine = loader.get(*pair)
+        job = Client(demo.local_url, verbose=False).submit("1, 2, 3", *pair, ["sd", "mirror"], 1, 1, 0, 0.0, 0, 1.0,
+                                                          "exact", 480, 0, api_name="/run")
+        deadline = time.monotonic() + 60
+        while sum(1 for _, kind in log if kind == "StepRecord") < 5 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        t_cancel = time.monotonic()
+        job.cancel()
+        while not any(kind == "closed" for _, kind in log) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        kinds = [kind for _, kind in log]
+        assert "RunEnd" not in kinds, "the run should have been cut, not finished"
+        t_closing, t_closed = (next(t for t, kind in log if kind == k) for k in ("closing", "closed"))
+        # Gradio closes the generator at its next yield (the page's text throttle: ≤ 50 ms of steps); from
+        # there the engine stops within the step in flight and the lanes are free.
+        assert t_closed - t_cancel < 1.0, t_closed - t_cancel
+        assert t_closed - t_closing <= 2 * _median_step_s(log) + 0.05, (t_closed - t_closing, _median_step_s(log))
+        assert not engine._lock.locked() and engine._jobs.empty()
+        assert len(engine.generate(Request((1, 2), "mirror", 8)).token_ids) == 8
+    finally:
+        demo.close()
+        loader.close()
+
+
+def _median_step_s(log) -> float:
+    times = [t for t, kind in log if kind == "StepRecord"]
+    gaps = sorted(b - a for a, b in zip(times, times[1:]))
+    return max(gaps[len(gaps) // 2], 1e-3)
+
+
+def test_stop_flag_checked_every_step_leaves_no_thread_behind(engines):
+    before = threading.active_count()
+    stop = threading.Event()
+    for event in engines["thread"].stream(Request((1, 2), "mirror", 500, stop_at_eos=False), stop):
+        if isinstance(event, StepRecord) and event.step == 3:
+            stop.set()
+        last = event
+    assert last.stopped and last.stats["steps"] <= 4 and threading.active_count() == before
