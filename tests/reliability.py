@@ -297,6 +297,97 @@ class TargetFault:
         del self.engine.target.forward  # the class's method again
 
 
+class WatchedLoad:
+    """An EngineLoader `load` that logs (time, event type) of every stream, plus "closing"/"closed" when a
+    stream is closed: closed is stamped once the engine has stopped and both lanes are idle."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[float, str]] = []
+
+    def __call__(self, target: str, draft: str | None, lanes: LaneConfig) -> MirrorEngine:
+        engine = MirrorEngine.load(target, draft, lanes)
+        stream, log = engine.stream, self.log
+
+        def watched(request, stop=None):
+            inner = stream(request, stop)
+
+            def gen():
+                try:
+                    for event in inner:
+                        stopped = ":stopped" if getattr(event, "stopped", False) else ""
+                        log.append((time.monotonic(), type(event).__name__ + stopped))
+                        yield event
+                finally:
+                    log.append((time.monotonic(), "closing"))
+                    inner.close()  # returns once the target lane has finished its step and the draft lane drained
+                    log.append((time.monotonic(), "closed"))
+            return gen()
+
+        engine.stream = watched
+        return engine
+
+    def count(self, kind: str, after: float = 0.0) -> int:
+        return sum(1 for t, k in self.log if k == kind and t > after)
+
+    def first(self, kind: str, after: float = 0.0) -> float | None:
+        return next((t for t, k in self.log if k == kind and t > after), None)
+
+    def wait(self, kind: str, n: int = 1, after: float = 0.0, timeout: float = 60.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.count(kind, after) < n:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+
+DISCONNECT_CLIENT = """
+import json, sys, threading, time
+import httpx
+base, values = sys.argv[1].rstrip("/"), json.loads(sys.argv[2])
+session = "tab" + str(time.time_ns())
+http = httpx.Client(timeout=None)
+def heartbeat():  # what an open browser tab keeps open; dropping it is how Gradio learns the tab is gone
+    with http.stream("GET", base + "/gradio_api/heartbeat/" + session) as r:
+        for _ in r.iter_lines():
+            pass
+threading.Thread(target=heartbeat, daemon=True).start()
+config = http.get(base + "/config").json()
+fn = next(i for i, d in enumerate(config["dependencies"]) if d.get("api_name") == "run")
+http.post(base + "/gradio_api/queue/join", json={"data": [None, *values], "fn_index": fn, "session_hash": session,
+                                                 "event_data": None, "trigger_id": None}).raise_for_status()
+with http.stream("GET", base + "/gradio_api/queue/data", params={"session_hash": session}) as r:
+    for _ in r.iter_lines():
+        pass
+"""
+
+
+def disconnect_trial(url: str, watch: WatchedLoad, values: list) -> tuple[bool, str]:
+    """A browser-like client process (heartbeat + queue streams) starts a long run and is killed mid-run
+    (a closed tab): Gradio's heartbeat drops, the page's unload handler sets the run's stop flag, and the
+    engine stops within one step."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", DISCONNECT_CLIENT, url, json.dumps(values)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        start = time.monotonic()
+        if not watch.wait("StepRecord", 5, after=start, timeout=120):
+            return False, "the run never started"
+        t_kill = time.monotonic()
+        proc.kill()
+        if not watch.wait("closed", 1, after=t_kill, timeout=30):
+            return False, "the lanes were not freed within 30 s of the disconnect"
+        freed = watch.first("closed", after=t_kill) - t_kill
+        if watch.count("RunEnd", after=start):  # "RunEnd:stopped" is what a noticed disconnect gives
+            return False, "the run finished before the disconnect was noticed"
+        return True, f"freed {freed:.2f} s after the disconnect"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 # -- load ------------------------------------------------------------------------------------------
 @dataclass
 class SoakResult:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 from conftest import build_pair
-from reliability import INLINE, TargetFault, fault_trial, free_port, process_fault_mode
+from reliability import INLINE, TargetFault, WatchedLoad, disconnect_trial, fault_trial, free_port, process_fault_mode
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig, StepRecord
 
@@ -81,36 +81,15 @@ def test_target_lane_failure_in_the_app_shows_the_error_and_the_kept_tokens(pair
         loader.close()
 
 
-def test_a_cancelled_client_frees_the_lanes_within_one_step(pair):
-    """gradio_client's cancel closes the handler's generator (as a closed tab does): the engine stops."""
+def test_a_cancelled_or_disconnected_client_frees_the_lanes_within_one_step(pair):
+    """gradio_client cancel, then a client process killed mid-run: Gradio closes the handler, the engine stops."""
     from gradio_client import Client
 
     from ui import CSS, EngineLoader, build_demo, default_presets
 
-    log: list = []
-
-    def watched_load(target, draft, lanes):
-        engine = MirrorEngine.load(target, draft, lanes)
-        stream = engine.stream
-
-        def watched(request, stop=None):
-            inner = stream(request, stop)
-
-            def gen():
-                try:
-                    for event in inner:
-                        log.append((time.monotonic(), type(event).__name__))
-                        yield event
-                finally:
-                    log.append((time.monotonic(), "closing"))
-                    inner.close()  # returns once the target lane has finished its step and the draft lane drained
-                    log.append((time.monotonic(), "closed"))
-            return gen()
-
-        engine.stream = watched
-        return engine
-
-    loader = EngineLoader(INLINE, load=watched_load, warmup=False)
+    watch = WatchedLoad()
+    log = watch.log
+    loader = EngineLoader(INLINE, load=watch, warmup=False)
     demo = build_demo(loader, default_presets("/nonexistent", *pair), [])
     demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, css=CSS)
     try:
@@ -133,6 +112,9 @@ def test_a_cancelled_client_frees_the_lanes_within_one_step(pair):
         assert t_closed - t_closing <= 2 * _median_step_s(log) + 0.05, (t_closed - t_closing, _median_step_s(log))
         assert not engine._lock.locked() and engine._jobs.empty()
         assert len(engine.generate(Request((1, 2), "mirror", 8)).token_ids) == 8
+        ok, detail = disconnect_trial(demo.local_url, watch, ["1, 2, 3", *pair, ["sd", "mirror"], 1, 1, 0, 0.0, 0, 1.0,
+                                                             "exact", 480, 0])
+        assert ok, detail                                               # a client process killed mid-run
     finally:
         demo.close()
         loader.close()

@@ -84,7 +84,7 @@ def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[s
         gr.Markdown(_banner(presets, loader))
         controls = _controls(presets, examples or [])
         views = _views()
-        _wire(loader, presets, state, controls, views)
+        _wire(demo, loader, presets, state, controls, views)
     demo.queue(max_size=QUEUE_MAX_SIZE, default_concurrency_limit=1)  # one run on the lanes at a time
     return demo
 
@@ -187,18 +187,31 @@ def _views() -> Views:
                  inspector_view, trace)
 
 
-def _wire(loader: EngineLoader, presets: list[PairPreset], state: gr.State, c: Controls, v: Views) -> None:
+def _wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], state: gr.State, c: Controls,
+          v: Views) -> None:
     outputs = v.outputs(state)
 
-    def on_run(session: Session, *values):
+    in_flight: dict[str, Session] = {}  # session hash → its Session while a run is going (this page's visitors)
+
+    def on_run(request: gr.Request, session: Session, *values):
         try:
             settings = settings_from_ui(*values)
         except MirrorError as exc:
             session.status = f"**Error:** {exc}"
             yield _view(session, Tick(STATUS, session.status))
             return
-        for tick in run_comparison(loader, session, settings):
-            yield _view(session, tick)
+        in_flight[request.session_hash] = session
+        try:
+            for tick in run_comparison(loader, session, settings):
+                yield _view(session, tick)
+        finally:
+            in_flight.pop(request.session_hash, None)
+
+    def on_unload(request: gr.Request):
+        """The tab was closed or reloaded (Gradio's heartbeat dropped): stop its run within one step."""
+        session = in_flight.pop(request.session_hash, None)
+        if session is not None:
+            session.stop.set()
 
     def on_stop(session: Session):
         running = not session.idle.is_set()
@@ -224,6 +237,7 @@ def _wire(loader: EngineLoader, presets: list[PairPreset], state: gr.State, c: C
                                 show_progress="hidden")
     c.stop.click(on_stop, [state], outputs, api_name="stop", cancels=[run_evt, replay_evt], concurrency_limit=None,
                  show_progress="hidden")
+    demo.unload(on_unload)
     gr.on([v.inspect_run.change, v.inspect_step.change], on_inspect, [state, v.inspect_run, v.inspect_step],
           v.inspector, api_name="inspect", show_progress="hidden")
     c.preset.change(lambda label: _pair_of(presets, label), [c.preset], [c.target, c.draft],

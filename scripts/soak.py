@@ -1,0 +1,122 @@
+"""Soak: seeded draft faults, the bad-input catalogue on every surface, concurrent clients, browser-like
+disconnects and back-to-back runs, on tiny models built from configs (no downloads); one summary line.
+
+    PYTHONPATH=. python scripts/soak.py            # short (the sizes CI runs), a few minutes on 2 cores
+    PYTHONPATH=. python scripts/soak.py --long     # 200 faults, 200 back-to-back runs, 3 rounds of 8 clients
+
+Exit status 0 only when everything held (and RSS grew less than 10 %). Details of any failure go to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+SIZES = {  # short: what CI's tests run; long: the full-size soak
+    False: dict(faults=54, process_faults=3, clients=8, client_rounds=1, disconnects=1, runs=40, warmup=10),
+    True: dict(faults=200, process_faults=10, clients=8, client_rounds=3, disconnects=5, runs=200, warmup=20),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--long", action="store_true", help="the full-size soak (200 faults, 200 runs)")
+    args = p.parse_args(argv)
+    size = SIZES[args.long]
+
+    import reliability as r
+    from mirror_core import LaneConfig, MirrorEngine
+    from ui import CSS, EngineLoader, build_demo, default_presets
+
+    t0 = time.monotonic()
+    problems: list[str] = []
+    with tempfile.TemporaryDirectory() as root:
+        m = r.build_models(root)
+        pair = (m.target, m.draft)
+
+        # 1. draft faults, each checked against ar
+        with (MirrorEngine.load(*pair, r.INLINE) as inline,
+              MirrorEngine.load(*pair, LaneConfig(kind="thread", target_threads=1, draft_threads=1)) as thread,
+              MirrorEngine.load(*pair, LaneConfig(kind="process", target_threads=1, draft_threads=1)) as process):
+            trials = [r.fault_trial({"inline": inline, "thread": thread}, s, ("inline", "thread"))
+                      for s in range(size["faults"])]
+            trials += [r.fault_trial({"process": process}, 10_000 + s, ("process",))
+                       for s in range(size["process_faults"])]
+        problems += [f"fault seed {t.seed} ({t.kind}/{t.mode}/{t.decoder}@{t.step}): {t.detail}" for t in trials if not t.ok]
+        faults_ok = sum(t.ok for t in trials)
+        kills = sum(t.mode == "exit" for t in trials)
+
+        # 2. the bad-input catalogue on the CLI, the API and the app; 3. clients; 4. disconnects
+        handled = tried = 0
+        with MirrorEngine.load(m.tok_target, m.tok_draft, r.INLINE) as engine:
+            for case in r.CATALOGUE:
+                if case.cli is not None:
+                    tried += 1
+                    err = r.cli_case(case, m, os.path.join(root, "trace.json"))
+                    handled += err is None
+                    problems += [f"cli {case.row}: {err}"] if err else []
+                if case.api is not None:
+                    tried += 1
+                    err = r.expect_mirror_error(lambda: case.api(m, engine), case.needle)
+                    handled += err is None
+                    problems += [f"api {case.row}: {err}"] if err else []
+        watch = r.WatchedLoad()
+        loader = EngineLoader(r.INLINE, load=watch)
+        demo = build_demo(loader, default_presets(os.path.join(root, "none"), m.tok_target, m.tok_draft), [])
+        demo.launch(prevent_thread_lock=True, server_port=r.free_port(), quiet=True, css=CSS)
+        try:
+            for case in r.CATALOGUE:
+                if case.app is None:
+                    continue
+                tried += 1
+                status = r.app_run(demo.local_url, r.app_values(m, **case.app(m)), raw=case.app_raw)[0]
+                ok = status.startswith("**Error:**") and case.needle in status
+                handled += ok
+                problems += [] if ok else [f"app {case.row}: {status!r}"]
+            serving = r.app_run(demo.local_url, r.app_values(m))[0]
+            problems += [] if "Done" in serving else [f"app stopped serving after the bad inputs: {serving!r}"]
+            clients_ok = clients_tried = max_rank = 0
+            for round_ in range(size["client_rounds"]):
+                res = r.concurrent_clients(demo.local_url, *pair, size["clients"], seed=round_)
+                clients_ok, clients_tried = clients_ok + res.ok, clients_tried + res.tried
+                max_rank = max(max_rank, res.max_rank)
+                problems += res.errors
+            freed_ok, freed_s = 0, []
+            for _ in range(size["disconnects"]):
+                ok, detail = r.disconnect_trial(demo.local_url, watch, ["1, 2, 3", *pair, ["sd", "mirror"], 1, 1, 0,
+                                                                        0.0, 0, 1.0, "exact", 480, 0])
+                freed_ok += ok
+                problems += [] if ok else [f"disconnect: {detail}"]
+        finally:
+            demo.close()
+            loader.close()
+
+        # 5. back-to-back runs through the app's handler
+        loader = EngineLoader(r.INLINE)
+        try:
+            soak = r.back_to_back(loader, *pair, runs=size["runs"], warmup=size["warmup"])
+        finally:
+            loader.close()
+        problems += soak.errors
+
+    print(f"soak ({'long' if args.long else 'short'}, {time.monotonic() - t0:.0f} s): "
+          f"faults survived {faults_ok}/{len(trials)} ({kills} process kills), "
+          f"bad inputs handled {handled}/{tried}, clients ok {clients_ok}/{clients_tried} (max queue position "
+          f"{max_rank + 1}), disconnects freed {freed_ok}/{size['disconnects']}, "
+          f"RSS growth {soak.rss_growth:+.1%} over {soak.runs} runs after {size['warmup']} warm-up "
+          f"(threads {soak.threads_left:+d}, processes {soak.children_left:+d})")
+    for line in problems:
+        print(line, file=sys.stderr)
+    held = not problems and soak.rss_growth < 0.10 and soak.threads_left <= 0 and soak.children_left <= 0
+    return 0 if held else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
