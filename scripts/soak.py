@@ -47,8 +47,11 @@ def main(argv: list[str] | None = None) -> int:
               MirrorEngine.load(*pair, LaneConfig(kind="process", target_threads=1, draft_threads=1)) as process):
             trials = [r.fault_trial({"inline": inline, "thread": thread}, s, ("inline", "thread"))
                       for s in range(size["faults"])]
-            trials += [r.fault_trial({"process": process}, 10_000 + s, ("process",))
-                       for s in range(size["process_faults"])]
+            seeds = iter(range(10_000, 20_000))
+            for i in range(size["process_faults"]):  # alternately a killed process and a raise, seeded
+                mode = "exit" if i % 2 == 0 else "raise"
+                seed = next(s for s in seeds if r.process_fault_mode(s) == mode)
+                trials.append(r.fault_trial({"process": process}, seed, ("process",)))
         problems += [f"fault seed {t.seed} ({t.kind}/{t.mode}/{t.decoder}@{t.step}): {t.detail}" for t in trials if not t.ok]
         faults_ok = sum(t.ok for t in trials)
         kills = sum(t.mode == "exit" for t in trials)
@@ -110,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
           f"faults survived {faults_ok}/{len(trials)} ({kills} process kills), "
           f"bad inputs handled {handled}/{tried}, clients ok {clients_ok}/{clients_tried} (max queue position "
           f"{max_rank + 1}), disconnects freed {freed_ok}/{size['disconnects']}, "
-          f"RSS growth {soak.rss_growth:+.1%} over {soak.runs} runs after {size['warmup']} warm-up "
+          f"RSS growth {soak.rss_growth:+.2%} over {soak.runs} runs after {size['warmup']} warm-up "
           f"(threads {soak.threads_left:+d}, processes {soak.children_left:+d})")
     for line in problems:
         print(line, file=sys.stderr)
