@@ -58,8 +58,8 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
     g.add_argument("--target", default=DEFAULT_TARGET, help="target model: Hugging Face id or local folder")
     g.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model: Hugging Face id or local folder")
     g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--gamma", type=int, default=4, help="draft tokens per window (γ)")
-    g.add_argument("--kappa", type=int, default=4, help="early-exit candidates per slot (κ)")
+    g.add_argument("--gamma", type=int, default=SpecConfig.gamma, help="draft tokens per window (γ)")
+    g.add_argument("--kappa", type=int, default=SpecConfig.kappa, help="early-exit candidates per slot (κ)")
     g.add_argument("--exit-layer", type=int, default=None, help="early-exit layer ℓ_e (default N/2)")
     g.add_argument("--branch-budget", type=int, default=SpecConfig.branch_budget,
                    help="mirror: at most this many branch rows per step, the likeliest by the early exit (0 = all)")

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             freed_ok, freed_s = 0, []
             for _ in range(size["disconnects"]):
                 ok, detail = r.disconnect_trial(demo.local_url, watch, ["1, 2, 3", *pair, ["sd", "mirror"], 1, 1, 0,
-                                                                        0.0, 0, 1.0, "exact", 480, 0])
+                                                                        0.0, 0, 1.0, "exact", 480, 0, 0])
                 freed_ok += ok
                 problems += [] if ok else [f"disconnect: {detail}"]
         finally:

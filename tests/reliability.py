@@ -111,13 +111,14 @@ class Case:
 
 
 APP_ARGS = ("prompt", "target", "draft", "decoders", "gamma", "kappa", "exit_layer", "temperature", "top_k", "top_p",
-            "rule", "max_new_tokens", "seed")
+            "rule", "max_new_tokens", "seed", "branch_budget")
 
 
 def app_values(m: Models, **over) -> list:
     """The /run endpoint's arguments (settings_from_ui's order) for the tokenizer pair, with overrides."""
     base = dict(prompt="w1 w2 w3", target=m.tok_target, draft=m.tok_draft, decoders=["ar", "mirror"], gamma=3,
-                kappa=2, exit_layer=0, temperature=0.0, top_k=0, top_p=1.0, rule="exact", max_new_tokens=8, seed=0)
+                kappa=2, exit_layer=0, temperature=0.0, top_k=0, top_p=1.0, rule="exact", max_new_tokens=8, seed=0,
+                branch_budget=0)
     base.update(over)
     return [base[k] for k in APP_ARGS]
 
@@ -173,6 +174,8 @@ CATALOGUE: list[Case] = [
          lambda m: dict(kappa=0)),
     Case("κ above 64", "kappa", lambda m: _ids(m, "--kappa", "65"), lambda m, e: SpecConfig(kappa=65),
          lambda m: dict(kappa=65)),
+    Case("branch budget below −1", "branch budget", lambda m: _ids(m, "--branch-budget", "-2"),
+         lambda m, e: SpecConfig(branch_budget=-2), lambda m: dict(branch_budget=-2)),
     Case("ℓ_e ≥ N", "exit layer must be in 1..3", lambda m: _ids(m, "--exit-layer", "4"),
          lambda m, e: e.validate(_req(spec=SpecConfig(exit_layer=4))), lambda m: dict(exit_layer=4)),
     Case("ℓ_e < 1", "exit layer", lambda m: _ids(m, "--exit-layer", "0"), lambda m, e: SpecConfig(exit_layer=-1),

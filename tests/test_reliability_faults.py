@@ -113,7 +113,7 @@ def test_a_cancelled_or_disconnected_client_frees_the_lanes_within_one_step(pair
         assert not engine._lock.locked() and engine._jobs.empty()
         assert len(engine.generate(Request((1, 2), "mirror", 8)).token_ids) == 8
         ok, detail = disconnect_trial(demo.local_url, watch, ["1, 2, 3", *pair, ["sd", "mirror"], 1, 1, 0, 0.0, 0, 1.0,
-                                                             "exact", 480, 0])
+                                                             "exact", 480, 0, 0])
         assert ok, detail                                               # a client process killed mid-run
     finally:
         demo.close()

@@ -54,7 +54,7 @@ class Controls:
         """In settings_from_ui's argument order."""
         k = self.knobs
         return [self.prompt, self.target, self.draft, self.decoders, k["gamma"], k["kappa"], k["exit_layer"],
-                k["temperature"], k["top_k"], k["top_p"], k["rule"], k["max_new_tokens"], k["seed"]]
+                k["temperature"], k["top_k"], k["top_p"], k["rule"], k["max_new_tokens"], k["seed"], k["branch_budget"]]
 
 
 @dataclass
@@ -136,6 +136,8 @@ def _controls(presets: list[PairPreset], examples: list[str]) -> Controls:
                                         info=INFO["kappa"]),
                      "exit_layer": gr.Number(DEFAULTS["exit_layer"], precision=0, minimum=0,
                                              label="ℓ_e (early-exit layer)", info=INFO["exit_layer"]),
+                     "branch_budget": gr.Number(DEFAULTS["branch_budget"], precision=0, minimum=-1,
+                                                label="Branch budget", info=INFO["branch_budget"]),
                      "max_new_tokens": gr.Slider(1, APP_MAX_NEW_TOKENS, DEFAULTS["max_new_tokens"], step=1, label="Max new tokens",
                                                  info=INFO["max_new_tokens"])}
         with gr.Row():

@@ -16,7 +16,8 @@ RULE_CHOICES = (("exact: Rule E, reproduces AR token for token with the same see
 APP_MAX_NEW_TOKENS = 1024  # the page's cap per decoder (below the engine's MAX_NEW_TOKENS_CAP), checked server-side
 
 # Every control's default value; the page and the tests both read these.
-DEFAULTS = {"gamma": 4, "kappa": 4, "exit_layer": 0, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
+DEFAULTS = {"gamma": SpecConfig.gamma, "kappa": SpecConfig.kappa, "exit_layer": 0,
+            "branch_budget": SpecConfig.branch_budget, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
             "rule": "exact", "max_new_tokens": 64, "seed": 0, "decoders": ["ar", "mirror"]}
 
 INFO = {
@@ -27,6 +28,8 @@ INFO = {
     "decoders": "Run one after another, each with both lanes to itself; AR is the baseline every speedup refers to.",
     "gamma": "γ: draft tokens per window the target verifies in one pass (1..16).",
     "kappa": "κ: early-exit candidates per slot sent to the draft lane; the draft rolls out a branch for each (1..64).",
+    "branch_budget": "Branch rows the draft rolls out per step, the likeliest first: 0 = all κ(γ+1); −1 = auto "
+                     "(as many as it finishes while the target runs its last layers). Never changes the output.",
     "exit_layer": "ℓ_e: target layer whose hidden state gives the early-exit top-κ (1..N−1); 0 = N/2 of the loaded target.",
     "temperature": "0 = greedy (output equals the target's greedy tokens). Above 0: sampling.",
     "top_k": "Keep only the k most likely tokens before sampling; 0 = off.",
@@ -55,7 +58,8 @@ class RunSettings:
 
 
 def settings_from_ui(prompt: str, target: str, draft: str, decoders, gamma, kappa, exit_layer, temperature,
-                     top_k, top_p, rule, max_new_tokens, seed) -> RunSettings:
+                     top_k, top_p, rule, max_new_tokens, seed,
+                     branch_budget=SpecConfig.branch_budget) -> RunSettings:
     """The one mapping from the page's raw values to configs; raises MirrorError with a readable line."""
     target = _as_text(target, "Target").strip()
     if not target:
@@ -66,7 +70,8 @@ def settings_from_ui(prompt: str, target: str, draft: str, decoders, gamma, kapp
     if not chosen:
         raise MirrorError("choose at least one decoder to run")
     exit_layer = _as_int(exit_layer, "exit layer ℓ_e")
-    spec = SpecConfig(gamma=_as_int(gamma, "γ"), kappa=_as_int(kappa, "κ"), exit_layer=exit_layer or None)
+    spec = SpecConfig(gamma=_as_int(gamma, "γ"), kappa=_as_int(kappa, "κ"), exit_layer=exit_layer or None,
+                      branch_budget=_as_int(branch_budget, "branch budget"))
     sampling = SamplingConfig(temperature=_as_float(temperature, "temperature"), top_k=_as_int(top_k, "top-k"),
                               top_p=_as_float(top_p, "top-p"), seed=_as_int(seed, "seed"), rule=rule)
     max_new = _as_int(max_new_tokens, "max new tokens")
