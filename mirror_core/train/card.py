@@ -72,6 +72,11 @@ def _draft_section(c: dict) -> list[str]:
 
 def _samples_section(c: dict) -> list[str]:
     lines = ["## Greedy samples", ""]
+    ref = c["generation"].get("reference_repetition")
+    if ref:
+        lines += ["For scale, the held-out text itself (each prompt window followed by its true next tokens) has a "
+                  "repeated-4-gram share of " + ", ".join(f"{v:.2f} ({k})" for k, v in ref.items())
+                  + "; a share far above that means the greedy continuation loops.", ""]
     for key, label in NAMES.items():
         g = c["generation"][key]
         s = g["sample"]

@@ -58,6 +58,8 @@ def refresh_speculation(out_dir: str) -> dict:
     cfg = card_data["config"]
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(out_dir, "target"))
     corpus = data.load_corpus(cfg["corpus_dir"])
+    card_data["generation"]["reference_repetition"] = reference_repetition(tokenizer, corpus, cfg["prompt_tokens"],
+                                                                           cfg["sample_tokens"])
     prompts = data.heldout_prompts(tokenizer, corpus, cfg["n_prompts"], cfg["prompt_tokens"])
     card_data["speculation"] = evaluate_speculation(out_dir, prompts, cfg["sample_tokens"])
     card.write(out_dir, card_data)
@@ -73,6 +75,19 @@ def repeated_4gram_fraction(sequence: list[int], n_generated: int) -> float:
         repeats += int(i >= start and gram in seen)
         seen.add(gram)
     return repeats / max(n_generated, 1)
+
+
+def reference_repetition(tokenizer, corpus: data.Corpus, prompt_tokens: int, n: int, stride: int = 512) -> dict:
+    """The same repeated-4-gram share on the held-out text itself (prompt + its true next n tokens, at
+    the prompts' offsets): how much repetition the corpus has, for reading the samples' share."""
+    out = {}
+    for kind in ("code", "prose"):
+        windows = [ids[off: off + prompt_tokens + n]
+                   for ids in data.encode_documents(tokenizer, corpus.select("val", kind))
+                   for off in range(0, max(len(ids) - prompt_tokens - n, 1), stride) if len(ids) >= prompt_tokens + n]
+        if windows:
+            out[kind] = sum(repeated_4gram_fraction(w, n) for w in windows) / len(windows)
+    return out
 
 
 @torch.inference_mode()
@@ -208,6 +223,8 @@ def evaluate_bundle(out_dir: str, corpus: data.Corpus, cfg) -> dict:
     metrics = teacher_forced_metrics(models, chunks)
     metrics["exit_layer"] = cfg.resolved_exit_layer
     metrics["generation"] = generation_metrics(models, tokenizer, prompts, cfg.sample_tokens)
+    metrics["generation"]["reference_repetition"] = reference_repetition(tokenizer, corpus, cfg.prompt_tokens,
+                                                                         cfg.sample_tokens)
     metrics["sizes"] = model_sizes(out_dir, models)
     metrics["decode_step_ms"] = {n: decode_step_ms(m, min(128, cfg.context)) for n, m in models.items()}
     metrics["speculation"] = evaluate_speculation(out_dir, prompts, cfg.sample_tokens)
