@@ -62,7 +62,8 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
     g.add_argument("--kappa", type=int, default=SpecConfig.kappa, help="early-exit candidates per slot (κ)")
     g.add_argument("--exit-layer", type=int, default=None, help="early-exit layer ℓ_e (default N/2)")
     g.add_argument("--branch-budget", type=int, default=SpecConfig.branch_budget,
-                   help="mirror: at most this many branch rows per step, the likeliest by the early exit (0 = all)")
+                   help="mirror: at most this many branch rows per step, the likeliest first (0 = all, -1 = auto: what fits "
+                        "in the target's suffix)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
