@@ -34,6 +34,7 @@ HEADROOM = 0.9  # auto budget: aim the branch batch at this share of the target'
 class BranchPlanner:
     budget: int            # rows per step; 0 = every candidate; AUTO_BRANCH_BUDGET = fit to the suffix
     kappa: int
+    parallel: bool = True   # the draft lane runs beside the target; auto mode adapts only then
     allowance: float = 0.0  # auto mode: the current row allowance (0 = not measured yet: every candidate)
     # [n, accepted] for draft tokens the exit ranked first / not first; prior: 1 of 2
     accepts_top1: list[int] = field(default_factory=lambda: [2, 1])
@@ -78,7 +79,7 @@ class BranchPlanner:
     def adapt(self, rows: int, branch_s: float, suffix_s: float, max_rows: int) -> None:
         """Auto mode, after a step whose branch batch of `rows` rows took branch_s while the target's
         suffix took suffix_s: move the allowance halfway to the rows that would have fit."""
-        if self.budget != AUTO_BRANCH_BUDGET or rows <= 0 or branch_s <= 0:
+        if self.budget != AUTO_BRANCH_BUDGET or not self.parallel or rows <= 0 or branch_s <= 0:
             return
         fit = rows * HEADROOM * suffix_s / branch_s
         self.allowance = min(max(1.0, 0.5 * (rows + fit)), float(max_rows))

@@ -72,12 +72,12 @@ class SpecConfig:
     against the target's depth when the request reaches the engine.
     """
 
-    gamma: int = 4
-    kappa: int = 4
+    gamma: int = 4  # defaults: the best setting of docs/BENCHMARKS.md's sweep on the default pair
+    kappa: int = 2
     exit_layer: int | None = None
     # at most this many branch rows per step, the likeliest (slot, candidate); 0 = all κ(γ+1);
     # AUTO_BRANCH_BUDGET = as many as the draft lane finishes while the target runs its suffix
-    branch_budget: int = 0
+    branch_budget: int = AUTO_BRANCH_BUDGET
 
     def __post_init__(self) -> None:
         _require(_is_int(self.branch_budget) and AUTO_BRANCH_BUDGET <= self.branch_budget <= (MAX_GAMMA + 1) * MAX_KAPPA,

@@ -52,7 +52,8 @@ def speculative_decode(run: Run, lane, mirror: bool) -> Iterator[list[Event]]:
     c0 = run.prefill()
     yield run.flush()
     window = None if run.done or not lane_ok else _next_window(run, lane, step=0, accepted=0, token=c0)
-    planner = BranchPlanner(run.req.spec.branch_budget, run.req.spec.kappa)
+    # an inline lane runs the branches inside the readout, before the suffix: nothing to fit, so auto keeps all
+    planner = BranchPlanner(run.req.spec.branch_budget, run.req.spec.kappa, parallel=lane.kind != "inline")
     step = 0
     while window is not None and not run.done:
         run.check_stop()
