@@ -203,7 +203,7 @@ class SSDraftForCausalLM(PreTrainedModel):
         """Main + stream logits for T new tokens appended after the cache (see module docstring).
 
         stream_head=False returns the streams' normed states instead of their logits, so a caller
-        that needs the lookahead at one position only applies the head there (`stream_logits_of`).
+        that needs the lookahead at one position only applies the head there (`head`).
         """
         b, t = input_ids.shape
         past = cache_length(cache)
@@ -227,15 +227,14 @@ class SSDraftForCausalLM(PreTrainedModel):
                 allowed = _rows_mask(key_mask, t, r)
             x, kv = layer(x, rope, None if cache is None else cache[i], allowed)
             new_cache.append(kv)
-        if not (n and stream_head):
-            states = self.norm(x)  # [B, T, R, H]
-            logits = F.linear(states[:, :, 0], self.embed_tokens.weight)  # tied head, main rows only: [B, T, V]
-            return SSDraftOutput(logits, None, new_cache, states[:, :, 1:] if n else None)
-        all_logits = F.linear(self.norm(x), self.embed_tokens.weight)  # tied head: [B, T, R, V]
-        return SSDraftOutput(logits=all_logits[:, :, 0], stream_logits=all_logits[:, :, 1:], cache=new_cache)
+        if n and stream_head:
+            all_logits = self.head(self.norm(x))  # [B, T, R, V]: one matmul over main and stream rows
+            return SSDraftOutput(logits=all_logits[:, :, 0], stream_logits=all_logits[:, :, 1:], cache=new_cache)
+        states = self.norm(x)  # [B, T, R, H]
+        return SSDraftOutput(self.head(states[:, :, 0]), None, new_cache, states[:, :, 1:] if n else None)
 
-    def stream_logits_of(self, states: torch.Tensor) -> torch.Tensor:
-        """The tied head over stream states [..., H] → logits [..., V]."""
+    def head(self, states: torch.Tensor) -> torch.Tensor:
+        """The tied LM head over normed states [..., H] → logits [..., V] (main or stream rows)."""
         return F.linear(states, self.embed_tokens.weight)
 
 

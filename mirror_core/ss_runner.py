@@ -61,7 +61,7 @@ class SSRunner:
     @torch.inference_mode()
     def stream_proposals(self, states: torch.Tensor) -> torch.Tensor:
         """Greedy lookahead tokens from stream states [..., n, H] → ids [..., n]."""
-        return self.model.stream_logits_of(states)[..., : self.vocab_size].argmax(-1)
+        return self.model.head(states)[..., : self.vocab_size].argmax(-1)
 
     def truncate(self, cache: SSCache, length: int) -> None:
         if cache.kv is not None and self.cache_len(cache) > length:

@@ -157,31 +157,35 @@ def ss_draft_loss_fn(draft, target, cfg: TrainConfig) -> Callable:
     return loss_fn
 
 
+def starting_point(cfg: TrainConfig, corpus: data.Corpus, generator: torch.Generator):
+    """(tokenizer, target) to train: fresh ones, or with --init-target an earlier run's, to continue."""
+    if cfg.init_target:
+        from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.init_target)
+        target = AutoModelForCausalLM.from_pretrained(cfg.init_target, dtype=torch.float32)
+        if target.config.num_hidden_layers != cfg.target_layers or target.config.hidden_size != cfg.hidden_size:
+            raise ValueError(f"--init-target {cfg.init_target} has a different shape than the flags ask for")
+        return tokenizer, target.to(cfg.device)
+    tokenizer = data.train_tokenizer(corpus, cfg.vocab_size)
+    config = build.llama_config(len(tokenizer), tokenizer.convert_tokens_to_ids(data.EOT), cfg.hidden_size,
+                                cfg.intermediate_size, cfg.target_layers, cfg.num_heads, cfg.num_kv_heads,
+                                max_positions=4 * cfg.context)
+    return tokenizer, build.make_target(config, generator).to(cfg.device)
+
+
 def train_all(cfg: TrainConfig) -> dict:
     """Tokenizer → target → AR draft → SS draft → saved fp16 models → model card; returns the card dict."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     t_start = time.perf_counter()
     corpus = data.load_corpus(cfg.corpus_dir)
-    if cfg.init_target:  # a continued run keeps the earlier run's tokenizer and shapes
-        from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.init_target)
-    else:
-        tokenizer = data.train_tokenizer(corpus, cfg.vocab_size)
-    train_stream = data.token_stream(tokenizer, corpus.select("train"), corpus.manifest["prose_train_upsample"])
-    eot = tokenizer.convert_tokens_to_ids(data.EOT)
     gen_init = torch.Generator().manual_seed(cfg.seed)
+    tokenizer, target = starting_point(cfg, corpus, gen_init)
+    train_stream = data.token_stream(tokenizer, corpus.select("train"), corpus.manifest["prose_train_upsample"])
     # one data generator per phase, so a phase's batches do not depend on how many steps the previous one ran
     gen_data = [torch.Generator().manual_seed(cfg.seed + 1 + i) for i in range(3)]
     budget = [cfg.budget_minutes * 60 * share for share in cfg.budget_split]
-    config = build.llama_config(len(tokenizer), eot, cfg.hidden_size, cfg.intermediate_size, cfg.target_layers,
-                                cfg.num_heads, cfg.num_kv_heads, max_positions=4 * cfg.context)
-    if cfg.init_target:
-        target = AutoModelForCausalLM.from_pretrained(cfg.init_target, dtype=torch.float32).to(cfg.device)
-        if target.config.num_hidden_layers != cfg.target_layers or target.config.hidden_size != cfg.hidden_size:
-            raise ValueError(f"--init-target {cfg.init_target} has a different shape than the flags ask for")
-    else:
-        target = build.make_target(config, gen_init).to(cfg.device)
     stats = {"target": run_phase("target", target, target_loss_fn(target, cfg), train_stream, cfg,
                                  cfg.lr_target, budget[0], gen_data[0])}
     build.save_fp16(target, tokenizer, os.path.join(cfg.out_dir, "target"))  # saved at once: hours of work
