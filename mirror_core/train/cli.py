@@ -10,6 +10,8 @@ FLAGS = {
     "seed": "seed of the init and data generators",
     "device": "cpu or cuda",
     "threads": "torch intra-op threads (0 = torch default)",
+    "precision": "bf16 (autocast forward passes, fp32 weights) or fp32",
+    "compile": "torch.compile each phase's loss (about a minute per phase, then faster steps)",
     "corpus_dir": "train on .py (code) and .txt/.md/.rst (prose) files under this directory instead of the stdlib",
     "init_target": "continue training the target in this folder (reusing its tokenizer) instead of a fresh one",
     "vocab_size": "BPE vocabulary size",
@@ -42,9 +44,11 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--out", required=True, help="output folder (target/, draft_ar/, draft_ss/, model card)")
     for name, help_text in FLAGS.items():
         default = fields[name].default
-        kind = str if default is None else type(default)
-        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
-                            help=f"{help_text} (default: {default})")
+        flag, help_text = "--" + name.replace("_", "-"), f"{help_text} (default: {default})"
+        if isinstance(default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        else:
+            parser.add_argument(flag, type=str if default is None else type(default), default=default, help=help_text)
     args = vars(parser.parse_args(argv))
     return TrainConfig(out_dir=args.pop("out"), **args)
 

@@ -24,6 +24,8 @@ class TrainConfig:
     seed: int = 0
     device: str = "cpu"  # "cpu" or "cuda"
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+    precision: str = "bf16"  # forward passes under bf16 autocast (fp32 master weights), or "fp32"
+    compile: bool = False  # torch.compile each phase's loss: ~1 min to compile, then ~1.3x faster steps on CPU
     corpus_dir: str | None = None  # None: CPython stdlib + pydoc topics
     init_target: str | None = None  # continue training this target folder (its tokenizer and shapes) instead of a fresh one
     # default shapes: build.py's docstring gives the latency and size measurements behind them
@@ -64,6 +66,8 @@ class TrainConfig:
                              "1 ≤ ss_msa_layers ≤ ss_layers")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {self.device}")
+        if self.precision not in ("bf16", "fp32"):
+            raise ValueError(f"precision must be bf16 or fp32, got {self.precision}")
 
     @property
     def resolved_exit_layer(self) -> int:
@@ -99,7 +103,10 @@ def run_phase(name: str, model: torch.nn.Module, loss_fn: Callable, stream: torc
               peak_lr: float, budget_s: float, generator: torch.Generator) -> PhaseStats:
     """Train until the phase's time (or step) budget is spent; always at least one step."""
     opt = optimizer_for(model, cfg, peak_lr)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if cfg.device == "cuda" else nullcontext()
+    # measured here (10-layer target, 2 threads, AMD EPYC with avx512_bf16): fp32 1.9 s/step, bf16 1.2, compiled 0.95
+    amp = torch.autocast(cfg.device, dtype=torch.bfloat16) if cfg.precision == "bf16" else nullcontext()
+    if cfg.compile:
+        loss_fn = torch.compile(loss_fn)
     model.train()
     recent, step, t0 = [], 0, time.perf_counter()
     bar = tqdm(total=max(round(budget_s), 1), desc=name, unit="s", mininterval=1.0)
