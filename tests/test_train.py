@@ -84,6 +84,15 @@ def test_batches_are_reproducible_and_shifted(toy_dir, toy_tokenizer):
     assert chunks.shape == (3, 17) and torch.equal(chunks[1, 0], chunks[0, 16])
     prompts = data.heldout_prompts(toy_tokenizer, corpus, 4, prompt_tokens=12)
     assert {p.kind for p in prompts} == {"code", "prose"} and all(len(p.ids) <= 12 for p in prompts)
+    assert len(prompts) == 4 and all(p.following == () for p in prompts)
+    spread = data.heldout_prompts(toy_tokenizer, corpus, 6, prompt_tokens=12, following_tokens=5, stride=16)
+    docs = {p.kind: {d.name: d for d in corpus.select("val", p.kind)} for p in spread}
+    assert any(not p.source.endswith("@0") for p in spread)  # not only file heads
+    for p in spread:  # prompt + following are the document's own consecutive tokens
+        name, off = p.source.rsplit("@", 1)
+        ids = toy_tokenizer.encode(docs[p.kind][name].text, add_special_tokens=False)
+        head = [toy_tokenizer.convert_tokens_to_ids(data.EOT)] if off == "0" else []
+        assert list(p.ids + p.following) == (head + ids[int(off):])[:17] and len(p.following) <= 5
 
 
 def test_ss_loss_labels_streams_with_later_tokens():
@@ -104,7 +113,12 @@ def test_config_rejects_impossible_shapes():
         TrainConfig(out_dir="x", target_layers=4, exit_layer=4)
     with pytest.raises(ValueError):
         TrainConfig(out_dir="x", target_layers=4, ss_layers=2, ss_msa_layers=3)
+    with pytest.raises(ValueError):
+        TrainConfig(out_dir="x", precision="fp16")
     assert cli.parse_args(["--out", "x"]) == TrainConfig(out_dir="x")
+    flags = cli.parse_args(["--out", "x", "--compile", "--precision", "fp32"])
+    assert flags.compile is True and flags.precision == "fp32"
+    assert cli.parse_args(["--out", "x", "--no-compile"]).compile is False
 
 
 def test_cli_trains_saves_and_writes_the_model_card(toy_dir, tmp_path):
@@ -130,7 +144,14 @@ def test_cli_trains_saves_and_writes_the_model_card(toy_dir, tmp_path):
     assert card["corpus"]["sha256"] == data.load_corpus(toy_dir).manifest["sha256"]
     markdown = open(os.path.join(out, "MODEL_CARD.md")).read()
     assert "Early exit" in markdown and "Greedy samples" in markdown and "Speculative decoding (engine" in markdown
-    assert evaluate.refresh_speculation(out)["draft_ss/mirror"] == card["speculation"]["draft_ss/mirror"]
+    gen = card["generation"]
+    assert set(gen["target"]["repeated_4gram_fraction"]) == set(gen["reference_repetition"]) == {"code", "prose"}
+    assert all(0.0 <= v <= 1.0 for v in gen["reference_repetition"].values())
+    again = evaluate.reevaluate(out)  # the whole card re-measured from the files: same numbers, records kept
+    for key in ("val_loss", "exit_overlap", "speculation"):
+        assert again[key] == card[key]
+    assert again["generation"]["target"]["samples"] == gen["target"]["samples"]
+    assert again["training"] == card["training"] and again["config"] == card["config"]
 
     # a second run continues that target (same tokenizer) and says so in the card
     more = str(tmp_path / "more")

@@ -21,12 +21,20 @@ def _models_section(c: dict) -> list[str]:
     return (["## Models", ""]
             + _table(["model", "layers", "hidden", "params", "fp16 MB", "train min", "device", "steps", "train tokens",
                       "val loss code", "val loss prose"], rows)
-            + _continued(c["training"]["target"])
+            + _continued(c["training"]["target"]) + _how_trained(c["config"])
             + ["", f"Total fp16 weights: {c['sizes']['total_safetensors_mb']:.1f} MB. Validation loss in nats/token "
                    "on held-out files (teacher-forced, context as trained).", "",
                "One-token cached decode step (Hugging Face eager forward, fp32 on CPU, 1 intra-op thread, "
-               "median, measured right after training on the training machine; the SS step includes its streams): "
+               "median, measured when this card was evaluated; the SS step includes its streams): "
                + ", ".join(f"{NAMES[k]} {v:.2f} ms" for k, v in c["decode_step_ms"].items()) + ".", ""])
+
+
+def _how_trained(cfg: dict) -> list[str]:
+    precision = ("bf16 autocast forward passes with fp32 weights and optimizer state"
+                 if cfg.get("precision") == "bf16" else "fp32")
+    return ["", f"Trained with {precision}, {cfg['threads'] or 'the default number of'} intra-op threads"
+                f"{', torch.compile' if cfg.get('compile') else ''}, batch {cfg['batch_size']} × {cfg['context']} "
+                "tokens; fp16 only for the shipped files."]
 
 
 def _continued(t: dict) -> list[str]:
@@ -71,20 +79,22 @@ def _draft_section(c: dict) -> list[str]:
 
 
 def _samples_section(c: dict) -> list[str]:
-    lines = ["## Greedy samples", ""]
-    ref = c["generation"].get("reference_repetition")
-    if ref:
-        lines += ["For scale, the held-out text itself (each prompt window followed by its true next tokens) has a "
-                  "repeated-4-gram share of " + ", ".join(f"{v:.2f} ({k})" for k, v in ref.items())
-                  + "; a share far above that means the greedy continuation loops.", ""]
+    gen, ref = c["generation"], c["generation"]["reference_repetition"]
+    kinds = [k for k in ("code", "prose") if k in ref]
+    rows = [[label] + [gen[key]["repeated_4gram_fraction"][k] for k in kinds] for key, label in NAMES.items()]
+    rows.append([f"held-out text itself (prompts followed by their true next {gen['target']['new_tokens']} tokens)"]
+                + [ref[k] for k in kinds])
+    counts = ", ".join(f"{v} {k}" for k, v in gen["target"]["n_prompts"].items())
+    lines = ["## Greedy samples", "",
+             f"Greedy continuations of {gen['target']['new_tokens']} tokens from held-out prompts ({counts}), spread "
+             "evenly over windows at every 512th token of the validation files. Repeated-4-gram share: the share "
+             "of new tokens that complete a 4-gram already seen in prompt + continuation; a share far above the "
+             "text's own means the greedy continuation loops.", ""]
+    lines += _table(["model"] + [f"{k} repeated-4-gram share" for k in kinds], rows) + [""]
     for key, label in NAMES.items():
-        g = c["generation"][key]
-        s = g["sample"]
-        lines += [f"### {label}", "",
-                  f"Repeated-4-gram share: {s['repeated_4gram_fraction']:.2f} in this sample, "
-                  f"{g['repeated_4gram_fraction_mean']:.2f} mean over {g['n_prompts']} held-out prompts "
-                  f"× {g['new_tokens']} tokens. Prompt from `{s['prompt_source']}`.", "",
-                  "```", s["prompt"] + " ⟦" + s["continuation"] + "⟧", "```", ""]
+        for kind, s in gen[key]["samples"].items():
+            lines += [f"### {label}, {kind} (`{s['prompt_source']}`, share {s['repeated_4gram_fraction']:.2f})", "",
+                      "```", s["prompt"] + " ⟦" + s["continuation"] + "⟧", "```", ""]
     return lines
 
 
@@ -100,7 +110,7 @@ def _speculation_section(spec: dict) -> list[str]:
     return (["## Speculative decoding (engine, greedy)", "",
              f"γ = {st['gamma']}, κ = {st['kappa']}, ℓ_e = N/2, {st['max_new_tokens']} new tokens on each of "
              f"{st['prompts']} held-out prompts; τ counts the correction/bonus token; Ω̂_κ excludes d_j "
-             "(mirror_core/metrics.py). Re-measure with `python -m mirror_core.train.evaluate DIR`.", ""]
+             "(mirror_core/metrics.py). The inline lane used here rolls out every branch, so the hit rate is that of all κ(γ+1) candidates. Re-measure the whole card with `python -m mirror_core.train.evaluate DIR`.", ""]
             + _table(["draft/decoder", "τ", "α", "hit rate", "Ω̂_κ", "η̄ (draft tokens/forward)",
                       "output = ar", "draft-lane failures"], rows) + [""])
 

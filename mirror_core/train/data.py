@@ -51,6 +51,7 @@ class HeldoutPrompt:
     kind: str  # "code" or "prose"
     source: str  # document name and token offset
     ids: tuple[int, ...]
+    following: tuple[int, ...] = ()  # the document's true next tokens after the prompt (the reference continuation)
 
 
 def stable_hash(name: str) -> int:
@@ -178,22 +179,28 @@ def eval_chunks(stream: torch.Tensor, seq_len: int, max_chunks: int) -> torch.Te
 
 
 def heldout_prompts(tokenizer: PreTrainedTokenizerFast, corpus: Corpus, n: int, prompt_tokens: int = 48,
-                    stride: int = 512) -> list[HeldoutPrompt]:
-    """Up to n prompts, alternating code and prose: chunks at token offsets 0, stride, 2·stride … of val docs."""
+                    following_tokens: int = 0, stride: int = 512) -> list[HeldoutPrompt]:
+    """Up to n prompts, alternating code and prose, spread evenly over the windows at token offsets
+    0, stride, 2·stride … of every validation document (so file heads and file bodies in proportion to
+    the text), each with the document's true next following_tokens tokens."""
     eot = tokenizer.convert_tokens_to_ids(EOT)
     per_kind = {}
     for kind in ("code", "prose"):
         docs = corpus.select("val", kind)
-        encoded = encode_documents(tokenizer, docs)
-        candidates = []  # (offset, doc index): offset-major, so many documents are used before deep offsets
-        for i, ids in enumerate(encoded):
-            candidates += [(off, i) for off in range(0, max(len(ids) - prompt_tokens // 2, 1), stride)]
-        prompts = []
-        for off, i in sorted(candidates):
-            ids = ([eot] if off == 0 else []) + encoded[i][off: off + prompt_tokens]
-            if len(ids) >= 8:
-                prompts.append(HeldoutPrompt(kind, f"{docs[i].name}@{off}", tuple(ids[:prompt_tokens])))
-        per_kind[kind] = prompts
-    mixed = [p for pair in zip(per_kind["code"], per_kind["prose"]) for p in pair]
-    longer = max(per_kind.values(), key=len)
-    return (mixed + longer[len(mixed) // 2:])[:n]
+        windows = []
+        for doc, ids in zip(docs, encode_documents(tokenizer, docs)):
+            for off in range(0, max(len(ids) - prompt_tokens // 2, 1), stride):
+                head = [eot] if off == 0 else []  # a file head starts where the model saw documents start
+                full = head + ids[off: off + prompt_tokens + following_tokens - len(head)]
+                if min(len(full), prompt_tokens) >= 8:
+                    windows.append(HeldoutPrompt(kind, f"{doc.name}@{off}", tuple(full[:prompt_tokens]),
+                                                 tuple(full[prompt_tokens:])))
+        per_kind[kind] = windows
+    take = {"code": (n + 1) // 2, "prose": n // 2}
+    short = {k: max(take[k] - len(w), 0) for k, w in per_kind.items()}  # a kind with too few windows lends its share
+    take = {"code": take["code"] + short["prose"], "prose": take["prose"] + short["code"]}
+    spread = {k: [w[(i * len(w)) // m] for i in range(m)] if (m := min(take[k], len(w))) else []
+              for k, w in per_kind.items()}
+    mixed = [p for pair in zip(spread["code"], spread["prose"]) for p in pair]
+    longer = max(spread.values(), key=len)
+    return mixed + longer[len(mixed) // 2:]

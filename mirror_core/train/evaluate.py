@@ -14,19 +14,18 @@ MODEL_NAMES = ("target", "draft_ar", "draft_ss")
 TOP_KS = (1, 4, 8)
 
 
-SPEC_SETTINGS = {"gamma": 4, "kappa": 4}  # the defaults of the CLI and the app
-
-
 def evaluate_speculation(out_dir: str, prompts: list, n_tokens: int) -> dict:
-    """τ, acceptance, hit rate and Ω̂_κ of each draft with the engine (greedy, serial inline lane: the
-    numbers here do not depend on timing), pooled over the held-out prompts; outputs checked against ar."""
+    """τ, acceptance, hit rate and Ω̂_κ of each draft with the engine at the CLI's and app's default γ and κ
+    (greedy, serial inline lane, which rolls out every branch: the numbers here do not depend on timing),
+    pooled over the held-out prompts; outputs checked against ar."""
     from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
 
-    result = {"settings": dict(SPEC_SETTINGS, max_new_tokens=n_tokens, prompts=len(prompts), temperature=0.0)}
+    spec = SpecConfig()
+    result = {"settings": {"gamma": spec.gamma, "kappa": spec.kappa, "max_new_tokens": n_tokens,
+                           "prompts": len(prompts), "temperature": 0.0}}
     target = os.path.join(out_dir, "target")
     for name in MODEL_NAMES[1:]:
         with MirrorEngine.load(target, os.path.join(out_dir, name), LaneConfig(kind="inline")) as engine:
-            spec = SpecConfig(SPEC_SETTINGS["gamma"], SPEC_SETTINGS["kappa"])
             for decoder in ("sd", "mirror"):
                 counters, equal, per_forward, fallbacks = defaultdict(int), True, [], 0
                 for p in prompts:
@@ -49,21 +48,20 @@ def evaluate_speculation(out_dir: str, prompts: list, n_tokens: int) -> dict:
     return result
 
 
-def refresh_speculation(out_dir: str) -> dict:
-    """Re-measure the speculation section of an existing bundle's model card with the current engine."""
+def reevaluate(out_dir: str) -> dict:
+    """Re-measure every held-out metric of an existing bundle with the current code and rewrite its card
+    (the training, corpus and configuration records are kept)."""
     import json
+
+    from mirror_core.train.trainer import TrainConfig
 
     with open(os.path.join(out_dir, "model_card.json")) as f:
         card_data = json.load(f)
-    cfg = card_data["config"]
-    tokenizer = AutoTokenizer.from_pretrained(os.path.join(out_dir, "target"))
-    corpus = data.load_corpus(cfg["corpus_dir"])
-    card_data["generation"]["reference_repetition"] = reference_repetition(tokenizer, corpus, cfg["prompt_tokens"],
-                                                                           cfg["sample_tokens"])
-    prompts = data.heldout_prompts(tokenizer, corpus, cfg["n_prompts"], cfg["prompt_tokens"])
-    card_data["speculation"] = evaluate_speculation(out_dir, prompts, cfg["sample_tokens"])
+    known = set(TrainConfig.__dataclass_fields__)
+    cfg = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in card_data["config"].items() if k in known})
+    card_data.update(evaluate_bundle(out_dir, data.load_corpus(cfg.corpus_dir), cfg))
     card.write(out_dir, card_data)
-    return card_data["speculation"]
+    return card_data
 
 
 def repeated_4gram_fraction(sequence: list[int], n_generated: int) -> float:
@@ -77,17 +75,14 @@ def repeated_4gram_fraction(sequence: list[int], n_generated: int) -> float:
     return repeats / max(n_generated, 1)
 
 
-def reference_repetition(tokenizer, corpus: data.Corpus, prompt_tokens: int, n: int, stride: int = 512) -> dict:
-    """The same repeated-4-gram share on the held-out text itself (prompt + its true next n tokens, at
-    the prompts' offsets): how much repetition the corpus has, for reading the samples' share."""
-    out = {}
-    for kind in ("code", "prose"):
-        windows = [ids[off: off + prompt_tokens + n]
-                   for ids in data.encode_documents(tokenizer, corpus.select("val", kind))
-                   for off in range(0, max(len(ids) - prompt_tokens - n, 1), stride) if len(ids) >= prompt_tokens + n]
-        if windows:
-            out[kind] = sum(repeated_4gram_fraction(w, n) for w in windows) / len(windows)
-    return out
+def reference_repetition(prompts: list[data.HeldoutPrompt], n: int) -> dict:
+    """The same repeated-4-gram share on the held-out text itself (each prompt followed by its true next n
+    tokens), per kind: how much repetition the documents have where the samples were taken."""
+    by_kind = defaultdict(list)
+    for p in prompts:
+        if len(p.following) == n:
+            by_kind[p.kind].append(repeated_4gram_fraction(list(p.ids + p.following), n))
+    return {kind: sum(v) / len(v) for kind, v in by_kind.items()}
 
 
 @torch.inference_mode()
@@ -155,22 +150,25 @@ def _derive(sums: dict, chunks: dict, n_layers: int, n_streams: int) -> dict:
 
 
 def generation_metrics(models: dict, tokenizer, prompts: list[data.HeldoutPrompt], n: int) -> dict:
-    """Greedy continuations of every held-out prompt: repeated-4-gram share, one sample text, SS tokens/forward."""
+    """Greedy continuations of every held-out prompt: repeated-4-gram share per kind, the first sample of
+    each kind, SS tokens/forward."""
     result = {}
     for name, model in models.items():
-        fractions, per_forward, sample = [], [], None
+        fractions, per_forward, samples = defaultdict(list), [], {}
         for p in prompts:
             if name == "draft_ss":
                 tokens, steps = ss_draft.ss_greedy_generate(model, list(p.ids), n)
                 per_forward += steps
             else:
                 tokens = llama_greedy(model, list(p.ids), n)
-            fractions.append(repeated_4gram_fraction(list(p.ids) + tokens, len(tokens)))
-            if sample is None:
-                sample = {"prompt_source": p.source, "prompt": tokenizer.decode(list(p.ids)),
-                          "continuation": tokenizer.decode(tokens), "repeated_4gram_fraction": fractions[-1]}
-        result[name] = {"sample": sample, "repeated_4gram_fraction_mean": sum(fractions) / len(fractions),
-                        "n_prompts": len(prompts), "new_tokens": n}
+            fractions[p.kind].append(repeated_4gram_fraction(list(p.ids) + tokens, len(tokens)))
+            if p.kind not in samples:
+                samples[p.kind] = {"prompt_source": p.source, "prompt": tokenizer.decode(list(p.ids)),
+                                   "continuation": tokenizer.decode(tokens),
+                                   "repeated_4gram_fraction": fractions[p.kind][-1]}
+        result[name] = {"samples": samples, "new_tokens": n,
+                        "repeated_4gram_fraction": {k: sum(v) / len(v) for k, v in fractions.items()},
+                        "n_prompts": {k: len(v) for k, v in fractions.items()}}
         if per_forward:
             result[name]["self_speculation_tokens_per_forward"] = sum(per_forward) / len(per_forward)
     return result
@@ -219,12 +217,11 @@ def evaluate_bundle(out_dir: str, corpus: data.Corpus, cfg) -> dict:
               for n in MODEL_NAMES}
     chunks = {kind: data.eval_chunks(data.token_stream(tokenizer, corpus.select("val", kind)), cfg.context,
                                      cfg.eval_chunks) for kind in ("code", "prose") if corpus.select("val", kind)}
-    prompts = data.heldout_prompts(tokenizer, corpus, cfg.n_prompts, cfg.prompt_tokens)
+    prompts = data.heldout_prompts(tokenizer, corpus, cfg.n_prompts, cfg.prompt_tokens, cfg.sample_tokens)
     metrics = teacher_forced_metrics(models, chunks)
     metrics["exit_layer"] = cfg.resolved_exit_layer
     metrics["generation"] = generation_metrics(models, tokenizer, prompts, cfg.sample_tokens)
-    metrics["generation"]["reference_repetition"] = reference_repetition(tokenizer, corpus, cfg.prompt_tokens,
-                                                                         cfg.sample_tokens)
+    metrics["generation"]["reference_repetition"] = reference_repetition(prompts, cfg.sample_tokens)
     metrics["sizes"] = model_sizes(out_dir, models)
     metrics["decode_step_ms"] = {n: decode_step_ms(m, min(128, cfg.context)) for n, m in models.items()}
     metrics["speculation"] = evaluate_speculation(out_dir, prompts, cfg.sample_tokens)
@@ -235,7 +232,7 @@ def write_model_card(out_dir: str, card_data: dict) -> None:
     card.write(out_dir, card_data)
 
 
-if __name__ == "__main__":  # python -m mirror_core.train.evaluate OUT_DIR: refresh the card's speculation numbers
+if __name__ == "__main__":  # python -m mirror_core.train.evaluate OUT_DIR: re-measure and rewrite the card
     import sys
 
-    print(refresh_speculation(sys.argv[1]))
+    print(card.render_markdown(reevaluate(sys.argv[1])))

@@ -25,7 +25,7 @@ class TrainConfig:
     device: str = "cpu"  # "cpu" or "cuda"
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
     precision: str = "bf16"  # forward passes under bf16 autocast (fp32 master weights), or "fp32"
-    compile: bool = False  # torch.compile each phase's loss: ~1 min to compile, then ~1.3x faster steps on CPU
+    compile: bool = False  # torch.compile each phase's loss: ~30 s to compile, then ~1.3x faster steps on CPU
     corpus_dir: str | None = None  # None: CPython stdlib + pydoc topics
     init_target: str | None = None  # continue training this target folder (its tokenizer and shapes) instead of a fresh one
     # default shapes: build.py's docstring gives the latency and size measurements behind them
