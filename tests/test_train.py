@@ -119,6 +119,11 @@ def test_config_rejects_impossible_shapes():
     flags = cli.parse_args(["--out", "x", "--compile", "--precision", "fp32"])
     assert flags.compile is True and flags.precision == "fp32"
     assert cli.parse_args(["--out", "x", "--no-compile"]).compile is False
+    assert cli.parse_args(["--out", "x", "--budget-split", "0.5,0.2,0.3"]).budget_split == (0.5, 0.2, 0.3)
+    for bad in (["--budget-split", "0.5,0.5"], ["--budget-split", "half"], ["--precision", "fp16"]):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.parse_args(["--out", "x"] + bad)
+        assert exit_info.value.code == 2
 
 
 def test_cli_trains_saves_and_writes_the_model_card(toy_dir, tmp_path):

@@ -6,7 +6,8 @@ from mirror_core.train.trainer import TrainConfig, train_all
 
 # flag name → TrainConfig field; every default comes from TrainConfig itself
 FLAGS = {
-    "budget_minutes": "training wall time for all three models, split 60/15/25 (target/AR/SS) (tokenizer and evaluation extra)",
+    "budget_minutes": "training wall time for all three models (tokenizer and evaluation extra)",
+    "budget_split": "shares of --budget-minutes for target,AR draft,SS draft (comma-separated, sum 1)",
     "seed": "seed of the init and data generators",
     "device": "cpu or cuda",
     "threads": "torch intra-op threads (0 = torch default)",
@@ -39,6 +40,11 @@ FLAGS = {
 }
 
 
+def float_tuple(text: str) -> tuple[float, ...]:
+    """'0.5,0.2,0.3' → (0.5, 0.2, 0.3); argparse turns the ValueError into a usage error."""
+    return tuple(float(part) for part in text.split(","))
+
+
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     """Parse flags into a validated, frozen TrainConfig."""
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
@@ -49,10 +55,15 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         flag, help_text = "--" + name.replace("_", "-"), f"{help_text} (default: {default})"
         if isinstance(default, bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        elif isinstance(default, tuple):
+            parser.add_argument(flag, type=float_tuple, default=default, help=help_text)
         else:
             parser.add_argument(flag, type=str if default is None else type(default), default=default, help=help_text)
     args = vars(parser.parse_args(argv))
-    return TrainConfig(out_dir=args.pop("out"), **args)
+    try:
+        return TrainConfig(out_dir=args.pop("out"), **args)
+    except ValueError as exc:  # an impossible combination of valid flags: one usage line, exit status 2
+        parser.error(str(exc))
 
 
 def main(argv: list[str] | None = None) -> dict:

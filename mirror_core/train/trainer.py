@@ -57,8 +57,9 @@ class TrainConfig:
     sample_tokens: int = 64
 
     def __post_init__(self):
-        if abs(sum(self.budget_split) - 1.0) > 1e-6 or min(self.budget_split) <= 0:
-            raise ValueError(f"budget_split must be positive and sum to 1, got {self.budget_split}")
+        if len(self.budget_split) != 3 or abs(sum(self.budget_split) - 1.0) > 1e-6 or min(self.budget_split) <= 0:
+            raise ValueError(f"budget_split must be 3 positive shares (target, AR, SS) summing to 1, "
+                             f"got {self.budget_split}")
         if not 0 <= self.exit_layer < self.target_layers:
             raise ValueError(f"exit_layer must be in 1..{self.target_layers - 1} (0 = half), got {self.exit_layer}")
         if max(self.draft_layers, self.ss_layers) > self.target_layers or not 1 <= self.ss_msa_layers <= self.ss_layers:
