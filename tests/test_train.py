@@ -158,14 +158,47 @@ def test_cli_trains_saves_and_writes_the_model_card(toy_dir, tmp_path):
     assert again["generation"]["target"]["samples"] == gen["target"]["samples"]
     assert again["training"] == card["training"] and again["config"] == card["config"]
 
-    # a second run continues that target (same tokenizer) and says so in the card
+    # a second run continues that target (same tokenizer), distils the drafts half on its continuations,
+    # and says both in the card
     more = str(tmp_path / "more")
-    cli.main(["--out", more, "--corpus-dir", toy_dir, "--init-target", os.path.join(out, "target")] + TINY_FLAGS)
+    cli.main(["--out", more, "--corpus-dir", toy_dir, "--init-target", os.path.join(out, "target"),
+              "--continuation-share", "0.5", "--continuation-sequences", "3"] + TINY_FLAGS)
     with open(os.path.join(more, "model_card.json")) as f:
-        target = json.load(f)["training"]["target"]
-    assert target["earlier"]["steps"] == card["training"]["target"]["steps"]
-    assert "continued training" in open(os.path.join(more, "MODEL_CARD.md")).read()
+        training = json.load(f)["training"]
+    assert training["target"]["earlier"]["steps"] == card["training"]["target"]["steps"]
+    assert training["continuations"]["sequences"] == 3
+    markdown = open(os.path.join(more, "MODEL_CARD.md")).read()
+    assert "continued training" in markdown and "50% the target's own continuations" in markdown
     assert AutoTokenizer.from_pretrained(os.path.join(more, "target")).get_vocab() == tok.get_vocab()
+
+    # a drafts-only run keeps the --init-target as it is
+    drafts = str(tmp_path / "drafts")
+    cli.main(["--out", drafts, "--corpus-dir", toy_dir, "--init-target", os.path.join(out, "target"),
+              "--budget-split", "0,0.5,0.5"] + TINY_FLAGS)
+    kept = AutoModelForCausalLM.from_pretrained(os.path.join(drafts, "target"), dtype=torch.float32)
+    first = AutoModelForCausalLM.from_pretrained(os.path.join(out, "target"), dtype=torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(kept.state_dict().values(), first.state_dict().values()))
+    assert "unchanged" in open(os.path.join(drafts, "MODEL_CARD.md")).read()
+
+
+def test_target_continuations_are_the_targets_own_decoding(toy_dir, toy_tokenizer):
+    cfg = TrainConfig(out_dir="unused", context=20, prompt_tokens=6, continuation_sequences=5,
+                      continuation_share=0.5, batch_size=4, precision="fp32")
+    stream = data.token_stream(toy_tokenizer, data.load_corpus(toy_dir).select("train"))
+    config = build.llama_config(320, 0, 32, 64, 2, 4, 2, max_positions=64)
+    model = build.make_target(config, torch.Generator().manual_seed(0)).eval()
+    rows = trainer.target_continuations(model, stream, cfg, torch.Generator().manual_seed(3), batch_size=2)
+    assert rows.shape == (5, 21)
+    again = trainer.target_continuations(model, stream, cfg, torch.Generator().manual_seed(3), batch_size=2)
+    assert torch.equal(rows, again)  # the explicit generator makes them reproducible
+    for i, row in enumerate(rows.tolist()):
+        if i % 2 == 0:  # greedy rows: exactly plain KV-cached greedy decoding of the prompt
+            assert row[6:] == evaluate.llama_greedy(model, row[:6], 15)
+    assert not torch.equal(rows[1, 6:], torch.tensor(evaluate.llama_greedy(model, rows[1, :6].tolist(), 15)))
+    batches = trainer.batches_from(stream, rows, cfg, torch.Generator().manual_seed(4))
+    x, y = batches()
+    assert x.shape == y.shape == (4, 20) and torch.equal(x[:, 1:], y[:, :-1])
+    assert all(any(torch.equal(x[r], c[:-1]) for c in rows) for r in (2, 3))  # round(0.5 · 4) = 2 rows
 
 
 def test_init_and_training_steps_are_reproducible(toy_dir, toy_tokenizer):
@@ -176,7 +209,7 @@ def test_init_and_training_steps_are_reproducible(toy_dir, toy_tokenizer):
     for _ in range(2):
         config = build.llama_config(320, 0, 32, 64, 2, 4, 2, max_positions=64)
         model = build.make_target(config, torch.Generator().manual_seed(0))
-        trainer.run_phase("t", model, trainer.target_loss_fn(model, cfg), stream, cfg, 1e-3, 60.0,
-                          torch.Generator().manual_seed(1))
+        trainer.run_phase("t", model, trainer.target_loss_fn(model, cfg),
+                          trainer.batches_from(stream, None, cfg, torch.Generator().manual_seed(1)), cfg, 1e-3, 60.0)
         weights.append(torch.cat([p.flatten() for p in model.parameters()]))
     assert torch.equal(weights[0], weights[1])

@@ -21,7 +21,7 @@ def _models_section(c: dict) -> list[str]:
     return (["## Models", ""]
             + _table(["model", "layers", "hidden", "params", "fp16 MB", "train min", "device", "steps", "train tokens",
                       "val loss code", "val loss prose"], rows)
-            + _continued(c["training"]["target"]) + _how_trained(c["config"])
+            + _continued(c["training"]["target"]) + _how_trained(c["config"]) + _continuations(c)
             + ["", f"Total fp16 weights: {c['sizes']['total_safetensors_mb']:.1f} MB. Validation loss in nats/token "
                    "on held-out files (teacher-forced, context as trained).", "",
                "One-token cached decode step (Hugging Face eager forward, fp32 on CPU, 1 intra-op thread, "
@@ -37,6 +37,18 @@ def _how_trained(cfg: dict) -> list[str]:
                 "tokens; fp16 only for the shipped files."]
 
 
+def _continuations(c: dict) -> list[str]:
+    """The drafts' on-policy share of distillation data, when the run used one."""
+    g = c["training"].get("continuations")
+    if g is None:
+        return []
+    share = c["config"]["continuation_share"]
+    return ["", f"The drafts' batches were {share:.0%} the target's own continuations ({g['sequences']:,} training "
+                f"prompts of {g['prompt_tokens']} tokens, half continued greedily and half sampled at temperature 1; "
+                f"{g['generated_tokens'] / 1e6:.2f} M generated tokens in {g['seconds'] / 60:.1f} min) and the rest "
+                "corpus windows."]
+
+
 def _continued(t: dict) -> list[str]:
     """A target trained in two runs says so, with the earlier run's share."""
     if "continued_from" not in t:
@@ -46,6 +58,11 @@ def _continued(t: dict) -> list[str]:
                                     f"{e['seconds'] / 60:.1f} min on {e['device']}; in all "
                                     f"{e['steps'] + t['steps']} steps, {(e['tokens'] + t['tokens']) / 1e6:.2f} M tokens, "
                                     f"{(e['seconds'] + t['seconds']) / 60:.1f} min")
+    if t["steps"] == 0:
+        kept = "" if e is None else (f" (its training: {e['steps']} steps, {e['tokens'] / 1e6:.2f} M tokens, "
+                                     f"{e['seconds'] / 60:.1f} min on {e['device']})")
+        return ["", f"The target is `--init-target {t['continued_from']}` unchanged{kept}; this run trained only "
+                    "the drafts, initialised from and distilled from it."]
     return ["", f"The target row above is its continued training (`--init-target {t['continued_from']}`){earlier}. "
                 "The drafts were initialised from and distilled from the final target in this run."]
 

@@ -7,7 +7,8 @@ from mirror_core.train.trainer import TrainConfig, train_all
 # flag name → TrainConfig field; every default comes from TrainConfig itself
 FLAGS = {
     "budget_minutes": "training wall time for all three models (tokenizer and evaluation extra)",
-    "budget_split": "shares of --budget-minutes for target,AR draft,SS draft (comma-separated, sum 1)",
+    "budget_split": "shares of --budget-minutes for target,AR draft,SS draft (comma-separated, sum 1; "
+                    "the target's may be 0 with --init-target: drafts only)",
     "seed": "seed of the init and data generators",
     "device": "cpu or cuda",
     "threads": "torch intra-op threads (0 = torch default)",
@@ -29,6 +30,10 @@ FLAGS = {
     "exit_layer": "early-exit layer ℓ_e (0 = target_layers // 2)",
     "exit_loss_weight": "weight of the target's auxiliary early-exit loss at ℓ_e",
     "stream_loss_weight": "weight α_j of each SS lookahead stream's loss",
+    "continuation_share": "share of each draft batch taken from the target's own continuations of training prompts "
+                          "(on-policy distillation data; 0 = corpus only)",
+    "continuation_sequences": "how many continuations to generate when --continuation-share > 0 "
+                              "(half greedy, half sampled; generation time is extra)",
     "batch_size": "sequences per step",
     "lr_target": "peak learning rate of the target",
     "lr_draft": "peak learning rate of both drafts",
