@@ -38,7 +38,7 @@ def _how_trained(cfg: dict) -> list[str]:
 
 
 def _continuations(c: dict) -> list[str]:
-    """The drafts' on-policy share of distillation data, when the run used one."""
+    """The share of the drafts' distillation data that was the target's own text, when the run used one."""
     g = c["training"].get("continuations")
     if g is None:
         return []

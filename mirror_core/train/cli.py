@@ -31,7 +31,7 @@ FLAGS = {
     "exit_loss_weight": "weight of the target's auxiliary early-exit loss at ℓ_e",
     "stream_loss_weight": "weight α_j of each SS lookahead stream's loss",
     "continuation_share": "share of each draft batch taken from the target's own continuations of training prompts "
-                          "(on-policy distillation data; 0 = corpus only)",
+                          "(sequence-level distillation data; 0 = corpus only)",
     "continuation_sequences": "how many continuations to generate when --continuation-share > 0 "
                               "(half greedy, half sampled; generation time is extra)",
     "batch_size": "sequences per step",

@@ -43,7 +43,7 @@ class TrainConfig:
     exit_layer: int = 0  # ℓ_e; 0 means target_layers // 2
     exit_loss_weight: float = 0.25
     stream_loss_weight: float = 0.1  # α_j
-    # on-policy distillation data for the drafts: the target's own continuations of training prompts
+    # sequence-level distillation data for the drafts: the target's own continuations of training prompts
     continuation_share: float = 0.0  # share of each draft batch's rows taken from them (0 = data only)
     continuation_sequences: int = 1536  # how many to generate (half greedy, half sampled at temperature 1)
     batch_size: int = 8
@@ -156,8 +156,10 @@ def target_continuations(target, stream: torch.Tensor, cfg: TrainConfig, generat
     even rows greedy, odd rows sampled at temperature 1 (KV-cached fp32 decoding: measured here 1240 tokens/s
     on 2 threads at batch 128 for the 10-layer target, against 950 under bf16 autocast).
 
-    Why: the drafts are scored on the target's generated text, not on the corpus; distilling on it
-    (DistillSpec's on-policy data) trains them on the contexts where they must agree with the target."""
+    Why: the engine scores a draft on the target's generated text, not on the corpus, and the two differ
+    (a small target's greedy text repeats far more than the corpus does); distilling partly on that text
+    (sequence-level KD; DistillSpec compares it with corpus and draft-generated data) trains the drafts on
+    the contexts where they must agree with the target."""
     rows = []
     for start in tqdm(range(0, cfg.continuation_sequences, batch_size), desc="continuations", unit="batch"):
         b = min(batch_size, cfg.continuation_sequences - start)
