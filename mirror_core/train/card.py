@@ -50,19 +50,19 @@ def _continuations(c: dict) -> list[str]:
 
 
 def _continued(t: dict) -> list[str]:
-    """A target trained in two runs says so, with the earlier run's share."""
+    """A target trained in two runs (or kept from an earlier run) says so, with the earlier run's share."""
     if "continued_from" not in t:
         return []
     e = t.get("earlier")
-    earlier = "" if e is None else (f" after an earlier run of {e['steps']} steps, {e['tokens'] / 1e6:.2f} M tokens, "
-                                    f"{e['seconds'] / 60:.1f} min on {e['device']}; in all "
-                                    f"{e['steps'] + t['steps']} steps, {(e['tokens'] + t['tokens']) / 1e6:.2f} M tokens, "
-                                    f"{(e['seconds'] + t['seconds']) / 60:.1f} min")
+    run = "" if e is None else (f"{e['steps']} steps, {e['tokens'] / 1e6:.2f} M tokens, "
+                                f"{e['seconds'] / 60:.1f} min on {e['device']}")
     if t["steps"] == 0:
-        kept = "" if e is None else (f" (its training: {e['steps']} steps, {e['tokens'] / 1e6:.2f} M tokens, "
-                                     f"{e['seconds'] / 60:.1f} min on {e['device']})")
+        kept = "" if e is None else f" (its training: {run})"
         return ["", f"The target is `--init-target {t['continued_from']}` unchanged{kept}; this run trained only "
                     "the drafts, initialised from and distilled from it."]
+    earlier = "" if e is None else (f" after an earlier run of {run}; in all {e['steps'] + t['steps']} steps, "
+                                    f"{(e['tokens'] + t['tokens']) / 1e6:.2f} M tokens, "
+                                    f"{(e['seconds'] + t['seconds']) / 60:.1f} min")
     return ["", f"The target row above is its continued training (`--init-target {t['continued_from']}`){earlier}. "
                 "The drafts were initialised from and distilled from the final target in this run."]
 
