@@ -115,6 +115,8 @@ def test_config_rejects_impossible_shapes():
         TrainConfig(out_dir="x", target_layers=4, ss_layers=2, ss_msa_layers=3)
     with pytest.raises(ValueError):
         TrainConfig(out_dir="x", precision="fp16")
+    with pytest.raises(ValueError):  # the SS draft copies the AR draft's layers only when they have as many
+        TrainConfig(out_dir="x", target_layers=4, ss_layers=2, draft_layers=1, ss_init="ar_draft")
     assert cli.parse_args(["--out", "x"]) == TrainConfig(out_dir="x")
     flags = cli.parse_args(["--out", "x", "--compile", "--precision", "fp32"])
     assert flags.compile is True and flags.precision == "fp32"
@@ -171,14 +173,15 @@ def test_cli_trains_saves_and_writes_the_model_card(toy_dir, tmp_path):
     assert "continued training" in markdown and "50% the target's own continuations" in markdown
     assert AutoTokenizer.from_pretrained(os.path.join(more, "target")).get_vocab() == tok.get_vocab()
 
-    # a drafts-only run keeps the --init-target as it is
+    # a drafts-only run keeps the --init-target as it is; its SS draft starts from its AR draft
     drafts = str(tmp_path / "drafts")
     cli.main(["--out", drafts, "--corpus-dir", toy_dir, "--init-target", os.path.join(out, "target"),
-              "--budget-split", "0,0.5,0.5"] + TINY_FLAGS)
+              "--budget-split", "0,0.5,0.5"] + TINY_FLAGS + ["--ss-init", "ar_draft", "--ss-layers", "1"])
     kept = AutoModelForCausalLM.from_pretrained(os.path.join(drafts, "target"), dtype=torch.float32)
     first = AutoModelForCausalLM.from_pretrained(os.path.join(out, "target"), dtype=torch.float32)
     assert all(torch.equal(a, b) for a, b in zip(kept.state_dict().values(), first.state_dict().values()))
-    assert "unchanged" in open(os.path.join(drafts, "MODEL_CARD.md")).read()
+    markdown = open(os.path.join(drafts, "MODEL_CARD.md")).read()
+    assert "unchanged" in markdown and "started from the AR draft" in markdown
 
 
 def test_target_continuations_are_the_targets_own_decoding(toy_dir, toy_tokenizer):

@@ -70,10 +70,12 @@ def make_ar_draft(target: LlamaForCausalLM, num_layers: int) -> LlamaForCausalLM
     return draft
 
 
-def make_ss_draft(target: LlamaForCausalLM, num_layers: int, num_msa_layers: int, num_streams: int,
+def make_ss_draft(source: LlamaForCausalLM, num_layers: int, num_msa_layers: int, num_streams: int,
                   generator: torch.Generator) -> SSDraftForCausalLM:
-    """SS draft with the same initialisation as the AR draft, plus random stream embeddings P_j."""
-    return ss_draft_from_llama(target, num_layers, num_msa_layers, num_streams, generator)
+    """SS draft = source's embedding + first num_layers layers + final norm, plus random stream embeddings P_j.
+
+    source is the target (the AR draft's initialisation) or the trained AR draft (--ss-init ar_draft)."""
+    return ss_draft_from_llama(source, num_layers, num_msa_layers, num_streams, generator)
 
 
 def count_params(model: torch.nn.Module) -> int:

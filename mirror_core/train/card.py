@@ -34,7 +34,15 @@ def _how_trained(cfg: dict) -> list[str]:
                  if cfg.get("precision") == "bf16" else "fp32")
     return ["", f"Trained with {precision}, {cfg['threads'] or 'the default number of'} intra-op threads"
                 f"{', torch.compile' if cfg.get('compile') else ''}, batch {cfg['batch_size']} × {cfg['context']} "
-                "tokens; fp16 only for the shipped files."]
+                "tokens; fp16 only for the shipped files."] + _ss_start(cfg)
+
+
+def _ss_start(cfg: dict) -> list[str]:
+    """Where the SS draft's weights started, when not (like the AR draft's) from the target's first layers."""
+    if cfg.get("ss_init", "target") != "ar_draft":
+        return []
+    return ["", "The SS draft started from the AR draft trained just before it in this run (its embedding, layer and "
+                "final norm; the stream embeddings random), so its main stream continues the AR draft's distillation."]
 
 
 def _continuations(c: dict) -> list[str]:

@@ -24,9 +24,11 @@ FLAGS = {
     "num_kv_heads": "key/value heads",
     "target_layers": "target depth N",
     "draft_layers": "AR draft depth (copied from the target's first layers)",
-    "ss_layers": "SS draft depth (copied from the target's first layers)",
+    "ss_layers": "SS draft depth (copied from the target's first layers, or with --ss-init ar_draft the AR draft's)",
     "ss_msa_layers": "top SS layers with multi-stream attention (N_s)",
     "num_streams": "SS lookahead streams (n_str)",
+    "ss_init": "SS draft's starting weights: target (its embedding, first layers, final norm) or ar_draft "
+               "(the AR draft just trained in this run; needs --ss-layers == --draft-layers)",
     "exit_layer": "early-exit layer ℓ_e (0 = target_layers // 2)",
     "exit_loss_weight": "weight of the target's auxiliary early-exit loss at ℓ_e",
     "stream_loss_weight": "weight α_j of each SS lookahead stream's loss",

@@ -40,6 +40,7 @@ class TrainConfig:
     ss_layers: int = 1
     ss_msa_layers: int = 1  # N_s
     num_streams: int = 2  # n_str
+    ss_init: str = "target"  # SS draft's starting weights: the target's first layers, or the trained "ar_draft"
     exit_layer: int = 0  # ℓ_e; 0 means target_layers // 2
     exit_loss_weight: float = 1.0  # 0.25 left the exit of a better-trained target weak (docs/TRAINING.md)
     stream_loss_weight: float = 0.1  # α_j
@@ -74,6 +75,10 @@ class TrainConfig:
             raise ValueError(f"device must be cpu or cuda, got {self.device}")
         if not 0.0 <= self.continuation_share <= 1.0 or self.continuation_sequences < 2:
             raise ValueError("continuation_share must be in [0, 1] and continuation_sequences ≥ 2")
+        if self.ss_init not in ("target", "ar_draft") or (self.ss_init == "ar_draft"
+                                                          and self.ss_layers != self.draft_layers):
+            raise ValueError(f"ss_init must be target or ar_draft (which needs ss_layers == draft_layers), "
+                             f"got {self.ss_init} with {self.ss_layers} and {self.draft_layers} layers")
         if self.precision not in ("bf16", "fp32"):
             raise ValueError(f"precision must be bf16 or fp32, got {self.precision}")
 
@@ -272,7 +277,8 @@ def train_all(cfg: TrainConfig) -> dict:
                                   batches_from(train_stream, continuations, cfg, gen_data[1]), cfg,
                                   cfg.lr_draft, budget[1])
     build.save_fp16(draft_ar, tokenizer, os.path.join(cfg.out_dir, "draft_ar"))
-    draft_ss = build.make_ss_draft(target, cfg.ss_layers, cfg.ss_msa_layers, cfg.num_streams, gen_init)
+    ss_source = draft_ar if cfg.ss_init == "ar_draft" else target  # the AR draft starts from the target itself
+    draft_ss = build.make_ss_draft(ss_source, cfg.ss_layers, cfg.ss_msa_layers, cfg.num_streams, gen_init)
     draft_ss.requires_grad_(True)
     stats["draft_ss"] = run_phase("draft_ss", draft_ss, ss_draft_loss_fn(draft_ss, target, cfg),
                                   batches_from(train_stream, continuations, cfg, gen_data[2]), cfg,
