@@ -72,7 +72,7 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
     g.add_argument("--target-device", default=None, help="cpu, cuda or cuda:N (default: automatic lanes)")
     g.add_argument("--draft-device", default=None, help="cpu, cuda or cuda:N (default: automatic lanes)")
     g.add_argument("--lane", default=None, help="draft lane: process, thread or inline (default: automatic)")
-    g.add_argument("--runner", default="auto", help="model runner: auto (fast for Llama-family weights), fast or hf")
+    g.add_argument("--runner", default="auto", help="model runner: auto (fast for Llama-family weights and SS drafts), fast or hf")
 
 
 def lanes_from_args(args) -> LaneConfig:

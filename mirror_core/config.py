@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 DECODER_NAMES = ("ar", "sd", "mirror")
 RULES = ("exact", "rejection")
 LANE_KINDS = ("process", "thread", "inline")
-RUNNER_KINDS = ("auto", "fast", "hf")  # auto: the fast runner for Llama-family weights, else the generic one
+RUNNER_KINDS = ("auto", "fast", "hf")  # auto: the fast runners for Llama-family weights and SS drafts, else the generic one
 MAX_NEW_TOKENS_CAP = 4096  # documented upper bound for one request
 MAX_PROMPT_CHARS = 32_000  # prompt text is refused above this many characters (before tokenizing)
 MAX_GAMMA = 16

@@ -75,15 +75,16 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 
 def build_runner(model, vocab_size: int, choice: str = "auto"):
-    """The runner for a loaded model: SS drafts get theirs; Llama-family weights the fast runner
-    (unless choice is "hf"); everything else the generic Hugging Face runner."""
+    """The runner for a loaded model: Llama-family weights and our SS drafts get the fast runners
+    (unless choice is "hf": the generic Hugging Face runner, or the SS model's own forward)."""
     from .fast_runner import FAST_MODEL_TYPES, FastLlamaRunner
+    from .fast_ss_runner import FastSSRunner
     from .hf_runner import HFRunner
     from .ss_draft import SSDraftForCausalLM
     from .ss_runner import SSRunner
 
     if isinstance(model, SSDraftForCausalLM):
-        return SSRunner(model, vocab_size)
+        return SSRunner(model, vocab_size) if choice == "hf" else FastSSRunner(model, vocab_size)
     if choice != "hf" and model.config.model_type in FAST_MODEL_TYPES:
         try:
             return FastLlamaRunner(model, vocab_size)

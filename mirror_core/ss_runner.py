@@ -1,4 +1,7 @@
-"""Runner over our speculative-streaming draft (mirror_core.ss_draft): main + lookahead-stream logits.
+"""Runner over our speculative-streaming draft (mirror_core.ss_draft) through the model's own forward.
+
+The reference (runner choice "hf"); the default is the lean `fast_ss_runner.FastSSRunner`, tested
+against this one.
 
 Same interface as HFRunner, plus streams: `forward_streams` and `forward_rows` return the main
 stream's logits [.., T, V] and the n_str lookahead streams' normed states [.., T, n_str, H];

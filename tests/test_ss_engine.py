@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 from mirror_core import LaneConfig, MirrorEngine, Request, SamplingConfig, SpecConfig
 from mirror_core.config import SamplingConfig as SC
 from mirror_core.draft import BranchRequest, DraftStart, DraftWorker, ResolveRequest
+from mirror_core.fast_ss_runner import FastSSRunner
 from mirror_core.ss_draft import main_greedy_generate, ss_draft_from_llama
 from mirror_core.ss_runner import SSRunner
 
@@ -29,10 +30,11 @@ def ss_pair(pair_root):
     return target, path
 
 
-@pytest.mark.parametrize("kind", ["inline", "process"])
-def test_ss_draft_is_lossless_for_every_decoder(ss_pair, kind):
+@pytest.mark.parametrize("kind,runner", [("inline", "auto"), ("process", "auto"), ("inline", "hf")])
+def test_ss_draft_is_lossless_for_every_decoder(ss_pair, kind, runner):
+    """auto: the lean FastSSRunner; hf: the SS model's own forward (SSRunner)."""
     target, draft = ss_pair
-    with MirrorEngine.load(target, draft, LaneConfig(kind=kind)) as engine:
+    with MirrorEngine.load(target, draft, LaneConfig(kind=kind, runner=runner)) as engine:
         for i, prompt in enumerate(prompts(4, seed=21)):
             ref = hf_greedy(target, prompt, 24)
             for decoder in ("ar", "sd", "mirror"):
@@ -55,11 +57,12 @@ def test_ss_draft_with_rule_e_reproduces_ar(ss_pair):
                 assert end.token_ids == ar and end.fallback is None
 
 
-def test_ss_rollouts_equal_one_token_at_a_time_decoding(ss_pair):
+@pytest.mark.parametrize("runner_class", [FastSSRunner, SSRunner])
+def test_ss_rollouts_equal_one_token_at_a_time_decoding(ss_pair, runner_class):
     """The worker's multi-token fresh rollout and every branch row equal plain main-stream greedy."""
     _, draft = ss_pair
     model = AutoModelForCausalLM.from_pretrained(draft).eval()
-    worker = DraftWorker(SSRunner(model))
+    worker = DraftWorker(runner_class(model))
     prompt, gamma = (3, 1, 4, 1, 5), 7
     worker.handle(DraftStart(prompt, gamma, SC()))
     first = worker.handle(ResolveRequest(0, 0, 9))
