@@ -1,6 +1,9 @@
 """The lean SS runner computes what the SS model's own forward (SSRunner) computes, op sequence for op sequence.
 
 The draft worker and the engine over it are tested in test_ss_engine.py with both runners."""
+import importlib.util
+import os
+
 import pytest
 import torch
 
@@ -84,3 +87,15 @@ def test_build_runner_picks_the_fast_ss_runner_unless_asked_for_the_models_own()
     assert isinstance(build_runner(model, VOCAB), FastSSRunner)
     assert isinstance(build_runner(model, VOCAB, "fast"), FastSSRunner)
     assert type(build_runner(model, VOCAB, "hf")) is SSRunner
+
+
+def test_runner_steps_script_times_every_case_on_the_shipped_pair(capsys):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("runner_steps", os.path.join(root, "scripts", "runner_steps.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--iters", "2", "--rows", "3"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and not line.startswith("| runner")]
+    assert len(lines) == 2 + 5 + 5  # AR: 1 token, branch batch; each SS runner: 4 sequence cases, branch batch
+    assert all(float(line.split("|")[3]) > 0 for line in lines)
+    assert any("3 tokens + streams" in line for line in lines)
