@@ -1,5 +1,6 @@
 """CPU tests for the training pipeline: corpus split, tokenizer, batches, losses and the CLI end to end."""
 import json
+import math
 import os
 import shutil
 import sysconfig
@@ -108,6 +109,25 @@ def test_ss_loss_labels_streams_with_later_tokens():
     assert losses.early_exit_loss(main, main, targets) < 1e-6
 
 
+def test_repeated_ngram_mask_marks_the_tokens_of_repeated_4grams_in_the_continuation():
+    seq = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 4, 5], [7, 7, 7, 7, 7, 7, 8, 9, 1]])
+    assert trainer.repeated_ngram_mask(seq, 4).int().tolist() == [[0, 0, 0, 0, 1, 1, 1, 1, 0],
+                                                                  [0, 0, 0, 0, 1, 1, 0, 0, 0]]
+    assert trainer.repeated_ngram_mask(seq, 6)[0].int().tolist() == [0, 0, 0, 0, 0, 0, 1, 1, 0]  # prompt unmarked
+    row = seq[0].tolist()  # the model card's share counts each repeated 4-gram's last token
+    assert evaluate.repeated_4gram_fraction(row, 5) == 1 / 5
+
+
+def test_unlikelihood_loss_pushes_the_repeated_token_down_and_ignores_the_rest():
+    logits = torch.zeros(1, 3, 5, requires_grad=True)  # [B, T, V] uniform
+    targets, penalize = torch.tensor([[1, 2, 3]]), torch.tensor([[False, True, False]])
+    loss = losses.unlikelihood_loss(logits, targets, penalize)
+    assert loss.item() == pytest.approx(-math.log(1 - 0.2))
+    loss.backward()
+    assert logits.grad[0, 1, 2] > 0 and logits.grad[0, 0].abs().sum() == 0 and logits.grad[0, 2].abs().sum() == 0
+    assert losses.unlikelihood_loss(logits, targets, torch.zeros(1, 3, dtype=torch.bool)).item() == 0.0
+
+
 def test_config_rejects_impossible_shapes():
     with pytest.raises(ValueError):
         TrainConfig(out_dir="x", target_layers=4, exit_layer=4)
@@ -115,6 +135,8 @@ def test_config_rejects_impossible_shapes():
         TrainConfig(out_dir="x", target_layers=4, ss_layers=2, ss_msa_layers=3)
     with pytest.raises(ValueError):
         TrainConfig(out_dir="x", precision="fp16")
+    with pytest.raises(ValueError):  # prompt + unlikelihood continuation must fit the context
+        TrainConfig(out_dir="x", context=64, unlikelihood_share=0.2, unlikelihood_new_tokens=40)
     with pytest.raises(ValueError):  # the SS draft copies the AR draft's layers only when they have as many
         TrainConfig(out_dir="x", target_layers=4, ss_layers=2, draft_layers=1, ss_init="ar_draft")
     assert cli.parse_args(["--out", "x"]) == TrainConfig(out_dir="x")
@@ -164,13 +186,16 @@ def test_cli_trains_saves_and_writes_the_model_card(toy_dir, tmp_path):
     # and says both in the card
     more = str(tmp_path / "more")
     cli.main(["--out", more, "--corpus-dir", toy_dir, "--init-target", os.path.join(out, "target"),
-              "--continuation-share", "0.5", "--continuation-sequences", "3"] + TINY_FLAGS)
+              "--continuation-share", "0.5", "--continuation-sequences", "3", "--unlikelihood-share", "0.5",
+              "--unlikelihood-new-tokens", "8"] + TINY_FLAGS)
     with open(os.path.join(more, "model_card.json")) as f:
         training = json.load(f)["training"]
     assert training["target"]["earlier"]["steps"] == card["training"]["target"]["steps"]
     assert training["continuations"]["sequences"] == 3
+    assert training["target_unlikelihood"]["steps"] >= 1
     markdown = open(os.path.join(more, "MODEL_CARD.md")).read()
     assert "continued training" in markdown and "50% the target's own continuations" in markdown
+    assert "sequence-level unlikelihood updates" in markdown
     assert AutoTokenizer.from_pretrained(os.path.join(more, "target")).get_vocab() == tok.get_vocab()
 
     # a drafts-only run keeps the --init-target as it is; its SS draft starts from its AR draft

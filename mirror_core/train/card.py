@@ -21,7 +21,7 @@ def _models_section(c: dict) -> list[str]:
     return (["## Models", ""]
             + _table(["model", "layers", "hidden", "params", "fp16 MB", "train min", "device", "steps", "train tokens",
                       "val loss code", "val loss prose"], rows)
-            + _continued(c["training"]["target"]) + _how_trained(c["config"]) + _continuations(c)
+            + _continued(c["training"]["target"]) + _unlikelihood(c) + _how_trained(c["config"]) + _continuations(c)
             + ["", f"Total fp16 weights: {c['sizes']['total_safetensors_mb']:.1f} MB. Validation loss in nats/token "
                    "on held-out files (teacher-forced, context as trained).", "",
                "One-token cached decode step (Hugging Face eager forward, fp32 on CPU, 1 intra-op thread, "
@@ -43,6 +43,17 @@ def _ss_start(cfg: dict) -> list[str]:
         return []
     return ["", "The SS draft started from the AR draft trained just before it in this run (its embedding, layer and "
                 "final norm; the stream embeddings random), so its main stream continues the AR draft's distillation."]
+
+
+def _unlikelihood(c: dict) -> list[str]:
+    """The target's unlikelihood fine-tuning, when the run had one (its time is not in the table's target row)."""
+    u = c["training"].get("target_unlikelihood")
+    if u is None:
+        return []
+    return ["", f"After the target row above, the target was fine-tuned for {u['seconds'] / 60:.1f} min ({u['steps']} "
+                "updates, alternating): MLE updates on the corpus, and sequence-level unlikelihood updates (Welleck et "
+                f"al., 2020) on its own greedy continuations ({c['config']['unlikelihood_new_tokens']} tokens after "
+                "each training prompt), penalising −log(1 − p) on the tokens of repeated 4-grams."]
 
 
 def _continuations(c: dict) -> list[str]:

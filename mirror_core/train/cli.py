@@ -36,6 +36,9 @@ FLAGS = {
                           "(sequence-level distillation data; 0 = corpus only)",
     "continuation_sequences": "how many continuations to generate when --continuation-share > 0 "
                               "(half greedy, half sampled; generation time is extra)",
+    "unlikelihood_share": "share of the target's time spent at its end alternating MLE updates and sequence-level "
+                          "unlikelihood updates on its own greedy continuations, against greedy loops (0 = none)",
+    "unlikelihood_new_tokens": "greedy tokens the target adds to each prompt for an unlikelihood update",
     "batch_size": "sequences per step",
     "lr_target": "peak learning rate of the target",
     "lr_draft": "peak learning rate of both drafts",

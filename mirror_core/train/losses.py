@@ -16,6 +16,17 @@ def distill_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> tor
     return kl.mean()
 
 
+def unlikelihood_loss(logits: torch.Tensor, targets: torch.Tensor, penalize: torch.Tensor) -> torch.Tensor:
+    """Sequence-level unlikelihood (Welleck et al., 2020, §5.2): −log(1 − p(x_t | x_<t)) on the tokens of the
+    model's own continuation that lie in a repeated n-gram, mean over those tokens (0 when there are none).
+
+    logits [B, T, V] predict targets [B, T]; penalize [B, T] bool marks the repeated tokens.
+    """
+    logp = F.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
+    term = -torch.log1p(-logp.exp().clamp(max=1.0 - 1e-6))  # [B, T]
+    return (term * penalize).sum() / penalize.sum().clamp(min=1)
+
+
 def early_exit_loss(exit_logits: torch.Tensor, final_logits: torch.Tensor, targets: torch.Tensor,
                     ce_weight: float = 0.5, kl_weight: float = 0.5) -> torch.Tensor:
     """Auxiliary loss on the layer-ℓ_e logit-lens readout (final norm + tied head), LayerSkip-style.

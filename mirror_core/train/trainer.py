@@ -1,5 +1,6 @@
 """One training loop for the bundled target, AR draft and SS draft, run in that order under a wall-clock budget."""
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -47,6 +48,9 @@ class TrainConfig:
     # sequence-level distillation data for the drafts: the target's own continuations of training prompts
     continuation_share: float = 0.5  # share of each draft batch's rows taken from them (0 = corpus only)
     continuation_sequences: int = 1536  # how many to generate (half greedy, half sampled at temperature 1)
+    # sequence-level unlikelihood fine-tuning of the target against greedy loops (Welleck et al., 2020)
+    unlikelihood_share: float = 0.0  # share of the target's time, at its end, alternating MLE and unlikelihood updates
+    unlikelihood_new_tokens: int = 100  # greedy tokens the target adds to each prompt for an unlikelihood update
     batch_size: int = 8
     lr_target: float = 1.5e-3
     lr_draft: float = 1e-3
@@ -79,6 +83,11 @@ class TrainConfig:
                                                           and self.ss_layers != self.draft_layers):
             raise ValueError(f"ss_init must be target or ar_draft (which needs ss_layers == draft_layers), "
                              f"got {self.ss_init} with {self.ss_layers} and {self.draft_layers} layers")
+        if not 0.0 <= self.unlikelihood_share < 1.0 or self.unlikelihood_new_tokens < 4:
+            raise ValueError("unlikelihood_share must be in [0, 1) and unlikelihood_new_tokens ≥ 4")
+        if self.unlikelihood_share and self.continuation_prompt_tokens + self.unlikelihood_new_tokens > self.context + 1:
+            raise ValueError(f"a prompt of {self.continuation_prompt_tokens} tokens plus unlikelihood_new_tokens "
+                             f"must fit the context ({self.context} + 1)")
         if self.precision not in ("bf16", "fp32"):
             raise ValueError(f"precision must be bf16 or fp32, got {self.precision}")
 
@@ -121,14 +130,15 @@ def run_phase(name: str, model: torch.nn.Module, loss_fn: Callable, batches: Cal
               peak_lr: float, budget_s: float) -> PhaseStats:
     """Train until the phase's time (or step) budget is spent; always at least one step.
 
-    batches() returns the next (inputs, next-token targets), both [B, T] int64 on cfg.device."""
+    batches() returns the next batch, a tuple passed to loss_fn as its arguments: (inputs, next-token targets),
+    both [B, T] int64 on cfg.device, for every phase but the target's unlikelihood one (unlikelihood_batches)."""
     opt = optimizer_for(model, cfg, peak_lr)
     # measured here (10-layer target, 2 threads, AMD EPYC with avx512_bf16): fp32 1.9 s/step, bf16 1.2, compiled 0.95
     amp = torch.autocast(cfg.device, dtype=torch.bfloat16) if cfg.precision == "bf16" else nullcontext()
     if cfg.compile:
         loss_fn = torch.compile(loss_fn)
     model.train()
-    recent, step, t0 = [], 0, time.perf_counter()
+    recent, step, tokens, t0 = [], 0, 0, time.perf_counter()
     bar = tqdm(total=max(round(budget_s), 1), desc=name, unit="s", mininterval=1.0)
     while True:
         elapsed = time.perf_counter() - t0
@@ -137,21 +147,21 @@ def run_phase(name: str, model: torch.nn.Module, loss_fn: Callable, batches: Cal
         progress = step / cfg.max_steps if cfg.max_steps else elapsed / budget_s
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, peak_lr, step, progress)
-        x, y = batches()  # [B, T] each
+        batch = batches()  # (x, y, ...), [B, T] each
         with amp:
-            loss = loss_fn(x, y)
+            loss = loss_fn(*batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         recent = (recent + [loss.item()])[-50:]
-        step += 1
+        step, tokens = step + 1, tokens + batch[0].numel()
         bar.set_postfix(step=step, loss=f"{recent[-1]:.3f}", refresh=False)
         bar.update(min(int(time.perf_counter() - t0), bar.total) - bar.n)
     bar.close()
     model.eval()
     seconds = time.perf_counter() - t0
-    return PhaseStats(step, step * cfg.batch_size * cfg.context, seconds, sum(recent) / len(recent))
+    return PhaseStats(step, tokens, seconds, sum(recent) / len(recent))
 
 
 @torch.no_grad()
@@ -198,6 +208,51 @@ def batches_from(stream: torch.Tensor, continuations: torch.Tensor | None, cfg: 
     return batches
 
 
+def repeated_ngram_mask(seq: torch.Tensor, start: int, n: int = 4) -> torch.Tensor:
+    """[B, L] bool: the tokens at positions ≥ start that lie in an n-gram already seen earlier in their row
+    (the unlikelihood candidates; the repeated-4-gram share of the model card counts the n-grams' last tokens)."""
+    mask = torch.zeros(seq.shape, dtype=torch.bool)
+    for r, row in enumerate(seq.tolist()):
+        seen = set()
+        for i in range(n - 1, len(row)):
+            gram = tuple(row[i - n + 1: i + 1])
+            if i >= start and gram in seen:
+                mask[r, max(start, i - n + 1): i + 1] = True
+            seen.add(gram)
+    return mask.to(seq.device)
+
+
+@torch.no_grad()
+def greedy_continuations(target, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """prompts [B, P] followed by the target's KV-cached greedy continuation: [B, P + new_tokens]."""
+    seq, step_in, cache = prompts, prompts, None
+    for _ in range(new_tokens):
+        out = target(step_in, cache=cache, use_cache=True)
+        cache, step_in = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
+        seq = torch.cat([seq, step_in], dim=1)  # [B, t+1]
+    return seq
+
+
+def unlikelihood_batches(target, stream: torch.Tensor, cfg: TrainConfig, generator: torch.Generator) -> Callable:
+    """Welleck et al.'s fine-tuning mix, alternating: a corpus batch (x, y, None) for the MLE loss, then the
+    target's own greedy continuations of random training prompts with their repeated-4-gram tokens
+    (x, y, penalize) for the unlikelihood loss. The continuations come from the target as it is at that step."""
+    corpus = batches_from(stream, None, cfg, generator)
+    prompt = cfg.continuation_prompt_tokens
+    step = itertools.count()
+
+    def batches():
+        if next(step) % 2 == 0:
+            return (*corpus(), None)
+        prompts, _ = data.sample_batch(stream, cfg.batch_size, prompt, generator, cfg.device)  # [B, P]
+        target.eval()
+        seq = greedy_continuations(target, prompts, cfg.unlikelihood_new_tokens)  # [B, P + N]
+        target.train()
+        penalize = repeated_ngram_mask(seq, prompt)  # [B, P + N]
+        return seq[:, :-1], seq[:, 1:], penalize[:, 1:]
+    return batches
+
+
 def target_loss_fn(target, cfg: TrainConfig) -> Callable:
     """Next-token CE plus the early-exit auxiliary loss at ℓ_e (logit lens: final norm + tied head)."""
     def loss_fn(x, y):
@@ -205,6 +260,18 @@ def target_loss_fn(target, cfg: TrainConfig) -> Callable:
         exit_logits = target.lm_head(target.model.norm(out.hidden_states[cfg.resolved_exit_layer]))  # [B, T, V]
         exit_term = losses.early_exit_loss(exit_logits, out.logits, y)
         return losses.next_token_loss(out.logits, y) + cfg.exit_loss_weight * exit_term
+    return loss_fn
+
+
+def target_unlikelihood_loss_fn(target, cfg: TrainConfig) -> Callable:
+    """The target's loss (next-token CE + early exit) on corpus batches; sequence-level unlikelihood on its own
+    greedy continuations (penalize given)."""
+    mle = target_loss_fn(target, cfg)
+
+    def loss_fn(x, y, penalize):
+        if penalize is None:
+            return mle(x, y)
+        return losses.unlikelihood_loss(target(x, use_cache=False).logits, y, penalize)
     return loss_fn
 
 
@@ -258,8 +325,14 @@ def train_all(cfg: TrainConfig) -> dict:
     gen_data = [torch.Generator().manual_seed(cfg.seed + 1 + i) for i in range(3)]
     budget = [cfg.budget_minutes * 60 * share for share in cfg.budget_split]
     if budget[0] > 0:
+        mle_s = budget[0] * (1 - cfg.unlikelihood_share)
         stats = {"target": run_phase("target", target, target_loss_fn(target, cfg),
-                                     batches_from(train_stream, None, cfg, gen_data[0]), cfg, cfg.lr_target, budget[0])}
+                                     batches_from(train_stream, None, cfg, gen_data[0]), cfg, cfg.lr_target, mle_s)}
+        if cfg.unlikelihood_share > 0:  # fine-tuning at the learning rate the MLE phase ended at (10% of peak)
+            stats["target_unlikelihood"] = run_phase(
+                "target_unlikelihood", target, target_unlikelihood_loss_fn(target, cfg),
+                unlikelihood_batches(target, train_stream, cfg, torch.Generator().manual_seed(cfg.seed + 5)), cfg,
+                0.1 * cfg.lr_target, budget[0] - mle_s)
     else:  # drafts only: the --init-target is kept as it is
         stats = {"target": PhaseStats(steps=0, tokens=0, seconds=0.0, final_train_loss=None)}
     build.save_fp16(target, tokenizer, os.path.join(cfg.out_dir, "target"))  # saved at once: hours of work
