@@ -18,7 +18,8 @@ STDLIB = sysconfig.get_paths()["stdlib"]
 TINY_FLAGS = ["--budget-minutes", "0.05", "--max-steps", "15", "--vocab-size", "320", "--context", "32",
               "--hidden-size", "32", "--intermediate-size", "64", "--num-heads", "4", "--num-kv-heads", "2",
               "--target-layers", "4", "--draft-layers", "1", "--ss-layers", "2", "--batch-size", "4",
-              "--warmup-steps", "5", "--eval-chunks", "4", "--n-prompts", "4", "--sample-tokens", "10"]
+              "--warmup-steps", "5", "--eval-chunks", "4", "--n-prompts", "4", "--sample-tokens", "10",
+              "--ss-init", "target"]  # a 2-layer SS draft from the target's first layers (the drafts-only run: from AR)
 
 
 @pytest.fixture(scope="module")

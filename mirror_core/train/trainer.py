@@ -41,7 +41,7 @@ class TrainConfig:
     ss_layers: int = 1
     ss_msa_layers: int = 1  # N_s
     num_streams: int = 2  # n_str
-    ss_init: str = "target"  # SS draft's starting weights: the target's first layers, or the trained "ar_draft"
+    ss_init: str = "ar_draft"  # SS draft's start: the trained AR draft (pair 7: +0.05 top-1 agreement), or "target"
     exit_layer: int = 0  # ℓ_e; 0 means target_layers // 2
     exit_loss_weight: float = 1.0  # 0.25 left the exit of a better-trained target weak (docs/TRAINING.md)
     stream_loss_weight: float = 0.1  # α_j
