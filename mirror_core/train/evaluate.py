@@ -64,15 +64,19 @@ def reevaluate(out_dir: str) -> dict:
     return card_data
 
 
+def repeated_ngram_ends(sequence: list[int], n: int = 4) -> list[bool]:
+    """For each position i: does the n-gram ending at i repeat one that ended earlier in the sequence?"""
+    seen, ends = set(), [False] * len(sequence)
+    for i in range(n - 1, len(sequence)):
+        gram = tuple(sequence[i - n + 1: i + 1])
+        ends[i] = gram in seen
+        seen.add(gram)
+    return ends
+
+
 def repeated_4gram_fraction(sequence: list[int], n_generated: int) -> float:
     """Share of generated tokens that complete a 4-gram already seen earlier in prompt + generation."""
-    seen, repeats = set(), 0
-    start = len(sequence) - n_generated
-    for i in range(3, len(sequence)):
-        gram = tuple(sequence[i - 3: i + 1])
-        repeats += int(i >= start and gram in seen)
-        seen.add(gram)
-    return repeats / max(n_generated, 1)
+    return sum(repeated_ngram_ends(sequence)[len(sequence) - n_generated:]) / max(n_generated, 1)
 
 
 def reference_repetition(prompts: list[data.HeldoutPrompt], n: int) -> dict:

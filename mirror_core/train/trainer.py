@@ -178,18 +178,27 @@ def target_continuations(target, stream: torch.Tensor, cfg: TrainConfig, generat
     rows = []
     for start in tqdm(range(0, cfg.continuation_sequences, batch_size), desc="continuations", unit="batch"):
         b = min(batch_size, cfg.continuation_sequences - start)
-        seq, _ = data.sample_batch(stream, b, cfg.continuation_prompt_tokens, generator, cfg.device)  # [b, P]
+        prompts, _ = data.sample_batch(stream, b, cfg.continuation_prompt_tokens, generator, cfg.device)  # [b, P]
         greedy = torch.arange(start, start + b, device=cfg.device) % 2 == 0  # [b]
-        cache, step_in = None, seq
-        while seq.shape[1] < cfg.context + 1:
-            out = target(step_in, cache=cache, use_cache=True)
-            cache, logits = out.cache, out.logits[:, -1].float()  # [b, V]
-            p_target = torch.softmax(logits, dim=-1)  # [b, V]
+
+        def next_ids(logits):  # [b, V] → [b]
+            p_target = torch.softmax(logits.float(), dim=-1)  # [b, V]
             sampled = torch.multinomial(p_target.cpu(), 1, generator=generator)[:, 0].to(cfg.device)  # [b]
-            step_in = torch.where(greedy, logits.argmax(-1), sampled)[:, None]  # [b, 1]
-            seq = torch.cat([seq, step_in], dim=1)  # [b, t+1]
-        rows.append(seq.cpu())
+            return torch.where(greedy, logits.argmax(-1), sampled)
+        rows.append(continue_rows(target, prompts, cfg.context + 1 - prompts.shape[1], next_ids).cpu())
     return torch.cat(rows)  # [M, T+1]
+
+
+@torch.no_grad()
+def continue_rows(target, prompts: torch.Tensor, new_tokens: int, next_ids: Callable) -> torch.Tensor:
+    """prompts [B, P] continued by KV-cached decoding, next_ids(last logits [B, V]) → [B] choosing each
+    token: [B, P + new_tokens]."""
+    seq, step_in, cache = prompts, prompts, None
+    for _ in range(new_tokens):
+        out = target(step_in, cache=cache, use_cache=True)
+        cache, step_in = out.cache, next_ids(out.logits[:, -1])[:, None]  # [B, 1]
+        seq = torch.cat([seq, step_in], dim=1)  # [B, t+1]
+    return seq
 
 
 def batches_from(stream: torch.Tensor, continuations: torch.Tensor | None, cfg: TrainConfig,
@@ -213,24 +222,10 @@ def repeated_ngram_mask(seq: torch.Tensor, start: int, n: int = 4) -> torch.Tens
     (the unlikelihood candidates; the repeated-4-gram share of the model card counts the n-grams' last tokens)."""
     mask = torch.zeros(seq.shape, dtype=torch.bool)
     for r, row in enumerate(seq.tolist()):
-        seen = set()
-        for i in range(n - 1, len(row)):
-            gram = tuple(row[i - n + 1: i + 1])
-            if i >= start and gram in seen:
+        for i, repeated in enumerate(evaluate.repeated_ngram_ends(row, n)):
+            if repeated and i >= start:
                 mask[r, max(start, i - n + 1): i + 1] = True
-            seen.add(gram)
     return mask.to(seq.device)
-
-
-@torch.no_grad()
-def greedy_continuations(target, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """prompts [B, P] followed by the target's KV-cached greedy continuation: [B, P + new_tokens]."""
-    seq, step_in, cache = prompts, prompts, None
-    for _ in range(new_tokens):
-        out = target(step_in, cache=cache, use_cache=True)
-        cache, step_in = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
-        seq = torch.cat([seq, step_in], dim=1)  # [B, t+1]
-    return seq
 
 
 def unlikelihood_batches(target, stream: torch.Tensor, cfg: TrainConfig, generator: torch.Generator) -> Callable:
@@ -246,7 +241,7 @@ def unlikelihood_batches(target, stream: torch.Tensor, cfg: TrainConfig, generat
             return (*corpus(), None)
         prompts, _ = data.sample_batch(stream, cfg.batch_size, prompt, generator, cfg.device)  # [B, P]
         target.eval()
-        seq = greedy_continuations(target, prompts, cfg.unlikelihood_new_tokens)  # [B, P + N]
+        seq = continue_rows(target, prompts, cfg.unlikelihood_new_tokens, lambda logits: logits.argmax(-1))  # [B, P+N]
         target.train()
         penalize = repeated_ngram_mask(seq, prompt)  # [B, P + N]
         return seq[:, :-1], seq[:, 1:], penalize[:, 1:]
