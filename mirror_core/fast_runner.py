@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from .runner import ExitCallback
 
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+Block = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # keys, values [B|1, Hkv, S, D]; may-attend [B|1, L, S]
 
 
 @dataclass
@@ -196,31 +197,35 @@ class FastLlamaRunner:
         p_len = int(br.valid.max())
         positions = br.valid.unsqueeze(1) + br.own + torch.arange(t, device=self.device)  # [R, T]
         cos, sin = self._rope(positions.unsqueeze(1))                                     # [R, 1, T, D]
-        prefix_mask = (torch.arange(p_len, device=self.device) < br.valid.unsqueeze(1))   # [R, P]
-        own_mask = torch.ones(t, br.own + t, dtype=torch.bool, device=self.device).tril(br.own)  # [T, own+T]
-        mask = torch.cat([prefix_mask.unsqueeze(1).expand(rows, t, p_len),
-                          own_mask.unsqueeze(0).expand(rows, t, -1)], -1)                 # [R, T, P+own+T]
+        prefix_ok = (torch.arange(p_len, device=self.device) < br.valid.unsqueeze(1)).unsqueeze(1)  # [R, 1, P]
+        own_ok = torch.ones(t, br.own + t, dtype=torch.bool, device=self.device).tril(br.own)[None]  # [1, T, own+T]
         x = self.embed[ids.to(self.device)]                                               # [R, T, H]
+        end = br.own + t
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
-            br.k[i, :, :, br.own: br.own + t] = k
-            br.v[i, :, :, br.own: br.own + t] = v
-            attn = self._cascade(q, br, i, p_len, t, mask)
+            br.k[i, :, :, br.own: end] = k
+            br.v[i, :, :, br.own: end] = v
+            # cascade: the shared prefix is read once for all rows, then each row's own entries
+            prefix = (br.prefix.k[i, :, :p_len].unsqueeze(0), br.prefix.v[i, :, :p_len].unsqueeze(0), prefix_ok)
+            attn = self._attend_blocks(q, [prefix, (br.k[i, :, :, :end], br.v[i, :, :, :end], own_ok)])
             x = self._mlp_residual(layer, x, attn)
         br.own += t
         return self._head(x), None                                                       # [R, T, V]
 
-    def _cascade(self, q, br: FastBranches, i: int, p_len: int, t: int, mask: torch.Tensor) -> torch.Tensor:
-        """Scores against the shared prefix (one read for all rows) and each row's own entries, one softmax."""
-        rows, d, rep = q.shape[0], self.head_dim, self.h_q // self.h_kv
-        qg = q.reshape(rows, self.h_kv, rep * t, d)                                      # [R, Hkv, rep·T, D]
-        pk, pv = br.prefix.k[i, :, :p_len], br.prefix.v[i, :, :p_len]                    # [Hkv, P, D]
-        ok, ov = br.k[i, :, :, : br.own + t], br.v[i, :, :, : br.own + t]                 # [R, Hkv, own+T, D]
-        scores = torch.cat([qg @ pk.transpose(-1, -2).unsqueeze(0), qg @ ok.transpose(-1, -2)], -1) * self.scale
-        m = mask.unsqueeze(1).unsqueeze(2).expand(-1, 1, rep, -1, -1).reshape(rows, 1, rep * t, -1)
-        w = torch.softmax(scores.masked_fill(~m, float("-inf")).float(), -1).to(q.dtype)  # [R, Hkv, rep·T, P+own+T]
-        out = w[..., :p_len] @ pv.unsqueeze(0) + w[..., p_len:] @ ov                     # [R, Hkv, rep·T, D]
-        return out.reshape(rows, self.h_q, t, d).transpose(1, 2).reshape(rows, t, self.h_q * d)
+    def _attend_blocks(self, q: torch.Tensor, blocks: list[Block]) -> torch.Tensor:
+        """q [B, Hq, L, D] against key blocks with one softmax (GQA without copying) → [B, L, Hq·D]."""
+        b, _, rows, d = q.shape
+        rep = self.h_q // self.h_kv
+        qg = q.reshape(b, self.h_kv, rep * rows, d)                                          # [B, Hkv, rep·L, D]
+        scores = torch.cat([qg @ kb.transpose(-1, -2) for kb, _, _ in blocks], -1) * self.scale  # [B, Hkv, rep·L, ΣS]
+        ok = torch.cat([m.expand(b, rows, -1) for _, _, m in blocks], -1)                    # [B, L, ΣS]
+        ok = ok.unsqueeze(1).unsqueeze(2).expand(-1, 1, rep, -1, -1).reshape(b, 1, rep * rows, -1)
+        w = torch.softmax(scores.masked_fill(~ok, float("-inf")).float(), -1).to(q.dtype)  # [B, Hkv, rep·L, ΣS]
+        out, at = 0, 0
+        for kb, vb, _ in blocks:
+            out = out + w[..., at: at + kb.shape[2]] @ vb                                     # [B, Hkv, rep·L, D]
+            at += kb.shape[2]
+        return out.reshape(b, self.h_q, rows, d).transpose(1, 2).reshape(b, rows, self.h_q * d)
 
     def select_row(self, br: FastBranches, row: int) -> FastCache:
         valid = int(br.valid[row])

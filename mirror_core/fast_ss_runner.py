@@ -24,8 +24,6 @@ import torch.nn.functional as F
 from .fast_runner import FastCache, FastLlamaRunner
 from .ss_draft import SSDraftForCausalLM
 
-Block = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # keys, values [B|1, Hkv, S, D]; may-attend [B|1, L, S]
-
 
 @dataclass
 class FastSSBranches:
@@ -99,21 +97,6 @@ class FastSSRunner(FastLlamaRunner):
             x = rows[:, :t]
         states = self._rms(rows[:, t:], self.norm).view(b, t, n, h) if rows.shape[1] > t else None
         return x, states
-
-    def _attend_blocks(self, q: torch.Tensor, blocks: list[Block]) -> torch.Tensor:
-        """q [B, Hq, L, D] against key blocks with one softmax (GQA without copying) → [B, L, Hq·D]."""
-        b, _, rows, d = q.shape
-        rep = self.h_q // self.h_kv
-        qg = q.reshape(b, self.h_kv, rep * rows, d)                                          # [B, Hkv, rep·L, D]
-        scores = torch.cat([qg @ kb.transpose(-1, -2) for kb, _, _ in blocks], -1) * self.scale  # [B, Hkv, rep·L, ΣS]
-        ok = torch.cat([m.expand(b, rows, -1) for _, _, m in blocks], -1)                    # [B, L, ΣS]
-        ok = ok.unsqueeze(1).unsqueeze(2).expand(-1, 1, rep, -1, -1).reshape(b, 1, rep * rows, -1)
-        w = torch.softmax(scores.masked_fill(~ok, float("-inf")).float(), -1).to(q.dtype)  # [B, Hkv, rep·L, ΣS]
-        out, at = 0, 0
-        for kb, vb, _ in blocks:
-            out = out + w[..., at: at + kb.shape[2]] @ vb                                     # [B, Hkv, rep·L, D]
-            at += kb.shape[2]
-        return out.reshape(b, self.h_q, rows, d).transpose(1, 2).reshape(b, rows, self.h_q * d)
 
     # -- one sequence ---------------------------------------------------------------------------
     def forward(self, cache: FastCache, ids: list[int], exit_layer=None, on_exit=None) -> torch.Tensor:
