@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()
     from mirror_core import MirrorError, auto_lanes
-    from mirror_core.models import check_device
+    from mirror_core.loading import check_device
     from ui import CSS, EngineLoader, ModelPolicy, build_demo, default_presets, load_examples
 
     try:

@@ -1,7 +1,8 @@
 """Mirror Speculative Decoding engine: token ids in, typed events out (no text, no UI)."""
-from .api import MirrorEngine, PairInfo, auto_lanes
+from .engine import MirrorEngine, PairInfo
+from .lanes.placement import auto_lanes
 from .config import DECODER_NAMES, LaneConfig, MirrorError, Request, SamplingConfig, SpecConfig
-from .engine import DECODERS
+from .decode import DECODERS
 from .events import (Event, RejectedEvent, RunEnd, RunStart, SpanEvent, StepRecord, TokenEvent)
 from .textstream import IncrementalText
 from .trace import event_to_dict, write_trace

@@ -76,7 +76,7 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
 
 
 def lanes_from_args(args) -> LaneConfig:
-    from .api import auto_lanes
+    from .lanes.placement import auto_lanes
 
     return auto_lanes(args.target_device, args.draft_device, args.lane, args.runner)
 
@@ -98,7 +98,7 @@ def parse_prompt_ids(text: str) -> tuple[int, ...]:
 
 
 def generate(args) -> int:
-    from .api import MirrorEngine
+    from .engine import MirrorEngine
     from .textstream import IncrementalText
     from .trace import write_trace
 
@@ -147,8 +147,8 @@ def _check_default_pair(*paths: str | None) -> None:
 def bench(args) -> int:
     from tqdm import tqdm
 
-    from .bench import BenchConfig, default_decoders, load_prompts, open_pair, parse_sweep, plan, run_bench, total_runs
-    from .bench_report import build_report, format_table, write_outputs
+    from .bench.harness import BenchConfig, default_decoders, load_prompts, open_pair, parse_sweep, plan, run_bench, total_runs
+    from .bench.report import build_report, format_table, write_outputs
 
     probe = request_from_args(argparse.Namespace(**{**vars(args), "decoder": "ar"}), (0,))
     lanes = lanes_from_args(args)
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
     try:
         if args.command == "channel":
-            from .channel import round_trip_benchmark
+            from .lanes.channel import round_trip_benchmark
 
             print(round_trip_benchmark(args.n))
             return 0

@@ -1,181 +1,175 @@
-"""The decode loops: ar, sd and mirror, all emitting the same events (MirrorEngine in api.py runs them).
+"""MirrorEngine: load a target/draft pair onto two lanes once, then stream events per request.
 
-Mirror-SD, one step (mirror_sd.md §2.3), for the window W = [w0, d1..dγ]:
-  target prefix (layers 1..ℓ_e over W) → early-exit readout: top-κ per slot, sent to the draft
-  lane → target suffix (layers ℓ_e+1..N) while the draft lane rolls out a branch for every
-  candidate → acceptance (A_t, c) → commit d1..d_{A_t}, c → the draft lane adopts branch(τ, c) on
-  a hit or rolls out afresh on a miss → next window.
-Vanilla SD is the same loop without the readout: no branches, so every next window is a fresh
-rollout after verification (serial).
+    engine = MirrorEngine.load("path/or/hub-id/target", "path/or/hub-id/draft")
+    for event in engine.stream(Request(prompt_ids=(1, 2, 3), decoder="mirror")):
+        ...
+    engine.close()
+
+The target runs on the engine's target-lane thread (pinned to its cores); the draft on its own
+lane (a process by default). No global state: two engines are independent.
 """
 from __future__ import annotations
 
-import time
+import queue
+import threading
+from dataclasses import asdict, dataclass
 from typing import Iterator
 
-import torch
-
-from .branching import BranchPlanner
-from .draft import BranchRequest, DraftStart, DraftWindow, ResolveRequest, branch_rows
-from .events import (ORIGIN_ACCEPTED, ORIGIN_BONUS, ORIGIN_CORRECTION, STAGE_ACCEPT, STAGE_DRAFT_BRANCHES,
-                     STAGE_EXIT_READOUT, STAGE_TARGET_PREFIX, STAGE_TARGET_SUFFIX, STAGE_TARGET_VERIFY, STAGE_WAIT,
-                     Event, StepRecord)
-from .lanes import LaneError, fault_plan_from_env
-from .run import Run, StopRun
-from .sampling import warp_logits
-from .verify import accept
+from .config import LaneConfig, MirrorError, Request, check_prompt_text
+from .decode import decode_events
+from .decode_state import DecodeState
+from .events import Event, RunEnd
+from .lanes import DraftLaneSpec, auto_lanes, make_draft_lane, pinned
+from .loading import ModelSpec, check_device, load_config, load_model, load_tokenizer, shared_vocab_size
+from .runners import build_runner
 
 
-def autoregressive_decode(run: Run, lane) -> Iterator[list[Event]]:
-    """ar: the target alone, one token per forward (the baseline)."""
-    run.prefill()
-    yield run.flush()
-    yield from run.target_only(step=0)
+@dataclass(frozen=True)
+class PairInfo:
+    target: str
+    draft: str | None
+    num_layers: int          # N of the target
+    vocab_size: int
+    max_context: int | None  # tokens both models can attend over (prompt + new + window)
+    lanes: LaneConfig
+    target_runner: str = ""  # which runner executes the target (FastLlamaRunner, HFRunner)
 
 
-def vanilla_sd_decode(run: Run, lane) -> Iterator[list[Event]]:
-    return speculative_decode(run, lane, mirror=False)
+class MirrorEngine:
+    def __init__(self, target_runner, draft_lane, info: PairInfo, tokenizer, eos_ids: frozenset[int]):
+        self.target, self.lane, self.info = target_runner, draft_lane, info
+        self.tokenizer, self.eos_ids = tokenizer, eos_ids
+        self._lock = threading.Lock()
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._target_lane, name="mirror-target-lane", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def load(cls, target: str, draft: str | None, lanes: LaneConfig | None = None,
+             trust_remote_code: bool = False) -> "MirrorEngine":
+        lanes = lanes or auto_lanes()
+        check_device(lanes.target_device)
+        check_device(lanes.draft_device)
+        target_cfg = load_config(ModelSpec(target, lanes.target_device, trust_remote_code))
+        tokenizer = load_tokenizer(target)
+        vocab = int(target_cfg.vocab_size)
+        contexts = [_context_of(target_cfg)]
+        if draft is not None:
+            draft_cfg = load_config(ModelSpec(draft, lanes.draft_device, trust_remote_code), draft=True)
+            vocab = shared_vocab_size(target_cfg, draft_cfg, tokenizer, load_tokenizer(draft))
+            contexts.append(_context_of(draft_cfg))
+        target_model = load_model(ModelSpec(target, lanes.target_device, trust_remote_code))
+        eos_ids = _eos_ids(target_model)
+        runner = build_runner(target_model, vocab, lanes.runner)
+        lane = None
+        if draft is not None:
+            lane = make_draft_lane(lanes, DraftLaneSpec(draft, lanes.draft_device, vocab, lanes.draft_threads,
+                                                        lanes.draft_cpus, trust_remote_code, lanes.runner))
+        known = [c for c in contexts if c]
+        info = PairInfo(target, draft, runner.num_layers, vocab, min(known) if known else None, lanes,
+                        type(runner).__name__)
+        return cls(runner, lane, info, tokenizer, eos_ids)
+
+    # -- requests --------------------------------------------------------------------------
+    def validate(self, request: Request) -> int:
+        """Check a request against the loaded pair; returns the early-exit layer ℓ_e it will use."""
+        n = self.info.num_layers
+        exit_layer = request.spec.exit_layer if request.spec.exit_layer is not None else max(1, n // 2)
+        if not 1 <= exit_layer <= n - 1:
+            raise MirrorError(f"exit layer must be in 1..{n - 1} for this {n}-layer target, got {exit_layer}")
+        if request.decoder != "ar" and self.lane is None:
+            raise MirrorError(f"decoder {request.decoder!r} needs a draft model; load one or use 'ar'")
+        bad = [t for t in request.prompt_ids if t >= self.info.vocab_size]
+        if bad:
+            raise MirrorError(f"prompt id {bad[0]} is outside the vocabulary (0..{self.info.vocab_size - 1})")
+        need = len(request.prompt_ids) + request.max_new_tokens + request.spec.gamma + 2
+        if self.info.max_context and need > self.info.max_context:
+            raise MirrorError(f"prompt ({len(request.prompt_ids)} tokens) + max new tokens ({request.max_new_tokens}) "
+                              f"+ window ({request.spec.gamma + 2}) exceeds the models' context of "
+                              f"{self.info.max_context} tokens; refused (prompts are never truncated): "
+                              "shorten the prompt or lower max new tokens")
+        return exit_layer
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        """Prompt text → token ids with the target's tokenizer, after the text checks (MirrorError)."""
+        check_prompt_text(text)
+        if self.tokenizer is None:
+            raise MirrorError(f"{self.info.target!r} has no tokenizer; give prompt token ids instead of text")
+        ids = tuple(self.tokenizer.encode(text))
+        if not ids:
+            raise MirrorError("the prompt encodes to no tokens")
+        return ids
+
+    def stream(self, request: Request, stop: threading.Event | None = None) -> Iterator[Event]:
+        """Validate now (raising MirrorError), then return an iterator of events ending in RunEnd."""
+        exit_layer = self.validate(request)
+        return self._stream(request, exit_layer, stop or threading.Event())
+
+    def generate(self, request: Request, stop: threading.Event | None = None) -> RunEnd:
+        """The non-streaming call: the last event of stream()."""
+        return list(self.stream(request, stop))[-1]
+
+    def _stream(self, request: Request, exit_layer: int, stop: threading.Event) -> Iterator[Event]:
+        out: queue.Queue = queue.Queue()
+        with self._lock:
+            self._jobs.put((request, exit_layer, stop, out))
+            finished = False
+            try:
+                while (batch := out.get()) is not None:
+                    yield from batch
+                finished = True
+            finally:  # closed early: stop the run within one step and wait until no lane is busy
+                if not finished:
+                    stop.set()
+                    while out.get() is not None:
+                        pass
+
+    def _target_lane(self) -> None:
+        """The target lane's thread: pinned once, then runs one request after another."""
+        lanes = self.info.lanes
+        with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads):
+            while True:
+                job = self._jobs.get()
+                if job is None:
+                    return
+                request, exit_layer, stop, out = job
+                settings = {"request": asdict(request), "lanes": asdict(lanes), "exit_layer": exit_layer,
+                            "target": self.info.target, "draft": self.info.draft,
+                            "target_runner": self.info.target_runner}
+                try:
+                    run = DecodeState(request, self.target, exit_layer, self.eos_ids, stop, settings)
+                    for batch in decode_events(run, self.lane):
+                        out.put(batch)
+                except Exception as exc:  # never leave a consumer without a RunEnd
+                    out.put([RunEnd((), {}, None, error=f"{type(exc).__name__}: {exc}")])
+                finally:
+                    if self.lane is not None:
+                        self.lane.drain()
+                    out.put(None)
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=60)
+        if self.lane is not None:
+            self.lane.close()
+
+    def __enter__(self) -> "MirrorEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
-def mirror_sd_decode(run: Run, lane) -> Iterator[list[Event]]:
-    return speculative_decode(run, lane, mirror=True)
+def _context_of(config) -> int | None:
+    limits = [getattr(config, name, None) for name in ("max_position_embeddings", "n_positions", "sliding_window")]
+    limits = [int(v) for v in limits if isinstance(v, int) and v > 0]
+    return min(limits) if limits else None
 
 
-def speculative_decode(run: Run, lane, mirror: bool) -> Iterator[list[Event]]:
-    gamma = run.req.spec.gamma
-    fault_step, fault_mode = fault_plan_from_env()
-    try:
-        lane.start(DraftStart(run.req.prompt_ids, gamma, run.cfg, fault_step, fault_mode))  # draft prefills meanwhile
-        lane_ok = True
-    except LaneError as exc:
-        run.fallback, lane_ok = f"draft lane failed to start ({exc}); decoded on the target alone", False
-    c0 = run.prefill()
-    yield run.flush()
-    window = None if run.done or not lane_ok else _next_window(run, lane, step=0, accepted=0, token=c0)
-    # an inline lane runs the branches inside the readout, before the suffix: nothing to fit, so auto keeps all
-    planner = BranchPlanner(run.req.spec.branch_budget, run.req.spec.kappa, parallel=lane.kind != "inline")
-    step = 0
-    while window is not None and not run.done:
-        run.check_stop()
-        step += 1
-        w = [run.ids[-1], *window.tokens]                                 # [w0, d1..dγ]
-        readout = ExitReadout(run, lane, step, w, run.req.spec.kappa, planner) if mirror else None
-        logits = _verify_pass(run, w, readout, step)                      # [γ+1, V] target logits per slot
-        t0 = run.now()
-        result = accept(logits, list(window.tokens), run.cfg, len(run.ids), window.p_draft, run.gen)
-        run.span(STAGE_ACCEPT, t0, run.now(), step)
-        run.target.truncate(run.cache, len(run.ids) + result.accepted)  # keep w0, d1..d_A
-        hit = None if readout is None or readout.failed else result.token in readout.topk_ids[result.accepted]
-        if readout is not None:
-            readout.observe(result.accepted, result.token)
-        origin = ORIGIN_BONUS if result.accepted == gamma else ORIGIN_CORRECTION
-        committed = run.commit([(d, ORIGIN_ACCEPTED, bool(window.hit)) for d in window.tokens[: result.accepted]]
-                               + [(result.token, origin, False)], step)
-        run.reject(step, list(window.tokens), result.accepted)
-        next_window = None if run.done else _next_window(run, lane, step, result.accepted, result.token)
-        if readout is not None and next_window is not None:
-            branch_s = sum(t1 - t0 for stage, t0, t1 in next_window.spans if stage == STAGE_DRAFT_BRANCHES)
-            planner.adapt(len(next_window.branches), branch_s, readout.t_done - readout.t1, len(w) * readout.kappa)
-        if next_window is not None and hit is not None and next_window.hit != hit:
-            raise RuntimeError(f"step {step}: the lanes disagree on hit/miss (a bug; output so far is exact)")
-        run.record(StepRecord(
-            step=step, window=tuple(w), drafted=gamma, accepted=result.accepted, token=result.token,
-            committed=committed, from_branch=bool(window.hit), hit=hit,
-            topk_ids=readout.topk_ids if readout else (), topk_logprobs=readout.topk_logprobs if readout else (),
-            target_tokens=result.target_tokens,
-            branches=next_window.branches if next_window else (),
-            branch_rows=tuple(branch_rows(readout.topk_ids)) if next_window and next_window.branches else (),
-            branch_row=next_window.branch_row if next_window else None, t_end=time.perf_counter()))
-        yield run.flush()
-        window = next_window
-    if not run.done:  # the draft lane failed: finish on the target alone, same output
-        yield from run.target_only(step)
-
-
-def _verify_pass(run: Run, w: list[int], readout: "ExitReadout | None", step: int) -> torch.Tensor:
-    """One target forward over the window; with a readout, the prefix/readout/suffix spans are split."""
-    t0 = run.now()
-    if readout is None:
-        logits = run.target.forward(run.cache, w)
-        run.span(STAGE_TARGET_VERIFY, t0, run.now(), step)
-        return logits
-    logits = run.target.forward(run.cache, w, run.exit_layer, readout)
-    t1 = run.now()
-    run.span(STAGE_TARGET_PREFIX, t0, readout.t0, step)
-    run.span(STAGE_EXIT_READOUT, readout.t0, readout.t1, step)
-    run.span(STAGE_TARGET_SUFFIX, readout.t1, t1, step)
-    readout.t_done = t1
-    return logits
-
-
-def _next_window(run: Run, lane, step: int, accepted: int, token: int) -> DraftWindow | None:
-    """Ask the draft lane for the next window (hit: a precomputed branch; miss: a fresh rollout)."""
-    t0 = run.now()
-    try:
-        window = lane.resolve(ResolveRequest(step, accepted, token))
-    except LaneError as exc:
-        run.fallback = f"draft lane failed at step {step} ({exc}); finished on the target alone"
-        return None
-    run.span(STAGE_WAIT, t0, time.perf_counter(), step)
-    run.draft_spans(window.spans, step)
-    run.draft_forwards += window.forwards
-    run.draft_produced += window.produced
-    return window
-
-
-class ExitReadout:
-    """Called inside the target's forward after layer ℓ_e: top-κ per slot → M_t → the draft lane.
-
-    With a branch budget, the planner keeps only the likeliest (slot, candidate) pairs (branching.py).
-    """
-
-    def __init__(self, run: Run, lane, step: int, window: list[int], kappa: int, planner: BranchPlanner):
-        self.run, self.lane, self.step, self.window, self.kappa, self.planner = run, lane, step, window, kappa, planner
-        self.topk_ids: tuple[tuple[int, ...], ...] = ()      # what was sent (pruned candidates are −1)
-        self.topk_logprobs: tuple[tuple[float, ...], ...] = ()
-        self.ranked: list[list[int]] = []                   # [γ+1][κ] every candidate, by exit rank
-        self.draft_is_top1: list[bool] = []                 # [γ] d_j was the exit's argmax at slot j
-        self.failed = False
-        self.t0 = self.t1 = self.t_done = 0.0  # readout start, readout end (suffix start), suffix end
-
-    def __call__(self, logits_exit: torch.Tensor) -> None:
-        self.t0 = self.run.now()
-        slots = logits_exit.shape[0]                                          # γ+1
-        x = logits_exit if self.run.cfg.greedy else warp_logits(logits_exit, self.run.cfg)  # same support as p_target
-        drafts = torch.tensor(self.window[1:], device=x.device).unsqueeze(1)  # [γ, 1]
-        self.draft_is_top1 = (x[: slots - 1].argmax(-1, keepdim=True) == drafts).squeeze(1).tolist()
-        x = x.clone()
-        x[: slots - 1].scatter_(1, drafts, float("-inf"))                    # c ≠ d_j at draft slot j
-        logp_exit = torch.log_softmax(x, dim=-1)                              # [γ+1, V]
-        k = min(self.kappa, x.shape[-1])
-        top = torch.topk(logp_exit, k, dim=-1)                                # [γ+1, κ]
-        ids = torch.where(torch.isfinite(top.values), top.indices, -1)        # [γ+1, κ]
-        self.ranked = ids.tolist()
-        self.topk_ids = tuple(tuple(r) for r in self.planner.select(ids, self.draft_is_top1).tolist())
-        self.topk_logprobs = tuple(tuple(round(v, 4) for v in r) for r in top.values.tolist())
-        try:
-            self.lane.branch(BranchRequest(self.step, self.topk_ids))
-        except LaneError:
-            self.failed = True
-        self.t1 = self.run.now()
-
-    def observe(self, accepted: int, token: int) -> None:
-        """Teach the planner this step's outcome."""
-        cands = self.ranked[accepted]
-        self.planner.observe(self.draft_is_top1, accepted, cands.index(token) if token in cands else None)
-
-
-DECODERS = {"ar": autoregressive_decode, "sd": vanilla_sd_decode, "mirror": mirror_sd_decode}
-
-
-def decode_events(run: Run, lane) -> Iterator[list[Event]]:
-    """Run the request's decoder, yielding a batch of events per step; the last batch ends with RunEnd."""
-    try:
-        yield from DECODERS[run.req.decoder](run, lane)
-    except StopRun:
-        yield run.flush() + [run.finish(stopped=True)]
-        return
-    except Exception as exc:  # the target lane failed: keep and report what was committed
-        yield run.flush() + [run.finish(error=f"{type(exc).__name__}: {exc}")]
-        return
-    yield run.flush() + [run.finish()]
+def _eos_ids(model) -> frozenset[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)

@@ -81,7 +81,7 @@ def build_random_llama(folder: str, shape: dict, device: str, dtype_name: str, s
 
 
 def lane_mappings(cfg: GpuBenchConfig) -> list[tuple[str, object]]:
-    from mirror_core.api import auto_lanes
+    from mirror_core.lanes.placement import auto_lanes
 
     if cfg.device == "cpu":
         return [("cpu, inline (dry run)", auto_lanes("cpu", "cpu", "inline"))]
@@ -90,15 +90,15 @@ def lane_mappings(cfg: GpuBenchConfig) -> list[tuple[str, object]]:
 
 
 def bench_pair(target: str, draft: str, lanes, prompts, decoders: tuple[str, ...], cfg: GpuBenchConfig) -> dict:
-    from mirror_core.bench import BenchConfig, open_pair, run_bench
-    from mirror_core.bench_report import build_report
+    from mirror_core.bench.harness import BenchConfig, open_pair, run_bench
+    from mirror_core.bench.report import build_report
     from mirror_core.config import SamplingConfig, SpecConfig
 
     config = BenchConfig(decoders, cfg.max_new_tokens, SamplingConfig(), SpecConfig(cfg.gamma, cfg.kappa),
                          repeats=cfg.repeats, warmup=1)
     with open_pair(target, draft, lanes, config) as pair:
         if prompts is None:  # text prompts need the pair's tokenizer
-            from mirror_core.bench import load_prompts
+            from mirror_core.bench.harness import load_prompts
             prompts = load_prompts(os.path.join(ROOT, "assets", "bench_prompts.jsonl"), pair.engine.tokenizer,
                                    cfg.prompts)
         rows = run_bench(pair, prompts, config)
@@ -110,7 +110,7 @@ def bench_pair(target: str, draft: str, lanes, prompts, decoders: tuple[str, ...
 def random_prompts(n: int, vocab: int, seed: int = 0):
     import torch
 
-    from mirror_core.bench import BenchPrompt
+    from mirror_core.bench.harness import BenchPrompt
 
     g = torch.Generator().manual_seed(seed)
     return [BenchPrompt(f"random-{i}", "random", tuple(torch.randint(0, vocab, (32,), generator=g).tolist()))
@@ -181,7 +181,7 @@ def markdown(results: list[dict]) -> str:
 
 
 def run(cfg: GpuBenchConfig) -> dict:
-    from mirror_core.bench_report import format_table
+    from mirror_core.bench.report import format_table
 
     os.makedirs(cfg.out_dir, exist_ok=True)
     acceptance = replayed_acceptance(cfg.acceptance)

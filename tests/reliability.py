@@ -25,7 +25,7 @@ from conftest import VOCAB, build_pair
 
 from mirror_core import LaneConfig, MirrorEngine, MirrorError, Request, SamplingConfig, SpecConfig
 from mirror_core.config import MAX_NEW_TOKENS_CAP, MAX_PROMPT_CHARS
-from mirror_core.lanes import FAULT_ENV, FAULT_MODE_ENV
+from mirror_core.lanes.faults import FAULT_ENV, FAULT_MODE_ENV
 
 INLINE = LaneConfig(kind="inline", target_threads=1, draft_threads=1)
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from mirror_core.bench import derive, parse_sweep
+from mirror_core.bench.harness import derive, parse_sweep
 from mirror_core.cli import main
 from mirror_core.config import SpecConfig
 from mirror_core.events import SpanEvent, StepRecord

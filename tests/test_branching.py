@@ -1,7 +1,7 @@
 """The branch planner: which (slot, candidate) pairs to precompute under a row budget."""
 import torch
 
-from mirror_core.branching import BranchPlanner
+from mirror_core.planner import BranchPlanner
 
 
 def _ids(gamma: int, kappa: int) -> torch.Tensor:

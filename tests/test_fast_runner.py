@@ -6,8 +6,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
-from mirror_core.fast_runner import FastLlamaRunner
-from mirror_core.hf_runner import HFRunner
+from mirror_core.runners.fast import FastLlamaRunner
+from mirror_core.runners.hf import HFRunner
 
 from conftest import hf_greedy, prompts
 

@@ -7,10 +7,10 @@ import os
 import pytest
 import torch
 
-from mirror_core.fast_ss_runner import FastSSRunner
-from mirror_core.models import build_runner
-from mirror_core.ss_draft import SSDraftConfig, SSDraftForCausalLM
-from mirror_core.ss_runner import SSRunner
+from mirror_core.runners.fast_ss import FastSSRunner
+from mirror_core.runners import build_runner
+from mirror_core.modeling_ss_draft import SSDraftConfig, SSDraftForCausalLM
+from mirror_core.runners.ss_reference import SSRunner
 
 VOCAB = 48
 

@@ -6,10 +6,10 @@ import os
 import pytest
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig, StepRecord, TokenEvent
-from mirror_core.api import auto_lanes
-from mirror_core.channel import Channel, Message
-from mirror_core.draft import BranchRequest, DraftStart, DraftWindow, ResolveRequest
-from mirror_core.lanes import decode, encode
+from mirror_core.lanes.placement import auto_lanes
+from mirror_core.lanes.channel import Channel, Message
+from mirror_core.messages import BranchRequest, DraftStart, DraftWindow, ResolveRequest
+from mirror_core.lanes.codec import decode, encode
 from mirror_core.metrics import interval_overlap
 
 from conftest import build_pair, hf_greedy

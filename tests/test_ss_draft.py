@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from mirror_core.ss_draft import (SSDraftConfig, SSDraftForCausalLM, main_greedy_generate, ss_draft_from_llama,
+from mirror_core.modeling_ss_draft import (SSDraftConfig, SSDraftForCausalLM, main_greedy_generate, ss_draft_from_llama,
                                   ss_greedy_generate, truncate_cache)
 from mirror_core.train.losses import speculative_streaming_loss
 

@@ -9,10 +9,11 @@ from transformers import AutoModelForCausalLM
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SamplingConfig, SpecConfig
 from mirror_core.config import SamplingConfig as SC
-from mirror_core.draft import BranchRequest, DraftStart, DraftWorker, ResolveRequest
-from mirror_core.fast_ss_runner import FastSSRunner
-from mirror_core.ss_draft import main_greedy_generate, ss_draft_from_llama
-from mirror_core.ss_runner import SSRunner
+from mirror_core.draft_worker import DraftWorker
+from mirror_core.messages import BranchRequest, DraftStart, ResolveRequest
+from mirror_core.runners.fast_ss import FastSSRunner
+from mirror_core.modeling_ss_draft import main_greedy_generate, ss_draft_from_llama
+from mirror_core.runners.ss_reference import SSRunner
 
 from conftest import build_pair, hf_greedy, prompts
 

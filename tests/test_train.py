@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from mirror_core.ss_draft import SSDraftForCausalLM
+from mirror_core.modeling_ss_draft import SSDraftForCausalLM
 from mirror_core.train import build, cli, data, evaluate, losses, trainer
 from mirror_core.train.trainer import TrainConfig
 

@@ -146,7 +146,7 @@ def test_app_py_starts_without_models_prints_its_url_and_serves(tmp_path):
 
 def test_importing_the_ui_and_app_loads_no_model_and_reads_no_argv():
     code = ("import sys; sys.argv = ['app.py', '--no-such-flag']\n"
-            "import mirror_core.api as api\n"
+            "import mirror_core.engine as api\n"
             "def refuse(*a, **k): raise AssertionError('a model was loaded at import')\n"
             "api.MirrorEngine.load = refuse\n"
             "import ui, app, ui.layout, ui.streaming, ui.plots\n"

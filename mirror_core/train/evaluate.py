@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import mirror_core.ss_draft as ss_draft  # registers the SS draft with the Auto classes
+import mirror_core.modeling_ss_draft as ss_draft  # registers the SS draft with the Auto classes
 from mirror_core.train import card, data
 
 MODEL_NAMES = ("target", "draft_ar", "draft_ss")

@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass, field, replace
 from itertools import product
 from typing import Callable, Iterator
 
-from .api import MirrorEngine
-from .config import LaneConfig, MirrorError, Request, SamplingConfig, SpecConfig
-from .events import RunEnd, SpanEvent, StepRecord
-from .latency import (LatencyModel, ar_step_time, hidden_draft_bound, latency_model_from_events, step_times,
+from ..engine import MirrorEngine
+from ..config import LaneConfig, MirrorError, Request, SamplingConfig, SpecConfig
+from ..events import RunEnd, SpanEvent, StepRecord
+from ..latency import (LatencyModel, ar_step_time, hidden_draft_bound, latency_model_from_events, step_times,
                       verify_time)
 
 ENGINE_DECODERS = {"ar": "ar", "ar_all": "ar", "sd": "sd", "mirror": "mirror"}  # bench name → engine decoder
@@ -179,7 +179,7 @@ class BenchPair:
 @contextlib.contextmanager
 def open_pair(target: str, draft: str | None, lanes: LaneConfig, config: BenchConfig) -> Iterator[BenchPair]:
     """Load what `config.decoders` need; close the lanes afterwards."""
-    from .bench_peers import HFPeers
+    from .peers import HFPeers
 
     with contextlib.ExitStack() as stack:
         engine = stack.enter_context(MirrorEngine.load(target, draft if config.needs_draft else None, lanes))

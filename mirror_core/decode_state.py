@@ -1,6 +1,6 @@
 """Per-request decode state shared by every decoder: the target cache, committing, spans, the summary.
 
-The Run owns the target lane's cache and the committed tokens. Decoders call its small steps
+The DecodeState owns the target lane's cache and the committed tokens. Decoders call its small steps
 (prefill, verify, commit, target-only steps) and yield the events it buffers.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .config import Request
 from .events import (LANE_DRAFT, LANE_TARGET, ORIGIN_TARGET, STAGE_PREFILL, STAGE_TARGET_STEP, RejectedEvent,
                      RunEnd, RunStart, SpanEvent, StepRecord, TokenEvent)
 from .metrics import summarize
-from .runner import Runner
+from .runners.protocol import Runner
 from .sampling import target_token
 
 
@@ -23,7 +23,7 @@ class StopRun(Exception):
     """The caller's stop flag was set."""
 
 
-class Run:
+class DecodeState:
     def __init__(self, request: Request, target: Runner, exit_layer: int, eos_ids: frozenset[int],
                  stop: threading.Event | None, settings: dict):
         self.req, self.target, self.exit_layer = request, target, exit_layer

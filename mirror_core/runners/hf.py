@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .config import MirrorError
-from .runner import ExitCallback
+from ..config import MirrorError
+from .protocol import ExitCallback
 
 # model_type → (path to the decoder layer list, path to the final norm)
 _LAYOUTS = {

@@ -7,7 +7,7 @@ import json
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .bench_report import entries
+from .report import entries
 
 _TABLE_COLS = (("decoder", "name"), ("prompts", "prompts"), ("tokens/s", "tokens_per_s"),
                ("speedup vs baseline", "speedup_vs_baseline"), ("min–max", "speedup_vs_baseline_range"),

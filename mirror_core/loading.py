@@ -36,8 +36,8 @@ def load_config(spec: ModelSpec, draft: bool = False):
     """The model's config, checked to be an architecture a runner supports (SS drafts only as drafts)."""
     from transformers import AutoConfig
 
-    from . import ss_draft  # noqa: F401  (registers our speculative-streaming draft with the Auto classes)
-    from .hf_runner import SUPPORTED_MODEL_TYPES
+    from . import modeling_ss_draft as ss_draft  # noqa: F401  (registers our speculative-streaming draft with the Auto classes)
+    from .runners.hf import SUPPORTED_MODEL_TYPES
 
     supported = SUPPORTED_MODEL_TYPES + ((ss_draft.SSDraftConfig.model_type,) if draft else ())
     if _looks_like_path(spec.source) and not os.path.isdir(spec.source):
@@ -72,28 +72,6 @@ def load_model(spec: ModelSpec, draft: bool = False):
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-def build_runner(model, vocab_size: int, choice: str = "auto"):
-    """The runner for a loaded model: Llama-family weights and our SS drafts get the fast runners
-    (unless choice is "hf": the generic Hugging Face runner, or the SS model's own forward)."""
-    from .fast_runner import FAST_MODEL_TYPES, FastLlamaRunner
-    from .fast_ss_runner import FastSSRunner
-    from .hf_runner import HFRunner
-    from .ss_draft import SSDraftForCausalLM
-    from .ss_runner import SSRunner
-
-    if isinstance(model, SSDraftForCausalLM):
-        return SSRunner(model, vocab_size) if choice == "hf" else FastSSRunner(model, vocab_size)
-    if choice != "hf" and model.config.model_type in FAST_MODEL_TYPES:
-        try:
-            return FastLlamaRunner(model, vocab_size)
-        except ValueError as exc:  # e.g. sequence-length-dependent RoPE: the generic runner handles it
-            if choice == "fast":
-                raise MirrorError(str(exc)) from None
-    if choice == "fast" and model.config.model_type not in FAST_MODEL_TYPES:
-        raise MirrorError(f"the fast runner supports {', '.join(FAST_MODEL_TYPES)}, not {model.config.model_type!r}")
-    return HFRunner(model, vocab_size)
 
 
 def load_tokenizer(source: str):

@@ -11,59 +11,15 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .config import SamplingConfig
 from .events import STAGE_DRAFT_BRANCHES, STAGE_DRAFT_ROLLOUT, STAGE_PREFILL, STAGE_SELECT_BRANCH
-from .runner import Runner
+from .messages import BranchRequest, DraftStart, DraftWindow, ResolveRequest, SpanTuple, branch_rows
+from .runners.protocol import Runner
 from .sampling import draft_sample
-
-SpanTuple = tuple[str, float, float]  # (stage, t0, t1) on the shared monotonic clock
-
-
-@dataclass(frozen=True)
-class DraftStart:
-    """Begin a request: prefill the prompt (runs while the target prefills)."""
-    prompt_ids: tuple[int, ...]
-    gamma: int
-    sampling: SamplingConfig
-    fault_at_step: int | None = None   # test hook: fail when this step's command arrives
-    fault_mode: str = "raise"          # "raise" an exception, or "exit" the lane's process
-
-
-@dataclass(frozen=True)
-class BranchRequest:
-    """M_t: early-exit candidate ids per slot 1..γ+1 (−1 = no candidate); ids only, log-probs stay with the target."""
-    step: int
-    topk_ids: tuple[tuple[int, ...], ...]
-
-
-@dataclass(frozen=True)
-class ResolveRequest:
-    """(A_t, c) after acceptance; the reply is the next window."""
-    step: int
-    accepted: int
-    token: int
-
-
-@dataclass
-class DraftWindow:
-    tokens: tuple[int, ...]                 # d1..dγ of the next window
-    p_draft: torch.Tensor | None            # [γ, V] the exact law each token was drawn from (T > 0), CPU
-    hit: bool | None                        # None: no branches were prepared for this step
-    branch_row: int | None                  # reused row on a hit
-    branches: tuple[tuple[int, ...], ...]   # every precomputed branch (row order = slot-major candidates)
-    spans: list[SpanTuple] = field(default_factory=list)
-    forwards: int = 0                       # draft row-forwards since the previous reply (a batch of R rows = R)
-    produced: int = 0                       # draft tokens those row-forwards produced (η̄ = produced / forwards)
-
-
-def branch_rows(topk_ids: tuple[tuple[int, ...], ...]) -> list[tuple[int, int]]:
-    """Row order of the branch batch: (slot index 0..γ, candidate) slot-major, skipping empty (−1) candidates."""
-    return [(j, v) for j, cands in enumerate(topk_ids) for v in cands if v >= 0]
-
 
 def self_verify(logits: torch.Tensor, lookahead: list[int], cfg: SamplingConfig, gen: torch.Generator | None
                 ) -> tuple[list[int], torch.Tensor | None]:

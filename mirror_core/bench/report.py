@@ -8,7 +8,7 @@ import statistics
 import time
 from dataclasses import asdict
 
-from .bench import BenchConfig, baseline_decoder
+from .harness import BenchConfig, baseline_decoder
 
 NOTES = (
     "Engine decoders (ar, ar_all, sd, mirror) are timed by the engine's own spans: prefill start → last commit, "
@@ -170,7 +170,7 @@ def write_json(path: str, report: dict) -> None:
 
 def write_outputs(report: dict, out: str | None, out_dir: str | None) -> list[str]:
     """--out FILE (JSON) and/or --out-dir DIR (bench.json, bench.csv, bench.html); returns the paths."""
-    from .bench_html import write_html
+    from .html_report import write_html
 
     written = []
     if out:

@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from .config import MirrorError
-from .lanes import pinned
-from .models import ModelSpec, load_model
+from ..config import MirrorError
+from ..lanes.placement import pinned
+from ..loading import ModelSpec, load_model
 
 
 class HFPeers:

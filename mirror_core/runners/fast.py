@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .runner import ExitCallback
+from .protocol import ExitCallback
 
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 Block = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # keys, values [B|1, Hkv, S, D]; may-attend [B|1, L, S]

@@ -1,0 +1,31 @@
+"""Runners: everything the engine asks of a model, in token ids and positions (protocol.py).
+
+fast.py (Llama family) and fast_ss.py (our SS draft) are the lean defaults; hf.py runs any supported
+Hugging Face model; ss_reference.py is the SS draft through its own forward (the reference the fast
+SS runner is tested against, runner choice "hf"). build_runner is the one place a runner is chosen.
+"""
+from __future__ import annotations
+
+from ..config import MirrorError
+
+
+def build_runner(model, vocab_size: int, choice: str = "auto"):
+    """The runner for a loaded model: Llama-family weights and our SS drafts get the fast runners
+    (unless choice is "hf": the generic Hugging Face runner, or the SS model's own forward)."""
+    from .fast import FAST_MODEL_TYPES, FastLlamaRunner
+    from .fast_ss import FastSSRunner
+    from .hf import HFRunner
+    from ..modeling_ss_draft import SSDraftForCausalLM
+    from .ss_reference import SSRunner
+
+    if isinstance(model, SSDraftForCausalLM):
+        return SSRunner(model, vocab_size) if choice == "hf" else FastSSRunner(model, vocab_size)
+    if choice != "hf" and model.config.model_type in FAST_MODEL_TYPES:
+        try:
+            return FastLlamaRunner(model, vocab_size)
+        except ValueError as exc:  # e.g. sequence-length-dependent RoPE: the generic runner handles it
+            if choice == "fast":
+                raise MirrorError(str(exc)) from None
+    if choice == "fast" and model.config.model_type not in FAST_MODEL_TYPES:
+        raise MirrorError(f"the fast runner supports {', '.join(FAST_MODEL_TYPES)}, not {model.config.model_type!r}")
+    return HFRunner(model, vocab_size)
