@@ -7,8 +7,16 @@ import os
 import sys
 from dataclasses import asdict
 
-from .config import (DECODER_NAMES, RULES, LaneConfig, MirrorError, Request, SamplingConfig, SpecConfig,
-                     check_prompt_text)
+from .config import (
+    DECODER_NAMES,
+    RULES,
+    LaneConfig,
+    MirrorError,
+    Request,
+    SamplingConfig,
+    SpecConfig,
+    check_prompt_text,
+)
 from .events import RunEnd, TokenEvent
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "default_pair")
@@ -130,7 +138,7 @@ def generate(args) -> int:
         if args.json:
             out = {"decoder": request.decoder, "prompt_ids": list(prompt_ids), "token_ids": list(end.token_ids),
                    "text": engine.tokenizer.decode(list(end.token_ids)) if engine.tokenizer is not None else None,
-                   "stats": end.stats, "fallback": end.fallback, "error": end.error}
+                   "stats": end.summary.to_dict(), "fallback": end.fallback, "stopped": end.stopped, "error": end.error}
             print(json.dumps(out))
         else:
             print((text.flush() if text else "") + "\n")
@@ -147,7 +155,16 @@ def _check_default_pair(*paths: str | None) -> None:
 def bench(args) -> int:
     from tqdm import tqdm
 
-    from .bench.harness import BenchConfig, default_decoders, load_prompts, open_pair, parse_sweep, plan, run_bench, total_runs
+    from .bench.harness import (
+        BenchConfig,
+        default_decoders,
+        load_prompts,
+        open_pair,
+        parse_sweep,
+        plan,
+        run_bench,
+        total_runs,
+    )
     from .bench.report import build_report, format_table, write_outputs
 
     probe = request_from_args(argparse.Namespace(**{**vars(args), "decoder": "ar"}), (0,))
@@ -177,7 +194,7 @@ def bench(args) -> int:
 def _summary_line(end: RunEnd) -> str:
     parts = []
     for key in SUMMARY_KEYS:
-        v = end.stats.get(key)
+        v = getattr(end.summary, key)
         if v is not None:
             parts.append(f"{key}={v:.3f}" if isinstance(v, float) else f"{key}={v}")
     line = "-- " + " ".join(parts)

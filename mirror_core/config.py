@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 DECODER_NAMES = ("ar", "sd", "mirror")
 RULES = ("exact", "rejection")
 LANE_KINDS = ("process", "thread", "inline")
+FAULT_MODES = ("raise", "exit")
 RUNNER_KINDS = ("auto", "fast", "hf")  # auto: the fast runners for Llama-family weights and SS drafts, else the generic one
 MAX_NEW_TOKENS_CAP = 4096  # documented upper bound for one request
 MAX_PROMPT_CHARS = 32_000  # prompt text is refused above this many characters (before tokenizing)
@@ -113,6 +114,23 @@ class Request:
 
 
 @dataclass(frozen=True)
+class FaultPlan:
+    """Test hook for the draft lane: fail when the command of step `at_step` (or a later one) arrives.
+
+    Resolved once where an engine is loaded (MIRROR_FAULT_DRAFT_AT_STEP / MIRROR_FAULT_DRAFT_MODE, see
+    lanes/faults.py); at_step None means the lane never fails on purpose.
+    """
+
+    at_step: int | None = None
+    mode: str = "raise"  # "raise" an exception in the draft worker, or "exit" the draft lane's process
+
+    def __post_init__(self) -> None:
+        _require(self.at_step is None or (_is_int(self.at_step) and self.at_step >= 0),
+                 f"fault step must be an integer >= 0, got {self.at_step!r}")
+        _require(self.mode in FAULT_MODES, f"fault mode must be one of {', '.join(FAULT_MODES)}, got {self.mode!r}")
+
+
+@dataclass(frozen=True)
 class LaneConfig:
     """Where each model runs and how the draft lane executes.
 
@@ -131,6 +149,7 @@ class LaneConfig:
     draft_threads: int = 0
     reply_timeout_s: float = 120.0
     runner: str = "auto"
+    fault: FaultPlan = field(default_factory=FaultPlan)  # test hook: make the draft lane fail on purpose
 
     def __post_init__(self) -> None:
         _require(self.kind in LANE_KINDS, f"lane kind must be one of {', '.join(LANE_KINDS)}, got {self.kind!r}")

@@ -1,182 +1,199 @@
-"""The decode loops: ar, sd and mirror, all emitting the same events (MirrorEngine in api.py runs them).
+"""The decode loops: ar, sd and mirror, all emitting the same events (engine.MirrorEngine runs them).
 
-Mirror-SD, one step (mirror_sd.md §2.3), for the window W = [w0, d1..dγ]:
+Mirror-SD, one step (docs/ALGORITHM.md §2.3), for the window W = [w0, d1..dγ]:
   target prefix (layers 1..ℓ_e over W) → early-exit readout: top-κ per slot, sent to the draft
-  lane → target suffix (layers ℓ_e+1..N) while the draft lane rolls out a branch for every
-  candidate → acceptance (A_t, c) → commit d1..d_{A_t}, c → the draft lane adopts branch(τ, c) on
-  a hit or rolls out afresh on a miss → next window.
+  lane as M_t → target suffix (layers ℓ_e+1..N) while the draft lane rolls out a branch for every
+  candidate → acceptance (A_t, c) → commit d1..d_{A_t}, c → hit iff c ∈ TopK_τ: the draft lane
+  adopts branch(τ, c), else it rolls out afresh → next window.
 Vanilla SD is the same loop without the readout: no branches, so every next window is a fresh
 rollout after verification (serial).
 """
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Iterator
 
 import torch
 
-from .planner import BranchPlanner
-from .messages import BranchRequest, DraftStart, DraftWindow, ResolveRequest, branch_rows
-from .events import (ORIGIN_ACCEPTED, ORIGIN_BONUS, ORIGIN_CORRECTION, STAGE_ACCEPT, STAGE_DRAFT_BRANCHES,
-                     STAGE_EXIT_READOUT, STAGE_TARGET_PREFIX, STAGE_TARGET_SUFFIX, STAGE_TARGET_VERIFY, STAGE_WAIT,
-                     Event, StepRecord)
-from .lanes.codec import LaneError
-from .lanes.faults import fault_plan_from_env
 from .decode_state import DecodeState, StopRun
+from .events import (
+    ORIGIN_ACCEPTED,
+    ORIGIN_BONUS,
+    ORIGIN_CORRECTION,
+    STAGE_ACCEPT,
+    STAGE_DRAFT_BRANCHES,
+    STAGE_EXIT_READOUT,
+    STAGE_TARGET_PREFIX,
+    STAGE_TARGET_SUFFIX,
+    STAGE_TARGET_VERIFY,
+    STAGE_WAIT,
+    Event,
+    StepRecord,
+)
+from .lanes.codec import LaneError
+from .messages import BranchRequest, DraftStart, DraftWindow, ExitReadout, ResolveRequest, branch_rows
+from .planner import BranchPlanner
 from .sampling import warp_logits
-from .verify import accept
+from .verify import AcceptResult, accept
 
 
-def autoregressive_decode(run: DecodeState, lane) -> Iterator[list[Event]]:
+def autoregressive_decode(state: DecodeState, lane) -> Iterator[list[Event]]:
     """ar: the target alone, one token per forward (the baseline)."""
-    run.prefill()
-    yield run.flush()
-    yield from run.target_only(step=0)
+    state.prefill()
+    yield state.flush()
+    yield from state.target_only(step=0)
 
 
-def vanilla_sd_decode(run: DecodeState, lane) -> Iterator[list[Event]]:
-    return speculative_decode(run, lane, mirror=False)
+def vanilla_sd_decode(state: DecodeState, lane) -> Iterator[list[Event]]:
+    return speculative_decode(state, lane, mirror=False)
 
 
-def mirror_sd_decode(run: DecodeState, lane) -> Iterator[list[Event]]:
-    return speculative_decode(run, lane, mirror=True)
+def mirror_sd_decode(state: DecodeState, lane) -> Iterator[list[Event]]:
+    return speculative_decode(state, lane, mirror=True)
 
 
-def speculative_decode(run: DecodeState, lane, mirror: bool) -> Iterator[list[Event]]:
-    gamma = run.req.spec.gamma
-    fault_step, fault_mode = fault_plan_from_env()
-    try:
-        lane.start(DraftStart(run.req.prompt_ids, gamma, run.cfg, fault_step, fault_mode))  # draft prefills meanwhile
-        lane_ok = True
-    except LaneError as exc:
-        run.fallback, lane_ok = f"draft lane failed to start ({exc}); decoded on the target alone", False
-    c0 = run.prefill()
-    yield run.flush()
-    window = None if run.done or not lane_ok else _next_window(run, lane, step=0, accepted=0, token=c0)
-    # an inline lane runs the branches inside the readout, before the suffix: nothing to fit, so auto keeps all
-    planner = BranchPlanner(run.req.spec.branch_budget, run.req.spec.kappa, parallel=lane.kind != "inline")
-    step = 0
-    while window is not None and not run.done:
-        run.check_stop()
+def speculative_decode(state: DecodeState, lane, mirror: bool) -> Iterator[list[Event]]:
+    """sd and mirror: verify a draft window in one target pass, commit A_t drafts and c, get the next window."""
+    lane_ok = start_draft_lane(state, lane)                            # the draft prefills while the target does
+    c0 = state.prefill()
+    yield state.flush()
+    window = next_window(state, lane, 0, AcceptResult(0, c0, ()), hit=False) if lane_ok and not state.done else None
+    # an inline lane rolls the branches out only when the next window is asked for: nothing to fit, so auto keeps all
+    planner = BranchPlanner(state.req.spec.branch_budget, state.req.spec.kappa, parallel=lane.kind != "inline")
+    step, reused = 0, False                                            # reused: this window is an adopted branch
+    while window is not None and not state.done:
+        state.check_stop()
         step += 1
-        w = [run.ids[-1], *window.tokens]                                 # [w0, d1..dγ]
-        readout = ExitReadout(run, lane, step, w, run.req.spec.kappa, planner) if mirror else None
-        logits = _verify_pass(run, w, readout, step)                      # [γ+1, V] target logits per slot
-        t0 = run.now()
-        result = accept(logits, list(window.tokens), run.cfg, len(run.ids), window.p_draft, run.gen)
-        run.span(STAGE_ACCEPT, t0, run.now(), step)
-        run.target.truncate(run.cache, len(run.ids) + result.accepted)  # keep w0, d1..d_A
-        hit = None if readout is None or readout.failed else result.token in readout.topk_ids[result.accepted]
+        w = [state.ids[-1], *window.tokens]                            # [w0, d1..dγ]
+        send = (lambda logits_exit: send_candidates(state, lane, planner, w, step, logits_exit)) if mirror else None
+        logits, readout = verify(state, w, step, send)                 # [γ+1, V]; M_t went out after layer ℓ_e
+        result = accept_window(state, logits, window, step)            # (A_t, c)
+        hit = readout is not None and readout.delivered and result.token in readout.topk_ids[result.accepted]
+        committed = commit_step(state, w, result, reused, step)        # d1..d_{A_t}, then c
+        following = None if state.done else next_window(state, lane, step, result, hit)
         if readout is not None:
-            readout.observe(result.accepted, result.token)
-        origin = ORIGIN_BONUS if result.accepted == gamma else ORIGIN_CORRECTION
-        committed = run.commit([(d, ORIGIN_ACCEPTED, bool(window.hit)) for d in window.tokens[: result.accepted]]
-                               + [(result.token, origin, False)], step)
-        run.reject(step, list(window.tokens), result.accepted)
-        next_window = None if run.done else _next_window(run, lane, step, result.accepted, result.token)
-        if readout is not None and next_window is not None:
-            branch_s = sum(t1 - t0 for stage, t0, t1 in next_window.spans if stage == STAGE_DRAFT_BRANCHES)
-            planner.adapt(len(next_window.branches), branch_s, readout.t_done - readout.t1, len(w) * readout.kappa)
-        if next_window is not None and hit is not None and next_window.hit != hit:
-            raise RuntimeError(f"step {step}: the lanes disagree on hit/miss (a bug; output so far is exact)")
-        run.record(StepRecord(
-            step=step, window=tuple(w), drafted=gamma, accepted=result.accepted, token=result.token,
-            committed=committed, from_branch=bool(window.hit), hit=hit,
-            topk_ids=readout.topk_ids if readout else (), topk_logprobs=readout.topk_logprobs if readout else (),
-            target_tokens=result.target_tokens,
-            branches=next_window.branches if next_window else (),
-            branch_rows=tuple(branch_rows(readout.topk_ids)) if next_window and next_window.branches else (),
-            branch_row=next_window.branch_row if next_window else None, t_end=time.perf_counter()))
-        yield run.flush()
-        window = next_window
-    if not run.done:  # the draft lane failed: finish on the target alone, same output
-        yield from run.target_only(step)
+            planner.after_step(readout, result.accepted, result.token, *branch_work(following))
+        state.record(step_record(step=step, w=w, result=result, committed=committed, reused=reused,
+                                 readout=readout, hit=hit, following=following))
+        yield state.flush()
+        window, reused = following, hit
+    if not state.done:  # the draft lane failed: finish on the target alone, same output
+        yield from state.target_only(step)
 
 
-def _verify_pass(run: DecodeState, w: list[int], readout: "ExitReadout | None", step: int) -> torch.Tensor:
-    """One target forward over the window; with a readout, the prefix/readout/suffix spans are split."""
-    t0 = run.now()
-    if readout is None:
-        logits = run.target.forward(run.cache, w)
-        run.span(STAGE_TARGET_VERIFY, t0, run.now(), step)
-        return logits
-    logits = run.target.forward(run.cache, w, run.exit_layer, readout)
-    t1 = run.now()
-    run.span(STAGE_TARGET_PREFIX, t0, readout.t0, step)
-    run.span(STAGE_EXIT_READOUT, readout.t0, readout.t1, step)
-    run.span(STAGE_TARGET_SUFFIX, readout.t1, t1, step)
-    readout.t_done = t1
-    return logits
-
-
-def _next_window(run: DecodeState, lane, step: int, accepted: int, token: int) -> DraftWindow | None:
-    """Ask the draft lane for the next window (hit: a precomputed branch; miss: a fresh rollout)."""
-    t0 = run.now()
+def start_draft_lane(state: DecodeState, lane) -> bool:
+    """Send DraftStart; False (and a recorded fallback) when the draft lane cannot start."""
     try:
-        window = lane.resolve(ResolveRequest(step, accepted, token))
+        lane.start(DraftStart(state.req.prompt_ids, state.req.spec.gamma, state.cfg))
+        return True
     except LaneError as exc:
-        run.fallback = f"draft lane failed at step {step} ({exc}); finished on the target alone"
+        state.fallback = f"draft lane failed to start ({exc}); decoded on the target alone"
+        return False
+
+
+def verify(state: DecodeState, w: list[int], step: int, send=None) -> tuple[torch.Tensor, ExitReadout | None]:
+    """One target pass over the window → logits [γ+1, V]; with `send`, it gets the layer-ℓ_e readout mid-pass."""
+    t0 = state.now()
+    if send is None:
+        logits = state.target.forward(state.cache, w)
+        state.span(STAGE_TARGET_VERIFY, t0, state.now(), step)
+        return logits, None
+    sent: list[ExitReadout] = []
+    logits = state.target.forward(state.cache, w, state.exit_layer, lambda logits_exit: sent.append(send(logits_exit)))
+    readout = replace(sent[0], t_verified=state.now())
+    state.span(STAGE_TARGET_PREFIX, t0, readout.t_readout, step)
+    state.span(STAGE_EXIT_READOUT, readout.t_readout, readout.t_sent, step)
+    state.span(STAGE_TARGET_SUFFIX, readout.t_sent, readout.t_verified, step)
+    return logits, readout
+
+
+def send_candidates(state: DecodeState, lane, planner: BranchPlanner, w: list[int], step: int,
+                    logits_exit: torch.Tensor) -> ExitReadout:
+    """The early exit, inside the target pass after layer ℓ_e: top-κ per slot (d_j excluded) → M_t → draft lane."""
+    t0 = state.now()
+    slots = logits_exit.shape[0]                                               # γ+1
+    x = logits_exit if state.cfg.greedy else warp_logits(logits_exit, state.cfg)  # same support as p_target
+    drafts = torch.tensor(w[1:], device=x.device).unsqueeze(1)                 # [γ, 1]
+    draft_is_top1 = (x[: slots - 1].argmax(-1, keepdim=True) == drafts).squeeze(1).tolist()
+    x = x.clone()
+    x[: slots - 1].scatter_(1, drafts, float("-inf"))                         # c ≠ d_j at draft slot j
+    logp_exit = torch.log_softmax(x, dim=-1)                                   # [γ+1, V]
+    top = torch.topk(logp_exit, min(state.req.spec.kappa, x.shape[-1]), dim=-1)  # [γ+1, κ]
+    ids = torch.where(torch.isfinite(top.values), top.indices, -1)             # [γ+1, κ]
+    topk_ids = tuple(tuple(r) for r in planner.select(ids, draft_is_top1).tolist())
+    try:
+        lane.branch(BranchRequest(step, topk_ids))
+        delivered = True
+    except LaneError:
+        delivered = False
+    return ExitReadout(topk_ids, tuple(tuple(round(v, 4) for v in r) for r in top.values.tolist()),
+                       tuple(tuple(r) for r in ids.tolist()), tuple(draft_is_top1), delivered, t0, state.now())
+
+
+def accept_window(state: DecodeState, logits: torch.Tensor, window: DraftWindow, step: int) -> AcceptResult:
+    """The acceptance rule over the window (verify.py); the target cache then keeps w0 and d1..d_{A_t}."""
+    t0 = state.now()
+    result = accept(logits, list(window.tokens), state.cfg, len(state.ids), window.p_draft, state.gen)
+    state.span(STAGE_ACCEPT, t0, state.now(), step)
+    state.keep_accepted(result.accepted)
+    return result
+
+
+def commit_step(state: DecodeState, w: list[int], result: AcceptResult, reused: bool, step: int) -> int:
+    """Commit the accepted drafts and c (n_t of them before EOS or the budget); report the rejected drafts."""
+    drafts = w[1:]
+    origin = ORIGIN_BONUS if result.accepted == len(drafts) else ORIGIN_CORRECTION
+    committed = state.commit([(d, ORIGIN_ACCEPTED, reused) for d in drafts[: result.accepted]]
+                             + [(result.token, origin, False)], step)
+    state.reject(step, drafts, result.accepted)
+    return committed
+
+
+def next_window(state: DecodeState, lane, step: int, result: AcceptResult, hit: bool) -> DraftWindow | None:
+    """Tell the draft lane (A_t, c) and the verdict; its reply is the next window (None: the lane failed)."""
+    t0 = state.now()
+    try:
+        window = lane.resolve(ResolveRequest(step, result.accepted, result.token, hit))
+    except LaneError as exc:
+        state.fallback = f"draft lane failed at step {step} ({exc}); finished on the target alone"
         return None
-    run.span(STAGE_WAIT, t0, time.perf_counter(), step)
-    run.draft_spans(window.spans, step)
-    run.draft_forwards += window.forwards
-    run.draft_produced += window.produced
+    state.span(STAGE_WAIT, t0, time.perf_counter(), step)
+    state.draft_reply(window, step)
     return window
 
 
-class ExitReadout:
-    """Called inside the target's forward after layer ℓ_e: top-κ per slot → M_t → the draft lane.
+def branch_work(window: DraftWindow | None) -> tuple[int, float]:
+    """(branch rows, seconds of branch rollouts) the draft lane reported with this window."""
+    if window is None:
+        return 0, 0.0
+    return len(window.branches), sum(t1 - t0 for stage, t0, t1 in window.spans if stage == STAGE_DRAFT_BRANCHES)
 
-    With a branch budget, the planner keeps only the likeliest (slot, candidate) pairs (branching.py).
-    """
 
-    def __init__(self, run: DecodeState, lane, step: int, window: list[int], kappa: int, planner: BranchPlanner):
-        self.run, self.lane, self.step, self.window, self.kappa, self.planner = run, lane, step, window, kappa, planner
-        self.topk_ids: tuple[tuple[int, ...], ...] = ()      # what was sent (pruned candidates are −1)
-        self.topk_logprobs: tuple[tuple[float, ...], ...] = ()
-        self.ranked: list[list[int]] = []                   # [γ+1][κ] every candidate, by exit rank
-        self.draft_is_top1: list[bool] = []                 # [γ] d_j was the exit's argmax at slot j
-        self.failed = False
-        self.t0 = self.t1 = self.t_done = 0.0  # readout start, readout end (suffix start), suffix end
-
-    def __call__(self, logits_exit: torch.Tensor) -> None:
-        self.t0 = self.run.now()
-        slots = logits_exit.shape[0]                                          # γ+1
-        x = logits_exit if self.run.cfg.greedy else warp_logits(logits_exit, self.run.cfg)  # same support as p_target
-        drafts = torch.tensor(self.window[1:], device=x.device).unsqueeze(1)  # [γ, 1]
-        self.draft_is_top1 = (x[: slots - 1].argmax(-1, keepdim=True) == drafts).squeeze(1).tolist()
-        x = x.clone()
-        x[: slots - 1].scatter_(1, drafts, float("-inf"))                    # c ≠ d_j at draft slot j
-        logp_exit = torch.log_softmax(x, dim=-1)                              # [γ+1, V]
-        k = min(self.kappa, x.shape[-1])
-        top = torch.topk(logp_exit, k, dim=-1)                                # [γ+1, κ]
-        ids = torch.where(torch.isfinite(top.values), top.indices, -1)        # [γ+1, κ]
-        self.ranked = ids.tolist()
-        self.topk_ids = tuple(tuple(r) for r in self.planner.select(ids, self.draft_is_top1).tolist())
-        self.topk_logprobs = tuple(tuple(round(v, 4) for v in r) for r in top.values.tolist())
-        try:
-            self.lane.branch(BranchRequest(self.step, self.topk_ids))
-        except LaneError:
-            self.failed = True
-        self.t1 = self.run.now()
-
-    def observe(self, accepted: int, token: int) -> None:
-        """Teach the planner this step's outcome."""
-        cands = self.ranked[accepted]
-        self.planner.observe(self.draft_is_top1, accepted, cands.index(token) if token in cands else None)
+def step_record(*, step: int, w: list[int], result: AcceptResult, committed: int, reused: bool,
+                readout: ExitReadout | None, hit: bool, following: DraftWindow | None) -> StepRecord:
+    """The StepRecord of one verification (the raw material of every metric and of the step inspector)."""
+    branches = following.branches if following else ()
+    return StepRecord(
+        step=step, window=tuple(w), drafted=len(w) - 1, accepted=result.accepted, token=result.token,
+        committed=committed, from_branch=reused, hit=None if readout is None or not readout.delivered else hit,
+        topk_ids=readout.topk_ids if readout else (), topk_logprobs=readout.topk_logprobs if readout else (),
+        target_tokens=result.target_tokens, branches=branches,
+        branch_rows=tuple(branch_rows(readout.topk_ids)) if readout and branches else (),
+        branch_row=following.branch_row if following else None, t_end=time.perf_counter())
 
 
 DECODERS = {"ar": autoregressive_decode, "sd": vanilla_sd_decode, "mirror": mirror_sd_decode}
 
 
-def decode_events(run: DecodeState, lane) -> Iterator[list[Event]]:
+def decode_events(state: DecodeState, lane) -> Iterator[list[Event]]:
     """Run the request's decoder, yielding a batch of events per step; the last batch ends with RunEnd."""
     try:
-        yield from DECODERS[run.req.decoder](run, lane)
+        yield from DECODERS[state.req.decoder](state, lane)
     except StopRun:
-        yield run.flush() + [run.finish(stopped=True)]
+        yield state.flush() + [state.finish(stopped=True)]
         return
     except Exception as exc:  # the target lane failed: keep and report what was committed
-        yield run.flush() + [run.finish(error=f"{type(exc).__name__}: {exc}")]
+        yield state.flush() + [state.finish(error=f"{type(exc).__name__}: {exc}")]
         return
-    yield run.flush() + [run.finish()]
+    yield state.flush() + [state.finish()]

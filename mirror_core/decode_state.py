@@ -1,19 +1,27 @@
-"""Per-request decode state shared by every decoder: the target cache, committing, spans, the summary.
-
-The DecodeState owns the target lane's cache and the committed tokens. Decoders call its small steps
-(prefill, verify, commit, target-only steps) and yield the events it buffers.
-"""
+"""DecodeState: one request's state on the target lane, shared by every decoder in decode.py."""
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict
 
 import torch
 
 from .config import Request
-from .events import (LANE_DRAFT, LANE_TARGET, ORIGIN_TARGET, STAGE_PREFILL, STAGE_TARGET_STEP, RejectedEvent,
-                     RunEnd, RunStart, SpanEvent, StepRecord, TokenEvent)
+from .events import (
+    LANE_DRAFT,
+    LANE_TARGET,
+    ORIGIN_TARGET,
+    STAGE_PREFILL,
+    STAGE_TARGET_STEP,
+    RejectedEvent,
+    RunEnd,
+    RunSettings,
+    RunStart,
+    SpanEvent,
+    StepRecord,
+    TokenEvent,
+)
+from .messages import DraftWindow
 from .metrics import summarize
 from .runners.protocol import Runner
 from .sampling import target_token
@@ -24,8 +32,15 @@ class StopRun(Exception):
 
 
 class DecodeState:
+    """The target lane's side of one request: its KV cache, the committed tokens, the clock and the events.
+
+    It owns the target cache and is the only code that moves its position (prefill, verify, truncate
+    after acceptance). Decoders call its small steps and yield the events it buffers (`flush`); at
+    the end `finish` turns the step records and spans into the run's RunSummary.
+    """
+
     def __init__(self, request: Request, target: Runner, exit_layer: int, eos_ids: frozenset[int],
-                 stop: threading.Event | None, settings: dict):
+                 stop: threading.Event | None, settings: RunSettings):
         self.req, self.target, self.exit_layer = request, target, exit_layer
         self.cfg = request.sampling
         self.eos_ids = eos_ids if request.stop_at_eos else frozenset()
@@ -47,20 +62,23 @@ class DecodeState:
         self.pending.append(RunStart(request.decoder, request.prompt_ids, settings, self.t_start))
 
     # -- time ------------------------------------------------------------------------------
-    def span(self, stage: str, t0: float, t1: float, step: int, lane: str = LANE_TARGET) -> None:
-        s = SpanEvent(lane, stage, t0, t1, step)
-        self.spans.append(s)
-        self.pending.append(s)
-
     def now(self) -> float:
         """The shared clock, after the target's device has finished its queued work."""
         if self.target.device.type == "cuda":  # this lane's stream only, never the draft's
             torch.cuda.current_stream(self.target.device).synchronize()
         return time.perf_counter()
 
-    def draft_spans(self, spans, step: int) -> None:
-        for stage, t0, t1 in spans:
+    def span(self, stage: str, t0: float, t1: float, step: int, lane: str = LANE_TARGET) -> None:
+        s = SpanEvent(lane, stage, t0, t1, step)
+        self.spans.append(s)
+        self.pending.append(s)
+
+    def draft_reply(self, window: DraftWindow, step: int) -> None:
+        """Book a draft-lane reply: its spans on the draft lane and its forward counts."""
+        for stage, t0, t1 in window.spans:
             self.span(stage, t0, t1, step, LANE_DRAFT)
+        self.draft_forwards += window.forwards
+        self.draft_produced += window.produced
 
     def check_stop(self) -> None:
         if self.stop is not None and self.stop.is_set():
@@ -88,8 +106,12 @@ class DecodeState:
             self.commit([(token, ORIGIN_TARGET, False)], step)
             yield self.flush()
 
+    def keep_accepted(self, accepted: int) -> None:
+        """After acceptance: the target cache keeps w0 and d1..d_A; the rejected drafts' entries are dropped."""
+        self.target.truncate(self.cache, len(self.ids) + accepted)
+
     def commit(self, tokens: list[tuple[int, str, bool]], step: int) -> int:
-        """Append tokens in order, stopping at EOS or the token budget; returns n_t."""
+        """Append (token, origin, from_branch) in order, stopping at EOS or the token budget; returns n_t."""
         n = 0
         for token, origin, from_branch in tokens:
             if self.done:
@@ -118,12 +140,7 @@ class DecodeState:
     # -- the end ---------------------------------------------------------------------------
     def finish(self, stopped: bool = False, error: str | None = None) -> RunEnd:
         t_end = self.t_last if self.t_last is not None else time.perf_counter()
-        stats = summarize(self.records, self.spans, self.req.spec.gamma, new_tokens=len(self.new_tokens),
-                          t_start=self.t_start, t_first=self.t_first, t_end=t_end,
-                          extra={"decoder": self.req.decoder, "gamma": self.req.spec.gamma,
-                                 "kappa": self.req.spec.kappa, "exit_layer": self.exit_layer,
-                                 "sampling": asdict(self.cfg), "draft_forwards": self.draft_forwards,
-                                 "draft_tokens_per_forward": (self.draft_produced / self.draft_forwards
-                                                              if self.draft_forwards else None),
-                                 "fallback": self.fallback, "stopped": stopped})
-        return RunEnd(tuple(self.new_tokens), stats, self.fallback, stopped, error)
+        summary = summarize(self.records, self.spans, self.req.spec.gamma, new_tokens=len(self.new_tokens),
+                            t_start=self.t_start, t_first=self.t_first, t_end=t_end,
+                            draft_forwards=self.draft_forwards, draft_produced=self.draft_produced)
+        return RunEnd(tuple(self.new_tokens), summary, self.fallback, stopped, error)

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import SamplingConfig
+from .config import FaultPlan, SamplingConfig
 from .events import STAGE_DRAFT_BRANCHES, STAGE_DRAFT_ROLLOUT, STAGE_PREFILL, STAGE_SELECT_BRANCH
 from .messages import BranchRequest, DraftStart, DraftWindow, ResolveRequest, SpanTuple, branch_rows
 from .runners.protocol import Runner
 from .sampling import draft_sample
+
 
 def self_verify(logits: torch.Tensor, lookahead: list[int], cfg: SamplingConfig, gen: torch.Generator | None
                 ) -> tuple[list[int], torch.Tensor | None]:
@@ -52,8 +53,17 @@ class _BranchSet:
 
 
 class DraftWorker:
-    def __init__(self, runner: Runner):
-        self.runner = runner
+    """The draft lane's decoding work for one request at a time, driven by the target lane's messages.
+
+    DraftStart prefills the prompt and the first window follows at ResolveRequest(step 0); a
+    BranchRequest (M_t) rolls out one γ-token branch per candidate as one batch; a ResolveRequest
+    adopts the branch the target lane's verdict names (a hit) or truncates to the committed prefix
+    and rolls out γ fresh tokens (a miss). It owns the draft cache and its own torch.Generator
+    (seed + 1); it sees token ids only. `fault` is the test hook that makes it fail on purpose.
+    """
+
+    def __init__(self, runner: Runner, fault: FaultPlan = FaultPlan()):
+        self.runner, self.fault = runner, fault
         self.cache = None
         self.req: DraftStart | None = None
 
@@ -138,12 +148,12 @@ class DraftWorker:
         return tokens, p_draft
 
     def _resolve(self, cmd: ResolveRequest) -> DraftWindow:
+        """The target lane's verdict: on a hit adopt branch (τ, c) as the next window, else roll out afresh."""
         bs, self.branch_set = self.branch_set, None
-        hit = None if bs is None else (cmd.accepted, cmd.token) in bs.rows
         branches = () if bs is None else tuple(tuple(r) for r in bs.tokens.tolist())
         row = None
-        if hit:
-            row = bs.rows.index((cmd.accepted, cmd.token))
+        if cmd.hit:
+            row = bs.rows.index((cmd.accepted, cmd.token))  # the target lane saw c among the candidates it sent
             with self._span(STAGE_SELECT_BRANCH):
                 self.cache = self.runner.select_row(bs.cache, row)
             self.window = bs.tokens[row].tolist()
@@ -152,7 +162,7 @@ class DraftWorker:
             with self._span(STAGE_DRAFT_ROLLOUT):
                 self._fresh_rollout(cmd.accepted, cmd.token)
         self.committed += cmd.accepted + 1
-        reply = DraftWindow(tuple(self.window), self.p_window, hit, row, branches, self.spans, self.forwards,
+        reply = DraftWindow(tuple(self.window), self.p_window, row, branches, self.spans, self.forwards,
                             self.produced)
         self.spans, self.forwards, self.produced = [], 0, 0
         return reply
@@ -197,8 +207,8 @@ class DraftWorker:
         self.forwards += row_forwards
 
     def _maybe_fault(self, step: int) -> None:
-        if self.req.fault_at_step is not None and step >= self.req.fault_at_step:
-            if self.req.fault_mode == "exit":
+        if self.fault.at_step is not None and step >= self.fault.at_step:
+            if self.fault.mode == "exit":
                 os._exit(3)
             raise DraftFault(f"injected draft-lane fault at step {step}")
 

@@ -10,17 +10,20 @@ lane (a process by default). No global state: two engines are independent.
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 from .config import LaneConfig, MirrorError, Request, check_prompt_text
 from .decode import decode_events
 from .decode_state import DecodeState
-from .events import Event, RunEnd
+from .events import Event, RunEnd, RunSettings
 from .lanes import DraftLaneSpec, auto_lanes, make_draft_lane, pinned
+from .lanes.faults import fault_plan_from_env
 from .loading import ModelSpec, check_device, load_config, load_model, load_tokenizer, shared_vocab_size
+from .metrics import RunSummary
 from .runners import build_runner
 
 
@@ -36,6 +39,14 @@ class PairInfo:
 
 
 class MirrorEngine:
+    """A loaded target/draft pair on two lanes; `stream(request)` yields the run's typed events.
+
+    The target runs on this engine's own thread (the target lane, pinned to its cores); the draft
+    runs on its lane (lanes/: a process, a thread or inline). Requests are served one at a time, in
+    order; `close()` ends both lanes. The engine sees token ids only: `encode` is a convenience for
+    front-ends that have text.
+    """
+
     def __init__(self, target_runner, draft_lane, info: PairInfo, tokenizer, eos_ids: frozenset[int]):
         self.target, self.lane, self.info = target_runner, draft_lane, info
         self.tokenizer, self.eos_ids = tokenizer, eos_ids
@@ -48,6 +59,8 @@ class MirrorEngine:
     def load(cls, target: str, draft: str | None, lanes: LaneConfig | None = None,
              trust_remote_code: bool = False) -> "MirrorEngine":
         lanes = lanes or auto_lanes()
+        if lanes.fault.at_step is None:  # the test hook, resolved once here (lanes/faults.py)
+            lanes = replace(lanes, fault=fault_plan_from_env(os.environ))
         check_device(lanes.target_device)
         check_device(lanes.draft_device)
         target_cfg = load_config(ModelSpec(target, lanes.target_device, trust_remote_code))
@@ -64,7 +77,7 @@ class MirrorEngine:
         lane = None
         if draft is not None:
             lane = make_draft_lane(lanes, DraftLaneSpec(draft, lanes.draft_device, vocab, lanes.draft_threads,
-                                                        lanes.draft_cpus, trust_remote_code, lanes.runner))
+                                                        lanes.draft_cpus, trust_remote_code, lanes.runner, lanes.fault))
         known = [c for c in contexts if c]
         info = PairInfo(target, draft, runner.num_layers, vocab, min(known) if known else None, lanes,
                         type(runner).__name__)
@@ -133,15 +146,14 @@ class MirrorEngine:
                 if job is None:
                     return
                 request, exit_layer, stop, out = job
-                settings = {"request": asdict(request), "lanes": asdict(lanes), "exit_layer": exit_layer,
-                            "target": self.info.target, "draft": self.info.draft,
-                            "target_runner": self.info.target_runner}
+                settings = RunSettings(request, lanes, exit_layer, self.info.target, self.info.draft,
+                                       self.info.target_runner)
                 try:
                     run = DecodeState(request, self.target, exit_layer, self.eos_ids, stop, settings)
                     for batch in decode_events(run, self.lane):
                         out.put(batch)
                 except Exception as exc:  # never leave a consumer without a RunEnd
-                    out.put([RunEnd((), {}, None, error=f"{type(exc).__name__}: {exc}")])
+                    out.put([RunEnd((), RunSummary(request.spec.gamma), None, error=f"{type(exc).__name__}: {exc}")])
                 finally:
                     if self.lane is not None:
                         self.lane.drain()

@@ -1,8 +1,13 @@
 """Typed events every decoder emits, in order: RunStart, then Token/Rejected/Span/Step, then RunEnd."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Union
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Union
+
+from .config import LaneConfig, Request
+
+if TYPE_CHECKING:
+    from .metrics import RunSummary
 
 # Where a committed token came from.
 ORIGIN_TARGET = "target"          # produced by the target alone (prefill token, AR step, target-only fallback)
@@ -31,10 +36,25 @@ TARGET_BUSY_STAGES = (STAGE_PREFILL, STAGE_TARGET_STEP, STAGE_TARGET_VERIFY, STA
 
 
 @dataclass(frozen=True)
+class RunSettings:
+    """Everything a run was asked to do and where it ran (recorded in RunStart)."""
+
+    request: Request       # prompt ids, decoder, budget, sampling and speculation settings
+    lanes: LaneConfig      # devices, lane kind, cores and threads, runner choice
+    exit_layer: int        # ℓ_e actually used (the request's, or N // 2 of the target)
+    target: str            # the target's source (hub id or folder)
+    draft: str | None      # the draft's source (None: target only)
+    target_runner: str     # which runner executes the target (FastLlamaRunner, HFRunner)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class RunStart:
     decoder: str
     prompt_ids: tuple[int, ...]
-    settings: dict  # the request's sampling/spec settings and lane mapping, JSON-ready
+    settings: RunSettings
     t0: float       # run start on the shared monotonic clock (seconds)
 
 
@@ -88,11 +108,10 @@ class StepRecord:
 @dataclass(frozen=True)
 class RunEnd:
     token_ids: tuple[int, ...]
-    stats: dict                     # RunSummary as a dict (see metrics.summarize)
+    summary: RunSummary             # raw counters and the metrics derived from them (metrics.py)
     fallback: str | None            # None, or why the run did not run as asked (e.g. draft lane failed)
     stopped: bool = False           # the caller's stop flag ended it early
     error: str | None = None        # target-lane failure: the tokens above are kept
-    extra: dict = field(default_factory=dict)
 
 
 Event = Union[RunStart, TokenEvent, RejectedEvent, SpanEvent, StepRecord, RunEnd]

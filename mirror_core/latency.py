@@ -18,9 +18,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import fmean, median
 
-from .events import (LANE_TARGET, STAGE_ACCEPT, STAGE_DRAFT_BRANCHES, STAGE_DRAFT_ROLLOUT, STAGE_EXIT_READOUT,
-                     STAGE_SELECT_BRANCH, STAGE_TARGET_PREFIX, STAGE_TARGET_STEP, STAGE_TARGET_SUFFIX,
-                     STAGE_TARGET_VERIFY, STAGE_WAIT, SpanEvent, StepRecord)
+from .events import (
+    LANE_TARGET,
+    STAGE_ACCEPT,
+    STAGE_DRAFT_BRANCHES,
+    STAGE_DRAFT_ROLLOUT,
+    STAGE_EXIT_READOUT,
+    STAGE_SELECT_BRANCH,
+    STAGE_TARGET_PREFIX,
+    STAGE_TARGET_STEP,
+    STAGE_TARGET_SUFFIX,
+    STAGE_TARGET_VERIFY,
+    STAGE_WAIT,
+    SpanEvent,
+    StepRecord,
+)
+from .metrics import RunSummary
 
 VERIFY_STAGES = (STAGE_TARGET_VERIFY, STAGE_TARGET_PREFIX, STAGE_EXIT_READOUT, STAGE_TARGET_SUFFIX)
 
@@ -115,7 +128,7 @@ def hidden_draft_bound(spans: list[SpanEvent]) -> float | None:
     return median(verify.values()) + min(waits.values())
 
 
-def latency_model_from_events(spans: list[SpanEvent], steps: list[StepRecord], stats: dict,
+def latency_model_from_events(spans: list[SpanEvent], steps: list[StepRecord], summary: RunSummary,
                               t_ar: float | None) -> LatencyModel | None:
     """The §4 model from one Mirror-SD run's spans (None without verification steps)."""
     times = step_times(spans, steps)
@@ -125,5 +138,5 @@ def latency_model_from_events(spans: list[SpanEvent], steps: list[StepRecord], s
         t_pre=stage_mean(spans, (STAGE_TARGET_PREFIX,)), t_rv_ee=stage_mean(spans, (STAGE_EXIT_READOUT,)),
         delta=stage_mean(spans, (STAGE_TARGET_SUFFIX,)), t_branch=stage_mean(spans, (STAGE_DRAFT_BRANCHES,)),
         t_rv_fv=stage_mean(spans, (STAGE_ACCEPT,)) + stage_mean(spans, (STAGE_SELECT_BRANCH,)),
-        t_fresh=stage_mean(spans, (STAGE_DRAFT_ROLLOUT,), first_step=0), ff=stats.get("fallback_frequency") or 0.0,
-        tau=stats.get("tau") or 1.0, t_ar=t_ar, measured_step=fmean(times))
+        t_fresh=stage_mean(spans, (STAGE_DRAFT_ROLLOUT,), first_step=0), ff=summary.fallback_frequency or 0.0,
+        tau=summary.tau or 1.0, t_ar=t_ar, measured_step=fmean(times))

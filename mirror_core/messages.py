@@ -21,8 +21,6 @@ class DraftStart:
     prompt_ids: tuple[int, ...]
     gamma: int
     sampling: SamplingConfig
-    fault_at_step: int | None = None   # test hook: fail when this step's command arrives
-    fault_mode: str = "raise"          # "raise" an exception, or "exit" the lane's process
 
 
 @dataclass(frozen=True)
@@ -34,22 +32,35 @@ class BranchRequest:
 
 @dataclass(frozen=True)
 class ResolveRequest:
-    """(A_t, c) after acceptance; the reply is the next window."""
+    """(A_t, c) after acceptance and the target lane's verdict; the reply is the next window."""
     step: int
     accepted: int
     token: int
+    hit: bool   # c ∈ TopK_τ of the candidates sent: adopt branch (τ, c); else roll out afresh
 
 
 @dataclass
 class DraftWindow:
     tokens: tuple[int, ...]                 # d1..dγ of the next window
     p_draft: torch.Tensor | None            # [γ, V] the exact law each token was drawn from (T > 0), CPU
-    hit: bool | None                        # None: no branches were prepared for this step
-    branch_row: int | None                  # reused row on a hit
+    branch_row: int | None                  # the adopted branch row (a hit), or None (a fresh rollout)
     branches: tuple[tuple[int, ...], ...]   # every precomputed branch (row order = slot-major candidates)
     spans: list[SpanTuple] = field(default_factory=list)
     forwards: int = 0                       # draft row-forwards since the previous reply (a batch of R rows = R)
     produced: int = 0                       # draft tokens those row-forwards produced (η̄ = produced / forwards)
+
+
+@dataclass(frozen=True)
+class ExitReadout:
+    """What the target lane read out at layer ℓ_e and sent as M_t (it stays on the target lane)."""
+    topk_ids: tuple[tuple[int, ...], ...]       # [γ+1][κ] candidates sent per slot (−1 = pruned or none)
+    topk_logprobs: tuple[tuple[float, ...], ...]  # [γ+1][κ] their log p_exit (before pruning)
+    ranked: tuple[tuple[int, ...], ...]         # [γ+1][κ] every candidate by exit rank (before pruning)
+    draft_is_top1: tuple[bool, ...]             # [γ] d_j was the exit's argmax at slot j
+    delivered: bool                             # M_t reached the draft lane (False: the lane failed)
+    t_readout: float                            # readout start = end of the target prefix (layers 1..ℓ_e)
+    t_sent: float                               # M_t handed over = start of the target suffix
+    t_verified: float = 0.0                     # end of the suffix (the verification pass)
 
 
 def branch_rows(topk_ids: tuple[tuple[int, ...], ...]) -> list[tuple[int, int]]:

@@ -1,81 +1,189 @@
-"""Run summary: raw counters from the event stream, and the derivations of mirror_sd.md §8.
+"""Run summary: raw counters from the event stream, and the metrics derived from them (docs/ALGORITHM.md §8).
 
-Definitions (the prefill token is excluded from every ratio):
-- τ (tokens per step) = Σ n_t / #steps, counting the correction or bonus token.
-- acceptance rate α = Σ A_t / Σ D_t.
-- per-position acceptance α_i = #(A_t ≥ i) / #(D_t ≥ i) (unconditional, as in vLLM).
-- acceptance histogram: counts of A_t over 0..γ.
-- hit rate = #hit steps / #steps that had branches (the first step has none); split by τ = 1,
-  deeper (1 < τ ≤ γ) and bonus (τ = γ + 1). Fallback frequency FF = 1 − hit rate.
-- Ω̂_κ (exit overlap) = share of slots whose target token y_j = argmax p_target (greedy; the
-  argmax is also used at T > 0) lies in that slot's early-exit top-κ, over the slots where
-  y_j ≠ d_j (a draft token equal to y_j is excluded from TopK_j) plus every bonus slot. With a
-  branch budget, TopK_j is the candidates actually sent (the pruned ones are −1), so Ω̂ then
-  measures the sent set and bounds the hit rate the same way.
-- draft-hidden fraction = Σ |draft busy ∩ target busy| / Σ |draft busy| on one clock; fallback
-  rollouts count as draft busy time, waits do not count as target busy time.
-- tokens/s = new tokens / decode wall time (prefill start to last commit); TTFT = time to the
-  first new token.
+RunSummary holds only counters and summed times; every metric is a property that states its
+definition, so the CLI, the bench, the trainer's evaluation and the UI read the same numbers, and
+summaries of several runs pool by adding their counters (`RunSummary.pool`). The prefill token is
+excluded from every ratio.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 from .events import LANE_DRAFT, LANE_TARGET, TARGET_BUSY_STAGES, SpanEvent, StepRecord
 
-
-@dataclass
-class RunCounters:
-    """Raw counters; everything in the summary is derived from these."""
-
-    new_tokens: int = 0
-    steps: int = 0
-    committed: int = 0         # Σ n_t over steps
-    drafted: int = 0           # Σ D_t
-    accepted: int = 0          # Σ A_t
-    hist: list | None = None   # A_t counts, length γ+1
-    pos_accepted: list | None = None  # #(A_t ≥ i), i = 1..γ
-    pos_drafted: list | None = None   # #(D_t ≥ i)
-    branched_steps: int = 0
-    hits: int = 0
-    branched_by_kind: dict | None = None
-    hits_by_kind: dict | None = None
-    overlap_slots: int = 0
-    overlap_in_topk: int = 0
+KINDS = ("tau1", "deeper", "bonus")  # where the correction landed: slot 1, a deeper draft slot, the bonus slot
 
 
-def count_steps(records: list[StepRecord], gamma: int) -> RunCounters:
-    c = RunCounters(hist=[0] * (gamma + 1), pos_accepted=[0] * gamma, pos_drafted=[0] * gamma,
-                    branched_by_kind={"tau1": 0, "deeper": 0, "bonus": 0},
-                    hits_by_kind={"tau1": 0, "deeper": 0, "bonus": 0})
+@dataclass(frozen=True)
+class RunSummary:
+    """Raw counters of one run (or of several, pooled); metrics are the documented properties below."""
+
+    gamma: int                                   # γ of the run (sizes the histogram and per-position counts)
+    new_tokens: int = 0                          # committed new tokens, the prefill token included
+    steps: int = 0                               # verification passes after the prefill
+    committed: int = 0                           # Σ n_t over steps
+    drafted: int = 0                             # Σ D_t
+    accepted: int = 0                            # Σ A_t
+    hist: tuple[int, ...] = ()                   # counts of A_t over 0..γ
+    pos_accepted: tuple[int, ...] = ()           # #(A_t ≥ i), i = 1..γ
+    pos_drafted: tuple[int, ...] = ()            # #(D_t ≥ i), i = 1..γ
+    branched_steps: int = 0                      # steps that had precomputed branches
+    hits: int = 0                                # ... whose c was among that slot's candidates
+    branched_by_kind: tuple[int, int, int] = (0, 0, 0)  # branched steps per KINDS
+    hits_by_kind: tuple[int, int, int] = (0, 0, 0)      # hits per KINDS
+    overlap_slots: int = 0                       # slots counted for Ω̂_κ
+    overlap_in_topk: int = 0                     # ... whose target token was in the slot's TopK
+    draft_forwards: int = 0                      # draft row-forwards (a batched pass over R rows counts R)
+    draft_produced: int = 0                      # draft tokens those row-forwards produced
+    draft_busy_s: float = 0.0                    # union of the draft lane's busy spans
+    target_busy_s: float = 0.0                   # union of the target lane's busy spans (waits excluded)
+    hidden_s: float = 0.0                        # |draft busy ∩ target busy| on one clock
+    wall_s: float = 0.0                          # prefill start → last commit
+    ttft_s: float | None = None                  # prefill start → first new token (None: no token)
+
+    def __post_init__(self) -> None:
+        g = self.gamma
+        if not self.hist:  # an empty run: zero counts of the right lengths
+            object.__setattr__(self, "hist", (0,) * (g + 1))
+            object.__setattr__(self, "pos_accepted", (0,) * g)
+            object.__setattr__(self, "pos_drafted", (0,) * g)
+
+    # -- metrics (docs/ALGORITHM.md §8) ------------------------------------------------------
+    @property
+    def tau(self) -> float | None:
+        """τ = Σ n_t / #steps: tokens committed per verification, counting the correction or bonus token."""
+        return _ratio(self.committed, self.steps)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """α = Σ A_t / Σ D_t: the share of presented draft tokens the target accepted."""
+        return _ratio(self.accepted, self.drafted)
+
+    @property
+    def per_position_acceptance(self) -> list[float | None]:
+        """α_i = #(A_t ≥ i) / #(D_t ≥ i), i = 1..γ (unconditional, as in vLLM)."""
+        return [_ratio(a, d) for a, d in zip(self.pos_accepted, self.pos_drafted)]
+
+    @property
+    def hit_rate(self) -> float | None:
+        """#hit steps / #steps that had branches (the first step has none): c was among slot τ's candidates."""
+        return _ratio(self.hits, self.branched_steps)
+
+    @property
+    def hit_rate_by_kind(self) -> dict[str, float | None]:
+        """The hit rate split by where c landed: τ = 1, deeper (1 < τ ≤ γ), bonus (τ = γ + 1)."""
+        return {k: _ratio(h, b) for k, h, b in zip(KINDS, self.hits_by_kind, self.branched_by_kind)}
+
+    @property
+    def fallback_frequency(self) -> float | None:
+        """FF = 1 − hit rate, over the same steps: windows the draft had to roll out afresh."""
+        rate = self.hit_rate
+        return None if rate is None else 1.0 - rate
+
+    @property
+    def exit_overlap(self) -> float | None:
+        """Ω̂_κ = share of slots whose target token y_j = argmax p_target lies in the slot's sent TopK, over the
+        slots where y_j ≠ d_j (d_j is excluded from TopK_j) plus every bonus slot."""
+        return _ratio(self.overlap_in_topk, self.overlap_slots)
+
+    @property
+    def draft_hidden_fraction(self) -> float | None:
+        """Σ|draft busy ∩ target busy| / Σ|draft busy| on one clock; fallback rollouts count as draft busy time."""
+        return _ratio(self.hidden_s, self.draft_busy_s)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """New tokens / decode wall time (prefill start → last commit)."""
+        return _ratio(self.new_tokens, self.wall_s)
+
+    @property
+    def draft_tokens_per_forward(self) -> float | None:
+        """η̄ = draft tokens produced / draft row-forwards (1 for an AR draft; more for an SS draft)."""
+        return _ratio(self.draft_produced, self.draft_forwards)
+
+    # -- pooling and export ------------------------------------------------------------------
+    @classmethod
+    def pool(cls, summaries: list[RunSummary]) -> RunSummary:
+        """Several runs as one: counters and times add (ttft_s is the mean); γ must agree."""
+        if not summaries:
+            raise ValueError("nothing to pool")
+        gammas = {s.gamma for s in summaries}
+        if len(gammas) != 1:
+            raise ValueError(f"cannot pool runs with different γ ({sorted(gammas)})")
+        out = {}
+        for f in fields(cls):
+            values = [getattr(s, f.name) for s in summaries]
+            if f.name == "gamma":
+                out[f.name] = values[0]
+            elif f.name == "ttft_s":
+                known = [v for v in values if v is not None]
+                out[f.name] = sum(known) / len(known) if known else None
+            elif isinstance(values[0], tuple):
+                out[f.name] = tuple(map(sum, zip(*values)))
+            else:
+                out[f.name] = sum(values)
+        return cls(**out)
+
+    def to_dict(self) -> dict:
+        """JSON-ready: every metric by name, plus the raw counters under "counters"."""
+        return {
+            "new_tokens": self.new_tokens, "steps": self.steps, "gamma": self.gamma, "tau": self.tau,
+            "acceptance_rate": self.acceptance_rate, "per_position_acceptance": self.per_position_acceptance,
+            "acceptance_histogram": list(self.hist), "hit_rate": self.hit_rate,
+            "hit_rate_by_kind": self.hit_rate_by_kind, "fallback_frequency": self.fallback_frequency,
+            "exit_overlap": self.exit_overlap, "draft_hidden_fraction": self.draft_hidden_fraction,
+            "draft_busy_s": self.draft_busy_s, "target_busy_s": self.target_busy_s, "wall_s": self.wall_s,
+            "ttft_s": self.ttft_s, "tokens_per_s": self.tokens_per_s, "draft_forwards": self.draft_forwards,
+            "draft_tokens_per_forward": self.draft_tokens_per_forward,
+            "counters": {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+                         for f in fields(self)},
+        }
+
+
+def summarize(records: list[StepRecord], spans: list[SpanEvent], gamma: int, *, new_tokens: int,
+              t_start: float, t_first: float | None, t_end: float, draft_forwards: int = 0,
+              draft_produced: int = 0) -> RunSummary:
+    """Count a run's step records and spans into a RunSummary."""
+    hist, pos_acc, pos_dr = [0] * (gamma + 1), [0] * gamma, [0] * gamma
+    branched, hits = [0, 0, 0], [0, 0, 0]
+    committed = drafted = accepted = slots = in_topk = 0
     for r in records:
-        c.steps += 1
-        c.committed += r.committed
-        c.drafted += r.drafted
-        c.accepted += r.accepted
-        c.hist[min(r.accepted, gamma)] += 1
+        committed += r.committed
+        drafted += r.drafted
+        accepted += r.accepted
+        hist[min(r.accepted, gamma)] += 1
         for i in range(1, gamma + 1):
-            c.pos_drafted[i - 1] += r.drafted >= i
-            c.pos_accepted[i - 1] += r.accepted >= i
+            pos_dr[i - 1] += r.drafted >= i
+            pos_acc[i - 1] += r.accepted >= i
         if r.hit is not None:
-            kind = "bonus" if r.accepted == r.drafted else ("tau1" if r.accepted == 0 else "deeper")
-            c.branched_steps += 1
-            c.branched_by_kind[kind] += 1
-            c.hits += bool(r.hit)
-            c.hits_by_kind[kind] += bool(r.hit)
-        _count_overlap(c, r)
-    return c
+            kind = 2 if r.accepted == r.drafted else (0 if r.accepted == 0 else 1)
+            branched[kind] += 1
+            hits[kind] += bool(r.hit)
+        s, k = _overlap(r)
+        slots += s
+        in_topk += k
+    draft_busy, target_busy = busy_intervals(spans, LANE_DRAFT), busy_intervals(spans, LANE_TARGET)
+    return RunSummary(
+        gamma=gamma, new_tokens=new_tokens, steps=len(records), committed=committed, drafted=drafted,
+        accepted=accepted, hist=tuple(hist), pos_accepted=tuple(pos_acc), pos_drafted=tuple(pos_dr),
+        branched_steps=sum(branched), hits=sum(hits), branched_by_kind=tuple(branched), hits_by_kind=tuple(hits),
+        overlap_slots=slots, overlap_in_topk=in_topk, draft_forwards=draft_forwards, draft_produced=draft_produced,
+        draft_busy_s=_length(draft_busy), target_busy_s=_length(target_busy),
+        hidden_s=interval_overlap(draft_busy, target_busy), wall_s=max(0.0, t_end - t_start),
+        ttft_s=None if t_first is None else t_first - t_start)
 
 
-def _count_overlap(c: RunCounters, r: StepRecord) -> None:
+def _overlap(r: StepRecord) -> tuple[int, int]:
+    """(slots counted for Ω̂_κ, slots whose target token was in TopK) of one step."""
     if not r.topk_ids or not r.target_tokens:
-        return
-    drafts = r.window[1:]
+        return 0, 0
+    drafts, slots, in_topk = r.window[1:], 0, 0
     for j, (y, topk) in enumerate(zip(r.target_tokens, r.topk_ids)):
         if j < len(drafts) and drafts[j] == y:
             continue
-        c.overlap_slots += 1
-        c.overlap_in_topk += y in topk
+        slots += 1
+        in_topk += y in topk
+    return slots, in_topk
 
 
 def interval_overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
@@ -103,6 +211,10 @@ def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(lo, hi) for lo, hi in out]
 
 
+def _length(iv: list[tuple[float, float]]) -> float:
+    return sum(hi - lo for lo, hi in _union(iv))
+
+
 def busy_intervals(spans: list[SpanEvent], lane: str) -> list[tuple[float, float]]:
     if lane == LANE_TARGET:
         return [(s.t0, s.t1) for s in spans if s.lane == LANE_TARGET and s.stage in TARGET_BUSY_STAGES]
@@ -111,36 +223,3 @@ def busy_intervals(spans: list[SpanEvent], lane: str) -> list[tuple[float, float
 
 def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
-
-
-def summarize(records: list[StepRecord], spans: list[SpanEvent], gamma: int, *, new_tokens: int,
-              t_start: float, t_first: float | None, t_end: float, extra: dict | None = None) -> dict:
-    """Derive the run summary (mirror_sd.md §8) from step records and spans."""
-    c = count_steps(records, gamma)
-    c.new_tokens = new_tokens
-    draft_busy = busy_intervals(spans, LANE_DRAFT)
-    draft_total = sum(hi - lo for lo, hi in _union(draft_busy))
-    hidden = interval_overlap(draft_busy, busy_intervals(spans, LANE_TARGET))
-    wall = max(0.0, t_end - t_start)
-    hit_rate = _ratio(c.hits, c.branched_steps)
-    summary = {
-        "new_tokens": new_tokens,
-        "steps": c.steps,
-        "tau": _ratio(c.committed, c.steps),
-        "acceptance_rate": _ratio(c.accepted, c.drafted),
-        "per_position_acceptance": [_ratio(a, d) for a, d in zip(c.pos_accepted, c.pos_drafted)],
-        "acceptance_histogram": c.hist,
-        "hit_rate": hit_rate,
-        "hit_rate_by_kind": {k: _ratio(c.hits_by_kind[k], c.branched_by_kind[k]) for k in c.branched_by_kind},
-        "fallback_frequency": None if hit_rate is None else 1.0 - hit_rate,
-        "exit_overlap": _ratio(c.overlap_in_topk, c.overlap_slots),
-        "draft_hidden_fraction": _ratio(hidden, draft_total),
-        "draft_busy_s": draft_total,
-        "target_busy_s": sum(hi - lo for lo, hi in _union(busy_intervals(spans, LANE_TARGET))),
-        "wall_s": wall,
-        "ttft_s": None if t_first is None else t_first - t_start,
-        "tokens_per_s": _ratio(new_tokens, wall),
-        "counters": asdict(c),
-    }
-    summary.update(extra or {})
-    return summary

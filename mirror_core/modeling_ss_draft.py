@@ -260,45 +260,5 @@ def ss_draft_from_llama(llama: LlamaForCausalLM, num_layers: int, num_msa_layers
     return model
 
 
-@torch.inference_mode()
-def main_greedy_generate(model: SSDraftForCausalLM, prompt_ids: list[int], n: int) -> list[int]:
-    """Reference: plain one-token-per-forward greedy decoding of the main stream."""
-    dev = model.embed_tokens.weight.device
-    out = model(torch.tensor([prompt_ids], device=dev), with_streams=False)
-    tokens = [int(out.logits[0, -1].argmax())]
-    while len(tokens) < n:
-        out = model(torch.tensor([[tokens[-1]]], device=dev), cache=out.cache, with_streams=False)
-        tokens.append(int(out.logits[0, -1].argmax()))
-    return tokens[:n]
-
-
-@torch.inference_mode()
-def ss_greedy_generate(model: SSDraftForCausalLM, prompt_ids: list[int], n: int) -> tuple[list[int], list[int]]:
-    """Self-verifying greedy decode (SS §5): up to n_str+1 tokens per forward, same output as main greedy.
-
-    Returns (tokens[:n], tokens emitted by each decode forward); the prefill forward, which emits the
-    first token, is not listed.
-    """
-    dev = model.embed_tokens.weight.device
-    out = model(torch.tensor([prompt_ids], device=dev))
-    c = int(out.logits[0, -1].argmax())  # committed, not yet in the cache
-    lookahead = out.stream_logits[0, -1].argmax(-1).tolist()  # [n_str] proposals for the tokens after c
-    tokens, per_forward = [c], []
-    while len(tokens) < n:
-        pos = cache_length(out.cache)
-        out = model(torch.tensor([[c] + lookahead], device=dev), cache=out.cache)
-        main_next = out.logits[0].argmax(-1).tolist()  # [1+n_str]: main's token after each window entry
-        accepted = 0
-        while accepted < len(lookahead) and lookahead[accepted] == main_next[accepted]:
-            accepted += 1
-        c = main_next[accepted]
-        emitted = lookahead[:accepted] + [c]
-        out = SSDraftOutput(out.logits, out.stream_logits, truncate_cache(out.cache, pos + 1 + accepted))
-        lookahead = out.stream_logits[0, accepted].argmax(-1).tolist()  # streams at the last accepted position
-        tokens += emitted
-        per_forward.append(len(emitted))
-    return tokens[:n], per_forward
-
-
 AutoConfig.register(SSDraftConfig.model_type, SSDraftConfig, exist_ok=True)
 AutoModelForCausalLM.register(SSDraftConfig, SSDraftForCausalLM, exist_ok=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import AUTO_BRANCH_BUDGET
+from .messages import ExitReadout
 
 HEADROOM = 0.9  # auto budget: aim the branch batch at this share of the target's suffix
 
@@ -67,22 +68,20 @@ class BranchPlanner:
             keep[j, k] = ids[j, k]
         return keep
 
-    def observe(self, draft_is_top1: list[bool], accepted: int, rank: int | None) -> None:
-        """After acceptance: which draft tokens were judged, and the target token's exit rank (None:
-        not among the top-κ)."""
-        for i, top1 in enumerate(draft_is_top1[: accepted + 1]):
+    def after_step(self, readout: ExitReadout, accepted: int, token: int, rows: int, branch_s: float) -> None:
+        """Learn from one step: which draft tokens the target judged, the exit rank of its token c, and (auto
+        budget) how long the branch batch of `rows` rows took against the target's suffix."""
+        for i, top1 in enumerate(readout.draft_is_top1[: accepted + 1]):
             counts = self.accepts_top1 if top1 else self.accepts_other
             counts[0] += 1
             counts[1] += i < accepted
-        self.rank_counts[self.kappa if rank is None else rank] += 1
-
-    def adapt(self, rows: int, branch_s: float, suffix_s: float, max_rows: int) -> None:
-        """Auto mode, after a step whose branch batch of `rows` rows took branch_s while the target's
-        suffix took suffix_s: move the allowance halfway to the rows that would have fit."""
+        cands = readout.ranked[accepted]
+        self.rank_counts[cands.index(token) if token in cands else self.kappa] += 1
+        suffix_s = readout.t_verified - readout.t_sent
         if self.budget != AUTO_BRANCH_BUDGET or not self.parallel or rows <= 0 or branch_s <= 0:
             return
-        fit = rows * HEADROOM * suffix_s / branch_s
-        self.allowance = min(max(1.0, 0.5 * (rows + fit)), float(max_rows))
+        fit = rows * HEADROOM * suffix_s / branch_s  # the rows whose batch would have taken HEADROOM of the suffix
+        self.allowance = min(max(1.0, 0.5 * (rows + fit)), float(len(readout.ranked) * self.kappa))
 
     @staticmethod
     def _rate(counts: list[int]) -> float:

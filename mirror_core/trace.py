@@ -4,10 +4,16 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from .events import Event
+from .events import Event, RunEnd, RunStart
 
 
 def event_to_dict(event: Event) -> dict:
+    if isinstance(event, RunStart):
+        return {"type": "RunStart", "decoder": event.decoder, "prompt_ids": list(event.prompt_ids),
+                "settings": event.settings.to_dict(), "t0": event.t0}
+    if isinstance(event, RunEnd):
+        return {"type": "RunEnd", "token_ids": list(event.token_ids), "stats": event.summary.to_dict(),
+                "fallback": event.fallback, "stopped": event.stopped, "error": event.error}
     return {"type": type(event).__name__, **asdict(event)}
 
 

@@ -16,6 +16,7 @@ Writes gpu_bench.json and gpu_bench.md under $OUT (else ./gpu_bench_out, or --ou
 """
 from __future__ import annotations
 
+import dataclasses
 import argparse
 import json
 import os
@@ -103,7 +104,7 @@ def bench_pair(target: str, draft: str, lanes, prompts, decoders: tuple[str, ...
                                    cfg.prompts)
         rows = run_bench(pair, prompts, config)
         info = pair.engine.info
-    return build_report(rows, config, {"target": target, "draft": draft, "lanes": info.lanes.__dict__,
+    return build_report(rows, config, {"target": target, "draft": draft, "lanes": dataclasses.asdict(info.lanes),
                                        "target_runner": info.target_runner})
 
 

@@ -15,7 +15,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+sys.path[:0] = [ROOT]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     size = SIZES[args.long]
 
-    import reliability as r
+    import testing.reliability as r
     from mirror_core import LaneConfig, MirrorEngine
     from ui import CSS, EngineLoader, build_demo, default_presets
 
@@ -42,16 +42,15 @@ def main(argv: list[str] | None = None) -> int:
         pair = (m.target, m.draft)
 
         # 1. draft faults, each checked against ar
-        with (MirrorEngine.load(*pair, r.INLINE) as inline,
-              MirrorEngine.load(*pair, LaneConfig(kind="thread", target_threads=1, draft_threads=1)) as thread,
-              MirrorEngine.load(*pair, LaneConfig(kind="process", target_threads=1, draft_threads=1)) as process):
-            trials = [r.fault_trial({"inline": inline, "thread": thread}, s, ("inline", "thread"))
-                      for s in range(size["faults"])]
+        lanes = {"inline": r.INLINE, "thread": LaneConfig(kind="thread", target_threads=1, draft_threads=1),
+                 "process": LaneConfig(kind="process", target_threads=1, draft_threads=1)}
+        with r.FaultEngines(*pair, lanes) as engines:
+            trials = [r.fault_trial(engines, s, ("inline", "thread")) for s in range(size["faults"])]
             seeds = iter(range(10_000, 20_000))
             for i in range(size["process_faults"]):  # alternately a killed process and a raise, seeded
                 mode = "exit" if i % 2 == 0 else "raise"
                 seed = next(s for s in seeds if r.process_fault_mode(s) == mode)
-                trials.append(r.fault_trial({"process": process}, seed, ("process",)))
+                trials.append(r.fault_trial(engines, seed, ("process",)))
         problems += [f"fault seed {t.seed} ({t.kind}/{t.mode}/{t.decoder}@{t.step}): {t.detail}" for t in trials if not t.ok]
         faults_ok = sum(t.ok for t in trials)
         kills = sum(t.mode == "exit" for t in trials)

@@ -1,78 +1,9 @@
-"""Tiny Hugging Face model pairs built from configs (no downloads), saved to a session temp dir."""
+"""pytest fixtures: tiny model pairs built from configs (testing/toy_models.py), saved to a session temp dir."""
 from __future__ import annotations
 
-import os
-
 import pytest
-import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-
-from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,  # noqa: E402
-                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
-from transformers.utils import logging as hf_logging  # noqa: E402
-
-hf_logging.disable_progress_bar()
-
-VOCAB = 96
-ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gpt2")
-
-
-def _config(arch: str, layers: int, hidden: int = 64, vocab: int = VOCAB, eos: int | None = None):
-    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  eos_token_id=eos, bos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
-    if arch == "llama":
-        return LlamaForCausalLM, LlamaConfig(**common)
-    if arch == "qwen2":
-        return Qwen2ForCausalLM, Qwen2Config(**common)
-    if arch == "qwen3":
-        return Qwen3ForCausalLM, Qwen3Config(head_dim=hidden // 4, **common)
-    if arch == "mistral":
-        return MistralForCausalLM, MistralConfig(sliding_window=None, **common)
-    return GPT2LMHeadModel, GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=4, n_positions=512,
-                                       eos_token_id=eos, bos_token_id=None)
-
-
-def _is_residual_out(name: str) -> bool:
-    return name.endswith(("o_proj.weight", "down_proj.weight", "c_proj.weight"))
-
-
-def _in_first_layer(name: str) -> bool:
-    return ".layers.0." in name or ".h.0." in name
-
-
-def build_pair(root: str, arch: str, target_layers: int = 4, hidden: int = 64, seed: int = 0,
-               eos: int | None = None, vocab: int = VOCAB, draft_noise: float = 0.1) -> tuple[str, str]:
-    """A random target and a 1-layer draft initialised from its embedding, first layer, norm and head
-    (so acceptance is neither 0 nor 1)."""
-    cls, cfg = _config(arch, target_layers, hidden, vocab, eos)
-    torch.manual_seed(seed)
-    target = cls(cfg).eval()
-    with torch.no_grad():
-        for name, p in target.named_parameters():
-            if p.dim() == 2:
-                p.mul_(3.0)  # sharper distributions than the default init, so greedy ties are rare
-            if name.endswith(("lm_head.weight", "embed_tokens.weight", "wte.weight")):
-                p.mul_(4.0)
-            if _is_residual_out(name) and not _in_first_layer(name):
-                p.mul_(0.5)  # later layers nudge the first layer's prediction, so a 1-layer draft agrees often
-    dcls, dcfg = _config(arch, 1, hidden, vocab, eos)
-    draft = dcls(dcfg).eval()
-    own = draft.state_dict()
-    for name, tensor in target.state_dict().items():
-        if name in own and own[name].shape == tensor.shape:
-            own[name].copy_(tensor)
-    torch.manual_seed(seed + 100)
-    with torch.no_grad():  # perturb the draft a little so it is not the target's own first layer
-        for p in draft.parameters():
-            p.add_(draft_noise * p.std() * torch.randn_like(p) if p.numel() > 1 else 0.0)
-    tag = f"{arch}_s{seed}_e{eos}_v{vocab}_h{hidden}_n{target_layers}_z{draft_noise}"
-    t_dir, d_dir = os.path.join(root, tag + "_target"), os.path.join(root, tag + "_draft")
-    target.save_pretrained(t_dir)
-    draft.save_pretrained(d_dir)
-    return t_dir, d_dir
+from testing.toy_models import ARCHS, build_pair
 
 
 @pytest.fixture(scope="session")
@@ -83,31 +14,3 @@ def pair_root(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def pairs(pair_root) -> dict[str, tuple[str, str]]:
     return {arch: build_pair(pair_root, arch) for arch in ARCHS}
-
-
-def hf_greedy(path: str, prompt: tuple[int, ...], n: int) -> list[int]:
-    """The reference: transformers' own greedy generate."""
-
-    model = _cached_model(path)
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=0)
-    return out[0, len(prompt):].tolist()
-
-
-_MODELS: dict = {}
-
-
-def _cached_model(path: str):
-    from transformers import AutoModelForCausalLM
-
-    if path not in _MODELS:
-        _MODELS[path] = AutoModelForCausalLM.from_pretrained(path).eval()
-    return _MODELS[path]
-
-
-def prompts(n: int, seed: int = 0, vocab: int = VOCAB) -> list[tuple[int, ...]]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        length = int(torch.randint(1, 12, (1,), generator=g))
-        out.append(tuple(torch.randint(0, vocab, (length,), generator=g).tolist()))
-    return out

@@ -15,6 +15,7 @@ from mirror_core.bench.harness import derive, parse_sweep
 from mirror_core.cli import main
 from mirror_core.config import SpecConfig
 from mirror_core.events import SpanEvent, StepRecord
+from mirror_core.metrics import RunSummary
 from mirror_core.latency import hidden_draft_bound, latency_model_from_events, physical_bound, verify_time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,7 +114,8 @@ def test_latency_model_and_bounds_on_hand_made_numbers():
     spans = [SpanEvent("draft", "draft_rollout", 0.0, 0.002, 0)] + _mirror_step(1, 10.0) + _mirror_step(2, 30.0)
     steps = [StepRecord(s, (0,) * 5, 4, 2, 7, 3, False, True, t_end=(t + 10.5 + s) * 1e-3)
              for s, t in ((1, 10.0), (2, 30.0))]
-    model = latency_model_from_events(spans, steps, {"tau": 3.0, "fallback_frequency": 0.25}, t_ar=0.006)
+    summary = RunSummary(4, steps=4, committed=12, branched_steps=4, hits=3)  # τ = 3.0, FF = 0.25
+    model = latency_model_from_events(spans, steps, summary, t_ar=0.006)
     assert model.t_pre == pytest.approx(0.004) and model.delta == pytest.approx(0.004)
     assert model.t_branch == pytest.approx(0.003) and model.t_fresh == pytest.approx(0.002)
     assert model.t_mirror == pytest.approx(0.004 + 0.001 + 0.004 + 0.001)      # the draft fits in Δ: hidden
@@ -124,7 +126,7 @@ def test_latency_model_and_bounds_on_hand_made_numbers():
     assert verify_time(spans) == pytest.approx(0.009)                          # prefix + readout + suffix
     assert physical_bound(3.0, 0.006, 0.009) == pytest.approx(2.0)
     assert hidden_draft_bound(spans) == pytest.approx(0.010 + 0.0015)           # verify + accept + fastest reply
-    assert latency_model_from_events([], [], {}, None) is None
+    assert latency_model_from_events([], [], RunSummary(4), None) is None
 
 
 def test_derive_picks_the_faster_ar_as_baseline_and_checks_equality():

@@ -9,8 +9,7 @@ import sys
 import pytest
 
 from mirror_core.cli import main
-
-from conftest import build_pair, hf_greedy
+from testing.toy_models import build_pair, hf_greedy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -9,8 +9,7 @@ from safetensors import safe_open
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
 from mirror_core.config import AUTO_BRANCH_BUDGET
-
-from conftest import hf_greedy
+from testing.toy_models import hf_greedy
 
 PAIR = os.path.join(os.path.dirname(__file__), "..", "assets", "default_pair")
 TARGET, DRAFT_AR, DRAFT_SS = (os.path.join(PAIR, n) for n in ("target", "draft_ar", "draft_ss"))
@@ -51,7 +50,8 @@ def test_every_decoder_equals_transformers_greedy_on_the_shipped_pair(draft, mon
 def test_shipped_ss_draft_multi_token_steps_equal_one_token_decoding():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mirror_core.modeling_ss_draft import main_greedy_generate, ss_greedy_generate
+    from mirror_core.train.evaluate import ss_greedy_generate
+    from testing.toy_models import main_greedy_generate
 
     model = AutoModelForCausalLM.from_pretrained(DRAFT_SS, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(DRAFT_SS)

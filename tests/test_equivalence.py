@@ -6,8 +6,7 @@ import itertools
 import pytest
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
-
-from conftest import ARCHS, build_pair, hf_greedy, prompts
+from testing.toy_models import ARCHS, build_pair, hf_greedy, prompts
 
 N_NEW = 24
 
@@ -45,17 +44,17 @@ def test_mirror_every_gamma_kappa_exit_layer(pairs, engines):
     for gamma, kappa, exit_layer in itertools.product(range(1, 9), range(1, 9), range(1, 4)):
         end = engine.generate(Request(prompt, "mirror", 16, spec=SpecConfig(gamma, kappa, exit_layer)))
         assert list(end.token_ids) == ref, (gamma, kappa, exit_layer)
-        hits += (end.stats["hit_rate"] or 0) > 0
-        misses += (end.stats["fallback_frequency"] or 0) > 0
+        hits += (end.summary.hit_rate or 0) > 0
+        misses += (end.summary.fallback_frequency or 0) > 0
     assert hits > 0 and misses > 0  # both the reuse path and the fresh-rollout path ran
 
 
 def test_some_steps_accept_and_some_reuse_branches(pairs, engines):
     """Guard against a vacuous pass: the tiny pair accepts drafts and hits precomputed branches."""
     end = engines["llama"].generate(Request((3, 1, 4, 1, 5), "mirror", 48, spec=SpecConfig(4, 4, 2)))
-    assert end.stats["acceptance_rate"] > 0.1
-    assert end.stats["hit_rate"] > 0.3
-    assert end.stats["tau"] > 1.2
+    assert end.summary.acceptance_rate > 0.1
+    assert end.summary.hit_rate > 0.3
+    assert end.summary.tau > 1.2
 
 
 @pytest.mark.parametrize("decoder", ["ar", "sd", "mirror"])

@@ -8,8 +8,7 @@ from transformers import AutoModelForCausalLM
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
 from mirror_core.runners.fast import FastLlamaRunner
 from mirror_core.runners.hf import HFRunner
-
-from conftest import hf_greedy, prompts
+from testing.toy_models import hf_greedy, prompts
 
 ATOL = 1e-4
 

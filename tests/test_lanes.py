@@ -3,21 +3,27 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
-from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig, StepRecord, TokenEvent
-from mirror_core.lanes.placement import auto_lanes
-from mirror_core.lanes.channel import Channel, Message
-from mirror_core.messages import BranchRequest, DraftStart, DraftWindow, ResolveRequest
-from mirror_core.lanes.codec import decode, encode
-from mirror_core.metrics import interval_overlap
-
-from conftest import build_pair, hf_greedy
-
 import numpy as np
+import pytest
 import torch
 
-from mirror_core import SamplingConfig
+from mirror_core import (
+    FaultPlan,
+    LaneConfig,
+    MirrorEngine,
+    MirrorError,
+    Request,
+    SamplingConfig,
+    SpecConfig,
+    StepRecord,
+    TokenEvent,
+)
+from mirror_core.lanes.channel import Channel, Message
+from mirror_core.lanes.codec import decode, encode
+from mirror_core.lanes.placement import auto_lanes
+from mirror_core.messages import BranchRequest, DraftStart, DraftWindow, ResolveRequest
+from mirror_core.metrics import interval_overlap
+from testing.toy_models import build_pair, hf_greedy
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +47,7 @@ def test_cpu_lanes_overlap_in_time(process_engine):
     branches = [(s.t0, s.t1) for s in spans if s.stage == "draft_branches"]
     assert branches and suffix
     assert interval_overlap(suffix, branches) > 0.0       # the draft ran while the target ran its suffix
-    assert end.stats["draft_hidden_fraction"] > 0.05
+    assert end.summary.draft_hidden_fraction > 0.05
     assert end.fallback is None
 
 
@@ -73,7 +79,7 @@ def test_stop_flag_ends_the_run_within_one_step(process_engine, heavy_pair):
         if isinstance(event, TokenEvent):
             tokens.append(event.token_id)
         last = event
-    assert last.stopped and last.stats["steps"] <= 3
+    assert last.stopped and last.summary.steps <= 3
     assert tokens == hf_greedy(heavy_pair[0], (1, 2, 3), len(tokens))
     _assert_lane_idle(process_engine)
 
@@ -95,30 +101,41 @@ def _assert_lane_idle(engine):
 
 
 @pytest.mark.parametrize("kind,mode", [("inline", "raise"), ("thread", "raise"), ("process", "raise"), ("process", "exit")])
-def test_draft_fault_finishes_on_the_target_alone(pairs, monkeypatch, kind, mode):
+def test_draft_fault_finishes_on_the_target_alone(pairs, kind, mode):
     target, draft = pairs["llama"]
     ref = hf_greedy(target, (7, 8, 9), 40)
-    with MirrorEngine.load(target, draft, LaneConfig(kind=kind)) as engine:
-        for fault_step in (0, 1, 3) if mode == "raise" else (2,):  # each "exit" costs a process respawn
-            monkeypatch.setenv("MIRROR_FAULT_DRAFT_AT_STEP", str(fault_step))
-            monkeypatch.setenv("MIRROR_FAULT_DRAFT_MODE", mode)
-            for decoder in ("sd", "mirror"):
+    for fault_step in (0, 1, 3) if mode == "raise" else (2,):  # each "exit" costs a process respawn
+        with MirrorEngine.load(target, draft, LaneConfig(kind=kind, fault=FaultPlan(fault_step, mode))) as engine:
+            for decoder in ("sd", "mirror", "mirror"):  # the lane recovers for each request (an exited one respawns)
                 end = engine.generate(Request((7, 8, 9), decoder, 40, spec=SpecConfig(3, 2, 2)))
                 assert list(end.token_ids) == ref
                 assert end.fallback and "draft lane failed" in end.fallback
-        monkeypatch.delenv("MIRROR_FAULT_DRAFT_AT_STEP")
+    with MirrorEngine.load(target, draft, LaneConfig(kind=kind)) as engine:
         end = engine.generate(Request((7, 8, 9), "mirror", 40, spec=SpecConfig(3, 2, 2)))
-        assert list(end.token_ids) == ref and end.fallback is None  # the lane recovers for the next request
+        assert list(end.token_ids) == ref and end.fallback is None
+
+
+def test_the_fault_hook_is_read_from_the_environment_once_when_an_engine_loads(pairs, monkeypatch):
+    target, draft = pairs["llama"]
+    monkeypatch.setenv("MIRROR_FAULT_DRAFT_AT_STEP", "1")
+    with MirrorEngine.load(target, draft, LaneConfig(kind="inline")) as engine:
+        assert engine.info.lanes.fault == FaultPlan(1, "raise")
+        monkeypatch.delenv("MIRROR_FAULT_DRAFT_AT_STEP")  # too late: the plan was fixed at load
+        end = engine.generate(Request((7, 8, 9), "mirror", 20, spec=SpecConfig(3, 2, 2)))
+        assert end.fallback and "draft lane failed at step 1" in end.fallback
+    monkeypatch.setenv("MIRROR_FAULT_DRAFT_AT_STEP", "soon")
+    with pytest.raises(MirrorError, match="MIRROR_FAULT_DRAFT_AT_STEP must be a step number"):
+        MirrorEngine.load(target, draft, LaneConfig(kind="inline"))
 
 
 def test_channel_codec_round_trips():
-    cmds = [DraftStart((1, 2, 3), 4, SamplingConfig(0.7, 5, 0.9, 42, "rejection"), 3, "exit"),
-            BranchRequest(2, ((1, 2), (3, -1), (4, 5))), ResolveRequest(5, 2, 17)]
+    cmds = [DraftStart((1, 2, 3), 4, SamplingConfig(0.7, 5, 0.9, 42, "rejection")),
+            BranchRequest(2, ((1, 2), (3, -1), (4, 5))), ResolveRequest(5, 2, 17, True), ResolveRequest(6, 0, 3, False)]
     for cmd in cmds:
         assert decode(encode(cmd)) == cmd
-    window = DraftWindow((1, 2), torch.rand(2, 7), True, 3, ((1, 2), (3, 4)), [("draft_branches", 1.0, 2.0)], 5, 9)
+    window = DraftWindow((1, 2), torch.rand(2, 7), 3, ((1, 2), (3, 4)), [("draft_branches", 1.0, 2.0)], 5, 9)
     back = decode(encode(window))
-    assert back.tokens == window.tokens and back.hit and back.branch_row == 3 and back.branches == window.branches
+    assert back.tokens == window.tokens and back.branch_row == 3 and back.branches == window.branches
     assert torch.allclose(back.p_draft, window.p_draft) and back.spans == window.spans and back.forwards == 5
     assert back.produced == 9
 

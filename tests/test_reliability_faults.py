@@ -6,10 +6,19 @@ import threading
 import time
 
 import pytest
-from conftest import build_pair
-from reliability import INLINE, TargetFault, WatchedLoad, disconnect_trial, fault_trial, free_port, process_fault_mode
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig, StepRecord
+from testing.reliability import (
+    INLINE,
+    FaultEngines,
+    TargetFault,
+    WatchedLoad,
+    disconnect_trial,
+    fault_trial,
+    free_port,
+    process_fault_mode,
+)
+from testing.toy_models import build_pair
 
 N_FAULTS = 54          # seeded trials on inline/thread lanes (injected raises)
 
@@ -26,8 +35,10 @@ def engines(pair):
         yield {"inline": inline, "thread": thread}
 
 
-def test_seeded_draft_faults_finish_on_the_target_with_the_ar_output(engines):
-    trials = [fault_trial(engines, seed, ("inline", "thread")) for seed in range(N_FAULTS)]
+def test_seeded_draft_faults_finish_on_the_target_with_the_ar_output(pair):
+    lanes = {"inline": INLINE, "thread": LaneConfig(kind="thread", target_threads=1, draft_threads=1)}
+    with FaultEngines(*pair, lanes) as engines:
+        trials = [fault_trial(engines, seed, ("inline", "thread")) for seed in range(N_FAULTS)]
     failed = [t for t in trials if not t.ok]
     assert not failed, failed[:3]
     assert {t.kind for t in trials} == {"inline", "thread"} and {t.decoder for t in trials} == {"sd", "mirror"}
@@ -35,15 +46,16 @@ def test_seeded_draft_faults_finish_on_the_target_with_the_ar_output(engines):
 
 
 def test_draft_process_faults_and_kills_match_ar(pair):
-    """A real draft process: one seeded kill (the process exits), then one seeded raise (after its respawn)."""
-    with MirrorEngine.load(*pair, LaneConfig(kind="process", target_threads=1, draft_threads=1)) as engine:
+    """A real draft process: one seeded kill (the process exits) and one seeded raise; the killed lane respawns."""
+    with FaultEngines(*pair, {"process": LaneConfig(kind="process", target_threads=1, draft_threads=1)}) as engines:
         trials = []
         for mode in ("exit", "raise"):  # each kill costs a respawn (seconds), so one of each here; the soak does more
             seed = next(s for s in range(1000) if process_fault_mode(s) == mode)
-            trials.append(fault_trial({"process": engine}, seed, ("process",)))
+            trials.append(fault_trial(engines, seed, ("process",)))
         assert all(t.ok for t in trials), trials
-        end = engine.generate(Request((1, 2, 3), "mirror", 8))
-        assert end.fallback is None and engine.lane.proc.is_alive()  # respawned for the next request
+        killed = next(e for (_, plan), e in engines.engines.items() if plan.mode == "exit")
+        end = killed.generate(Request((1, 2, 3), "mirror", 1))  # one token: no step reaches the fault
+        assert end.fallback is None and killed.lane.proc.is_alive()  # respawned for the next request
 
 
 def test_target_lane_failure_stops_with_an_error_and_keeps_the_committed_tokens(engines):
@@ -133,5 +145,5 @@ def test_stop_flag_checked_every_step_leaves_no_thread_behind(engines):
         if isinstance(event, StepRecord) and event.step == 3:
             stop.set()
         last = event
-    assert last.stopped and last.stats["steps"] <= 4
+    assert last.stopped and last.summary.steps <= 4
     assert not set(threading.enumerate()) - before  # the run started no thread that outlives it

@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from reliability import CATALOGUE, INLINE, app_run, app_values, build_models, cli_case, expect_mirror_error
 
 from mirror_core import MirrorEngine, Request, SpecConfig
 from mirror_core.cli import main
+from testing.reliability import CATALOGUE, INLINE, app_run, app_values, build_models, cli_case, expect_mirror_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATUS, AR_TEXT, MIRROR_TEXT, TRACE = 0, 3, 6, 19

@@ -3,8 +3,9 @@ back-to-back runs through the app's handler keep RSS, threads and processes flat
 from __future__ import annotations
 
 import pytest
-from conftest import build_pair
-from reliability import INLINE, free_port, back_to_back, concurrent_clients
+
+from testing.reliability import INLINE, back_to_back, concurrent_clients, free_port
+from testing.toy_models import build_pair
 
 N_CLIENTS = 8
 N_RUNS, N_WARMUP = 40, 10     # scripts/soak.py --long runs 200

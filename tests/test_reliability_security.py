@@ -3,10 +3,10 @@ a Space's allowlist with local paths refused, safetensors only (see the catalogu
 from __future__ import annotations
 
 import pytest
-from conftest import build_pair
-from reliability import INLINE
 
 from mirror_core import MirrorError
+from testing.reliability import INLINE
+from testing.toy_models import build_pair
 from ui import EngineLoader, ModelPolicy, PairPreset, build_demo, default_presets
 
 

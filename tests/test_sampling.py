@@ -9,8 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SamplingConfig, SpecConfig
 from mirror_core.sampling import probs, warp_logits
-
-from conftest import build_pair, prompts
+from testing.toy_models import build_pair, prompts
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +117,8 @@ def test_rule_r_matches_the_target_distribution(pair_root):
                                           spec=SpecConfig(gamma=2, kappa=2, exit_layer=1)))
             counts2[end.token_ids[1]] += 1
             counts3[end.token_ids[2]] += 1
-            accepted += end.stats["counters"]["accepted"]
-            hits += end.stats["counters"]["hits"]
+            accepted += end.summary.accepted
+            hits += end.summary.hits
     assert accepted > N_RUNS * 0.3  # the draft's tokens really were accepted (by rejection sampling)
     assert _chi2_p(counts2, law2) > 1e-3
     assert _chi2_p(counts3, law3) > 1e-3

@@ -11,11 +11,10 @@ from mirror_core import LaneConfig, MirrorEngine, Request, SamplingConfig, SpecC
 from mirror_core.config import SamplingConfig as SC
 from mirror_core.draft_worker import DraftWorker
 from mirror_core.messages import BranchRequest, DraftStart, ResolveRequest
+from mirror_core.modeling_ss_draft import ss_draft_from_llama
 from mirror_core.runners.fast_ss import FastSSRunner
-from mirror_core.modeling_ss_draft import main_greedy_generate, ss_draft_from_llama
 from mirror_core.runners.ss_reference import SSRunner
-
-from conftest import build_pair, hf_greedy, prompts
+from testing.toy_models import build_pair, hf_greedy, main_greedy_generate, prompts
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +43,7 @@ def test_ss_draft_is_lossless_for_every_decoder(ss_pair, kind, runner):
                 assert list(end.token_ids) == ref, (decoder, prompt, spec)
                 assert end.fallback is None, end.fallback
                 if decoder != "ar":  # η̄: several tokens per SS pass, and some lookahead rejected
-                    assert 1.0 < end.stats["draft_tokens_per_forward"] < 3.0
+                    assert 1.0 < end.summary.draft_tokens_per_forward < 3.0
 
 
 def test_ss_draft_with_rule_e_reproduces_ar(ss_pair):
@@ -66,12 +65,12 @@ def test_ss_rollouts_equal_one_token_at_a_time_decoding(ss_pair, runner_class):
     worker = DraftWorker(runner_class(model))
     prompt, gamma = (3, 1, 4, 1, 5), 7
     worker.handle(DraftStart(prompt, gamma, SC()))
-    first = worker.handle(ResolveRequest(0, 0, 9))
+    first = worker.handle(ResolveRequest(0, 0, 9, hit=False))
     assert list(first.tokens) == main_greedy_generate(model, list(prompt) + [9], gamma)
     candidates = ((10, 11), (12,), (13, 14), (15,), (16,), (17,), (18,), (19, 20))
     worker.handle(BranchRequest(1, candidates))
-    reply = worker.handle(ResolveRequest(1, 2, 13))  # A_t = 2, c = 13: a hit on slot 3
-    assert reply.hit
+    reply = worker.handle(ResolveRequest(1, 2, 13, hit=True))  # A_t = 2, c = 13: a hit on slot 3
+    assert reply.branch_row == [(j, v) for j, c in enumerate(candidates) for v in c].index((2, 13))
     rows = [(j, v) for j, c in enumerate(candidates) for v in c]
     window = [9, *first.tokens]
     for (j, v), branch in zip(rows, reply.branches):
@@ -79,6 +78,6 @@ def test_ss_rollouts_equal_one_token_at_a_time_decoding(ss_pair, runner_class):
         assert list(branch) == main_greedy_generate(model, prefix, gamma), (j, v)
     assert list(reply.tokens) == list(reply.branches[rows.index((2, 13))])
     # After adopting the branch the cache is consistent: the next rollout continues correctly.
-    nxt = worker.handle(ResolveRequest(2, 0, 21))
+    nxt = worker.handle(ResolveRequest(2, 0, 21, hit=False))
     committed = list(prompt) + window[:3] + [13] + [21]
     assert list(nxt.tokens) == main_greedy_generate(model, committed, gamma)

@@ -10,9 +10,9 @@ import time
 import urllib.request
 
 import pytest
-from conftest import build_pair
 
 from mirror_core import LaneConfig
+from testing.toy_models import build_pair
 from ui import CSS, EngineLoader, build_demo, default_presets
 
 LANES = LaneConfig(kind="inline", target_threads=1, draft_threads=1)

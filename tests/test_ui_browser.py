@@ -163,9 +163,8 @@ def run_once(url: str, screenshot: str | None = None, prompt: str | None = None,
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 def test_page_runs_a_generation_and_shows_tokens_and_plots(pair_root, tmp_path):
-    from conftest import build_pair
-
     from mirror_core import LaneConfig
+    from testing.toy_models import build_pair
     from ui import CSS, EngineLoader, build_demo, default_presets
 
     target, draft = build_pair(pair_root, "llama")

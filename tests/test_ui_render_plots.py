@@ -7,7 +7,8 @@ import json
 import plotly.graph_objects as go
 import pytest
 
-from mirror_core import MirrorError, RejectedEvent, RunEnd, RunStart, SpanEvent, StepRecord, TokenEvent
+from mirror_core import (LaneConfig, MirrorError, RejectedEvent, Request, RunEnd, RunSettings, RunStart, RunSummary,
+                         SpanEvent, SpecConfig, StepRecord, TokenEvent)
 from ui import plots
 from ui.inspector import inspector_html
 from ui.numbers import latency_model, numbers_html, speedup
@@ -26,12 +27,17 @@ class ByteTokenizer:
         return list(text.encode("utf-8"))
 
 
+def _settings(decoder: str, gamma: int) -> RunSettings:
+    request = Request((1,), decoder, spec=SpecConfig(gamma=gamma))
+    return RunSettings(request, LaneConfig(kind="inline"), 1, "target", "draft", "FastLlamaRunner")
+
+
 def mirror_run(tokenizer=None) -> DecoderRun:
     """Two Mirror-SD steps: step 1 accepts 1 of 2 drafts (miss), step 2 accepts both from a reused branch (bonus)."""
     t0 = 100.0
     run = DecoderRun("mirror", TokenNamer(tokenizer))
     events = [
-        RunStart("mirror", (104, 105), {"request": {"spec": {"gamma": 2}}}, t0),
+        RunStart("mirror", (104, 105), _settings("mirror", 2), t0),
         SpanEvent("target", "prefill", t0, t0 + 0.010, 0),
         SpanEvent("draft", "prefill", t0, t0 + 0.004, 0),
         TokenEvent(0xC3, 0, 0, "target", False, t0 + 0.010),       # first byte of "é": held back
@@ -67,9 +73,9 @@ def mirror_run(tokenizer=None) -> DecoderRun:
                    branch_rows=((0, ord("a")), (1, ord("b")), (2, ord("!"))), branch_row=2,
                    t_end=t0 + 0.036),
         RunEnd((0xC3, 0xA9, ord("x"), ord("y"), ord("z"), ord("!")),
-               {"new_tokens": 6, "steps": 2, "tau": 2.5, "acceptance_rate": 0.75, "hit_rate": 0.5,
-                "fallback_frequency": 0.5, "draft_hidden_fraction": 0.4, "tokens_per_s": 166.0, "ttft_s": 0.01,
-                "wall_s": 0.036}, None),
+               # τ 2.5, α 0.75, hit rate 0.5, draft-hidden 0.4, wall 36 ms
+               RunSummary(2, new_tokens=6, steps=2, committed=5, drafted=4, accepted=3, branched_steps=2, hits=1,
+                          draft_busy_s=0.010, hidden_s=0.004, wall_s=0.036, ttft_s=0.01), None),
     ]
     for e in events:
         run.add(e)
@@ -78,11 +84,11 @@ def mirror_run(tokenizer=None) -> DecoderRun:
 
 def ar_run(wall: float = 0.072, n: int = 6) -> DecoderRun:
     run = DecoderRun("ar", TokenNamer(None))
-    run.add(RunStart("ar", (1,), {}, 0.0))
+    run.add(RunStart("ar", (1,), _settings("ar", 4), 0.0))
     for i in range(n):
         run.add(SpanEvent("target", "target_step" if i else "prefill", i * wall / n, (i + 1) * wall / n, i))
         run.add(TokenEvent(10 + i, i, i, "target", False, (i + 1) * wall / n))
-    run.add(RunEnd(tuple(range(10, 10 + n)), {"new_tokens": n, "wall_s": wall, "tokens_per_s": n / wall}, None))
+    run.add(RunEnd(tuple(range(10, 10 + n)), RunSummary(4, new_tokens=n, wall_s=wall), None))
     return run
 
 

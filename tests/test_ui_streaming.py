@@ -5,9 +5,9 @@ import json
 import time
 
 import pytest
-from conftest import build_pair
 
 from mirror_core import LaneConfig
+from testing.toy_models import build_pair
 from ui.layout import _view
 from ui.loader import EngineLoader, default_presets
 from ui.session import Session

@@ -1,4 +1,4 @@
-"""Run numbers with their definitions (mirror_sd.md §8) and the latency model (§4), both from engine spans/stats."""
+"""Run numbers with their definitions (docs/ALGORITHM.md §8) and the latency model (§4), from engine spans and summaries."""
 from __future__ import annotations
 
 import html
@@ -14,12 +14,12 @@ def speedup(baseline: DecoderRun | None, run: DecoderRun | None) -> tuple[float 
     """Baseline wall / method wall for the same token count; per-token times when the counts differ."""
     if baseline is None or run is None or not baseline.end or not run.end:
         return None, ""
-    b, m = baseline.stats, run.stats
-    if not (b.get("wall_s") and m.get("wall_s") and b.get("new_tokens") and m.get("new_tokens")):
+    b, m = baseline.summary, run.summary
+    if not (b.wall_s and m.wall_s and b.new_tokens and m.new_tokens):
         return None, ""
-    if b["new_tokens"] == m["new_tokens"]:
-        return b["wall_s"] / m["wall_s"], "wall time"
-    return (b["wall_s"] / b["new_tokens"]) / (m["wall_s"] / m["new_tokens"]), "per-token time"
+    if b.new_tokens == m.new_tokens:
+        return b.wall_s / m.wall_s, "wall time"
+    return (b.wall_s / b.new_tokens) / (m.wall_s / m.new_tokens), "per-token time"
 
 
 def speedups(runs: dict[str, DecoderRun]) -> dict[str, tuple[float | None, str]]:
@@ -32,17 +32,17 @@ def _f(v, fmt="{:.3f}", scale=1.0) -> str:
 
 # (label, how to read it from a run, definition)
 _ROWS = (
-    ("tokens/s", lambda r, s: _f(r.stats.get("tokens_per_s"), "{:.1f}"), "new tokens / decode wall time (prefill start → last commit)"),
-    ("TTFT", lambda r, s: _f(r.stats.get("ttft_s"), "{:.1f} ms", 1e3), "time to the first new token (the prefill)"),
-    ("wall time", lambda r, s: _f(r.stats.get("wall_s"), "{:.1f} ms", 1e3), "prefill start → last commit, on the engine's clock"),
+    ("tokens/s", lambda r, s: _f(r.summary.tokens_per_s, "{:.1f}"), "new tokens / decode wall time (prefill start → last commit)"),
+    ("TTFT", lambda r, s: _f(r.summary.ttft_s, "{:.1f} ms", 1e3), "time to the first new token (the prefill)"),
+    ("wall time", lambda r, s: _f(r.summary.wall_s, "{:.1f} ms", 1e3), "prefill start → last commit, on the engine's clock"),
     ("speedup vs AR", lambda r, s: _speedup_cell(r, s), "AR wall time / this wall time, same prompt, settings, seed and token count"),
-    ("τ", lambda r, s: _f(r.stats.get("tau"), "{:.2f}"), "Σ n_t / #steps: tokens committed per verification, incl. the correction/bonus"),
-    ("α", lambda r, s: _f(r.stats.get("acceptance_rate")), "Σ A_t / Σ D_t: share of drafted tokens the target accepted"),
-    ("hit rate", lambda r, s: _f(r.stats.get("hit_rate")), "#steps whose correction c was among the early-exit top-κ / #steps with branches"),
-    ("fallback frequency", lambda r, s: _f(r.stats.get("fallback_frequency")), "1 − hit rate: steps that needed a fresh draft rollout"),
-    ("draft-hidden fraction", lambda r, s: _f(r.stats.get("draft_hidden_fraction")), "Σ|draft busy ∩ target busy| / Σ|draft busy| on one clock"),
-    ("Ω̂_κ (exit overlap)", lambda r, s: _f(r.stats.get("exit_overlap")), "share of slots whose target token is in that slot's early-exit top-κ"),
-    ("new tokens / steps", lambda r, s: f"{r.stats.get('new_tokens', len(r.tokens))} / {r.stats.get('steps', len(r.steps))}", "steps = target verification passes after the prefill"),
+    ("τ", lambda r, s: _f(r.summary.tau, "{:.2f}"), "Σ n_t / #steps: tokens committed per verification, incl. the correction/bonus"),
+    ("α", lambda r, s: _f(r.summary.acceptance_rate), "Σ A_t / Σ D_t: share of drafted tokens the target accepted"),
+    ("hit rate", lambda r, s: _f(r.summary.hit_rate), "#steps whose correction c was among the early-exit top-κ / #steps with branches"),
+    ("fallback frequency", lambda r, s: _f(r.summary.fallback_frequency), "1 − hit rate: steps that needed a fresh draft rollout"),
+    ("draft-hidden fraction", lambda r, s: _f(r.summary.draft_hidden_fraction), "Σ|draft busy ∩ target busy| / Σ|draft busy| on one clock"),
+    ("Ω̂_κ (exit overlap)", lambda r, s: _f(r.summary.exit_overlap), "share of slots whose target token is in that slot's early-exit top-κ"),
+    ("new tokens / steps", lambda r, s: f"{r.summary.new_tokens} / {r.summary.steps}", "steps = target verification passes after the prefill"),
 )
 
 
@@ -88,7 +88,7 @@ def latency_model(mirror: DecoderRun | None, ar: DecoderRun | None) -> LatencyMo
     if mirror is None or not mirror.steps or mirror.end is None:
         return None
     t_ar = stage_mean(ar.spans, (STAGE_TARGET_STEP,)) if ar else 0.0
-    return latency_model_from_events(mirror.spans, mirror.steps, mirror.stats, t_ar or None)
+    return latency_model_from_events(mirror.spans, mirror.steps, mirror.summary, t_ar or None)
 
 
 def latency_html(model: LatencyModel | None, measured_speedup: float | None) -> str:

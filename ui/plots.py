@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from mirror_core.metrics import count_steps
+from mirror_core.metrics import summarize
 
 from .session import DecoderRun
 from .settings import DECODER_TITLES
@@ -154,9 +154,9 @@ def acceptance_figure(runs: list[DecoderRun]) -> dict:
     data = []
     for run in runs:
         gamma = run.gamma
-        counts = count_steps(run.steps, gamma)  # the engine's own counters (mirror_core/metrics.py)
-        hist = counts.hist
-        alpha = [a / d if d else None for a, d in zip(counts.pos_accepted, counts.pos_drafted)]
+        counts = summarize(run.steps, [], gamma, new_tokens=0, t_start=0.0, t_first=None, t_end=0.0)  # the engine's counters
+        hist = list(counts.hist)
+        alpha = counts.per_position_acceptance
         color, name = DECODER_COLORS.get(run.decoder), DECODER_TITLES[run.decoder]
         data.append({"type": "bar", "x": list(range(gamma + 1)), "y": hist, "name": name,
                      "marker": {"color": color}, "legendgroup": name})

@@ -8,6 +8,7 @@ import threading
 from dataclasses import dataclass, field
 
 from mirror_core import RejectedEvent, RunEnd, RunStart, SpanEvent, StepRecord, TokenEvent
+from mirror_core.metrics import RunSummary
 from mirror_core.textstream import IncrementalText
 
 # HighlightedText labels for a committed token's origin.
@@ -95,8 +96,9 @@ class DecoderRun:
 
     @property
     def gamma(self) -> int:
-        spec = (self.start.settings.get("request", {}) if self.start else {}).get("spec", {})
-        return int(spec.get("gamma") or max((s.drafted for s in self.steps), default=1))
+        if self.start is not None:
+            return self.start.settings.request.spec.gamma
+        return max((s.drafted for s in self.steps), default=1)
 
     def token_times(self) -> list[float]:
         """Commit time of each token in seconds since this run's start (the engine's clock)."""
@@ -107,8 +109,9 @@ class DecoderRun:
         return sum(1 for t in self.token_times() if t <= seconds)
 
     @property
-    def stats(self) -> dict:
-        return self.end.stats if self.end else {}
+    def summary(self) -> RunSummary | None:
+        """The engine's run summary (None until the run ends)."""
+        return self.end.summary if self.end else None
 
 
 class Session:

@@ -17,15 +17,15 @@ import contextlib
 import json
 import os
 import statistics
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from itertools import product
 from typing import Callable, Iterator
 
-from ..engine import MirrorEngine
 from ..config import LaneConfig, MirrorError, Request, SamplingConfig, SpecConfig
+from ..engine import MirrorEngine
 from ..events import RunEnd, SpanEvent, StepRecord
-from ..latency import (LatencyModel, ar_step_time, hidden_draft_bound, latency_model_from_events, step_times,
-                      verify_time)
+from ..latency import LatencyModel, ar_step_time, hidden_draft_bound, latency_model_from_events, step_times, verify_time
+from ..metrics import RunSummary
 
 ENGINE_DECODERS = {"ar": "ar", "ar_all": "ar", "sd": "sd", "mirror": "mirror"}  # bench name → engine decoder
 PEER_DECODERS = ("hf", "hf_assisted")
@@ -96,7 +96,7 @@ class Measurement:
 
     tokens: tuple[int, ...]
     wall_s: float
-    stats: dict = field(default_factory=dict)  # the engine's run summary ({} for the peers)
+    summary: RunSummary | None = None          # the engine's run summary (None for the peers)
     t_ar: float | None = None                  # median target-only step (s)
     t_verify: float | None = None              # median verification pass (s)
     step: float | None = None                  # median measured step (s)
@@ -221,9 +221,9 @@ def measure(pair: BenchPair, cell: Cell, prompt: BenchPrompt, config: BenchConfi
     steps = [e for e in events if isinstance(e, StepRecord)]
     times = step_times(spans, steps)
     mirror = cell.decoder == "mirror"
-    return Measurement(end.token_ids, end.stats["wall_s"], end.stats, ar_step_time(spans), verify_time(spans),
+    return Measurement(end.token_ids, end.summary.wall_s, end.summary, ar_step_time(spans), verify_time(spans),
                        statistics.median(times) if times else None, hidden_draft_bound(spans) if mirror else None,
-                       latency_model_from_events(spans, steps, end.stats, None) if mirror else None, end.fallback)
+                       latency_model_from_events(spans, steps, end.summary, None) if mirror else None, end.fallback)
 
 
 def run_bench(pair: BenchPair, prompts: list[BenchPrompt], config: BenchConfig,
@@ -257,17 +257,17 @@ def _row(p: BenchPrompt, cell: Cell, runs: list[Measurement]) -> dict:
     """Medians over repeats for times; everything else from the run with the median wall time."""
     walls = [m.wall_s for m in runs]
     rep = sorted(runs, key=lambda m: m.wall_s)[(len(runs) - 1) // 2]
-    s, model = rep.stats, rep.model
+    s, model = rep.summary, rep.model
     return {
         "prompt": p.name, "category": p.category, "decoder": cell.decoder, "setting": cell.label,
         "gamma": cell.gamma, "kappa": cell.kappa, "exit_layer": cell.exit_layer, "branch_budget": cell.branch_budget,
         "new_tokens": len(rep.tokens),
         "wall_s": statistics.median(walls), "wall_s_min": min(walls), "wall_s_max": max(walls),
         "tokens_per_s": len(rep.tokens) / statistics.median(walls), "repeats": len(runs),
-        "timed_by": "engine spans" if rep.stats else "perf_counter around generate()",
-        "tau": s.get("tau"), "acceptance_rate": s.get("acceptance_rate"), "hit_rate": s.get("hit_rate"),
-        "fallback_frequency": s.get("fallback_frequency"), "draft_hidden_fraction": s.get("draft_hidden_fraction"),
-        "draft_tokens_per_forward": s.get("draft_tokens_per_forward"), "steps": s.get("steps"),
+        "timed_by": "engine spans" if s else "perf_counter around generate()",
+        "tau": s and s.tau, "acceptance_rate": s and s.acceptance_rate, "hit_rate": s and s.hit_rate,
+        "fallback_frequency": s and s.fallback_frequency, "draft_hidden_fraction": s and s.draft_hidden_fraction,
+        "draft_tokens_per_forward": s and s.draft_tokens_per_forward, "steps": s and s.steps,
         "t_ar_ms": _ms(rep.t_ar), "t_verify_ms": _ms(rep.t_verify), "step_ms": _ms(rep.step),
         "hidden_bound_ms": _ms(rep.hidden_bound),
         "model_ms": None if model is None else {k: _ms(v) for k, v in asdict(model).items()

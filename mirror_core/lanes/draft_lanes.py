@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import LaneConfig, MirrorError
+from ..config import FaultPlan, LaneConfig, MirrorError
 from ..draft_worker import DraftWorker
 from ..messages import DraftStart, DraftWindow, ResolveRequest
 from .channel import Channel, ChannelClosed, wait_until
@@ -33,6 +33,7 @@ class DraftLaneSpec:
     cpus: tuple[int, ...]
     trust_remote_code: bool = False
     runner: str = "auto"
+    fault: FaultPlan = FaultPlan()  # test hook: fail on purpose at a step (config.FaultPlan)
 
 
 def make_runner(spec: DraftLaneSpec):
@@ -71,8 +72,8 @@ class InlineLane:
 
     kind = "inline"
 
-    def __init__(self, runner):
-        self.serve = _Serve(DraftWorker(runner))
+    def __init__(self, worker: DraftWorker):
+        self.serve = _Serve(worker)
         self.queued: list = []
 
     def start(self, cmd) -> None:
@@ -98,11 +99,11 @@ class ThreadLane:
 
     kind = "thread"
 
-    def __init__(self, runner):
-        self.serve = _Serve(DraftWorker(runner))
+    def __init__(self, worker: DraftWorker):
+        self.serve = _Serve(worker)
         self.inbox: queue.Queue = queue.Queue()
         self.outbox: queue.Queue = queue.Queue()
-        self.device = runner.device
+        self.device = worker.runner.device
         self.thread = threading.Thread(target=self._loop, name="draft-lane", daemon=True)
         self.thread.start()
 
@@ -245,7 +246,7 @@ def _process_main(spec: DraftLaneSpec, channel_name: str) -> None:
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()
-            serve = _Serve(DraftWorker(make_runner(spec)))
+            serve = _Serve(DraftWorker(make_runner(spec), spec.fault))
         except Exception as exc:
             ch.to_target.send(_error_msg(exc), alive, 60)
             return
@@ -273,5 +274,5 @@ def make_draft_lane(lanes: LaneConfig, spec: DraftLaneSpec):
     """The draft lane for this mapping (the one place lane kinds are chosen)."""
     if lanes.kind == "process":
         return ProcessLane(spec, lanes.reply_timeout_s)
-    runner = make_runner(spec)
-    return ThreadLane(runner) if lanes.kind == "thread" else InlineLane(runner)
+    worker = DraftWorker(make_runner(spec), spec.fault)
+    return ThreadLane(worker) if lanes.kind == "thread" else InlineLane(worker)

@@ -12,10 +12,10 @@ from ..config import MirrorError
 def build_runner(model, vocab_size: int, choice: str = "auto"):
     """The runner for a loaded model: Llama-family weights and our SS drafts get the fast runners
     (unless choice is "hf": the generic Hugging Face runner, or the SS model's own forward)."""
+    from ..modeling_ss_draft import SSDraftForCausalLM
     from .fast import FAST_MODEL_TYPES, FastLlamaRunner
     from .fast_ss import FastSSRunner
     from .hf import HFRunner
-    from ..modeling_ss_draft import SSDraftForCausalLM
     from .ss_reference import SSRunner
 
     if isinstance(model, SSDraftForCausalLM):

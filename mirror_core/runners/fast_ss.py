@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .fast import FastCache, FastLlamaRunner
 from ..modeling_ss_draft import SSDraftForCausalLM
+from .fast import FastCache, FastLlamaRunner
 
 
 @dataclass

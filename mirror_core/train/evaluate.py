@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import mirror_core.modeling_ss_draft as ss_draft  # registers the SS draft with the Auto classes
+from mirror_core.modeling_ss_draft import SSDraftForCausalLM, SSDraftOutput, cache_length, truncate_cache
 from mirror_core.train import card, data
 
 MODEL_NAMES = ("target", "draft_ar", "draft_ss")
@@ -19,6 +19,7 @@ def evaluate_speculation(out_dir: str, prompts: list, n_tokens: int) -> dict:
     (greedy, serial inline lane, which rolls out every branch: the numbers here do not depend on timing),
     pooled over the held-out prompts; outputs checked against ar."""
     from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
+    from mirror_core.metrics import RunSummary
 
     spec = SpecConfig()
     result = {"settings": {"gamma": spec.gamma, "kappa": spec.kappa, "max_new_tokens": n_tokens,
@@ -27,23 +28,18 @@ def evaluate_speculation(out_dir: str, prompts: list, n_tokens: int) -> dict:
     for name in MODEL_NAMES[1:]:
         with MirrorEngine.load(target, os.path.join(out_dir, name), LaneConfig(kind="inline")) as engine:
             for decoder in ("sd", "mirror"):
-                counters, equal, per_forward, fallbacks = defaultdict(int), True, [], 0
+                summaries, equal, fallbacks = [], True, 0
                 for p in prompts:
                     ar = engine.generate(Request(p.ids, "ar", n_tokens, stop_at_eos=False))
                     end = engine.generate(Request(p.ids, decoder, n_tokens, spec=spec, stop_at_eos=False))
                     equal &= end.token_ids == ar.token_ids
                     fallbacks += end.fallback is not None
-                    for k, v in end.stats["counters"].items():
-                        if isinstance(v, int):
-                            counters[k] += v
-                    per_forward.append(end.stats["draft_tokens_per_forward"])
+                    summaries.append(end.summary)
+                pooled = RunSummary.pool(summaries)  # counters added over the prompts, then the metrics
                 result[f"{name}/{decoder}"] = {
-                    "tau": counters["committed"] / counters["steps"],
-                    "acceptance_rate": counters["accepted"] / counters["drafted"],
-                    "hit_rate": counters["hits"] / counters["branched_steps"] if counters["branched_steps"] else None,
-                    "exit_overlap_top_kappa": (counters["overlap_in_topk"] / counters["overlap_slots"]
-                                               if counters["overlap_slots"] else None),
-                    "draft_tokens_per_forward": sum(per_forward) / len(per_forward),
+                    "tau": pooled.tau, "acceptance_rate": pooled.acceptance_rate, "hit_rate": pooled.hit_rate,
+                    "exit_overlap_top_kappa": pooled.exit_overlap,
+                    "draft_tokens_per_forward": pooled.draft_tokens_per_forward,
                     "output_equals_ar": equal, "runs_that_fell_back_to_the_target": fallbacks}
     return result
 
@@ -161,7 +157,7 @@ def generation_metrics(models: dict, tokenizer, prompts: list[data.HeldoutPrompt
         fractions, per_forward, samples = defaultdict(list), [], {}
         for p in prompts:
             if name == "draft_ss":
-                tokens, steps = ss_draft.ss_greedy_generate(model, list(p.ids), n)
+                tokens, steps = ss_greedy_generate(model, list(p.ids), n)
                 per_forward += steps
             else:
                 tokens = llama_greedy(model, list(p.ids), n)
@@ -186,7 +182,7 @@ def decode_step_ms(model, prefix_len: int, reps: int = 40) -> float:
     try:
         prefix = torch.zeros(1, prefix_len, dtype=torch.long)
         token = torch.zeros(1, 1, dtype=torch.long)
-        is_ss = isinstance(model, ss_draft.SSDraftForCausalLM)
+        is_ss = isinstance(model, SSDraftForCausalLM)
         cache = model(prefix).cache if is_ss else model(prefix, use_cache=True).cache
         times = []
         for _ in range(reps):
@@ -240,3 +236,31 @@ if __name__ == "__main__":  # python -m mirror_core.train.evaluate OUT_DIR: re-m
     import sys
 
     print(card.render_markdown(reevaluate(sys.argv[1])))
+
+
+@torch.inference_mode()
+def ss_greedy_generate(model: SSDraftForCausalLM, prompt_ids: list[int], n: int) -> tuple[list[int], list[int]]:
+    """Self-verifying greedy decode (SS §5): up to n_str+1 tokens per forward, same output as main greedy.
+
+    Returns (tokens[:n], tokens emitted by each decode forward); the prefill forward, which emits the
+    first token, is not listed.
+    """
+    dev = model.embed_tokens.weight.device
+    out = model(torch.tensor([prompt_ids], device=dev))
+    c = int(out.logits[0, -1].argmax())  # committed, not yet in the cache
+    lookahead = out.stream_logits[0, -1].argmax(-1).tolist()  # [n_str] proposals for the tokens after c
+    tokens, per_forward = [c], []
+    while len(tokens) < n:
+        pos = cache_length(out.cache)
+        out = model(torch.tensor([[c] + lookahead], device=dev), cache=out.cache)
+        main_next = out.logits[0].argmax(-1).tolist()  # [1+n_str]: main's token after each window entry
+        accepted = 0
+        while accepted < len(lookahead) and lookahead[accepted] == main_next[accepted]:
+            accepted += 1
+        c = main_next[accepted]
+        emitted = lookahead[:accepted] + [c]
+        out = SSDraftOutput(out.logits, out.stream_logits, truncate_cache(out.cache, pos + 1 + accepted))
+        lookahead = out.stream_logits[0, accepted].argmax(-1).tolist()  # streams at the last accepted position
+        tokens += emitted
+        per_forward.append(len(emitted))
+    return tokens[:n], per_forward

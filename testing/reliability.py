@@ -16,16 +16,14 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import psutil
 import torch
 
-from conftest import VOCAB, build_pair
-
 from mirror_core import LaneConfig, MirrorEngine, MirrorError, Request, SamplingConfig, SpecConfig
-from mirror_core.config import MAX_NEW_TOKENS_CAP, MAX_PROMPT_CHARS
-from mirror_core.lanes.faults import FAULT_ENV, FAULT_MODE_ENV
+from mirror_core.config import MAX_NEW_TOKENS_CAP, MAX_PROMPT_CHARS, FaultPlan
+from testing.toy_models import VOCAB, build_pair
 
 INLINE = LaneConfig(kind="inline", target_threads=1, draft_threads=1)
 
@@ -252,26 +250,50 @@ def process_fault_mode(seed: int) -> str:
     return rng.choice(("raise", "exit"))
 
 
-def fault_trial(engines: dict[str, MirrorEngine], seed: int, kinds: tuple[str, ...]) -> FaultTrial:
+class FaultEngines:
+    """Engines per (lane kind, fault plan), loaded on first use: a fault plan is fixed when an engine loads."""
+
+    def __init__(self, target: str, draft: str, lanes: dict[str, LaneConfig]):
+        from transformers import AutoConfig
+
+        self.target, self.draft, self.lanes = target, draft, lanes
+        self.engines: dict[tuple[str, FaultPlan], MirrorEngine] = {}
+        self.num_layers = AutoConfig.from_pretrained(target).num_hidden_layers
+
+    def __call__(self, kind: str, plan: FaultPlan) -> MirrorEngine:
+        if (kind, plan) not in self.engines:
+            lanes = replace(self.lanes[kind], fault=plan)
+            self.engines[kind, plan] = MirrorEngine.load(self.target, self.draft, lanes)
+        return self.engines[kind, plan]
+
+    def close(self) -> None:
+        for engine in self.engines.values():
+            engine.close()
+        self.engines = {}
+
+    def __enter__(self) -> FaultEngines:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def fault_trial(engines: FaultEngines, seed: int, kinds: tuple[str, ...]) -> FaultTrial:
     """One seeded draft-lane fault: random step, mode, prompt and settings; the output must equal `ar`'s."""
     rng = random.Random(seed)
     kind = rng.choice(kinds)
     mode = rng.choice(("raise", "exit")) if kind == "process" else "raise"  # "exit" would end this very process
-    engine = engines[kind]
     decoder = rng.choice(("sd", "mirror"))
     prompt = tuple(rng.randrange(VOCAB) for _ in range(rng.randint(1, 10)))
     greedy = rng.random() < 0.5
     sampling = SamplingConfig(0.0 if greedy else round(rng.uniform(0.3, 1.5), 2), rng.choice((0, 0, 5, 20)),
                               rng.choice((1.0, 1.0, 0.9)), rng.randrange(1000), "exact")
-    spec = SpecConfig(rng.randint(1, 5), rng.randint(1, 4), rng.randint(1, engine.info.num_layers - 1))
+    spec = SpecConfig(rng.randint(1, 5), rng.randint(1, 4), rng.randint(1, engines.num_layers - 1))
     max_new = rng.randint(24, 40)   # ≥ 4 verification steps even when every window is accepted
     step = rng.randint(0, 3)
-    ref = engine.generate(Request(prompt, "ar", max_new, sampling, spec, stop_at_eos=False))
-    os.environ[FAULT_ENV], os.environ[FAULT_MODE_ENV] = str(step), mode
-    try:
-        end = engine.generate(Request(prompt, decoder, max_new, sampling, spec, stop_at_eos=False))
-    finally:
-        del os.environ[FAULT_ENV], os.environ[FAULT_MODE_ENV]
+    engine = engines(kind, FaultPlan(step, mode))
+    ref = engine.generate(Request(prompt, "ar", max_new, sampling, spec, stop_at_eos=False))  # ar needs no draft lane
+    end = engine.generate(Request(prompt, decoder, max_new, sampling, spec, stop_at_eos=False))
     ok = (list(end.token_ids) == list(ref.token_ids) and end.error is None and end.fallback is not None
           and "draft lane failed" in end.fallback)
     detail = "" if ok else f"tokens {list(end.token_ids)} vs ar {list(ref.token_ids)}; fallback {end.fallback!r}"
