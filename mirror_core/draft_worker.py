@@ -3,7 +3,7 @@
 A DraftWorker lives on the draft lane (its own process, thread, or inline) and sees only token
 ids: the committed tokens it is told about, the early-exit candidates M_t, and (A_t, c).
 
-Cache invariant between steps (mirror_sd.md §2.8): the draft cache holds every committed token
+Cache invariant between steps (docs/ALGORITHM.md §2.8): the draft cache holds every committed token
 through w0 (`committed` of them) plus the window tokens it fed while drafting, d1..d_{γ−1}
 (and d_γ once bonus-slot branches have been prepared).
 """

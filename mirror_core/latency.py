@@ -1,4 +1,4 @@
-"""The latency model (mirror_sd.md §4) and the timing bounds of one run, from its SpanEvents and StepRecords.
+"""The latency model (docs/ALGORITHM.md §4) and the timing bounds of one run, from its SpanEvents and StepRecords.
 
 Pure functions: spans and step records in, seconds and ratios out. The UI's latency table and the
 bench harness both use them, so "modelled" means the same thing everywhere.
@@ -40,7 +40,7 @@ VERIFY_STAGES = (STAGE_TARGET_VERIFY, STAGE_TARGET_PREFIX, STAGE_EXIT_READOUT, S
 
 @dataclass(frozen=True)
 class LatencyModel:
-    """mirror_sd.md §4 terms (seconds, means over steps ≥ 1 of the Mirror-SD run) and its predictions."""
+    """docs/ALGORITHM.md §4 terms (seconds, means over steps ≥ 1 of the Mirror-SD run) and its predictions."""
 
     t_pre: float          # target layers 1..ℓ_e (target_prefix spans)
     t_rv_ee: float        # early-exit readout + sending top-κ (exit_readout spans)

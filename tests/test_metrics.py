@@ -1,4 +1,4 @@
-"""Metric derivations (mirror_sd.md §8) on hand-built step records and spans."""
+"""Metric derivations (docs/ALGORITHM.md §8) on hand-built step records and spans."""
 from __future__ import annotations
 
 import pytest
