@@ -14,6 +14,11 @@ from .events import LANE_DRAFT, LANE_TARGET, TARGET_BUSY_STAGES, SpanEvent, Step
 KINDS = ("tau1", "deeper", "bonus")  # where the correction landed: slot 1, a deeper draft slot, the bonus slot
 
 
+def _ratio_of(num: str, den: str, definition: str) -> property:
+    """A metric defined as counter `num` / counter `den` (None when `den` is 0)."""
+    return property(lambda self: _ratio(getattr(self, num), getattr(self, den)), doc=definition)
+
+
 @dataclass(frozen=True)
 class RunSummary:
     """Raw counters of one run (or of several, pooled); metrics are the documented properties below."""
@@ -48,26 +53,27 @@ class RunSummary:
             object.__setattr__(self, "pos_accepted", (0,) * g)
             object.__setattr__(self, "pos_drafted", (0,) * g)
 
-    # -- metrics (docs/ALGORITHM.md §8) ------------------------------------------------------
-    @property
-    def tau(self) -> float | None:
-        """τ = Σ n_t / #steps: tokens committed per verification, counting the correction or bonus token."""
-        return _ratio(self.committed, self.steps)
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        """α = Σ A_t / Σ D_t: the share of presented draft tokens the target accepted."""
-        return _ratio(self.accepted, self.drafted)
+    # -- metrics (docs/ALGORITHM.md §8): each is a ratio of counters, None when its denominator is 0 -----
+    tau = _ratio_of("committed", "steps",
+                    "τ = Σ n_t / #steps: tokens committed per verification, counting the correction or bonus token.")
+    acceptance_rate = _ratio_of("accepted", "drafted", "α = Σ A_t / Σ D_t: the share of presented draft tokens accepted.")
+    hit_rate = _ratio_of("hits", "branched_steps",
+                         "#hit steps / #steps that had branches (the first step has none): c was among slot τ's "
+                         "candidates.")
+    exit_overlap = _ratio_of("overlap_in_topk", "overlap_slots",
+                             "Ω̂_κ = share of slots whose target token y_j = argmax p_target lies in the slot's sent "
+                             "TopK, over the slots where y_j ≠ d_j (d_j is excluded from TopK_j) plus every bonus slot.")
+    draft_hidden_fraction = _ratio_of("hidden_s", "draft_busy_s",
+                                      "Σ|draft busy ∩ target busy| / Σ|draft busy| on one clock; fallback rollouts "
+                                      "count as draft busy time.")
+    tokens_per_s = _ratio_of("new_tokens", "wall_s", "New tokens / decode wall time (prefill start → last commit).")
+    draft_tokens_per_forward = _ratio_of("draft_produced", "draft_forwards",
+                                         "η̄ = draft tokens produced / draft row-forwards (1 for an AR draft).")
 
     @property
     def per_position_acceptance(self) -> list[float | None]:
         """α_i = #(A_t ≥ i) / #(D_t ≥ i), i = 1..γ (unconditional, as in vLLM)."""
         return [_ratio(a, d) for a, d in zip(self.pos_accepted, self.pos_drafted)]
-
-    @property
-    def hit_rate(self) -> float | None:
-        """#hit steps / #steps that had branches (the first step has none): c was among slot τ's candidates."""
-        return _ratio(self.hits, self.branched_steps)
 
     @property
     def hit_rate_by_kind(self) -> dict[str, float | None]:
@@ -79,27 +85,6 @@ class RunSummary:
         """FF = 1 − hit rate, over the same steps: windows the draft had to roll out afresh."""
         rate = self.hit_rate
         return None if rate is None else 1.0 - rate
-
-    @property
-    def exit_overlap(self) -> float | None:
-        """Ω̂_κ = share of slots whose target token y_j = argmax p_target lies in the slot's sent TopK, over the
-        slots where y_j ≠ d_j (d_j is excluded from TopK_j) plus every bonus slot."""
-        return _ratio(self.overlap_in_topk, self.overlap_slots)
-
-    @property
-    def draft_hidden_fraction(self) -> float | None:
-        """Σ|draft busy ∩ target busy| / Σ|draft busy| on one clock; fallback rollouts count as draft busy time."""
-        return _ratio(self.hidden_s, self.draft_busy_s)
-
-    @property
-    def tokens_per_s(self) -> float | None:
-        """New tokens / decode wall time (prefill start → last commit)."""
-        return _ratio(self.new_tokens, self.wall_s)
-
-    @property
-    def draft_tokens_per_forward(self) -> float | None:
-        """η̄ = draft tokens produced / draft row-forwards (1 for an AR draft; more for an SS draft)."""
-        return _ratio(self.draft_produced, self.draft_forwards)
 
     # -- pooling and export ------------------------------------------------------------------
     @classmethod
