@@ -1,8 +1,9 @@
 """Pure figure builders: DecoderRun events → plotly figure dicts. Every time comes from the engine's spans/events.
 
 The figures are plain plotly JSON dicts ({"data": [...], "layout": {...}}), not graph_objects: plotly
-validates every property of every trace, which cost ~100 ms per live update in the app's process,
-next to the engine's target lane. `go.Figure(fig)` validates a dict when a test wants it to.
+validates every property of every trace, which is costly per live update in the app's process,
+next to the engine's target lane (measured: docs/BENCHMARKS.md, "Figures behind design choices").
+`go.Figure(fig)` validates a dict when a test wants it to.
 """
 from __future__ import annotations
 
