@@ -165,7 +165,8 @@ def bench(args) -> int:
         run_bench,
         total_runs,
     )
-    from .bench.report import build_report, format_table, write_outputs
+    from .bench.report import format_table, write_outputs
+    from .bench.summary import build_report
 
     probe = request_from_args(argparse.Namespace(**{**vars(args), "decoder": "ar"}), (0,))
     lanes = lanes_from_args(args)

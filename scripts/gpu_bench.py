@@ -9,7 +9,7 @@ Writes gpu_bench.json and gpu_bench.md under $OUT (else ./gpu_bench_out, or --ou
    (T_AR, T_verify, T_pre, Δ, T_branch, T_fresh) are real.
 2. Replay: the default pair's measured acceptance (τ and fallback frequency of `mirror` with the AR
    draft, from assets/default_pair/model_card.json or --acceptance BENCH.json) through the latency
-   model (mirror_sd.md §4) with the stage times measured here: labelled modelled, never measured.
+   model (docs/ALGORITHM.md §4) with the stage times measured here: labelled modelled, never measured.
 3. The default pair itself on the GPU (real acceptance, two streams).
 
 `--device cpu --tiny` runs the same pipeline on tiny models on the CPU in seconds (the test uses it).
@@ -25,10 +25,13 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 PAIR = os.path.join(ROOT, "assets", "default_pair")
+if TYPE_CHECKING:  # annotations only; mirror_core is imported where it runs (after the flags are checked)
+    from mirror_core.bench.summary import BenchReport
 
 # Llama shapes (TinyLlama-1.1B and Llama-2-7B), a small draft, and tiny ones for the dry run.
 SHAPES = {
@@ -90,9 +93,10 @@ def lane_mappings(cfg: GpuBenchConfig) -> list[tuple[str, object]]:
             ("GPU + CPU (draft process on the CPU)", auto_lanes("cuda:0", "cpu", "process"))]
 
 
-def bench_pair(target: str, draft: str, lanes, prompts, decoders: tuple[str, ...], cfg: GpuBenchConfig) -> dict:
+def bench_pair(target: str, draft: str, lanes, prompts, decoders: tuple[str, ...], cfg: GpuBenchConfig) -> BenchReport:
+    """One pair on one lane mapping → its report."""
     from mirror_core.bench.harness import BenchConfig, open_pair, run_bench
-    from mirror_core.bench.report import build_report
+    from mirror_core.bench.summary import build_report
     from mirror_core.config import SamplingConfig, SpecConfig
 
     config = BenchConfig(decoders, cfg.max_new_tokens, SamplingConfig(), SpecConfig(cfg.gamma, cfg.kappa),
@@ -133,20 +137,19 @@ def replayed_acceptance(path: str | None) -> dict:
             "gamma": spec["settings"]["gamma"], "kappa": spec["settings"]["kappa"]}
 
 
-def replay(report: dict, acceptance: dict) -> dict | None:
+def replay(report: BenchReport, acceptance: dict) -> dict | None:
     """The latency model with this report's measured stage times and the replayed τ, FF (modelled)."""
     from mirror_core.latency import LatencyModel
 
-    rows = report["rows"]
-    mirror = [r for r in rows if r["decoder"] == "mirror" and r["model_ms"]]
-    ar = [r for r in rows if r["decoder"] == "ar" and r["t_ar_ms"]]
+    mirror = [r for r in report.rows if r.decoder == "mirror" and r.model_ms]
+    ar = [r for r in report.rows if r.decoder == "ar" and r.t_ar_ms]
     if not mirror or not ar:
         return None
     med = lambda xs: sorted(xs)[(len(xs) - 1) // 2]  # noqa: E731
-    terms = {k: med([r["model_ms"][k] for r in mirror]) / 1e3
+    terms = {k: med([getattr(r.model_ms, k) for r in mirror]) / 1e3
              for k in ("t_pre", "t_rv_ee", "delta", "t_branch", "t_rv_fv", "t_fresh", "measured_step")}
     model = LatencyModel(**terms, ff=acceptance["ff"], tau=acceptance["tau"],
-                         t_ar=med([r["t_ar_ms"] for r in ar]) / 1e3)
+                         t_ar=med([r.t_ar_ms for r in ar]) / 1e3)
     return {"terms_ms": {k: v * 1e3 for k, v in terms.items()}, "t_ar_ms": model.t_ar * 1e3,
             "tau": model.tau, "ff": model.ff, "draft_hidden": model.t_branch <= model.delta,
             "mirror_speedup_vs_ar": model.speedup, "sd_speedup_vs_ar": model.sd_speedup,
@@ -159,17 +162,17 @@ def markdown(results: list[dict]) -> str:
     f = lambda v, p=2: "–" if v is None else f"{v:.{p}f}"  # noqa: E731
     med = lambda xs: sorted(xs)[(len(xs) - 1) // 2] if xs else None  # noqa: E731
     for res in results:
-        rows = res["report"]["rows"]
-        t_ar = [r["t_ar_ms"] for r in rows if r["decoder"] == "ar" and r["t_ar_ms"]]
-        for e in res["report"]["summary"]:
-            mine = [r for r in rows if r["decoder"] == e["decoder"]]
-            models = [r["model_ms"] for r in mine if r["model_ms"]]
+        rows = res["report"].rows
+        t_ar = [r.t_ar_ms for r in rows if r.decoder == "ar" and r.t_ar_ms]
+        for e in res["report"].summary:
+            mine = [r for r in rows if r.decoder == e.decoder]
+            models = [dataclasses.asdict(r.model_ms) for r in mine if r.model_ms]
             model = {k: med([m[k] for m in models]) for k in models[0]} if models else {}
-            t_verify = [r["t_verify_ms"] for r in mine if r["t_verify_ms"]]
-            lines.append(f"| {res['pair']} | {res['lanes']} | {e['name']} | {f(e['tokens_per_s'], 1)} | "
-                         f"{f(e['speedup_vs_ar'])} | {f(e['tau'])} | {f(med(t_ar))} | "
+            t_verify = [r.t_verify_ms for r in mine if r.t_verify_ms]
+            lines.append(f"| {res['pair']} | {res['lanes']} | {e.name} | {f(e.tokens_per_s, 1)} | "
+                         f"{f(e.speedup_vs_ar)} | {f(e.tau)} | {f(med(t_ar))} | "
                          f"{f(med(t_verify))} | {f(model.get('delta'))} | "
-                         f"{f(model.get('t_branch'))} | {f(model.get('t_fresh'))} | {e['all_equal_to_ar']} |")
+                         f"{f(model.get('t_branch'))} | {f(model.get('t_fresh'))} | {e.all_equal_to_ar} |")
     lines += ["", "Replayed acceptance through the latency model (modelled, not measured):", "",
               "| pair | lanes | τ | FF | draft hidden | mirror × ar | sd × ar | source |",
               "|---|---|---|---|---|---|---|---|"]
@@ -211,7 +214,8 @@ def run(cfg: GpuBenchConfig) -> dict:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     out = {"format": "mirror-sd-gpu-bench/1", "config": cfg.__dict__, "acceptance_replayed": acceptance,
-           "device_name": _device_name(cfg.device), "results": results}
+           "device_name": _device_name(cfg.device),
+           "results": [{**res, "report": res["report"].to_dict()} for res in results]}
     with open(os.path.join(cfg.out_dir, "gpu_bench.json"), "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1)
     with open(os.path.join(cfg.out_dir, "gpu_bench.md"), "w", encoding="utf-8") as f:

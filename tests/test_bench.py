@@ -1,5 +1,6 @@
 """The bench command on tiny models and two prompts: every decoder and peer, JSON/CSV/HTML, sweeps,
-the latency model on hand-made numbers, and the GPU script's CPU dry run; each finishes in seconds."""
+the latency model and derive on hand-made numbers, the rows' JSON/CSV layout against a shipped report,
+and the GPU script's CPU dry run; each finishes in seconds."""
 from __future__ import annotations
 
 import csv
@@ -7,16 +8,20 @@ import importlib.util
 import json
 import os
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
 
-from mirror_core.bench.harness import derive, parse_sweep
+from mirror_core.bench.harness import BenchConfig, BenchPrompt, Cell, Measurement, measured_row, parse_sweep
+from mirror_core.bench.report import write_csv
+from mirror_core.bench.rows import derive
+from mirror_core.bench.summary import build_report
 from mirror_core.cli import main
-from mirror_core.config import SpecConfig
+from mirror_core.config import SamplingConfig, SpecConfig
 from mirror_core.events import SpanEvent, StepRecord
 from mirror_core.metrics import RunSummary
-from mirror_core.latency import hidden_draft_bound, latency_model_from_events, physical_bound, verify_time
+from mirror_core.latency import LatencyModel, hidden_draft_bound, latency_model_from_events, physical_bound, verify_time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -129,16 +134,47 @@ def test_latency_model_and_bounds_on_hand_made_numbers():
     assert latency_model_from_events([], [], RunSummary(4), None) is None
 
 
+def _row(decoder, wall, tokens, summary=None, t_ar=None, t_verify=None, model=None):
+    """A row of one hand-made run (times in s, as the engine measures them)."""
+    cell = Cell(decoder, SpecConfig(), 4 if decoder in ("sd", "mirror") else None, None, None)
+    return measured_row(BenchPrompt("p", "toy", (1,)), cell,
+                        [Measurement(tuple(tokens), wall, summary, t_ar, t_verify, model=model)])
+
+
 def test_derive_picks_the_faster_ar_as_baseline_and_checks_equality():
-    def row(decoder, wall, tokens, tau=None, t_verify=None, t_ar=None):
-        return {"prompt": "p", "decoder": decoder, "wall_s": wall, "new_tokens": len(tokens), "token_ids": tokens,
-                "tau": tau, "t_verify_ms": t_verify, "t_ar_ms": t_ar, "model_ms": None}
-    rows = derive([row("ar", 1.0, [1, 2], t_ar=5.0), row("ar_all", 0.8, [1, 2]),
-                   row("sd", 0.5, [1, 2], tau=2.0, t_verify=8.0), row("hf", 0.4, [1, 3])])
+    sd_summary = RunSummary(4, steps=1, committed=2)  # τ = 2.0
+    rows = derive([_row("ar", 1.0, [1, 2], t_ar=0.005), _row("ar_all", 0.8, [1, 2]),
+                   _row("sd", 0.5, [1, 2], sd_summary, t_verify=0.008), _row("hf", 0.4, [1, 3])])
     sd, hf = rows[2], rows[3]
-    assert sd["speedup_vs_baseline"] == pytest.approx(1.6) and sd["speedup_vs_ar"] == pytest.approx(2.0)
-    assert sd["bound"] == pytest.approx(2.0 * 5.0 / 8.0) and sd["equal_to_ar"] is True
-    assert hf["equal_to_ar"] is False
+    assert sd.speedup_vs_baseline == pytest.approx(1.6) and sd.speedup_vs_ar == pytest.approx(2.0)
+    assert sd.bound == pytest.approx(2.0 * 5.0 / 8.0) and sd.equal_to_ar is True
+    assert hf.equal_to_ar is False and hf.tau is None and hf.timed_by == "perf_counter around generate()"
+
+
+def test_rows_and_report_keep_the_json_and_csv_layout_of_the_shipped_reports(tmp_path):
+    shipped = os.path.join(ROOT, "docs", "bench", "draft_ar_128")
+    with open(os.path.join(shipped, "bench.json"), encoding="utf-8") as f:
+        ref = json.load(f)
+    with open(os.path.join(ROOT, "docs", "bench", "sweep_draft_ar_128", "bench.json"), encoding="utf-8") as f:
+        ref_best = json.load(f)["best"]
+    model = LatencyModel(0.004, 0.001, 0.004, 0.003, 0.001, 0.002, ff=0.25, tau=3.0, t_ar=None, measured_step=0.011)
+    rows = derive([_row("ar", 1.0, [1, 2, 3], RunSummary(4), t_ar=0.006),
+                   _row("mirror", 0.5, [1, 2, 3], RunSummary(4, steps=1, committed=3), t_verify=0.009, model=model),
+                   _row("hf", 0.8, [1, 2, 3])])
+    ref_mirror = next(r for r in ref["rows"] if r["decoder"] == "mirror")
+    for row in rows:
+        assert list(row.to_dict()) == list(ref["rows"][0]), row.decoder
+    assert list(rows[1].to_dict()["model_ms"]) == list(ref_mirror["model_ms"])
+    assert rows[1].predicted_speedup_vs_ar == pytest.approx(3.0 * 6.0 / (1e3 * model.expected_step))
+    report = build_report(rows + [replace(rows[1], setting="γ=2")],  # two mirror settings: a best one
+                          BenchConfig(("ar", "mirror", "hf"), 3, SamplingConfig(), SpecConfig()), {})
+    out = json.loads(json.dumps(report.to_dict()))
+    assert list(out) == list(ref) and list(out["summary"][0]) == list(ref["summary"][0])
+    assert list(out["best"]) == list(ref_best) and out["rows"] == [r.to_dict() for r in report.rows]
+    write_csv(str(tmp_path / "bench.csv"), report.rows)
+    with open(tmp_path / "bench.csv", encoding="utf-8") as f, open(os.path.join(shipped, "bench.csv"),
+                                                                   encoding="utf-8") as g:
+        assert f.readline() == g.readline()
 
 
 def _gpu_script():

@@ -4,12 +4,14 @@ Every decoder runs on the same prompts, lengths and settings in this process, on
 with the lanes to themselves, after a warm-up; repeats are interleaved across decoders (so the
 machine's drift hits them alike) and each row keeps the median and the min/max wall time. The
 engine's decoders are timed by the engine's own spans (prefill start → last commit); the Hugging
-Face peers by `time.perf_counter` around `generate()` (bench_peers.py). Every decoder's greedy
+Face peers by `time.perf_counter` around `generate()` (peers.py). Every decoder's greedy
 output is checked equal to `ar`'s, and the rows say so.
 
 Decoders: `ar` (target only, on the target's lane), `ar_all` (target only, every core), `sd`,
 `mirror`, `hf` (transformers' greedy generate), `hf_assisted` (transformers' assisted generation).
-The baseline is the faster of `ar` and `ar_all` over the suite (mirror_sd.md §8, issue 5).
+The baseline is the faster of `ar` and `ar_all` over the suite (docs/ALGORITHM.md §8). Each
+(prompt, decoder, setting) becomes one BenchRow (rows.py); its run metrics come from the engine's
+RunSummary, the bounds from `mirror_core.latency`.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import contextlib
 import json
 import os
 import statistics
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from itertools import product
 from typing import Callable, Iterator
 
@@ -26,6 +28,7 @@ from ..engine import MirrorEngine
 from ..events import RunEnd, SpanEvent, StepRecord
 from ..latency import LatencyModel, ar_step_time, hidden_draft_bound, latency_model_from_events, step_times, verify_time
 from ..metrics import RunSummary
+from .rows import BenchRow, ModelMs, derive, run_metrics
 
 ENGINE_DECODERS = {"ar": "ar", "ar_all": "ar", "sd": "sd", "mirror": "mirror"}  # bench name → engine decoder
 PEER_DECODERS = ("hf", "hf_assisted")
@@ -37,22 +40,24 @@ _USES_GAMMA = ("sd", "mirror", "hf_assisted")
 
 @dataclass(frozen=True)
 class BenchPrompt:
-    name: str
-    category: str
-    prompt_ids: tuple[int, ...]
+    """One line of the prompt file."""
+
+    name: str                       # the line's question_id (else its line number)
+    category: str                   # the line's Spec-Bench category ("" when absent)
+    prompt_ids: tuple[int, ...]     # the first turn, tokenised (or the line's prompt_ids)
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     """What to run: decoders at `spec`, and `mirror` at every sweep setting instead when a sweep is given."""
 
-    decoders: tuple[str, ...]
-    max_new_tokens: int
-    sampling: SamplingConfig
-    spec: SpecConfig
-    sweep: tuple[SpecConfig, ...] = ()
-    repeats: int = 3
-    warmup: int = 1
+    decoders: tuple[str, ...]               # bench decoder names from BENCH_DECODERS, each once
+    max_new_tokens: int                     # token budget of every run
+    sampling: SamplingConfig                # the same for every decoder (greedy when the peers run)
+    spec: SpecConfig                        # γ, κ, ℓ_e, branch budget of every speculative decoder
+    sweep: tuple[SpecConfig, ...] = ()      # mirror's settings instead of `spec` (parse_sweep's grid)
+    repeats: int = 3                        # timed runs per prompt and cell (the row keeps the median)
+    warmup: int = 1                         # untimed runs of every cell first, on the first prompt
 
     def __post_init__(self) -> None:
         unknown = [d for d in self.decoders if d not in BENCH_DECODERS]
@@ -77,12 +82,12 @@ class BenchConfig:
 class Cell:
     """One decoder at one setting (the settings it ignores are None)."""
 
-    decoder: str
-    spec: SpecConfig
-    gamma: int | None
-    kappa: int | None
-    exit_layer: int | None
-    branch_budget: int | None = None
+    decoder: str                    # bench decoder name
+    spec: SpecConfig                # the request's settings, ℓ_e resolved
+    gamma: int | None               # γ when the decoder drafts (sd, mirror, hf_assisted)
+    kappa: int | None               # κ (mirror only)
+    exit_layer: int | None          # ℓ_e (mirror only)
+    branch_budget: int | None = None  # branch rows per step (mirror only)
 
     @property
     def label(self) -> str:
@@ -94,15 +99,15 @@ class Cell:
 class Measurement:
     """One timed run."""
 
-    tokens: tuple[int, ...]
-    wall_s: float
+    tokens: tuple[int, ...]                    # new token ids
+    wall_s: float                              # engine: prefill start → last commit; peers: generate() (s)
     summary: RunSummary | None = None          # the engine's run summary (None for the peers)
     t_ar: float | None = None                  # median target-only step (s)
     t_verify: float | None = None              # median verification pass (s)
     step: float | None = None                  # median measured step (s)
     hidden_bound: float | None = None          # mirror: verification + acceptance + fastest draft reply (s)
-    model: LatencyModel | None = None          # mirror: §4 terms from this run's spans (t_ar filled later)
-    fallback: str | None = None
+    model: LatencyModel | None = None          # mirror: §4 terms from this run's spans (t_ar None)
+    fallback: str | None = None                # the engine's explicit fallback note, if any
 
 
 def load_prompts(path: str, tokenizer, limit: int | None = None) -> list[BenchPrompt]:
@@ -171,9 +176,9 @@ def default_decoders(lanes: LaneConfig) -> tuple[str, ...]:
 class BenchPair:
     """Everything loaded for one bench: the engine, the all-core ar engine, the Hugging Face peers."""
 
-    engine: MirrorEngine
-    all_core: MirrorEngine | None
-    peers: object | None  # bench_peers.HFPeers
+    engine: MirrorEngine                    # the pair on its lanes (ar, sd, mirror)
+    all_core: MirrorEngine | None           # the target alone on every core (ar_all), when it runs
+    peers: object | None                    # peers.HFPeers, when hf or hf_assisted runs
 
 
 @contextlib.contextmanager
@@ -227,7 +232,7 @@ def measure(pair: BenchPair, cell: Cell, prompt: BenchPrompt, config: BenchConfi
 
 
 def run_bench(pair: BenchPair, prompts: list[BenchPrompt], config: BenchConfig,
-              on_run: Callable[[str], None] = lambda _: None) -> list[dict]:
+              on_run: Callable[[str], None] = lambda _: None) -> list[BenchRow]:
     """Warm up every cell on the first prompt, then per prompt interleave the repeats; one row per cell."""
     cells = plan(pair.engine, config, prompts[0].prompt_ids)
     for cell in cells:
@@ -241,7 +246,7 @@ def run_bench(pair: BenchPair, prompts: list[BenchPrompt], config: BenchConfig,
             for cell in cells:
                 runs[cell].append(measure(pair, cell, p, config))
                 on_run(f"{p.name} {cell.decoder} {cell.label}")
-        rows += [_row(p, cell, runs[cell]) for cell in cells]
+        rows += [measured_row(p, cell, runs[cell]) for cell in cells]
     return derive(rows)
 
 
@@ -253,57 +258,17 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else v * 1e3
 
 
-def _row(p: BenchPrompt, cell: Cell, runs: list[Measurement]) -> dict:
-    """Medians over repeats for times; everything else from the run with the median wall time."""
+def measured_row(p: BenchPrompt, cell: Cell, runs: list[Measurement]) -> BenchRow:
+    """Medians over repeats for times; everything else from the run with the median wall time (derived fields
+    are left for `derive`)."""
     walls = [m.wall_s for m in runs]
+    wall = statistics.median(walls)
     rep = sorted(runs, key=lambda m: m.wall_s)[(len(runs) - 1) // 2]
-    s, model = rep.summary, rep.model
-    return {
-        "prompt": p.name, "category": p.category, "decoder": cell.decoder, "setting": cell.label,
-        "gamma": cell.gamma, "kappa": cell.kappa, "exit_layer": cell.exit_layer, "branch_budget": cell.branch_budget,
-        "new_tokens": len(rep.tokens),
-        "wall_s": statistics.median(walls), "wall_s_min": min(walls), "wall_s_max": max(walls),
-        "tokens_per_s": len(rep.tokens) / statistics.median(walls), "repeats": len(runs),
-        "timed_by": "engine spans" if s else "perf_counter around generate()",
-        "tau": s and s.tau, "acceptance_rate": s and s.acceptance_rate, "hit_rate": s and s.hit_rate,
-        "fallback_frequency": s and s.fallback_frequency, "draft_hidden_fraction": s and s.draft_hidden_fraction,
-        "draft_tokens_per_forward": s and s.draft_tokens_per_forward, "steps": s and s.steps,
-        "t_ar_ms": _ms(rep.t_ar), "t_verify_ms": _ms(rep.t_verify), "step_ms": _ms(rep.step),
-        "hidden_bound_ms": _ms(rep.hidden_bound),
-        "model_ms": None if model is None else {k: _ms(v) for k, v in asdict(model).items()
-                                                if k not in ("ff", "tau", "t_ar")} | {
-            "t_mirror": _ms(model.t_mirror), "expected_step": _ms(model.expected_step)},
-        "fallback": rep.fallback, "token_ids": list(rep.tokens),
-    }
-
-
-def derive(rows: list[dict]) -> list[dict]:
-    """Add what needs the same prompt's ar rows: equality, speedups, the bounds and the model's prediction."""
-    by = {(r["prompt"], r["decoder"]): r for r in rows if r["decoder"] in ("ar", "ar_all")}
-    base = baseline_decoder(rows)
-    for r in rows:
-        ar, ar_all, bl = (by.get((r["prompt"], d)) for d in ("ar", "ar_all", base))
-        t_ar = ar["t_ar_ms"] if ar else None
-        r["equal_to_ar"] = None if ar is None or r["decoder"] == "ar" else r["token_ids"] == ar["token_ids"]
-        r["speedup_vs_ar"] = _speedup(ar, r)
-        r["speedup_vs_ar_all"] = _speedup(ar_all, r)
-        r["speedup_vs_baseline"] = _speedup(bl, r)
-        r["bound"] = (r["tau"] * t_ar / r["t_verify_ms"]
-                      if r["tau"] and t_ar and r["t_verify_ms"] and r["decoder"] in ("sd", "mirror") else None)
-        model = r["model_ms"]
-        r["predicted_speedup_vs_ar"] = r["tau"] * t_ar / model["expected_step"] if model and t_ar else None
-    return rows
-
-
-def baseline_decoder(rows: list[dict]) -> str | None:
-    """The faster of ar and ar_all: the lower sum of per-prompt median wall times."""
-    totals = {d: sum(r["wall_s"] for r in rows if r["decoder"] == d) for d in ("ar", "ar_all")
-              if any(r["decoder"] == d for r in rows)}
-    return min(totals, key=totals.get) if totals else None
-
-
-def _speedup(base: dict | None, r: dict) -> float | None:
-    """Per-token time ratio: the wall-time ratio whenever the lengths match (equal outputs)."""
-    if base is None or not r["new_tokens"] or not base["new_tokens"]:
-        return None
-    return (base["wall_s"] / base["new_tokens"]) / (r["wall_s"] / r["new_tokens"])
+    return BenchRow(
+        prompt=p.name, category=p.category, decoder=cell.decoder, setting=cell.label, gamma=cell.gamma,
+        kappa=cell.kappa, exit_layer=cell.exit_layer, branch_budget=cell.branch_budget, new_tokens=len(rep.tokens),
+        wall_s=wall, wall_s_min=min(walls), wall_s_max=max(walls), tokens_per_s=len(rep.tokens) / wall,
+        repeats=len(runs), timed_by="perf_counter around generate()" if rep.summary is None else "engine spans",
+        **run_metrics(rep.summary), t_ar_ms=_ms(rep.t_ar), t_verify_ms=_ms(rep.t_verify), step_ms=_ms(rep.step),
+        hidden_bound_ms=_ms(rep.hidden_bound), model_ms=None if rep.model is None else ModelMs.of(rep.model),
+        fallback=rep.fallback, token_ids=tuple(rep.tokens))

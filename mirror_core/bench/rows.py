@@ -1,0 +1,134 @@
+"""Bench rows: one BenchRow per (prompt, decoder, setting), and what needs several rows (derive, entries).
+
+The harness builds each row from its timed runs; `derive` then fills the fields that need the
+same prompt's `ar` / `ar_all` rows. `BenchRow.to_dict` is the row as the JSON report and the CSV
+write it ("mirror-sd-bench/2"); the report, the HTML page and scripts/gpu_bench.py read attributes.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from ..latency import LatencyModel, physical_bound
+from ..metrics import RunSummary
+
+BASELINES = ("ar", "ar_all")       # the target-only decoders; the faster over the suite is the baseline
+SPECULATIVE = ("sd", "mirror")     # the engine's speculative decoders: the ones the physical bound applies to
+RUN_METRICS = ("tau", "acceptance_rate", "hit_rate", "fallback_frequency", "draft_hidden_fraction",
+               "draft_tokens_per_forward", "steps")  # BenchRow fields read from the engine's RunSummary
+
+
+@dataclass(frozen=True)
+class ModelMs:
+    """The latency model's terms for one mirror run (docs/ALGORITHM.md §4), in ms: means over steps ≥ 1."""
+
+    t_pre: float            # target layers 1..ℓ_e
+    t_rv_ee: float          # early-exit readout + sending top-κ
+    delta: float            # Δ: target layers ℓ_e+1..N
+    t_branch: float         # the draft's branch batch
+    t_rv_fv: float          # acceptance + adopting a branch
+    t_fresh: float          # a fresh γ-token rollout
+    measured_step: float    # the run's measured mean step
+    t_mirror: float         # modelled: T_pre + T_rv^ee + max(Δ, T_branch) + T_rv^fv
+    expected_step: float    # modelled: E[T_step] = T_Mirror + FF·T_fresh
+
+    @classmethod
+    def of(cls, model: LatencyModel) -> ModelMs:
+        return cls(*(1e3 * v for v in (model.t_pre, model.t_rv_ee, model.delta, model.t_branch, model.t_rv_fv,
+                                       model.t_fresh, model.measured_step, model.t_mirror, model.expected_step)))
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One (prompt, decoder, setting): medians over its repeats; field order = the JSON keys' order."""
+
+    prompt: str                            # the prompt's question_id
+    category: str                          # the prompt's Spec-Bench category
+    decoder: str                           # bench decoder name: ar, ar_all, sd, mirror, hf, hf_assisted
+    setting: str                           # "γ=4 κ=2 ℓe=3 B=6": the settings this decoder uses ("" for ar)
+    gamma: int | None                      # γ (None: the decoder drafts nothing)
+    kappa: int | None                      # κ (mirror only)
+    exit_layer: int | None                 # ℓ_e (mirror only)
+    branch_budget: int | None              # branch rows per step (mirror only; 0 = all, -1 = auto)
+    new_tokens: int                        # new tokens of the median-wall run
+    wall_s: float                          # median wall time over repeats (s)
+    wall_s_min: float                      # fastest repeat (s)
+    wall_s_max: float                      # slowest repeat (s)
+    tokens_per_s: float                    # new_tokens / wall_s
+    repeats: int                           # timed runs behind the medians
+    timed_by: str                          # "engine spans" or "perf_counter around generate()" (the peers)
+    tau: float | None                      # RunSummary.tau of the median-wall run (None for the peers)
+    acceptance_rate: float | None          # RunSummary.acceptance_rate
+    hit_rate: float | None                 # RunSummary.hit_rate
+    fallback_frequency: float | None       # RunSummary.fallback_frequency
+    draft_hidden_fraction: float | None    # RunSummary.draft_hidden_fraction
+    draft_tokens_per_forward: float | None  # RunSummary.draft_tokens_per_forward
+    steps: int | None                      # RunSummary.steps: verification passes after the prefill
+    t_ar_ms: float | None                  # T_AR: median target-only step (ms; ar and ar_all)
+    t_verify_ms: float | None              # T_verify: median verification pass (ms; sd and mirror)
+    step_ms: float | None                  # median measured step (ms)
+    hidden_bound_ms: float | None          # mirror: verification + acceptance + fastest draft reply (ms)
+    model_ms: ModelMs | None               # mirror: the latency model's terms (ms)
+    fallback: str | None                   # the engine's explicit fallback note, if any
+    token_ids: tuple[int, ...]             # new token ids of the median-wall run
+    # -- filled by derive(), from the same prompt's ar / ar_all rows --
+    equal_to_ar: bool | None = None        # same new ids as ar (None: this is ar, or ar did not run)
+    speedup_vs_ar: float | None = None     # per-token time of ar / of this row
+    speedup_vs_ar_all: float | None = None  # per-token time of ar_all / of this row
+    speedup_vs_baseline: float | None = None  # per-token time of the baseline / of this row
+    bound: float | None = None             # sd, mirror: τ·T_AR/T_verify (latency.physical_bound)
+    predicted_speedup_vs_ar: float | None = None  # mirror: τ·T_AR/E[T_step] (modelled, not measured)
+
+    def to_dict(self) -> dict:
+        """The row as JSON and CSV hold it (model_ms a dict, token_ids a list)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["model_ms"] = None if self.model_ms is None else asdict(self.model_ms)
+        out["token_ids"] = list(self.token_ids)
+        return out
+
+
+def run_metrics(summary: RunSummary | None) -> dict:
+    """The RUN_METRICS of one run, read from its RunSummary (docs/ALGORITHM.md §8); all None for the peers."""
+    return {k: None if summary is None else getattr(summary, k) for k in RUN_METRICS}
+
+
+def derive(rows: list[BenchRow]) -> list[BenchRow]:
+    """Fill what needs the same prompt's ar rows: equality, speedups, the bound and the model's prediction."""
+    by = {(r.prompt, r.decoder): r for r in rows if r.decoder in BASELINES}
+    base = baseline_decoder(rows)
+    return [_derived(r, by.get((r.prompt, "ar")), by.get((r.prompt, "ar_all")), by.get((r.prompt, base)))
+            for r in rows]
+
+
+def _derived(r: BenchRow, ar: BenchRow | None, ar_all: BenchRow | None, baseline: BenchRow | None) -> BenchRow:
+    t_ar = ar.t_ar_ms if ar else None
+    return replace(
+        r, equal_to_ar=None if ar is None or r.decoder == "ar" else r.token_ids == ar.token_ids,
+        speedup_vs_ar=_speedup(ar, r), speedup_vs_ar_all=_speedup(ar_all, r), speedup_vs_baseline=_speedup(baseline, r),
+        bound=physical_bound(r.tau, t_ar, r.t_verify_ms) if r.decoder in SPECULATIVE else None,
+        predicted_speedup_vs_ar=r.tau * t_ar / r.model_ms.expected_step if r.model_ms and t_ar else None)
+
+
+def baseline_decoder(rows: list[BenchRow]) -> str | None:
+    """The faster of ar and ar_all: the lower sum of per-prompt median wall times."""
+    totals = {d: sum(r.wall_s for r in rows if r.decoder == d) for d in BASELINES
+              if any(r.decoder == d for r in rows)}
+    return min(totals, key=totals.get) if totals else None
+
+
+def _speedup(base: BenchRow | None, r: BenchRow) -> float | None:
+    """Per-token time ratio: the wall-time ratio whenever the lengths match (equal outputs)."""
+    if base is None or not r.new_tokens or not base.new_tokens:
+        return None
+    return (base.wall_s / base.new_tokens) / (r.wall_s / r.new_tokens)
+
+
+def entries(rows: list[BenchRow]) -> dict[str, list[BenchRow]]:
+    """Rows grouped per summary entry: the decoder's name, plus its setting when it ran at several."""
+    settings: dict[str, set] = {}
+    for r in rows:
+        settings.setdefault(r.decoder, set()).add(r.setting)
+    groups: dict[str, list[BenchRow]] = {}
+    for r in rows:
+        name = f"{r.decoder} {r.setting}" if len(settings[r.decoder]) > 1 else r.decoder
+        groups.setdefault(name, []).append(r)
+    return groups

@@ -1,0 +1,155 @@
+"""Bench rows → per-decoder summary and the whole report (BenchReport; `to_dict` is the "mirror-sd-bench/2" JSON)."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, fields
+
+from .harness import BenchConfig
+from .rows import BenchRow, baseline_decoder, entries
+
+FORMAT = "mirror-sd-bench/2"
+NOTES = (
+    "Engine decoders (ar, ar_all, sd, mirror) are timed by the engine's own spans: prefill start → last commit, "
+    "one monotonic clock for both lanes; loading and tokenisation excluded.",
+    "hf and hf_assisted are timed by time.perf_counter around transformers' generate() (torch.cuda.synchronize "
+    "first and last on CUDA): prefill and transformers' per-call set-up included, tokenisation excluded; "
+    "they run on the target's device, on every core on a CPU.",
+    "Each (prompt, decoder, setting) ran `repeats` times, interleaved across decoders, after `warmup` runs of "
+    "every cell; wall_s is the median, wall_s_min/max the spread; other per-run values come from the run with "
+    "the median wall time.",
+    "Speedup = per-token time of the reference / per-token time of the decoder on the same prompt (= the "
+    "wall-time ratio when the outputs are equal, hence equally long). Across prompts: the median, with "
+    "min/max and the interquartile range.",
+    "Baseline = the faster of ar (target only, on the target's lane) and ar_all (target only, every core) "
+    "by total median wall time over the suite.",
+    "equal_to_ar: identical new-token ids, full length (every decoder stops at the same EOS ids and token "
+    "budget).",
+    "bound = τ·T_AR/T_verify: the speedup over ar with a free draft (T_AR = median target-only step of the same "
+    "prompt's ar run, T_verify = median verification pass of this run).",
+    "hidden_bound_ms (mirror) = median(verification + acceptance) + the fastest draft-lane reply in the run; "
+    "step_ms is the measured median step (target prefix start → next window in hand).",
+    "predicted_speedup_vs_ar = τ·T_AR/E[T_step] with E[T_step] = T_pre + T_rv^ee + max(Δ, T_branch) + T_rv^fv "
+    "+ FF·T_fresh (docs/ALGORITHM.md §4), every term the mean of this run's spans: modelled, not measured.",
+)
+BEST_KEYS = ("name", "gamma", "kappa", "exit_layer", "branch_budget", "speedup_vs_baseline",
+             "predicted_speedup_vs_ar", "speedup_vs_ar")  # what the JSON's "best" keeps of its summary entry
+
+
+@dataclass(frozen=True)
+class SummaryEntry:
+    """One decoder (at one setting) over the prompts: medians of speedups and times, means of the run metrics."""
+
+    name: str                                      # the decoder, plus its setting when it ran at several
+    decoder: str                                   # bench decoder name
+    setting: str                                   # BenchRow.setting
+    gamma: int | None                              # γ (None: the decoder drafts nothing)
+    kappa: int | None                              # κ (mirror only)
+    exit_layer: int | None                         # ℓ_e (mirror only)
+    branch_budget: int | None                      # branch rows per step (mirror only)
+    prompts: int                                   # rows behind the entry
+    tokens_per_s: float | None                     # median over prompts
+    speedup_vs_baseline: float | None              # median over prompts
+    speedup_vs_baseline_range: tuple[float, float] | None  # (min, max) over prompts
+    speedup_vs_baseline_iqr: tuple[float, float] | None    # (first, third) quartile over prompts
+    speedup_vs_ar: float | None                    # median over prompts
+    speedup_vs_ar_all: float | None                # median over prompts
+    tau: float | None                              # mean over prompts
+    acceptance_rate: float | None                  # mean over prompts
+    hit_rate: float | None                         # mean over prompts
+    draft_hidden_fraction: float | None            # median over prompts
+    draft_tokens_per_forward: float | None         # mean over prompts
+    bound: float | None                            # median τ·T_AR/T_verify over prompts
+    predicted_speedup_vs_ar: float | None          # median over prompts (modelled)
+    step_ms: float | None                          # median over prompts
+    hidden_bound_ms: float | None                  # median over prompts
+    step_over_hidden_bound: float | None           # median of step_ms / hidden_bound_ms over prompts
+    all_equal_to_ar: bool | None                   # every row equal to ar (None: no row was compared)
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for key in ("speedup_vs_baseline_range", "speedup_vs_baseline_iqr"):
+            out[key] = None if out[key] is None else list(out[key])
+        return out
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """One bench: how it ran, one row per (prompt, decoder, setting) and one summary entry per decoder."""
+
+    time: str                                 # local time it was built, "%Y-%m-%d %H:%M:%S"
+    settings: dict                            # BenchConfig and the pair's info (target, draft, lanes, ...), JSON-ready
+    baseline: str | None                      # "ar" or "ar_all", whichever was faster (None: neither ran)
+    notes: tuple[str, ...]                    # how it was measured (NOTES)
+    summary: tuple[SummaryEntry, ...]         # one per decoder, per setting when a decoder ran at several
+    best: SummaryEntry | None                 # the fastest mirror setting, when mirror ran at several
+    rows: tuple[BenchRow, ...]                # one per (prompt, decoder, setting)
+
+    def to_dict(self) -> dict:
+        """The JSON report (format "mirror-sd-bench/2")."""
+        return {"format": FORMAT, "time": self.time, "settings": self.settings, "baseline": self.baseline,
+                "notes": list(self.notes), "summary": [e.to_dict() for e in self.summary],
+                "best": None if self.best is None else {k: getattr(self.best, k) for k in BEST_KEYS},
+                "rows": [r.to_dict() for r in self.rows]}
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def _quartiles(values: list) -> tuple[float, float] | None:
+    values = sorted(v for v in values if v is not None)
+    if len(values) < 2:
+        return (values[0], values[0]) if values else None
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def summarize(rows: list[BenchRow]) -> list[SummaryEntry]:
+    """One entry per decoder (per setting when a decoder ran at several): medians and spread over prompts."""
+    out = []
+    for name, mine in entries(rows).items():
+        col = lambda key: [getattr(r, key) for r in mine]  # noqa: E731
+        speedups = [v for v in col("speedup_vs_baseline") if v is not None]
+        equal = col("equal_to_ar")
+        first = mine[0]
+        out.append(SummaryEntry(
+            name=name, decoder=first.decoder, setting=first.setting, gamma=first.gamma, kappa=first.kappa,
+            exit_layer=first.exit_layer, branch_budget=first.branch_budget, prompts=len(mine),
+            tokens_per_s=_median(col("tokens_per_s")), speedup_vs_baseline=_median(speedups),
+            speedup_vs_baseline_range=(min(speedups), max(speedups)) if speedups else None,
+            speedup_vs_baseline_iqr=_quartiles(speedups),
+            speedup_vs_ar=_median(col("speedup_vs_ar")), speedup_vs_ar_all=_median(col("speedup_vs_ar_all")),
+            tau=_mean(col("tau")), acceptance_rate=_mean(col("acceptance_rate")), hit_rate=_mean(col("hit_rate")),
+            draft_hidden_fraction=_median(col("draft_hidden_fraction")),
+            draft_tokens_per_forward=_mean(col("draft_tokens_per_forward")),
+            bound=_median(col("bound")), predicted_speedup_vs_ar=_median(col("predicted_speedup_vs_ar")),
+            step_ms=_median(col("step_ms")), hidden_bound_ms=_median(col("hidden_bound_ms")),
+            step_over_hidden_bound=_median([r.step_ms / r.hidden_bound_ms for r in mine
+                                            if r.step_ms and r.hidden_bound_ms]),
+            all_equal_to_ar=None if all(e is None for e in equal) else all(e is True for e in equal)))
+    return out
+
+
+def best_setting(summary: list[SummaryEntry]) -> SummaryEntry | None:
+    """The mirror setting with the highest median speedup over the baseline (when mirror ran at several)."""
+    mirror = [s for s in summary if s.decoder == "mirror" and s.speedup_vs_baseline is not None]
+    if len(mirror) < 2:
+        return None
+    return max(mirror, key=lambda s: s.speedup_vs_baseline)
+
+
+def build_report(rows: list[BenchRow], config: BenchConfig, info: dict) -> BenchReport:
+    """The report of one bench; `info` (the pair, its lanes, the prompt file) joins the settings."""
+    summary = summarize(rows)
+    settings = {"max_new_tokens": config.max_new_tokens, "repeats": config.repeats, "warmup": config.warmup,
+                "decoders": list(config.decoders), "spec": asdict(config.spec), "sampling": asdict(config.sampling),
+                "sweep": [asdict(s) for s in config.sweep], **info}
+    return BenchReport(time.strftime("%Y-%m-%d %H:%M:%S"), settings, baseline_decoder(rows), NOTES, tuple(summary),
+                       best_setting(summary), tuple(rows))
