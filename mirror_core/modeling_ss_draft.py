@@ -1,6 +1,6 @@
 """Speculative-Streaming (SS) draft model: a Llama-style decoder with multi-stream attention on top.
 
-Architecture (mirror_sd.md §5; [ours] marks choices the SS paper leaves open):
+Architecture (docs/ALGORITHM.md §5; [ours] marks choices the SS paper leaves open):
 - Layers 0..N-N_s-1 are ordinary Llama decoder layers over the main stream only (same parameter
   names as `LlamaDecoderLayer`, so layers can be copied from a `LlamaForCausalLM`).
 - At layer N-N_s each of the n_str lookahead streams starts as main_t + P_j (P_j = `stream_embed[j-1]`,
@@ -35,6 +35,8 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers import initialization as hf_init
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+from .ops import apply_rope, default_inv_freq, rope_tables, t_major_rows
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -87,22 +89,9 @@ def truncate_cache(cache: KVCache, length: int) -> KVCache:
     return [(k[:, :, :length], v[:, :, :length]) for k, v in cache]
 
 
-def _rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """Llama's default RoPE cos/sin [B, 1, L, D] for explicit positions [B, L], computed once per forward."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    freqs = positions[:, None, :, None].float() * inv_freq  # [B, 1, L, D/2]
-    emb = torch.cat((freqs, freqs), dim=-1)  # [B, 1, L, D]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [B, H, L, D] in the rotate_half form, as LlamaAttention does."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """Grouped-query attention with a boolean mask (True = may attend)."""
+    """Grouped-query attention with a boolean mask (True = may attend). Not ops.attend: this is the
+    trained, differentiable reference forward, and SDPA's kernel rounds differently from the fast runners'."""
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # [B, Hq, S, D]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])  # [B, Hq, L, D]
@@ -123,8 +112,8 @@ class SSAttention(nn.Module):
         """x [B, T, R, H] (row 0 main, rows 1..n streams); returns output [B, T, R, H] and main-only (k, v)."""
         b, t, r, hid = x.shape
         rows = x.reshape(b, t * r, hid)  # t-major rows
-        q = _rope(self.q_proj(rows).view(b, t * r, -1, self.head_dim).transpose(1, 2), *rope)  # [B, Hq, T*R, D]
-        k = _rope(self.k_proj(rows).view(b, t * r, -1, self.head_dim).transpose(1, 2), *rope)  # [B, Hkv, T*R, D]
+        q = apply_rope(self.q_proj(rows).view(b, t * r, -1, self.head_dim).transpose(1, 2), *rope)  # [B, Hq, T*R, D]
+        k = apply_rope(self.k_proj(rows).view(b, t * r, -1, self.head_dim).transpose(1, 2), *rope)  # [B, Hkv, T*R, D]
         v = self.v_proj(rows).view(b, t * r, -1, self.head_dim).transpose(1, 2)  # [B, Hkv, T*R, D]
         main_k, main_v = k.unflatten(2, (t, r))[:, :, :, 0], v.unflatten(2, (t, r))[:, :, :, 0]  # [B, Hkv, T, D]
         if past is not None:
@@ -159,8 +148,7 @@ def _rows_mask(key_mask: torch.Tensor, t: int, r: int) -> torch.Tensor:
     """
     b, total = key_mask.shape
     past, dev = total - t, key_mask.device
-    t_of = torch.arange(t, device=dev).repeat_interleave(r)  # [T*R] position of each row
-    a_of = torch.arange(r, device=dev).repeat(t)  # [T*R] 0 = main, j = stream j
+    t_of, a_of = t_major_rows(t, r, 0, dev)  # [T*R] each: position index of each row; 0 = main, j = stream j
     main_keys = (a_of[None, :] == 0) & (t_of[None, :] <= t_of[:, None])  # [T*R, T*R]
     stream_keys = (a_of[None, :] >= 1) & (a_of[None, :] <= a_of[:, None]) & (t_of[None, :] == t_of[:, None])
     valid_new = key_mask[:, past:].repeat_interleave(r, dim=1)  # [B, T*R]
@@ -215,7 +203,8 @@ class SSDraftForCausalLM(PreTrainedModel):
         n = self.config.num_streams if with_streams else 0
         key_mask = attention_mask.bool()
         x = self.embed_tokens(input_ids)[:, :, None]  # [B, T, 1, H] main rows only
-        head_dim, theta = self.config.hidden_size // self.config.num_attention_heads, self.config.rope_theta
+        head_dim = self.config.hidden_size // self.config.num_attention_heads
+        inv_freq = default_inv_freq(head_dim, self.config.rope_theta, dev)  # [D/2]
         new_cache = []
         for i, layer in enumerate(self.layers):
             if i == 0 or (n and i == self.first_msa_layer()):
@@ -223,7 +212,7 @@ class SSDraftForCausalLM(PreTrainedModel):
                     x = torch.cat((x, x + self.stream_embed.to(x.dtype)), dim=2)  # [B, T, 1+n, H]: main_t + P_j
                 r = x.shape[2]
                 pos = (position_ids[:, :, None] + torch.arange(r, device=dev)).flatten(1)  # [ours] stream j at t + j
-                rope = _rope_tables(pos, head_dim, theta, x.dtype)
+                rope = rope_tables(pos[:, None], inv_freq, 1.0, x.dtype)  # [B, 1, T*R, D] each
                 allowed = _rows_mask(key_mask, t, r)
             x, kv = layer(x, rope, None if cache is None else cache[i], allowed)
             new_cache.append(kv)

@@ -1,4 +1,5 @@
 """CPU tests for the training pipeline: corpus split, tokenizer, batches, losses and the CLI end to end."""
+import dataclasses
 import json
 import math
 import os
@@ -12,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mirror_core.modeling_ss_draft import SSDraftForCausalLM
 from mirror_core.train import build, cli, data, evaluate, losses, trainer
-from mirror_core.train.trainer import TrainConfig
+from mirror_core.train.config import TrainConfig
 
 STDLIB = sysconfig.get_paths()["stdlib"]
 TINY_FLAGS = ["--budget-minutes", "0.05", "--max-steps", "15", "--vocab-size", "320", "--context", "32",
@@ -127,6 +128,13 @@ def test_unlikelihood_loss_pushes_the_repeated_token_down_and_ignores_the_rest()
     loss.backward()
     assert logits.grad[0, 1, 2] > 0 and logits.grad[0, 0].abs().sum() == 0 and logits.grad[0, 2].abs().sum() == 0
     assert losses.unlikelihood_loss(logits, targets, torch.zeros(1, 3, dtype=torch.bool)).item() == 0.0
+
+
+def test_config_reads_back_from_a_model_card_record():
+    """reevaluate rebuilds the run's config from model_card.json: tuples come back as lists, old fields are dropped."""
+    cfg = TrainConfig(out_dir="x", budget_split=(0.4, 0.3, 0.3), betas=(0.9, 0.99))
+    record = json.loads(json.dumps(dataclasses.asdict(cfg))) | {"a_field_this_version_lacks": 1}
+    assert TrainConfig.from_record(record) == cfg
 
 
 def test_config_rejects_impossible_shapes():

@@ -1,12 +1,9 @@
 """A lean runner for Llama-family weights (Llama, Mistral, Qwen2, Qwen3): the same interface as HFRunner.
 
-What makes it fast on a CPU (measured, docs/BENCHMARKS.md): weights stored transposed as (in, out)
-and fused (q|k|v and gate|up), so single-row matmuls stream weights at full bandwidth; a KV cache
-preallocated and indexed by position (truncation is an integer); no mask building or cache
-objects per call; and branch rows that attend to the shared prefix once ("cascade" attention)
-instead of copying it per row. Layers ≤ ℓ_e and > ℓ_e are plain loops, so the early-exit readout
-sits between them. RoPE frequencies come from the model's own rotary module (any scaling type
-whose frequencies do not depend on the sequence length).
+FastLlamaRunner's docstring says what it holds, its cache layout and why it is fast on a CPU
+(measured: docs/BENCHMARKS.md). Layers ≤ ℓ_e and > ℓ_e are plain loops, so the early-exit readout
+sits between them. RoPE frequencies come from the model's own rotary module (any scaling type whose
+frequencies do not depend on the sequence length).
 """
 from __future__ import annotations
 
@@ -15,10 +12,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..ops import apply_rope, attend, attend_blocks, rms_norm, rope_tables
 from .protocol import ExitCallback
 
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-Block = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # keys, values [B|1, Hkv, S, D]; may-attend [B|1, L, S]
 
 
 @dataclass
@@ -51,6 +48,27 @@ class FastBranches:
 
 
 class FastLlamaRunner:
+    """The Runner protocol over a Llama-family model's weights, without the model's own forward.
+
+    Holds plain tensors taken from the loaded model (no modules, no hooks): the embedding, per layer
+    a `_Layer` of fused, transposed weights (in, out), the final norm gain, the LM head transposed
+    and sliced to vocab_size, and the rotary module's frequencies and scaling.
+
+    Cache layout: a `FastCache` is keys and values [L, Hkv, S_max, D] allocated once (doubling when
+    a window outgrows it) plus `length`, the number of valid entries; entry s holds position s with
+    RoPE applied. Branch rows (`FastBranches`) read a cache's first valid[r] entries as a shared,
+    read-only prefix and keep their own entries in [L, R, Hkv, S_own, D] next to it.
+
+    Why it is fast: weights stored transposed and fused (q|k|v, gate|up), so single-row matmuls
+    stream them at full bandwidth; attention reads the preallocated buffers in place (no cache
+    objects; one causal mask per call, none for one new token); branch rows attend to the shared
+    prefix once ("cascade" attention) instead of copying it per row. The maths is mirror_core/ops.py.
+
+    Positions come from the caller: `forward` appends at the cache's `length`, `fork` takes each
+    row's valid length and `forward_rows` feeds at valid[r] + own. Rolling back is `truncate`
+    (an integer) and adopting a branch is `select_row`; no position moves except by the engine's calls.
+    """
+
     def __init__(self, model, vocab_size: int | None = None, capacity: int = 512):
         cfg = model.config
         if cfg.model_type not in FAST_MODEL_TYPES:
@@ -89,25 +107,15 @@ class FastLlamaRunner:
                       torch.cat([m.gate_proj.weight, m.up_proj.weight], 0).detach().t().contiguous(),
                       m.down_proj.weight.detach().t().contiguous())
 
-    # -- building blocks -------------------------------------------------------------------
-    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-
+    # -- building blocks (the maths is mirror_core/ops.py; these bind this model's weights) ----
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float().unsqueeze(-1) * self.inv_freq                         # [..., T, D/2]
-        emb = torch.cat([freqs, freqs], -1)                                              # [..., T, D]
-        return (emb.cos() * self.rope_scale).to(self.dtype), (emb.sin() * self.rope_scale).to(self.dtype)
-
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+        """cos, sin [..., T, D] at positions [..., T], in this model's frequencies, scaling and dtype."""
+        return rope_tables(positions, self.inv_freq, self.rope_scale, self.dtype)
 
     def _qkv(self, layer: _Layer, x: torch.Tensor, cos, sin):
         """x [B, T, H] → q [B, Hq, T, D], k and v [B, Hkv, T, D] with RoPE applied."""
         b, t, _ = x.shape
-        qkv = self._rms(x, layer.ln1) @ layer.w_qkv                                       # [B, T, (Hq+2Hkv)·D]
+        qkv = rms_norm(x, layer.ln1, self.eps) @ layer.w_qkv                              # [B, T, (Hq+2Hkv)·D]
         if layer.b_qkv is not None:
             qkv = qkv + layer.b_qkv
         d = self.head_dim
@@ -115,30 +123,18 @@ class FastLlamaRunner:
         q = q.view(b, t, self.h_q, d)
         k = k.view(b, t, self.h_kv, d)
         if layer.q_norm is not None:
-            q, k = self._rms(q, layer.q_norm), self._rms(k, layer.k_norm)
-        q = self._rotate(q.transpose(1, 2), cos, sin)                                     # [B, Hq, T, D]
-        k = self._rotate(k.transpose(1, 2), cos, sin)                                     # [B, Hkv, T, D]
+            q, k = rms_norm(q, layer.q_norm, self.eps), rms_norm(k, layer.k_norm, self.eps)
+        q = apply_rope(q.transpose(1, 2), cos, sin)                                       # [B, Hq, T, D]
+        k = apply_rope(k.transpose(1, 2), cos, sin)                                       # [B, Hkv, T, D]
         return q, k, v.view(b, t, self.h_kv, d).transpose(1, 2)
 
     def _mlp_residual(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         x = x + attn @ layer.w_o                                                          # [B, T, H]
-        gate, up = (self._rms(x, layer.ln2) @ layer.w_gate_up).chunk(2, -1)              # [B, T, I] each
+        gate, up = (rms_norm(x, layer.ln2, self.eps) @ layer.w_gate_up).chunk(2, -1)      # [B, T, I] each
         return x + (F.silu(gate) * up) @ layer.w_down
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
-        return (self._rms(x, self.norm) @ self.lm_head).float()                          # [..., V]
-
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None):
-        """q [B, Hq, T, D] against keys/values [B, Hkv, S, D] (GQA without copying), mask [B|1, T, S] bool."""
-        b, _, t, d = q.shape
-        rep = self.h_q // self.h_kv
-        qg = q.reshape(b, self.h_kv, rep * t, d)                                         # [B, Hkv, rep·T, D]
-        scores = (qg @ keys.transpose(-1, -2)) * self.scale                              # [B, Hkv, rep·T, S]
-        if mask is not None:
-            m = mask.unsqueeze(1).unsqueeze(2).expand(-1, 1, rep, t, -1).reshape(mask.shape[0], 1, rep * t, -1)
-            scores = scores.masked_fill(~m, float("-inf"))
-        out = torch.softmax(scores.float(), -1).to(q.dtype) @ values                      # [B, Hkv, rep·T, D]
-        return out.reshape(b, self.h_q, t, d).transpose(1, 2).reshape(b, t, self.h_q * d)  # [B, T, Hq·D]
+        return (rms_norm(x, self.norm, self.eps) @ self.lm_head).float()                 # [..., V]
 
     # -- sequences -------------------------------------------------------------------------
     def new_cache(self) -> FastCache:
@@ -170,7 +166,7 @@ class FastLlamaRunner:
             q, k, v = self._qkv(layer, x, cos, sin)
             cache.k[i, :, start:end] = k[0]
             cache.v[i, :, start:end] = v[0]
-            attn = self._attend(q, cache.k[i, :, :end].unsqueeze(0), cache.v[i, :, :end].unsqueeze(0), mask)
+            attn = attend(q, cache.k[i, :, :end].unsqueeze(0), cache.v[i, :, :end].unsqueeze(0), mask, self.scale)
             x = self._mlp_residual(layer, x, attn)
             if on_exit is not None and i + 1 == exit_layer:
                 on_exit(self._head(x)[0])                                                 # [T, V]
@@ -207,25 +203,10 @@ class FastLlamaRunner:
             br.v[i, :, :, br.own: end] = v
             # cascade: the shared prefix is read once for all rows, then each row's own entries
             prefix = (br.prefix.k[i, :, :p_len].unsqueeze(0), br.prefix.v[i, :, :p_len].unsqueeze(0), prefix_ok)
-            attn = self._attend_blocks(q, [prefix, (br.k[i, :, :, :end], br.v[i, :, :, :end], own_ok)])
+            attn = attend_blocks(q, [prefix, (br.k[i, :, :, :end], br.v[i, :, :, :end], own_ok)], self.scale)
             x = self._mlp_residual(layer, x, attn)
         br.own += t
         return self._head(x), None                                                       # [R, T, V]
-
-    def _attend_blocks(self, q: torch.Tensor, blocks: list[Block]) -> torch.Tensor:
-        """q [B, Hq, L, D] against key blocks with one softmax (GQA without copying) → [B, L, Hq·D]."""
-        b, _, rows, d = q.shape
-        rep = self.h_q // self.h_kv
-        qg = q.reshape(b, self.h_kv, rep * rows, d)                                          # [B, Hkv, rep·L, D]
-        scores = torch.cat([qg @ kb.transpose(-1, -2) for kb, _, _ in blocks], -1) * self.scale  # [B, Hkv, rep·L, ΣS]
-        ok = torch.cat([m.expand(b, rows, -1) for _, _, m in blocks], -1)                    # [B, L, ΣS]
-        ok = ok.unsqueeze(1).unsqueeze(2).expand(-1, 1, rep, -1, -1).reshape(b, 1, rep * rows, -1)
-        w = torch.softmax(scores.masked_fill(~ok, float("-inf")).float(), -1).to(q.dtype)  # [B, Hkv, rep·L, ΣS]
-        out, at = 0, 0
-        for kb, vb, _ in blocks:
-            out = out + w[..., at: at + kb.shape[2]] @ vb                                     # [B, Hkv, rep·L, D]
-            at += kb.shape[2]
-        return out.reshape(b, self.h_q, rows, d).transpose(1, 2).reshape(b, rows, self.h_q * d)
 
     def select_row(self, br: FastBranches, row: int) -> FastCache:
         valid = int(br.valid[row])

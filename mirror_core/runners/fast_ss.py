@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..modeling_ss_draft import SSDraftForCausalLM
+from ..ops import attend_blocks, default_inv_freq, rms_norm, t_major_rows
 from .fast import FastCache, FastLlamaRunner
 
 
@@ -51,8 +52,7 @@ class FastSSRunner(FastLlamaRunner):
         self.head_dim = cfg.hidden_size // self.h_q
         self.eps = cfg.rms_norm_eps
         self.scale = self.head_dim ** -0.5
-        d = self.head_dim
-        self.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, device=self.device, dtype=torch.float32) / d))
+        self.inv_freq = default_inv_freq(self.head_dim, cfg.rope_theta, self.device)       # [D/2]
         self.rope_scale = 1.0
         self.capacity = capacity
         with torch.no_grad():
@@ -63,12 +63,6 @@ class FastSSRunner(FastLlamaRunner):
             self.layers = [self._layer(layer) for layer in model.layers]
 
     # -- the shared layer loop ----------------------------------------------------------------
-    def _stream_offsets(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stream rows t-major: each row's position index t and stream number j (1..n), both [T·n]."""
-        n = self.num_streams
-        return (torch.arange(t, device=self.device).repeat_interleave(n),
-                torch.arange(1, n + 1, device=self.device).repeat(t))
-
     def _layers(self, x: torch.Tensor, positions: torch.Tensor, streams: bool, write_kv, main_blocks) -> tuple:
         """Run every layer over main rows x [B, T, H] at positions [B, T] (and, with streams, their
         lookahead rows from the first multi-stream layer on). write_kv(i, k, v) stores the main rows'
@@ -78,7 +72,7 @@ class FastSSRunner(FastLlamaRunner):
         n = self.num_streams if streams else 0
         main_rope = all_rope = self._rope(positions.unsqueeze(1))                           # [B, 1, T, D] each
         if n:
-            t_of, j_of = self._stream_offsets(t)
+            t_of, j_of = t_major_rows(t, n, 1, self.device)  # stream rows: position index t, stream j (1..n), [T·n]
             all_rope = self._rope(torch.cat([positions, positions[:, t_of] + j_of], 1).unsqueeze(1))  # [B, 1, T(1+n), D]
             same_t = (t_of[:, None] == t_of[None, :]) & (j_of[None, :] <= j_of[:, None])    # [T·n, T·n]
         rows = x
@@ -93,9 +87,9 @@ class FastSSRunner(FastLlamaRunner):
                 ok_streams = torch.zeros(b, t * (1 + n), t * n, dtype=torch.bool, device=self.device)
                 ok_streams[:, t:] = same_t
                 blocks.append((k[:, :, t:], v[:, :, t:], ok_streams))
-            rows = self._mlp_residual(layer, rows, self._attend_blocks(q, blocks))
+            rows = self._mlp_residual(layer, rows, attend_blocks(q, blocks, self.scale))
             x = rows[:, :t]
-        states = self._rms(rows[:, t:], self.norm).view(b, t, n, h) if rows.shape[1] > t else None
+        states = rms_norm(rows[:, t:], self.norm, self.eps).view(b, t, n, h) if rows.shape[1] > t else None
         return x, states
 
     # -- one sequence ---------------------------------------------------------------------------

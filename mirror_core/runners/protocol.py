@@ -3,7 +3,7 @@
 A runner owns its KV layout. The engine only moves positions: it appends windows, truncates
 after a rejection, forks a cache into branch rows that each see their own prefix of it, advances
 those rows one token at a time, and adopts one row. Nothing here knows about transformers; the
-Hugging Face implementation is `hf_runner.HFRunner`.
+Hugging Face implementation is `runners/hf.py: HFRunner`.
 """
 from __future__ import annotations
 

@@ -1,23 +1,21 @@
 """Construct, initialise and save the three bundled models (target, AR draft, SS draft).
 
 Width choice [ours]: both drafts have the target's hidden size, so they start from the target's
-embedding, first layers and final norm. On this machine that initialisation was the largest single
-gain measured (τ 2.95 vs 2.17–2.56 for drafts trained from scratch, see
-measured_on_this_machine.md), and a narrower draft would need a learned projection and saves little
-latency: at batch 1 a CPU forward of a 1-layer draft is dominated by per-op overhead and the
-4096-wide tied head, not by layer width. The cost is disk/memory: 1-layer drafts keep the fp16 total
-of the three models under 48 MB.
+embedding, first layers and final norm. That initialisation was the largest single gain measured
+over drafts trained from scratch (measured: docs/BENCHMARKS.md), and a narrower draft would need a
+learned projection and saves little latency: at batch 1 a CPU forward of a 1-layer draft is
+dominated by per-op overhead and the 4096-wide tied head, not by layer width. The cost is
+disk/memory: 1-layer drafts keep the fp16 total of the three models under 48 MB.
 
-Default shapes (TrainConfig) and why, from interleaved medians of a one-token cached step after a
-128-token prefix, HF eager, fp32, 1 intra-op thread on the 2-core dev VM (±30% drift):
-- target: 10 layers, hidden 384, 6 heads / 2 KV heads, MLP 1024 → 17.3 M params, 34.6 MB fp16,
-  10.7–11.6 ms per step (3 tokens: 16–18 ms); ℓ_e = 5.
-- AR draft: 1 layer of the same width → 3.15 M params, 6.3 MB, 2.0–2.3 ms (target/draft 5.1–5.4x);
-  the same layer at hidden 256 measured 1.2–2.1 ms, too small a saving to give up the initialisation.
-- SS draft: 1 layer, N_s = 1, 2 streams → 3.15 M params, 6.3 MB; 3.4 ms per step with streams
-  (3 rows through the layer and head), 2.0 ms main-only; a 2-layer SS draft measured 5.3–5.4 ms.
-- total fp16 47.2 MB (≤ 48 MB); an 8-layer target with 2-layer drafts fits too but its step is
-  only ~2.5x a draft step.
+Default shapes (TrainConfig) and why, from one-token cached step times after a 128-token prefix
+(measured: docs/BENCHMARKS.md):
+- target: 10 layers, hidden 384, 6 heads / 2 KV heads, MLP 1024 → 17.3 M params, 34.6 MB fp16; ℓ_e = 5.
+- AR draft: 1 layer of the same width → 3.15 M params, 6.3 MB; the same layer at hidden 256 saved
+  too little time to give up the initialisation.
+- SS draft: 1 layer, N_s = 1, 2 streams → 3.15 M params, 6.3 MB; its streams cost less per step
+  than a second layer would.
+- total fp16 47.2 MB (≤ 48 MB); an 8-layer target with 2-layer drafts fits too, but its step is too
+  close to a draft step.
 """
 import copy
 import json

@@ -2,7 +2,8 @@
 import argparse
 import dataclasses
 
-from mirror_core.train.trainer import TrainConfig, train_all
+from mirror_core.train.config import TrainConfig
+from mirror_core.train.trainer import train_all
 
 # flag name → TrainConfig field; every default comes from TrainConfig itself
 FLAGS = {

@@ -1,4 +1,5 @@
 """Held-out metrics for the saved model bundle, measured on the fp16 files reloaded as fp32 (what the engine loads)."""
+import json
 import os
 import time
 from collections import defaultdict
@@ -9,6 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mirror_core.modeling_ss_draft import SSDraftForCausalLM, SSDraftOutput, cache_length, truncate_cache
 from mirror_core.train import card, data
+from mirror_core.train.config import TrainConfig
 
 MODEL_NAMES = ("target", "draft_ar", "draft_ss")
 TOP_KS = (1, 4, 8)
@@ -47,14 +49,9 @@ def evaluate_speculation(out_dir: str, prompts: list, n_tokens: int) -> dict:
 def reevaluate(out_dir: str) -> dict:
     """Re-measure every held-out metric of an existing bundle with the current code and rewrite its card
     (the training, corpus and configuration records are kept)."""
-    import json
-
-    from mirror_core.train.trainer import TrainConfig
-
     with open(os.path.join(out_dir, "model_card.json")) as f:
         card_data = json.load(f)
-    known = set(TrainConfig.__dataclass_fields__)
-    cfg = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in card_data["config"].items() if k in known})
+    cfg = TrainConfig.from_record(card_data["config"])
     card_data.update(evaluate_bundle(out_dir, data.load_corpus(cfg.corpus_dir), cfg))
     card.write(out_dir, card_data)
     return card_data
@@ -210,7 +207,7 @@ def model_sizes(out_dir: str, models: dict) -> dict:
     return sizes
 
 
-def evaluate_bundle(out_dir: str, corpus: data.Corpus, cfg) -> dict:
+def evaluate_bundle(out_dir: str, corpus: data.Corpus, cfg: TrainConfig) -> dict:
     """All held-out metrics for the model card, from the files on disk."""
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(out_dir, "target"))
     models = {n: AutoModelForCausalLM.from_pretrained(os.path.join(out_dir, n), dtype=torch.float32).eval()
@@ -232,15 +229,9 @@ def write_model_card(out_dir: str, card_data: dict) -> None:
     card.write(out_dir, card_data)
 
 
-if __name__ == "__main__":  # python -m mirror_core.train.evaluate OUT_DIR: re-measure and rewrite the card
-    import sys
-
-    print(card.render_markdown(reevaluate(sys.argv[1])))
-
-
 @torch.inference_mode()
 def ss_greedy_generate(model: SSDraftForCausalLM, prompt_ids: list[int], n: int) -> tuple[list[int], list[int]]:
-    """Self-verifying greedy decode (SS §5): up to n_str+1 tokens per forward, same output as main greedy.
+    """Self-verifying greedy decode (docs/ALGORITHM.md §5): up to n_str+1 tokens per forward, same output as main greedy.
 
     Returns (tokens[:n], tokens emitted by each decode forward); the prefill forward, which emits the
     first token, is not listed.
@@ -264,3 +255,9 @@ def ss_greedy_generate(model: SSDraftForCausalLM, prompt_ids: list[int], n: int)
         tokens += emitted
         per_forward.append(len(emitted))
     return tokens[:n], per_forward
+
+
+if __name__ == "__main__":  # python -m mirror_core.train.evaluate OUT_DIR: re-measure and rewrite the card
+    import sys
+
+    print(card.render_markdown(reevaluate(sys.argv[1])))

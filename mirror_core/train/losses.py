@@ -33,7 +33,7 @@ def early_exit_loss(exit_logits: torch.Tensor, final_logits: torch.Tensor, targe
 
     Why both terms: the engine branches on TopK(p_exit) and wins when the target's own token lies in
     it, so KL(p_target || p_exit) with p_target detached trains the readout on exactly that
-    quantity (top-κ overlap, mirror_sd.md Eq. 9) without pulling the final layers towards the exit.
+    quantity (top-κ overlap Ω_κ, docs/ALGORITHM.md §1) without pulling the final layers towards the exit.
     Early in training p_target is still poor, so a CE term on the data (LayerSkip's exit loss)
     grounds the readout and also gives the lower half of the network a direct next-token signal.
     """

@@ -1,0 +1,112 @@
+"""The ownership rules of docs/ARCHITECTURE.md, checked on the source: who may import whom, and no import circles."""
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, "mirror_core")
+
+
+def _modules() -> dict[str, str]:
+    """Module name (mirror_core.x.y) → file path, for every module of the engine package."""
+    out = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                rel = os.path.relpath(os.path.join(folder, name), ROOT)[:-3].replace(os.sep, ".")
+                out[rel.removesuffix(".__init__")] = os.path.join(folder, name)
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(module: str, top_level_only: bool) -> set[str]:
+    """Absolute names this module imports (relative imports resolved; `from X import Y` → X.Y when Y is a module)."""
+    path = MODULES[module]
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    nodes = tree.body if top_level_only else list(_walk_runtime(tree))
+    out = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            submodules = {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES}
+            out |= submodules if submodules else {base}
+    return out
+
+
+def _walk_runtime(node: ast.AST):
+    """ast.walk, skipping `if TYPE_CHECKING:` blocks (annotations only, never run)."""
+    yield node
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and getattr(child.test, "id", None) == "TYPE_CHECKING":
+            continue
+        yield from _walk_runtime(child)
+
+
+def _importers_of(prefix: str, top_level_only: bool = False) -> set[str]:
+    return {m for m in MODULES if any(i == prefix or i.startswith(prefix + ".") for i in _imports(m, top_level_only))}
+
+
+def test_the_engine_imports_no_ui_and_plotly_only_in_the_html_report():
+    assert _importers_of("gradio") == set() and _importers_of("ui") == set()
+    assert _importers_of("plotly") <= {"mirror_core.bench.html_report"}
+
+
+def test_config_reads_no_environment_and_imports_no_torch():
+    assert not {"torch", "os"} & _imports("mirror_core.config", top_level_only=False)
+
+
+def test_pure_maths_and_lanes_keep_to_their_rooms():
+    for pure in ("mirror_core.verify", "mirror_core.sampling", "mirror_core.latency", "mirror_core.metrics"):
+        imported = _imports(pure, top_level_only=False)
+        assert not any(i.startswith(("mirror_core.runners", "mirror_core.lanes", "mirror_core.decode",
+                                     "mirror_core.draft_worker")) for i in imported), pure
+    for lane_module in (m for m in MODULES if m.startswith("mirror_core.lanes")):
+        imported = _imports(lane_module, top_level_only=False)
+        assert not any(i.startswith(d) for i in imported
+                       for d in ("mirror_core.decode", "mirror_core.planner", "mirror_core.verify")), lane_module
+
+
+def test_the_bench_uses_the_public_surface_only():
+    allowed = ("mirror_core.bench", "mirror_core.config", "mirror_core.engine", "mirror_core.events",
+               "mirror_core.latency", "mirror_core.metrics", "mirror_core.loading", "mirror_core.lanes.placement")
+    for module in (m for m in MODULES if m.startswith("mirror_core.bench")):
+        inner = {i for i in _imports(module, top_level_only=False) if i.startswith("mirror_core")}
+        assert all(i == a or i.startswith(a + ".") for i in inner for a in allowed if i.startswith(a)), module
+        assert all(any(i == a or i.startswith(a + ".") for a in allowed) for i in inner), (module, inner)
+
+
+def test_training_and_test_helpers_are_never_imported_at_run_time():
+    runtime = {m for m in MODULES if not m.startswith("mirror_core.train")}
+    assert not (_importers_of("mirror_core.train") & runtime)
+    assert _importers_of("testing") == set()
+
+
+def test_no_import_circles_between_modules():
+    """Imports (lazy ones included) form no circle; a package's __init__ importing its own modules is not one."""
+    graph = {m: {i for i in _imports(m, top_level_only=False) if i in MODULES and i != m} for m in MODULES}
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                pytest.fail("import circle: " + " → ".join(path[path.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
