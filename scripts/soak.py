@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     import testing.reliability as r
     from mirror_core import LaneConfig, MirrorEngine
     from ui import CSS, EngineLoader, build_demo, default_presets
+    from ui.layout import by_name
 
     t0 = time.monotonic()
     problems: list[str] = []
@@ -78,11 +79,11 @@ def main(argv: list[str] | None = None) -> int:
                 if case.app is None:
                     continue
                 tried += 1
-                status = r.app_run(demo.local_url, r.app_values(m, **case.app(m)), raw=case.app_raw)[0]
+                status = by_name(r.app_run(demo.local_url, r.app_values(m, **case.app(m)), raw=case.app_raw))["status"]
                 ok = status.startswith("**Error:**") and case.needle in status
                 handled += ok
                 problems += [] if ok else [f"app {case.row}: {status!r}"]
-            serving = r.app_run(demo.local_url, r.app_values(m))[0]
+            serving = by_name(r.app_run(demo.local_url, r.app_values(m)))["status"]
             problems += [] if "Done" in serving else [f"app stopped serving after the bad inputs: {serving!r}"]
             clients_ok = clients_tried = max_rank = 0
             for round_ in range(size["client_rounds"]):

@@ -3,6 +3,8 @@
 - `build_models(root)`: every model folder the bad-input catalogue needs (tiny, built from configs).
 - `CATALOGUE`: docs/RELIABILITY.md's bad-input table as data; each row says what to send on each surface
   (CLI, Python API, app) and a phrase its one-line error must contain.
+- `page_values`, `run_args`, `app_values`: the page's Run controls by name (ui.settings.CONTROLS), and the
+  /run endpoint's positional arguments made from them.
 - `fault_trial`, `target_fault`, `back_to_back`, `concurrent_clients`: one seeded draft fault checked
   against `ar`, a target-lane failure, N runs through the app handler (RSS, threads, processes), and N
   gradio_client users at once.
@@ -22,7 +24,8 @@ import psutil
 import torch
 
 from mirror_core import LaneConfig, MirrorEngine, MirrorError, Request, SamplingConfig, SpecConfig
-from mirror_core.config import MAX_NEW_TOKENS_CAP, MAX_PROMPT_CHARS, FaultPlan
+from mirror_core.config import (AUTO_BRANCH_BUDGET, MAX_GAMMA, MAX_KAPPA, MAX_NEW_TOKENS_CAP, MAX_PROMPT_CHARS,
+                                FaultPlan)
 from testing.toy_models import VOCAB, build_pair
 
 INLINE = LaneConfig(kind="inline", target_threads=1, draft_threads=1)
@@ -98,7 +101,7 @@ def build_models(root: str) -> Models:
 class Case:
     """One bad input on one surface. `cli`: argv after `generate --lane inline`; `api`: a call that must raise
     MirrorError (given Models and a loaded engine on tok_target/tok_draft); `app`: overrides of the /run
-    endpoint's arguments (see APP_DEFAULTS)."""
+    endpoint's arguments by control name (ui.settings.CONTROLS; see APP_DEFAULTS)."""
     row: str
     needle: str
     cli: Callable[[Models], list[str]] | None = None
@@ -108,17 +111,38 @@ class Case:
     app_raw: bool = False          # gradio_client cannot send it (lone surrogates): post the JSON a browser sends
 
 
-APP_ARGS = ("prompt", "target", "draft", "decoders", "gamma", "kappa", "exit_layer", "temperature", "top_k", "top_p",
-            "rule", "max_new_tokens", "seed", "branch_budget")
+# The /run arguments the catalogue's app rows start from (with the tokenizer pair); rows override some by name.
+APP_DEFAULTS = {"prompt": "w1 w2 w3", "decoders": ("ar", "mirror"), "gamma": 3, "kappa": 2, "exit_layer": 0,
+                "temperature": 0.0, "top_k": 0, "top_p": 1.0, "rule": "exact", "max_new_tokens": 8, "seed": 0,
+                "branch_budget": 0}
+
+
+def page_values(**over) -> dict:
+    """Every Run control by name (ui.settings.CONTROLS): the page's DEFAULTS, no pair, no prompt, then `over`."""
+    from ui.settings import CONTROLS, DEFAULTS
+
+    unknown = set(over) - set(CONTROLS)
+    if unknown:
+        raise KeyError(f"not a Run control: {', '.join(sorted(unknown))}")
+    return {"prompt": "", "target": "", "draft": "", **DEFAULTS, "decoders": list(DEFAULTS["decoders"]), **over}
+
+
+def run_args(values: dict) -> list:
+    """The /run endpoint's positional arguments (gradio_client, raw HTTP) for control values by name."""
+    from ui.settings import CONTROLS
+
+    return [values[name] for name in CONTROLS]
 
 
 def app_values(m: Models, **over) -> list:
-    """The /run endpoint's arguments (settings_from_ui's order) for the tokenizer pair, with overrides."""
-    base = dict(prompt="w1 w2 w3", target=m.tok_target, draft=m.tok_draft, decoders=["ar", "mirror"], gamma=3,
-                kappa=2, exit_layer=0, temperature=0.0, top_k=0, top_p=1.0, rule="exact", max_new_tokens=8, seed=0,
-                branch_budget=0)
-    base.update(over)
-    return [base[k] for k in APP_ARGS]
+    """The /run endpoint's arguments for the tokenizer pair: APP_DEFAULTS, then `over` by control name."""
+    return run_args(page_values(**{"target": m.tok_target, "draft": m.tok_draft, **APP_DEFAULTS, **over}))
+
+
+def _app_max_new_tokens() -> int:
+    from ui.settings import APP_MAX_NEW_TOKENS
+
+    return APP_MAX_NEW_TOKENS
 
 
 def _ids(m: Models, *extra: str, prompt_ids: str = "1,2", target: str | None = None,
@@ -163,17 +187,18 @@ CATALOGUE: list[Case] = [
          lambda m, e: _req(max_new_tokens=0), lambda m: dict(max_new_tokens=0)),
     Case("max new tokens above the cap", "max new tokens",
          lambda m: _ids(m, "--max-new-tokens", str(MAX_NEW_TOKENS_CAP + 1)),
-         lambda m, e: _req(max_new_tokens=MAX_NEW_TOKENS_CAP + 1), lambda m: dict(max_new_tokens=1025)),
+         lambda m, e: _req(max_new_tokens=MAX_NEW_TOKENS_CAP + 1),
+         lambda m: dict(max_new_tokens=_app_max_new_tokens() + 1)),
     Case("γ = 0", "gamma", lambda m: _ids(m, "--gamma", "0"), lambda m, e: SpecConfig(gamma=0),
          lambda m: dict(gamma=0)),
     Case("γ above 16", "gamma", lambda m: _ids(m, "--gamma", "17"), lambda m, e: SpecConfig(gamma=17),
-         lambda m: dict(gamma=17)),
+         lambda m: dict(gamma=MAX_GAMMA + 1)),
     Case("κ = 0", "kappa", lambda m: _ids(m, "--kappa", "0"), lambda m, e: SpecConfig(kappa=0),
          lambda m: dict(kappa=0)),
     Case("κ above 64", "kappa", lambda m: _ids(m, "--kappa", "65"), lambda m, e: SpecConfig(kappa=65),
-         lambda m: dict(kappa=65)),
+         lambda m: dict(kappa=MAX_KAPPA + 1)),
     Case("branch budget below −1", "branch budget", lambda m: _ids(m, "--branch-budget", "-2"),
-         lambda m, e: SpecConfig(branch_budget=-2), lambda m: dict(branch_budget=-2)),
+         lambda m, e: SpecConfig(branch_budget=-2), lambda m: dict(branch_budget=AUTO_BRANCH_BUDGET - 1)),
     Case("ℓ_e ≥ N", "exit layer must be in 1..3", lambda m: _ids(m, "--exit-layer", "4"),
          lambda m, e: e.validate(_req(spec=SpecConfig(exit_layer=4))), lambda m: dict(exit_layer=4)),
     Case("ℓ_e < 1", "exit layer", lambda m: _ids(m, "--exit-layer", "0"), lambda m, e: SpecConfig(exit_layer=-1),
@@ -424,8 +449,9 @@ class SoakResult:
 
 
 def app_run(url: str, values: list, raw: bool = False, timeout: float = 120) -> list:
-    """The /run endpoint's last output. raw: post the JSON a browser would (JSON.stringify escapes a lone
-    surrogate as \\udcff, which httpx refuses to encode) and read the queue's event stream."""
+    """The /run endpoint's last output (in ui.layout.OUTPUT_NAMES order: read it with ui.layout.by_name).
+    raw: post the JSON a browser would (JSON.stringify escapes a lone surrogate as \\udcff, which httpx
+    refuses to encode) and read the queue's event stream."""
     if not raw:
         from gradio_client import Client
 
@@ -480,8 +506,9 @@ def back_to_back(loader, target: str, draft: str, runs: int, warmup: int, seed: 
         if i == warmup:
             base_rss, base_threads, base_children = rss(), threading.active_count(), len(me.children(recursive=True))
         prompt = ", ".join(str(rng.randrange(VOCAB)) for _ in range(rng.randint(1, 8)))
-        settings = settings_from_ui(prompt, target, draft, ["ar", "mirror"], rng.randint(1, 4), rng.randint(1, 4), 0,
-                                    0.0, 0, 1.0, "exact", rng.randint(8, 24), 0)
+        settings = settings_from_ui(page_values(prompt=prompt, target=target, draft=draft, decoders=["ar", "mirror"],
+                                                gamma=rng.randint(1, 4), kappa=rng.randint(1, 4),
+                                                max_new_tokens=rng.randint(8, 24)))
         session = Session()
         for _ in run_comparison_ticks(loader, session, settings):
             pass
@@ -507,21 +534,24 @@ class ClientsResult:
     errors: list[str] = field(default_factory=list)
 
 
-TEXT_OUTPUTS = {"ar": 3, "mirror": 6}  # the copyable text of each column in the /run outputs
+TEXT_OUTPUTS = {"ar": "ar_text", "mirror": "mirror_text"}  # the copyable text of each column in the /run outputs
 
 
 def concurrent_clients(url: str, target: str, draft: str, n: int, max_new: int = 16, seed: int = 0) -> ClientsResult:
     """n gradio_client users, each with its own prompt: first alone (the solo runs), then all at once."""
     from gradio_client import Client
 
+    from ui.layout import by_name
+
     rng = random.Random(seed)
     prompts = [", ".join(str(rng.randrange(VOCAB)) for _ in range(rng.randint(2, 8))) for _ in range(n)]
 
     def values(prompt):
-        return (prompt, target, draft, ["ar", "mirror"], 3, 2, 0, 0.0, 0, 1.0, "exact", max_new, 0)
+        return run_args(page_values(prompt=prompt, target=target, draft=draft, decoders=["ar", "mirror"], gamma=3,
+                                    kappa=2, max_new_tokens=max_new))
 
     alone = Client(url, verbose=False)
-    solo = [list(alone.submit(*values(p), api_name="/run"))[-1] for p in prompts]
+    solo = [by_name(list(alone.submit(*values(p), api_name="/run"))[-1]) for p in prompts]
     clients = [Client(url, verbose=False) for _ in range(n)]
     jobs = [c.submit(*values(p), api_name="/run") for c, p in zip(clients, prompts)]
     max_rank = 0
@@ -533,9 +563,9 @@ def concurrent_clients(url: str, target: str, draft: str, n: int, max_new: int =
         time.sleep(0.02)
     errors, failed = [], set()
     for i, (job, alone) in enumerate(zip(jobs, solo)):
-        final = job.outputs()[-1] if job.outputs() else None
-        if final is None or "Done" not in final[0]:
-            errors.append(f"client {i}: {final[0] if final else 'no output'}")
+        final = by_name(job.outputs()[-1]) if job.outputs() else None
+        if final is None or "Done" not in final["status"]:
+            errors.append(f"client {i}: {final['status'] if final else 'no output'}")
             failed.add(i)
             continue
         for decoder, k in TEXT_OUTPUTS.items():

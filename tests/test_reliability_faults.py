@@ -16,7 +16,9 @@ from testing.reliability import (
     disconnect_trial,
     fault_trial,
     free_port,
+    page_values,
     process_fault_mode,
+    run_args,
 )
 from testing.toy_models import build_pair
 
@@ -78,7 +80,8 @@ def test_target_lane_failure_in_the_app_shows_the_error_and_the_kept_tokens(pair
     loader = EngineLoader(INLINE)
     try:
         engine = loader.get(*pair)
-        settings = settings_from_ui("5, 6, 7", *pair, ["ar", "mirror"], 3, 2, 0, 0.0, 0, 1.0, "exact", 30, 0)
+        settings = settings_from_ui(page_values(prompt="5, 6, 7", target=pair[0], draft=pair[1],
+                                                decoders=["ar", "mirror"], gamma=3, kappa=2, max_new_tokens=30))
         session = Session()
         with TargetFault(engine, at_call=6):
             list(run_comparison(loader, session, settings))
@@ -106,8 +109,9 @@ def test_a_cancelled_or_disconnected_client_frees_the_lanes_within_one_step(pair
     demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, css=CSS)
     try:
         engine = loader.get(*pair)
-        job = Client(demo.local_url, verbose=False).submit("1, 2, 3", *pair, ["sd", "mirror"], 1, 1, 0, 0.0, 0, 1.0,
-                                                          "exact", 480, 0, api_name="/run")
+        long_run = page_values(prompt="1, 2, 3", target=pair[0], draft=pair[1], decoders=["sd", "mirror"], gamma=1,
+                               kappa=1, max_new_tokens=480)
+        job = Client(demo.local_url, verbose=False).submit(*run_args(long_run), api_name="/run")
         deadline = time.monotonic() + 60
         while sum(1 for _, kind in log if kind == "StepRecord") < 5 and time.monotonic() < deadline:
             time.sleep(0.005)
@@ -124,8 +128,7 @@ def test_a_cancelled_or_disconnected_client_frees_the_lanes_within_one_step(pair
         assert t_closed - t_closing <= 2 * _median_step_s(log) + 0.05, (t_closed - t_closing, _median_step_s(log))
         assert not engine._lock.locked() and engine._jobs.empty()
         assert len(engine.generate(Request((1, 2), "mirror", 8)).token_ids) == 8
-        ok, detail = disconnect_trial(demo.local_url, watch, ["1, 2, 3", *pair, ["sd", "mirror"], 1, 1, 0, 0.0, 0, 1.0,
-                                                             "exact", 480, 0, 0])
+        ok, detail = disconnect_trial(demo.local_url, watch, run_args({**long_run, "branch_budget": 0}))
         assert ok, detail                                               # a client process killed mid-run
     finally:
         demo.close()

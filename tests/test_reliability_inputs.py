@@ -14,7 +14,6 @@ from mirror_core.cli import main
 from testing.reliability import CATALOGUE, INLINE, app_run, app_values, build_models, cli_case, expect_mirror_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STATUS, AR_TEXT, MIRROR_TEXT, TRACE = 0, 3, 6, 19
 
 
 @pytest.fixture(scope="module")
@@ -65,19 +64,21 @@ def app(models, tmp_path_factory):
 
 
 def test_app_rows_each_give_one_readable_error_and_the_app_keeps_serving(app, models):
+    from ui.layout import by_name
+
     failures = []
     for case in CATALOGUE:
         if case.app is None:
             continue
-        final = app_run(app, app_values(models, **case.app(models)), raw=case.app_raw)
-        status, trace = final[STATUS], final[TRACE]
+        final = by_name(app_run(app, app_values(models, **case.app(models)), raw=case.app_raw))
+        status, trace = final["status"], final["trace"]
         if not (status.startswith("**Error:**") and case.needle in status and "\n" not in status):
             failures.append((case.row, status))
         if isinstance(trace, str) or (isinstance(trace, dict) and trace.get("path")):
             failures.append((case.row, "a trace was exported for a refused request"))
     assert not failures, failures
-    ok = app_run(app, app_values(models))
-    assert "Done" in ok[STATUS] and ok[AR_TEXT] and ok[AR_TEXT] == ok[MIRROR_TEXT]
+    ok = by_name(app_run(app, app_values(models)))
+    assert "Done" in ok["status"] and ok["ar_text"] and ok["ar_text"] == ok["mirror_text"]
 
 
 def test_app_refuses_an_unavailable_device_at_start(capsys):
@@ -108,8 +109,10 @@ def test_padded_vocabularies_with_one_tokenizer_work_and_stay_lossless(models, a
     assert main(["generate", "--target", models.tok_target, "--draft", models.padded_draft, "--lane", "inline",
                  "--prompt", "w1 w5 w9", "--max-new-tokens", "6", "--json"]) == 0
     capsys.readouterr()
-    final = app_run(app, app_values(models, draft=models.padded_draft))
-    assert "Done" in final[STATUS] and final[AR_TEXT] == final[MIRROR_TEXT]
+    from ui.layout import by_name
+
+    final = by_name(app_run(app, app_values(models, draft=models.padded_draft)))
+    assert "Done" in final["status"] and final["ar_text"] == final["mirror_text"]
 
 
 def test_prompt_text_checks_allow_ordinary_text():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mirror_core import MirrorError
-from testing.reliability import INLINE
+from testing.reliability import INLINE, page_values
 from testing.toy_models import build_pair
 from ui import EngineLoader, ModelPolicy, PairPreset, build_demo, default_presets
 
@@ -68,22 +68,24 @@ def test_the_page_refuses_a_disallowed_model_before_loading_anything(pair_root, 
     assert any("`org/ok`" in t and "local paths are refused" in t for t in page)
     for source, needle in ((str(tmp_path), "local paths are refused"), ("org/other", "allowlist")):
         session = Session()
-        list(run_comparison(loader, session, settings_from_ui("1, 2", source, "", ["ar"], 3, 2, 0, 0.0, 0, 1.0,
-                                                              "exact", 8, 0)))
+        settings = settings_from_ui(page_values(prompt="1, 2", target=source, decoders=["ar"], gamma=3, kappa=2,
+                                                max_new_tokens=8))
+        list(run_comparison(loader, session, settings))
         assert session.status.startswith("**Error:**") and needle in session.status
     assert loaded == []
 
 
 def test_request_sizes_are_bounded_on_the_page(tmp_path):
-    from mirror_core.config import MAX_PROMPT_CHARS
+    from mirror_core.config import MAX_GAMMA, MAX_KAPPA, MAX_PROMPT_CHARS
     from ui.settings import APP_MAX_NEW_TOKENS
 
     demo = build_demo(EngineLoader(INLINE), default_presets(str(tmp_path)), [])
     config = demo.get_config_file()
     props = {c.get("props", {}).get("elem_id"): c["props"] for c in config["components"]}
     assert props["mirror-prompt"]["max_length"] == MAX_PROMPT_CHARS
-    sliders = [c["props"] for c in config["components"] if c["props"].get("label") == "Max new tokens"]
-    assert sliders[0]["maximum"] == APP_MAX_NEW_TOKENS
+    sliders = {c["props"].get("label"): c["props"] for c in config["components"] if c.get("type") == "slider"}
+    assert sliders["Max new tokens"]["maximum"] == APP_MAX_NEW_TOKENS
+    assert (sliders["γ (window)"]["maximum"], sliders["κ (candidates per slot)"]["maximum"]) == (MAX_GAMMA, MAX_KAPPA)
     assert demo._queue.max_size is not None
 
 

@@ -12,12 +12,19 @@ import urllib.request
 import pytest
 
 from mirror_core import LaneConfig
+from testing.reliability import page_values, run_args
 from testing.toy_models import build_pair
 from ui import CSS, EngineLoader, build_demo, default_presets
+from ui.layout import OUTPUT_NAMES, by_name
+from ui.settings import CONTROLS
 
 LANES = LaneConfig(kind="inline", target_threads=1, draft_threads=1)
-STATUS, AR_TOKENS, AR_TEXT, MIRROR_TOKENS, MIRROR_TEXT, SD_TOKENS = 0, 1, 3, 4, 6, 7
-RACE, GANTT, NUMBERS, TRACE = 10, 12, 14, 19
+# The public /run endpoint's parameters, positionally (gradio_client and raw HTTP callers rely on this order).
+RUN_PARAMETERS = (("Textbox", "Prompt"), ("Textbox", "Target"), ("Textbox", "Draft"),
+                  ("Checkboxgroup", "Decoders to compare"), ("Slider", "γ (window)"),
+                  ("Slider", "κ (candidates per slot)"), ("Number", "ℓ_e (early-exit layer)"),
+                  ("Slider", "Temperature"), ("Number", "Top-k"), ("Slider", "Top-p"), ("Radio", "Rule"),
+                  ("Slider", "Max new tokens"), ("Number", "Seed"), ("Number", "Branch budget"))
 
 
 def _free_port() -> int:
@@ -41,8 +48,15 @@ def app(pair_root, tmp_path_factory):
         loader.close()
 
 
-def args(target, draft, prompt="1, 2, 3", decoders=("ar", "mirror"), max_new=24):
-    return (prompt, target, draft, list(decoders), 3, 2, 0, 0.0, 0, 1.0, "exact", max_new, 0)
+def args(target, draft, prompt="1, 2, 3", decoders=("ar", "mirror"), max_new=24, **over):
+    """The /run endpoint's positional arguments, built by control name."""
+    return run_args(page_values(prompt=prompt, target=target, draft=draft, decoders=list(decoders), gamma=3, kappa=2,
+                                max_new_tokens=max_new, **over))
+
+
+def run(client, *values) -> list[dict]:
+    """Every yield of one /run call, by output name."""
+    return [by_name(o) for o in client.submit(*values, api_name="/run")]
 
 
 def is_update(value) -> bool:
@@ -52,20 +66,20 @@ def is_update(value) -> bool:
 def test_a_full_run_streams_tokens_then_plots_and_exports_a_trace(app):
     _, target, draft, client = app
     c = client()
-    outputs = list(c.submit(*args(target, draft), api_name="/run"))
+    outputs = run(c, *args(target, draft))
     final = outputs[-1]
-    assert "Done" in final[STATUS]
-    streamed = [o for o in outputs[:-1] if isinstance(o[AR_TOKENS], list) and o[AR_TOKENS]]
+    assert "Done" in final["status"]
+    streamed = [o for o in outputs[:-1] if isinstance(o["ar_tokens"], list) and o["ar_tokens"]]
     assert streamed, "tokens should arrive before the run ends"
-    assert any(is_update(o[RACE]) for o in outputs[:-1]), "plots are throttled: some yields skip them"
-    assert final[RACE]["type"] == "plotly" and "Mirror-SD" in final[RACE]["plot"]
-    assert '"orientation":"h"' in final[GANTT]["plot"]
-    assert len(final[AR_TOKENS]) == 24 and final[AR_TEXT] == final[MIRROR_TEXT]          # greedy: lossless
-    assert {t["class_or_confidence"] for t in final[MIRROR_TOKENS]} <= {
+    assert any(is_update(o["race"]) for o in outputs[:-1]), "plots are throttled: some yields skip them"
+    assert final["race"]["type"] == "plotly" and "Mirror-SD" in final["race"]["plot"]
+    assert '"orientation":"h"' in final["gantt"]["plot"]
+    assert len(final["ar_tokens"]) == 24 and final["ar_text"] == final["mirror_text"]     # greedy: lossless
+    assert {t["class_or_confidence"] for t in final["mirror_tokens"]} <= {
         "target", "accepted draft", "accepted · reused branch", "correction", "bonus"}
-    assert "speedup vs AR" in final[NUMBERS] and os.path.exists(final[TRACE])
-    replayed = list(c.submit(api_name="/replay"))                   # the same session's runs, re-animated
-    assert "Replay finished" in replayed[-1][STATUS] and replayed[-1][AR_TEXT] == final[AR_TEXT]
+    assert "speedup vs AR" in final["numbers"] and os.path.exists(final["trace"])
+    replayed = [by_name(o) for o in c.submit(api_name="/replay")]  # the same session's runs, re-animated
+    assert "Replay finished" in replayed[-1]["status"] and replayed[-1]["ar_text"] == final["ar_text"]
     assert len(replayed) > 2
 
 
@@ -75,17 +89,17 @@ def test_stop_ends_the_run_and_says_so(app):
     job = c.submit(*args(target, draft, decoders=("ar", "sd", "mirror"), max_new=480), api_name="/run")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        outs = job.outputs()
-        if any(isinstance(o[AR_TOKENS], list) and o[AR_TOKENS] for o in outs):
+        outs = [by_name(o) for o in job.outputs()]
+        if any(isinstance(o["ar_tokens"], list) and o["ar_tokens"] for o in outs):
             break
         time.sleep(0.05)
-    stopped = c.predict(api_name="/stop")
-    assert "Stopped" in stopped[STATUS]
+    stopped = by_name(c.predict(api_name="/stop"))
+    assert "Stopped" in stopped["status"]
     deadline = time.monotonic() + 30
     while not job.done() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert job.done() and "Stopped" in job.outputs()[-1][STATUS]
-    committed = len(stopped[AR_TOKENS]) + len(stopped[SD_TOKENS] or []) + len(stopped[MIRROR_TOKENS] or [])
+    assert job.done() and "Stopped" in by_name(job.outputs()[-1])["status"]
+    committed = sum(len(stopped[f"{d}_tokens"] or []) for d in ("ar", "sd", "mirror"))
     assert committed < 3 * 480
 
 
@@ -94,24 +108,52 @@ def test_two_users_queue_without_seeing_each_other(app):
     a, b = client(), client()
     job_a = a.submit(*args(target, draft, "1, 2, 3", ("ar",), 16), api_name="/run")
     job_b = b.submit(*args(target, draft, "5, 6", ("mirror",), 16), api_name="/run")
-    out_a, out_b = list(job_a)[-1], list(job_b)[-1]
-    assert "Done" in out_a[STATUS] and "Done" in out_b[STATUS]
-    assert out_a[AR_TOKENS] and not out_a[MIRROR_TOKENS]
-    assert out_b[MIRROR_TOKENS] and not out_b[AR_TOKENS]
+    out_a, out_b = by_name(list(job_a)[-1]), by_name(list(job_b)[-1])
+    assert "Done" in out_a["status"] and "Done" in out_b["status"]
+    assert out_a["ar_tokens"] and not out_a["mirror_tokens"]
+    assert out_b["mirror_tokens"] and not out_b["ar_tokens"]
 
 
 def test_bad_settings_and_models_show_a_readable_error_and_the_app_keeps_serving(app, tmp_path):
     _, target, draft, client = app
     c = client()
-    bad = c.submit(*args(str(tmp_path / "nope"), draft), api_name="/run")
-    assert "**Error:**" in list(bad)[-1][STATUS]
-    deep_exit = list(c.submit("1, 2", target, draft, ["mirror"], 3, 2, 9, 0.0, 0, 1.0, "exact", 8, 0,
-                              api_name="/run"))[-1]                           # ℓ_e = 9 on a 4-layer target
-    assert "exit layer must be in 1..3" in deep_exit[STATUS]
-    no_ids = list(c.submit("hello", target, draft, ["ar"], 3, 2, 0, 0.0, 0, 1.0, "exact", 8, 0, api_name="/run"))[-1]
-    assert "no tokenizer" in no_ids[STATUS]
-    ok = list(c.submit(*args(target, draft, decoders=("ar",), max_new=4), api_name="/run"))[-1]
-    assert "Done" in ok[STATUS] and len(ok[AR_TOKENS]) == 4
+    bad = run(c, *args(str(tmp_path / "nope"), draft))[-1]
+    assert "**Error:**" in bad["status"]
+    deep_exit = run(c, "1, 2", target, draft, ["mirror"], 3, 2, 9, 0.0, 0, 1.0, "exact", 8, 0)[-1]  # positional;
+    assert "exit layer must be in 1..3" in deep_exit["status"]                  # ℓ_e = 9 on a 4-layer target
+    no_ids = run(c, *args(target, draft, "hello", ("ar",), 8))[-1]
+    assert "no tokenizer" in no_ids["status"]
+    ok = run(c, *args(target, draft, decoders=("ar",), max_new=4))[-1]
+    assert "Done" in ok["status"] and len(ok["ar_tokens"]) == 4
+
+
+def test_the_run_endpoint_keeps_its_parameters_and_outputs(app):
+    """/run takes CONTROLS positionally, in the order RUN_PARAMETERS pins, and returns OUTPUT_NAMES' outputs."""
+    _, _, _, client = app
+    api = client().view_api(print_info=False, return_format="dict")["named_endpoints"]
+    parameters = api["/run"]["parameters"]
+    assert len(CONTROLS) == len(parameters)
+    assert [(p["component"], p["label"]) for p in parameters] == list(RUN_PARAMETERS)
+    assert [p["parameter_name"] for p in parameters] == [f"param_{i}" for i in range(1, len(CONTROLS) + 1)]
+    for endpoint in ("/run", "/replay", "/stop"):
+        assert len(api[endpoint]["returns"]) == len(OUTPUT_NAMES)
+
+
+def test_run_controls_and_outputs_are_wired_by_name(tmp_path):
+    demo = build_demo(EngineLoader(LANES), default_presets(str(tmp_path)), [])
+    config = demo.get_config_file()
+    props = {c["id"]: c.get("props", {}) for c in config["components"]}
+    run_dep = next(d for d in config["dependencies"] if d["api_name"] == "run")
+    labels = [props[i].get("label") for i in run_dep["inputs"][1:]]           # after the per-user state
+    assert labels == [label for _, label in RUN_PARAMETERS]
+    elem_ids = [props[i].get("elem_id") for i in run_dep["outputs"]]
+    assert len(elem_ids) == len(OUTPUT_NAMES) + 1                              # + the per-user state
+    named = dict(zip(OUTPUT_NAMES, elem_ids))
+    assert named["status"] == "mirror-status" and named["trace"] == "mirror-trace"
+    assert all(named[f"{d}_{view}"] == f"mirror-{view}-{d}" for d in ("ar", "sd", "mirror")
+               for view in ("tokens", "rejected", "text"))
+    assert [named[f] for f in ("race", "steps", "gantt", "accept")] == [
+        "mirror-race", "mirror-steps", "mirror-gantt", "mirror-accept"]
 
 
 def test_page_explains_a_missing_default_pair(tmp_path):

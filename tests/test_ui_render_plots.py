@@ -14,7 +14,8 @@ from ui.inspector import inspector_html
 from ui.numbers import latency_model, numbers_html, speedup
 from ui.render import COLOR_MAP, highlighted, plain_text, rejected_html
 from ui.session import DecoderRun, Session, TokenNamer
-from ui.settings import DEFAULTS, encode_prompt, load_examples, settings_from_ui
+from ui.settings import (BOUNDS, CONTROLS, DEFAULTS, INFO, controls_by_name, encode_prompt, load_examples,
+                         settings_from_ui)
 
 
 class ByteTokenizer:
@@ -173,20 +174,52 @@ def test_inspector_shows_topk_probabilities_branches_and_fallback_reason():
     assert "not in this run" in inspector_html(run, 9)
 
 
+def _values(**over) -> dict:
+    return {"prompt": "p", "target": "t", "draft": "d", **DEFAULTS, **over}
+
+
 def test_settings_map_to_configs_in_one_place():
-    s = settings_from_ui("hi", " t ", "", ["mirror", "ar"], 5.0, 3, 0, 0.7, 10, 0.9, "rejection", 32, 7)
+    s = settings_from_ui(_values(prompt="hi", target=" t ", draft="", decoders=["mirror", "ar"], gamma=5.0, kappa=3,
+                                 temperature=0.7, top_k=10, top_p=0.9, rule="rejection", max_new_tokens=32, seed=7))
     assert s.decoders == ("ar", "mirror") and s.draft is None and s.target == "t"
     assert s.spec.gamma == 5 and s.spec.exit_layer is None and s.sampling.rule == "rejection"
     (req,) = s.requests((1, 2))[1:]
     assert req.decoder == "mirror" and req.max_new_tokens == 32 and req.sampling.seed == 7
     for bad in ({"gamma": 0}, {"kappa": 2.5}, {"temperature": -1}, {"top_p": 0}, {"max_new_tokens": 0}):
-        values = dict(DEFAULTS, **bad)
         with pytest.raises(MirrorError):
-            settings_from_ui("p", "t", "d", values["decoders"], values["gamma"], values["kappa"], 0,
-                             values["temperature"], 0, values["top_p"], "exact", values["max_new_tokens"], 0)
+            settings_from_ui(_values(**bad))
     with pytest.raises(MirrorError, match="token ids"):
         encode_prompt(None, "not ids")
     assert encode_prompt(None, "1, 2 3") == (1, 2, 3)
+
+
+def test_settings_take_every_control_by_name_and_nothing_else():
+    assert set(CONTROLS) == {"prompt", "target", "draft", *DEFAULTS} and len(CONTROLS) == len(set(CONTROLS))
+    positional = [_values()[name] for name in CONTROLS]
+    assert settings_from_ui(controls_by_name(positional)) == settings_from_ui(_values())
+    without_seed = {k: v for k, v in _values().items() if k != "seed"}
+    with pytest.raises(MirrorError, match=r"^the run settings do not match the page's controls \(missing seed\)$"):
+        settings_from_ui(without_seed)
+    with pytest.raises(MirrorError, match=r"unknown 'colour'"):
+        settings_from_ui(_values(colour="red"))
+    with pytest.raises(MirrorError, match="must map control names to values, got list"):
+        settings_from_ui(positional)
+    with pytest.raises(MirrorError, match=f"a run takes {len(CONTROLS)} values"):
+        controls_by_name(positional[:-1])
+
+
+def test_bounds_and_their_help_come_from_the_engine_limits():
+    from mirror_core.config import AUTO_BRANCH_BUDGET, MAX_GAMMA, MAX_KAPPA, MAX_NEW_TOKENS_CAP
+    from ui.settings import APP_MAX_NEW_TOKENS
+
+    assert BOUNDS["gamma"] == (1, MAX_GAMMA) and f"(1..{MAX_GAMMA})" in INFO["gamma"]
+    assert BOUNDS["kappa"] == (1, MAX_KAPPA) and f"(1..{MAX_KAPPA})" in INFO["kappa"]
+    assert BOUNDS["branch_budget"][0] == AUTO_BRANCH_BUDGET and "−1 = auto" in INFO["branch_budget"]
+    assert BOUNDS["max_new_tokens"] == (1, APP_MAX_NEW_TOKENS) and APP_MAX_NEW_TOKENS <= MAX_NEW_TOKENS_CAP
+    for name, (lo, hi) in BOUNDS.items():
+        assert hi is None or lo <= DEFAULTS[name] <= hi, name
+        with pytest.raises(MirrorError):  # one below the page's range is refused server-side too
+            settings_from_ui(_values(**{name: lo - 1}))
 
 
 def test_session_copies_start_fresh_and_examples_load():

@@ -8,7 +8,8 @@ import pytest
 
 from mirror_core import LaneConfig
 from testing.toy_models import build_pair
-from ui.layout import _view
+from testing.reliability import page_values
+from ui.layout import OUTPUT_NAMES, STATE, refreshed
 from ui.loader import EngineLoader, default_presets
 from ui.session import Session
 from ui.settings import settings_from_ui
@@ -30,8 +31,9 @@ def loader():
 
 
 def settings(pair, decoders=("ar", "sd", "mirror"), max_new=24, exit_layer=0, target=None):
-    return settings_from_ui("1, 2, 3", target or pair[0], pair[1], list(decoders), 3, 2, exit_layer, 0.0, 0, 1.0,
-                            "exact", max_new, 0)
+    return settings_from_ui(page_values(prompt="1, 2, 3", target=target or pair[0], draft=pair[1],
+                                        decoders=list(decoders), gamma=3, kappa=2, exit_layer=exit_layer,
+                                        max_new_tokens=max_new))
 
 
 def test_full_comparison_streams_text_then_plots_then_everything(pair, loader):
@@ -39,8 +41,12 @@ def test_full_comparison_streams_text_then_plots_then_everything(pair, loader):
     ticks = []
     for tick in run_comparison(loader, session, settings(pair), plot_every_s=0.0):
         ticks.append(tick)
-        outputs = _view(session, tick)
-        assert len(outputs) == 1 + 9 + 4 + 7
+        outputs = refreshed(session, tick)
+        assert outputs.keys() <= {*OUTPUT_NAMES, STATE} and "status" in outputs
+        if tick.kind in (DONE, RESET):
+            assert outputs.keys() == {*OUTPUT_NAMES, STATE}                      # everything is refreshed
+        elif tick.active is not None:                                             # only the running column
+            assert {name for name in outputs if name.endswith("_text")} <= {f"{tick.active}_text"}
     assert ticks[0].kind == RESET and ticks[-1].kind == DONE and "Done" in ticks[-1].status
     assert {t.active for t in ticks[1:-1]} == {"ar", "sd", "mirror"}         # live ticks refresh one column
     assert sum(t.kind == PLOTS for t in ticks) >= 3
@@ -49,16 +55,18 @@ def test_full_comparison_streams_text_then_plots_then_everything(pair, loader):
     ids = {d: r.end.token_ids for d, r in runs.items()}
     assert len(ids["ar"]) == 24 and ids["ar"] == ids["sd"] == ids["mirror"]    # greedy: lossless
     assert runs["mirror"].steps and any(s.branches for s in runs["mirror"].steps)
-    final = _view(session, ticks[-1])
-    assert final[1] and final[3].split() == [str(t) for t in ids["ar"]]     # AR column: highlighted, text
+    final = refreshed(session, ticks[-1])
+    assert final["ar_tokens"] and final["ar_text"].split() == [str(t) for t in ids["ar"]]
     with open(session.trace_path) as f:
         trace = json.load(f)
     starts = [e["decoder"] for e in trace["events"] if e["type"] == "RunStart"]
     assert trace["format"] == "mirror-sd-trace/1" and starts == ["ar", "sd", "mirror"]
     assert session.idle.is_set()
     again = run_comparison(loader, session, settings(pair, ("ar",), max_new=4))
-    cleared = _view(session, next(again))                                   # a new comparison starts empty
-    assert cleared[1:10] == [[], "", ""] * 3 and "Numbers appear" in cleared[14]
+    cleared = refreshed(session, next(again))                               # a new comparison starts empty
+    for d in ("ar", "sd", "mirror"):
+        assert [cleared[f"{d}_tokens"], cleared[f"{d}_rejected"], cleared[f"{d}_text"]] == [[], "", ""]
+    assert "Numbers appear" in cleared["numbers"]
     assert list(again)[-1].kind == DONE
 
 
@@ -117,7 +125,7 @@ def test_replay_follows_measured_commit_times(pair, loader):
     ticks = list(replay(session, speed=1.0, fps=1000.0, sleep=lambda s: None))
     shown = [session.runs["ar"].count_until(t.replay_at) for t in ticks if t.replay_at is not None]
     assert shown == sorted(shown) and ticks[-1].replay_at is None
-    assert _view(session, ticks[-1])[3].split() == [str(t) for t in session.runs["ar"].end.token_ids]
+    assert refreshed(session, ticks[-1])["ar_text"].split() == [str(t) for t in session.runs["ar"].end.token_ids]
 
 
 class FakeEngine:

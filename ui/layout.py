@@ -1,6 +1,7 @@
 """build_demo(loader, presets, examples) → gr.Blocks: components, per-user gr.State and wiring only."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import gradio as gr
@@ -12,7 +13,8 @@ from mirror_core.config import MAX_PROMPT_CHARS
 from . import inspector, numbers, plots, render
 from .loader import EngineLoader, PairPreset
 from .session import Session
-from .settings import APP_MAX_NEW_TOKENS, DECODER_TITLES, DEFAULTS, INFO, RULE_CHOICES, settings_from_ui
+from .settings import (BOUNDS, CONTROLS, DECODER_TITLES, DEFAULTS, INFO, RULE_CHOICES, controls_by_name,
+                       settings_from_ui)
 from .streaming import DONE, PLOTS, RESET, STATUS, Tick, final_status, replay, run_comparison
 
 COLUMNS = ("ar", "mirror", "sd")  # left to right on the page
@@ -38,41 +40,40 @@ CSS = """
 """
 
 
+# The outputs of /run, /replay and /stop by name, in the endpoints' order (what gradio_client returns; the
+# per-user state follows them as one more output that clients never see). Tests read results with by_name().
+TOKEN_VIEWS = ("tokens", "rejected", "text")  # per column: HighlightedText, rejected-drafts HTML, copyable Textbox
+FIGURES = ("race", "steps", "gantt", "accept")  # race, tokens per step, lane timeline, acceptance
+OUTPUT_NAMES = ("status", *(f"{d}_{view}" for d in COLUMNS for view in TOKEN_VIEWS), *FIGURES, "numbers", "latency",
+                "inspect_run", "inspect_step", "inspector", "trace")
+STATE = "session"  # the gr.State output's name in a tick's refresh
+
+
+def by_name(outputs: Sequence) -> dict[str, object]:
+    """One /run, /replay or /stop result (a list in OUTPUT_NAMES order, as gradio_client or the queue's event stream
+    returns it) by output name."""
+    if len(outputs) < len(OUTPUT_NAMES):
+        raise ValueError(f"expected {len(OUTPUT_NAMES)} outputs ({', '.join(OUTPUT_NAMES)}), got {len(outputs)}")
+    return dict(zip(OUTPUT_NAMES, outputs))
+
+
 @dataclass
 class Controls:
-    prompt: gr.Textbox
-    target: gr.Textbox
-    draft: gr.Textbox
-    decoders: gr.CheckboxGroup
+    fields: dict  # control name (settings.CONTROLS) → its component
     preset: gr.Dropdown
     run: gr.Button
     stop: gr.Button
     replay: gr.Button
-    knobs: dict  # name → component, for settings_from_ui
 
     def inputs(self) -> list:
-        """In settings_from_ui's argument order."""
-        k = self.knobs
-        return [self.prompt, self.target, self.draft, self.decoders, k["gamma"], k["kappa"], k["exit_layer"],
-                k["temperature"], k["top_k"], k["top_p"], k["rule"], k["max_new_tokens"], k["seed"], k["branch_budget"]]
+        """The /run endpoint's parameters, in CONTROLS order."""
+        return [self.fields[name] for name in CONTROLS]
 
 
 @dataclass
 class Views:
-    status: gr.Markdown
-    tokens: list          # per column: HighlightedText, rejected-drafts HTML, copyable Textbox
-    columns: dict         # decoder → gr.Column
-    figures: list         # race, tokens per step, lane timeline, acceptance
-    numbers: gr.HTML
-    latency: gr.HTML
-    inspect_run: gr.Radio
-    inspect_step: gr.Slider
-    inspector: gr.HTML
-    trace: gr.File
-
-    def outputs(self, state: gr.State) -> list:
-        return [self.status, *self.tokens, *self.figures, self.numbers, self.latency, self.inspect_run,
-                self.inspect_step, self.inspector, self.trace, state]
+    outputs: dict  # output name (OUTPUT_NAMES) → its component
+    columns: dict  # decoder → gr.Column
 
 
 def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[str] | None = None) -> gr.Blocks:
@@ -125,87 +126,102 @@ def _controls(presets: list[PairPreset], examples: list[str]) -> Controls:
         with gr.Column(scale=2):
             preset = gr.Dropdown([p.label for p in presets] + [CUSTOM], label="Model pair", info=INFO["preset"],
                                  value=first.label if first else CUSTOM)
-            target = gr.Textbox(label="Target", info=INFO["target"], value=first.target if first else "")
-            draft = gr.Textbox(label="Draft", info=INFO["draft"], value=(first.draft or "") if first else "")
-            decoders = gr.CheckboxGroup([(DECODER_TITLES[d], d) for d in COLUMNS], value=DEFAULTS["decoders"],
-                                        label="Decoders to compare", info=INFO["decoders"])
+            fields = {"prompt": prompt,
+                      "target": gr.Textbox(label="Target", info=INFO["target"], value=first.target if first else ""),
+                      "draft": gr.Textbox(label="Draft", info=INFO["draft"],
+                                          value=(first.draft or "") if first else ""),
+                      "decoders": gr.CheckboxGroup([(DECODER_TITLES[d], d) for d in COLUMNS],
+                                                   value=DEFAULTS["decoders"], label="Decoders to compare",
+                                                   info=INFO["decoders"])}
     with gr.Accordion("Speculation and sampling", open=True):
         with gr.Row():
-            knobs = {"gamma": gr.Slider(1, 16, DEFAULTS["gamma"], step=1, label="γ (window)", info=INFO["gamma"]),
-                     "kappa": gr.Slider(1, 64, DEFAULTS["kappa"], step=1, label="κ (candidates per slot)",
-                                        info=INFO["kappa"]),
-                     "exit_layer": gr.Number(DEFAULTS["exit_layer"], precision=0, minimum=0,
-                                             label="ℓ_e (early-exit layer)", info=INFO["exit_layer"]),
-                     "branch_budget": gr.Number(DEFAULTS["branch_budget"], precision=0, minimum=-1,
-                                                label="Branch budget", info=INFO["branch_budget"]),
-                     "max_new_tokens": gr.Slider(1, APP_MAX_NEW_TOKENS, DEFAULTS["max_new_tokens"], step=1, label="Max new tokens",
-                                                 info=INFO["max_new_tokens"])}
+            fields |= {"gamma": _slider("gamma", "γ (window)"),
+                       "kappa": _slider("kappa", "κ (candidates per slot)"),
+                       "exit_layer": _number("exit_layer", "ℓ_e (early-exit layer)"),
+                       "branch_budget": _number("branch_budget", "Branch budget"),
+                       "max_new_tokens": _slider("max_new_tokens", "Max new tokens")}
         with gr.Row():
-            knobs |= {"temperature": gr.Slider(0.0, 2.0, DEFAULTS["temperature"], step=0.05, label="Temperature",
-                                               info=INFO["temperature"]),
-                      "top_k": gr.Number(DEFAULTS["top_k"], precision=0, minimum=0, label="Top-k", info=INFO["top_k"]),
-                      "top_p": gr.Slider(0.01, 1.0, DEFAULTS["top_p"], step=0.01, label="Top-p", info=INFO["top_p"]),
-                      "rule": gr.Radio(list(RULE_CHOICES), value=DEFAULTS["rule"], label="Rule", info=INFO["rule"]),
-                      "seed": gr.Number(DEFAULTS["seed"], precision=0, minimum=0, label="Seed", info=INFO["seed"])}
-    return Controls(prompt, target, draft, decoders, preset, run, stop, replay_btn, knobs)
+            fields |= {"temperature": _slider("temperature", "Temperature", step=0.05),
+                       "top_k": _number("top_k", "Top-k"),
+                       "top_p": _slider("top_p", "Top-p", step=0.01),
+                       "rule": gr.Radio(list(RULE_CHOICES), value=DEFAULTS["rule"], label="Rule", info=INFO["rule"]),
+                       "seed": _number("seed", "Seed")}
+    return Controls(fields, preset, run, stop, replay_btn)
+
+
+def _slider(name: str, label: str, step: float = 1) -> gr.Slider:
+    lo, hi = BOUNDS[name]
+    return gr.Slider(lo, hi, DEFAULTS[name], step=step, label=label, info=INFO[name])
+
+
+def _number(name: str, label: str) -> gr.Number:
+    """A whole-number box; its lower bound is shown by the page, every bound is checked by settings_from_ui."""
+    lo, hi = BOUNDS[name]
+    return gr.Number(DEFAULTS[name], precision=0, minimum=lo, maximum=hi, label=label, info=INFO[name])
 
 
 def _views() -> Views:
-    status = gr.Markdown("Pick a pair and press **Run**.", elem_id="mirror-status")
+    out = {"status": gr.Markdown("Pick a pair and press **Run**.", elem_id="mirror-status")}
     gr.Markdown(HONESTY)
     gr.HTML(render.legend_html())
-    tokens, columns = [], {}
+    columns = {}
     with gr.Row(equal_height=False):
         for d in COLUMNS:
             with gr.Column(visible=d in DEFAULTS["decoders"], elem_id=f"mirror-col-{d}") as columns[d]:
                 gr.Markdown(f"### {DECODER_TITLES[d]}")
-                tokens.append(gr.HighlightedText(label="Committed tokens, coloured by origin", elem_id=f"mirror-tokens-{d}",
-                                                 color_map=render.COLOR_MAP, show_legend=False,
-                                                 show_inline_category=False, combine_adjacent=False))
+                out[f"{d}_tokens"] = gr.HighlightedText(
+                    label="Committed tokens, coloured by origin", elem_id=f"mirror-tokens-{d}",
+                    color_map=render.COLOR_MAP, show_legend=False, show_inline_category=False, combine_adjacent=False)
                 with gr.Accordion("With rejected drafts (struck through)", open=d != "ar"):
-                    tokens.append(gr.HTML(elem_id=f"mirror-rejected-{d}"))
-                tokens.append(gr.Textbox(label="Committed text (copy)", lines=3, interactive=False, buttons=["copy"],
-                                         elem_id=f"mirror-text-{d}"))
+                    out[f"{d}_rejected"] = gr.HTML(elem_id=f"mirror-rejected-{d}")
+                out[f"{d}_text"] = gr.Textbox(label="Committed text (copy)", lines=3, interactive=False,
+                                              buttons=["copy"], elem_id=f"mirror-text-{d}")
     with gr.Row():
-        race = gr.Plot(label="Race", elem_id="mirror-race")
-        steps = gr.Plot(label="Tokens per step", elem_id="mirror-steps")
-    figures = [race, steps, gr.Plot(label="Lane timeline", elem_id="mirror-gantt"),
-               gr.Plot(label="Acceptance", elem_id="mirror-accept")]
+        out["race"] = gr.Plot(label="Race", elem_id="mirror-race")
+        out["steps"] = gr.Plot(label="Tokens per step", elem_id="mirror-steps")
+    out["gantt"] = gr.Plot(label="Lane timeline", elem_id="mirror-gantt")
+    out["accept"] = gr.Plot(label="Acceptance", elem_id="mirror-accept")
     with gr.Row():
         with gr.Column():
             gr.Markdown("### Numbers (measured by the engine)")
-            numbers_view = gr.HTML(numbers.numbers_html({}), elem_id="mirror-numbers")
+            out["numbers"] = gr.HTML(numbers.numbers_html({}), elem_id="mirror-numbers")
         with gr.Column():
-            gr.Markdown("### Latency model (mirror_sd.md §4), modelled from the measured spans")
-            latency_view = gr.HTML(numbers.latency_html(None, None), elem_id="mirror-latency")
+            gr.Markdown("### Latency model (docs/ALGORITHM.md §4), modelled from the measured spans")
+            out["latency"] = gr.HTML(numbers.latency_html(None, None), elem_id="mirror-latency")
     gr.Markdown("### Step inspector")
     with gr.Row():
-        inspect_run = gr.Radio([(DECODER_TITLES["mirror"], "mirror"), (DECODER_TITLES["sd"], "sd")], value="mirror",
-                               label="Run", info="Which speculative run to inspect.")
-        inspect_step = gr.Slider(1, 2, 1, step=1, label="Step", info="Verification step t (1 = first after prefill).")
-    inspector_view = gr.HTML(inspector.inspector_html(None, 1), elem_id="mirror-inspector")
-    trace = gr.File(label="Run trace (JSON): every event of every decoder", interactive=False, elem_id="mirror-trace")
-    return Views(status, tokens, columns, figures, numbers_view, latency_view, inspect_run, inspect_step,
-                 inspector_view, trace)
+        out["inspect_run"] = gr.Radio([(DECODER_TITLES["mirror"], "mirror"), (DECODER_TITLES["sd"], "sd")],
+                                      value="mirror", label="Run", info="Which speculative run to inspect.")
+        out["inspect_step"] = gr.Slider(1, 2, 1, step=1, label="Step",
+                                        info="Verification step t (1 = first after prefill).")
+    out["inspector"] = gr.HTML(inspector.inspector_html(None, 1), elem_id="mirror-inspector")
+    out["trace"] = gr.File(label="Run trace (JSON): every event of every decoder", interactive=False,
+                           elem_id="mirror-trace")
+    return Views(out, columns)
 
 
 def _wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], state: gr.State, c: Controls,
           v: Views) -> None:
-    outputs = v.outputs(state)
+    components = {**v.outputs, STATE: state}
+    outputs = [components[name] for name in (*OUTPUT_NAMES, STATE)]  # the endpoints' output order
+
+    def view(session: Session, tick: Tick) -> dict:
+        """{component: value} for what this tick refreshes; Gradio leaves the other outputs as they are."""
+        return {components[name]: value for name, value in refreshed(session, tick).items()}
 
     in_flight: dict[str, Session] = {}  # session hash → its Session while a run is going (this page's visitors)
 
     def on_run(request: gr.Request, session: Session, *values):
         try:
-            settings = settings_from_ui(*values)
+            settings = settings_from_ui(controls_by_name(values))
         except MirrorError as exc:
             session.status = f"**Error:** {exc}"
-            yield _view(session, Tick(STATUS, session.status))
+            yield view(session, Tick(STATUS, session.status))
             return
         in_flight[request.session_hash] = session
         try:
             for tick in run_comparison(loader, session, settings):
-                yield _view(session, tick)
+                yield view(session, tick)
         finally:
             in_flight.pop(request.session_hash, None)
 
@@ -220,32 +236,36 @@ def _wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], stat
         session.stop.set()
         session.replay_stop.set()
         session.idle.wait(timeout=60)  # the run's generator ends within one step (or is closed by `cancels`)
-        return _view(session, Tick(DONE, final_status(session) if running else "Nothing was running."))
+        return view(session, Tick(DONE, final_status(session) if running else "Nothing was running."))
 
     def on_replay(session: Session):
         for tick in replay(session):
-            yield _view(session, tick)
+            yield view(session, tick)
 
     def on_inspect(session: Session, decoder: str, step):
         return inspector.inspector_html(session.runs.get(decoder), step)
 
+    # The controls go in as a positional list (CONTROLS order, named once in on_run): set-style inputs would
+    # reorder the public /run endpoint's parameters (Gradio sorts a set by component id).
     # Progress only on the status line: it shows the queue position ("queue: 2/3") while waiting,
     # and no spinner covers the live plots. No preprocessing: out-of-range or non-numeric values reach
     # settings_from_ui, which answers each with one readable line on the status (Gradio's own checks would not).
     run_evt = c.run.click(on_run, [state, *c.inputs()], outputs, api_name="run", concurrency_id="lanes",
-                          concurrency_limit=1, show_progress="minimal", show_progress_on=[v.status],
+                          concurrency_limit=1, show_progress="minimal", show_progress_on=[v.outputs["status"]],
                           preprocess=False)  # raw values: settings_from_ui checks every field with one message
     replay_evt = c.replay.click(on_replay, [state], outputs, api_name="replay", concurrency_limit=8,
                                 show_progress="hidden")
     c.stop.click(on_stop, [state], outputs, api_name="stop", cancels=[run_evt, replay_evt], concurrency_limit=None,
                  show_progress="hidden")
     demo.unload(on_unload)
-    gr.on([v.inspect_run.change, v.inspect_step.change], on_inspect, [state, v.inspect_run, v.inspect_step],
-          v.inspector, api_name="inspect", show_progress="hidden")
-    c.preset.change(lambda label: _pair_of(presets, label), [c.preset], [c.target, c.draft],
+    inspect_run, inspect_step = v.outputs["inspect_run"], v.outputs["inspect_step"]
+    gr.on([inspect_run.change, inspect_step.change], on_inspect, [state, inspect_run, inspect_step],
+          v.outputs["inspector"], api_name="inspect", show_progress="hidden")
+    c.preset.change(lambda label: _pair_of(presets, label), [c.preset], [c.fields["target"], c.fields["draft"]],
                     api_visibility="private", show_progress="hidden")
-    c.decoders.change(lambda ds: [gr.Column(visible=d in (ds or ())) for d in COLUMNS], [c.decoders],
-                      [v.columns[d] for d in COLUMNS], api_visibility="private", show_progress="hidden")
+    c.fields["decoders"].change(lambda ds: [gr.Column(visible=d in (ds or ())) for d in COLUMNS],
+                                [c.fields["decoders"]], [v.columns[d] for d in COLUMNS], api_visibility="private",
+                                show_progress="hidden")
 
 
 def _pair_of(presets: list[PairPreset], label: str):
@@ -260,30 +280,37 @@ def as_plot(fig: dict) -> PlotData:
     return PlotData(type="plotly", plot=plots.to_json(fig))
 
 
-def _view(session: Session, tick: Tick) -> list:
-    """The outputs for one tick (Views.outputs order): what it refreshes, gr.skip() for the rest."""
-    skip = gr.skip()
-    tokens: list = []
+def refreshed(session: Session, tick: Tick) -> dict[str, object]:
+    """What one tick refreshes, by output name (OUTPUT_NAMES, plus STATE); every other output stays as it is."""
+    out: dict[str, object] = {"status": tick.status}
     for d in COLUMNS:
+        if tick.kind == STATUS or (tick.active is not None and tick.active != d):
+            continue  # only the running decoder's column changes
         run = session.runs.get(d)
         upto = None if tick.replay_at is None or run is None else run.count_until(tick.replay_at)
-        unchanged = tick.kind == STATUS or (tick.active is not None and tick.active != d)
-        tokens += ([skip] * 3 if unchanged else
-                   [render.highlighted(run, upto), render.rejected_html(run, upto), render.plain_text(run, upto)])
-    runs = [session.runs[d] for d in ("ar", "sd", "mirror") if d in session.runs]
-    figures = [skip] * 4
+        out |= {f"{d}_tokens": render.highlighted(run, upto), f"{d}_rejected": render.rejected_html(run, upto),
+                f"{d}_text": render.plain_text(run, upto)}
     if tick.kind in (PLOTS, DONE, RESET):
-        figures = [as_plot(f) for f in (plots.race_figure(runs, numbers.speedups(session.runs)),
-                                         plots.tokens_per_step_figure(runs), plots.lane_timeline_figure(runs),
-                                         plots.acceptance_figure(runs))]
-    rest = [skip] * 7
+        out |= _figures(session)
     if tick.kind in (DONE, RESET):
-        model = numbers.latency_model(session.runs.get("mirror"), session.runs.get("ar"))
-        measured = numbers.speedup(session.runs.get("ar"), session.runs.get("mirror"))[0]
-        pick = "mirror" if "mirror" in session.runs else "sd"
-        run = session.runs.get(pick)
-        last = run.steps[-1].step if run is not None and run.steps else 1
-        rest = [numbers.numbers_html(session.runs), numbers.latency_html(model, measured), gr.Radio(value=pick),
-                gr.Slider(minimum=1, maximum=max(last, 2), value=1), inspector.inspector_html(run, 1),
-                session.trace_path, session]
-    return [tick.status, *tokens, *figures, *rest]
+        out |= _summary(session)
+    return out
+
+
+def _figures(session: Session) -> dict[str, PlotData]:
+    runs = [session.runs[d] for d in ("ar", "sd", "mirror") if d in session.runs]
+    figures = (plots.race_figure(runs, numbers.speedups(session.runs)), plots.tokens_per_step_figure(runs),
+               plots.lane_timeline_figure(runs), plots.acceptance_figure(runs))
+    return {name: as_plot(fig) for name, fig in zip(FIGURES, figures, strict=True)}
+
+
+def _summary(session: Session) -> dict[str, object]:
+    """The numbers, the latency model, the inspector (reset to step 1 of the speculative run) and the trace."""
+    model = numbers.latency_model(session.runs.get("mirror"), session.runs.get("ar"))
+    measured = numbers.speedup(session.runs.get("ar"), session.runs.get("mirror"))[0]
+    pick = "mirror" if "mirror" in session.runs else "sd"
+    run = session.runs.get(pick)
+    last = run.steps[-1].step if run is not None and run.steps else 1
+    return {"numbers": numbers.numbers_html(session.runs), "latency": numbers.latency_html(model, measured),
+            "inspect_run": gr.Radio(value=pick), "inspect_step": gr.Slider(minimum=1, maximum=max(last, 2), value=1),
+            "inspector": inspector.inspector_html(run, 1), "trace": session.trace_path, STATE: session}

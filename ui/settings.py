@@ -1,11 +1,12 @@
-"""UI values → engine configs, in one place (`settings_from_ui`), plus the controls' defaults and help text."""
+"""UI values → engine configs, in one place (`settings_from_ui`), plus the controls' names, defaults, bounds, help."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mirror_core import MirrorError, Request, SamplingConfig, SpecConfig
-from mirror_core.config import check_prompt_text
+from mirror_core.config import AUTO_BRANCH_BUDGET, MAX_GAMMA, MAX_KAPPA, MAX_NEW_TOKENS_CAP, check_prompt_text
 
 # Decoder keys in the order they run (baseline first) and the names the page shows.
 DECODER_ORDER = ("ar", "sd", "mirror")
@@ -13,12 +14,36 @@ DECODER_TITLES = {"ar": "Target-only AR (baseline)", "sd": "Vanilla SD", "mirror
 RULE_CHOICES = (("exact: Rule E, reproduces AR token for token with the same seed", "exact"),
                 ("rejection: Rule R, Leviathan/Chen rejection sampling", "rejection"))
 
-APP_MAX_NEW_TOKENS = 1024  # the page's cap per decoder (below the engine's MAX_NEW_TOKENS_CAP), checked server-side
+# The Run controls by name, in the order the public /run endpoint takes them (gradio_client and raw HTTP
+# callers pass them positionally, so append new ones at the end). A new control is one entry here, its
+# DEFAULTS/INFO/BOUNDS entries, its component in layout._controls, and its use in settings_from_ui.
+CONTROLS = ("prompt", "target", "draft", "decoders", "gamma", "kappa", "exit_layer", "temperature", "top_k", "top_p",
+            "rule", "max_new_tokens", "seed", "branch_budget")
 
-# Every control's default value; the page and the tests both read these.
+APP_MAX_NEW_TOKENS = min(1024, MAX_NEW_TOKENS_CAP)  # the page's cap per decoder, checked server-side
+APP_MAX_TEMPERATURE = 2.0                           # the slider's top; typed values are checked by SamplingConfig
+MIN_TOP_P = 0.01                                    # the slider's bottom: top-p must be > 0
+
+# (lowest, highest) the page's numeric controls allow; None = no bound on the page (the engine checks the rest).
+BOUNDS = {"gamma": (1, MAX_GAMMA), "kappa": (1, MAX_KAPPA), "exit_layer": (0, None),
+          "branch_budget": (AUTO_BRANCH_BUDGET, None), "max_new_tokens": (1, APP_MAX_NEW_TOKENS),
+          "temperature": (0.0, APP_MAX_TEMPERATURE), "top_k": (0, None), "top_p": (MIN_TOP_P, 1.0), "seed": (0, None)}
+
+# Every control's default value except the pair and the prompt (those come from the presets and examples);
+# the page and the tests both read these.
 DEFAULTS = {"gamma": SpecConfig.gamma, "kappa": SpecConfig.kappa, "exit_layer": 0,
             "branch_budget": SpecConfig.branch_budget, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
             "rule": "exact", "max_new_tokens": 64, "seed": 0, "decoders": ["ar", "mirror"]}
+
+
+def _range(name: str) -> str:
+    lo, hi = BOUNDS[name]
+    return f"{lo}..{hi}"
+
+
+def _signed(n: int) -> str:
+    return str(n).replace("-", "−")  # typographic minus, as the page writes it
+
 
 INFO = {
     "prompt": "Text for models with a tokenizer; for models without one, comma-separated token ids (e.g. 1, 2, 3).",
@@ -26,9 +51,11 @@ INFO = {
     "target": "The model whose output is reproduced exactly: a Hugging Face id (e.g. Qwen/Qwen3-1.7B) or a local folder.",
     "draft": "A smaller model with the same vocabulary (e.g. Qwen/Qwen3-0.6B); leave empty to run the AR baseline only.",
     "decoders": "Run one after another, each with both lanes to itself; AR is the baseline every speedup refers to.",
-    "gamma": "γ: draft tokens per window the target verifies in one pass (1..16).",
-    "kappa": "κ: early-exit candidates per slot sent to the draft lane; the draft rolls out a branch for each (1..64).",
-    "branch_budget": "Branch rows the draft rolls out per step, the likeliest first: 0 = all κ(γ+1); −1 = auto "
+    "gamma": f"γ: draft tokens per window the target verifies in one pass ({_range('gamma')}).",
+    "kappa": "κ: early-exit candidates per slot sent to the draft lane; the draft rolls out a branch for each "
+             f"({_range('kappa')}).",
+    "branch_budget": f"Branch rows the draft rolls out per step, the likeliest first: 0 = all κ(γ+1); "
+                     f"{_signed(AUTO_BRANCH_BUDGET)} = auto "
                      "(as many as it finishes while the target runs its last layers). Never changes the output.",
     "exit_layer": "ℓ_e: target layer whose hidden state gives the early-exit top-κ (1..N−1); 0 = N/2 of the loaded target.",
     "temperature": "0 = greedy (output equals the target's greedy tokens). Above 0: sampling.",
@@ -41,8 +68,9 @@ INFO = {
 
 
 @dataclass(frozen=True)
-class RunSettings:
-    """One comparison as the page asked for it: which pair, which decoders, and the engine configs."""
+class ComparisonSettings:
+    """One comparison as the page asked for it: which pair, which decoders, and the engine configs.
+    (Not mirror_core.RunSettings, which records one engine run.)"""
 
     target: str
     draft: str | None
@@ -57,27 +85,49 @@ class RunSettings:
                         sampling=self.sampling, spec=self.spec) for d in self.decoders]
 
 
-def settings_from_ui(prompt: str, target: str, draft: str, decoders, gamma, kappa, exit_layer, temperature,
-                     top_k, top_p, rule, max_new_tokens, seed,
-                     branch_budget=SpecConfig.branch_budget) -> RunSettings:
-    """The one mapping from the page's raw values to configs; raises MirrorError with a readable line."""
-    target = _as_text(target, "Target").strip()
+def controls_by_name(values: Sequence[object]) -> dict[str, object]:
+    """The /run endpoint's positional values named by CONTROLS: the one place that zips them."""
+    if len(values) != len(CONTROLS):
+        raise MirrorError(f"a run takes {len(CONTROLS)} values ({', '.join(CONTROLS)}), got {len(values)}")
+    return dict(zip(CONTROLS, values))
+
+
+def settings_from_ui(values: Mapping[str, object]) -> ComparisonSettings:
+    """The one mapping from the page's raw values (control name → value) to configs; raises MirrorError
+    with a readable line."""
+    v = _check_names(values)
+    target = _as_text(v["target"], "Target").strip()
     if not target:
         raise MirrorError("no target model: pick a pair or type a Hugging Face id / local folder under Target")
-    draft = _as_text(draft, "Draft").strip()
-    prompt = check_prompt_text(_as_text(prompt, "the prompt"))
+    draft = _as_text(v["draft"], "Draft").strip()
+    prompt = check_prompt_text(_as_text(v["prompt"], "the prompt"))
+    decoders = v["decoders"]
     chosen = tuple(d for d in DECODER_ORDER if isinstance(decoders, (list, tuple)) and d in decoders)
     if not chosen:
         raise MirrorError("choose at least one decoder to run")
-    exit_layer = _as_int(exit_layer, "exit layer ℓ_e")
-    spec = SpecConfig(gamma=_as_int(gamma, "γ"), kappa=_as_int(kappa, "κ"), exit_layer=exit_layer or None,
-                      branch_budget=_as_int(branch_budget, "branch budget"))
-    sampling = SamplingConfig(temperature=_as_float(temperature, "temperature"), top_k=_as_int(top_k, "top-k"),
-                              top_p=_as_float(top_p, "top-p"), seed=_as_int(seed, "seed"), rule=rule)
-    max_new = _as_int(max_new_tokens, "max new tokens")
+    exit_layer = _as_int(v["exit_layer"], "exit layer ℓ_e")
+    spec = SpecConfig(gamma=_as_int(v["gamma"], "γ"), kappa=_as_int(v["kappa"], "κ"), exit_layer=exit_layer or None,
+                      branch_budget=_as_int(v["branch_budget"], "branch budget"))
+    sampling = SamplingConfig(temperature=_as_float(v["temperature"], "temperature"),
+                              top_k=_as_int(v["top_k"], "top-k"), top_p=_as_float(v["top_p"], "top-p"),
+                              seed=_as_int(v["seed"], "seed"), rule=v["rule"])
+    max_new = _as_int(v["max_new_tokens"], "max new tokens")
     if not 1 <= max_new <= APP_MAX_NEW_TOKENS:
         raise MirrorError(f"max new tokens must be in 1..{APP_MAX_NEW_TOKENS} on this page, got {max_new}")
-    return RunSettings(target, draft or None, prompt, chosen, max_new, sampling, spec)
+    return ComparisonSettings(target, draft or None, prompt, chosen, max_new, sampling, spec)
+
+
+def _check_names(values) -> Mapping[str, object]:
+    """Exactly the CONTROLS names, or one line saying which are missing or unknown."""
+    if not isinstance(values, Mapping):
+        raise MirrorError(f"the run settings must map control names to values, got {type(values).__name__}")
+    missing = [name for name in CONTROLS if name not in values]
+    unknown = [repr(name) for name in values if name not in CONTROLS]
+    if missing or unknown:
+        problems = ([f"missing {', '.join(missing)}"] if missing else []) + (
+            [f"unknown {', '.join(unknown)}"] if unknown else [])
+        raise MirrorError(f"the run settings do not match the page's controls ({'; '.join(problems)})")
+    return values
 
 
 def encode_prompt(tokenizer, prompt: str) -> tuple[int, ...]:

@@ -17,7 +17,7 @@ from mirror_core import MirrorError, RunEnd, StepRecord, TokenEvent
 from mirror_core.trace import write_trace
 
 from .session import Session, TokenNamer
-from .settings import DECODER_TITLES, RunSettings, encode_prompt
+from .settings import DECODER_TITLES, ComparisonSettings, encode_prompt
 
 TEXT, PLOTS, STATUS, DONE, RESET = "text", "plots", "status", "done", "reset"
 
@@ -49,8 +49,9 @@ class Throttle:
         return None
 
 
-def run_comparison(loader, session: Session, settings: RunSettings, *, clock: Callable[[], float] = time.monotonic,
-                   text_every_s: float = 0.05, plot_every_s: float = 0.25) -> Iterator[Tick]:
+def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
+                   clock: Callable[[], float] = time.monotonic, text_every_s: float = 0.05,
+                   plot_every_s: float = 0.25) -> Iterator[Tick]:
     """Load the pair (cached), then stream each decoder in turn with the lanes to itself."""
     generation = session.begin_comparison()
     try:
