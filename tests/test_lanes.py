@@ -5,7 +5,6 @@ import os
 
 import numpy as np
 import pytest
-import torch
 
 from mirror_core import (
     FaultPlan,
@@ -13,15 +12,12 @@ from mirror_core import (
     MirrorEngine,
     MirrorError,
     Request,
-    SamplingConfig,
     SpecConfig,
     StepRecord,
     TokenEvent,
 )
 from mirror_core.lanes.channel import Channel, Message
-from mirror_core.lanes.codec import decode, encode
 from mirror_core.lanes.placement import auto_lanes
-from mirror_core.messages import BranchRequest, DraftStart, DraftWindow, ResolveRequest
 from mirror_core.metrics import interval_overlap
 from testing.toy_models import build_pair, hf_greedy
 
@@ -97,7 +93,7 @@ def test_closing_the_generator_frees_the_lanes(process_engine):
 
 def _assert_lane_idle(engine):
     box = engine.lane.channel.to_worker
-    assert box.drained() and box.header[6] == 0 and engine.lane.outstanding == 0
+    assert box.idle() and engine.lane.outstanding == 0
 
 
 @pytest.mark.parametrize("kind,mode", [("inline", "raise"), ("thread", "raise"), ("process", "raise"), ("process", "exit")])
@@ -126,18 +122,6 @@ def test_the_fault_hook_is_read_from_the_environment_once_when_an_engine_loads(p
     monkeypatch.setenv("MIRROR_FAULT_DRAFT_AT_STEP", "soon")
     with pytest.raises(MirrorError, match="MIRROR_FAULT_DRAFT_AT_STEP must be a step number"):
         MirrorEngine.load(target, draft, LaneConfig(kind="inline"))
-
-
-def test_channel_codec_round_trips():
-    cmds = [DraftStart((1, 2, 3), 4, SamplingConfig(0.7, 5, 0.9, 42, "rejection")),
-            BranchRequest(2, ((1, 2), (3, -1), (4, 5))), ResolveRequest(5, 2, 17, True), ResolveRequest(6, 0, 3, False)]
-    for cmd in cmds:
-        assert decode(encode(cmd)) == cmd
-    window = DraftWindow((1, 2), torch.rand(2, 7), 3, ((1, 2), (3, 4)), [("draft_branches", 1.0, 2.0)], 5, 9)
-    back = decode(encode(window))
-    assert back.tokens == window.tokens and back.branch_row == 3 and back.branches == window.branches
-    assert torch.allclose(back.p_draft, window.p_draft) and back.spans == window.spans and back.forwards == 5
-    assert back.produced == 9
 
 
 def test_shared_memory_channel_delivers_in_order():

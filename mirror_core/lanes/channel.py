@@ -1,29 +1,55 @@
 """The token channel between the target lane and a draft-lane process: shared memory + sequence counters.
 
-Measured on the 2-core dev machine (docs/BENCHMARKS.md, `python -m mirror_core channel`): a round
-trip of a 64-id message costs a few µs with shared memory and a sequence counter, against
-61–237 µs for multiprocessing pipes and milliseconds for torch queues, so lanes in separate
-processes talk through two one-slot mailboxes in one shared-memory block. A writer fills the
-payload, then bumps `seq`; the reader sees `seq` change, copies the payload, then sets `ack`.
-The writer waits for `ack == seq` before it writes again. (x86 stores are seen in program order;
-the counters are written last and read first.)
+Measured on the 2-core dev machine (docs/BENCHMARKS.md, `python -m mirror_core channel`): a round trip of a 64-id
+message costs about 15 µs with shared memory and a sequence counter, against 61–237 µs for
+multiprocessing pipes and milliseconds for torch queues, so lanes in separate processes talk
+through two one-slot mailboxes in one shared-memory block. A writer fills the payload, then bumps
+SEQ; the reader sees SEQ change, copies the payload, then sets ACK. The writer waits for
+ACK == SEQ before it writes again. BUSY says the reader is still working on what it acknowledged.
 
-Every message is (kind, int64 array, float64 array, float32 array); codec.py-style encoding of
-the lane's dataclasses lives in lanes.py.
+Memory ordering. Without locks the protocol is correct only where another core sees one core's
+stores in program order and loads are not reordered with loads (x86 and x86-64, "total store
+order"): the payload is written before SEQ and read after it, and BUSY is set before ACK. On
+other hosts (ARM, POWER, RISC-V) a peer may see the new SEQ before the payload, so there each
+mailbox gets a lock from `multiprocessing` that the writer holds while it publishes and the reader
+holds while it copies out and acknowledges; the lock's acquire and release are the fences. The
+counters are still polled without it, as hints. `Channel(ordered_stores=...)` picks the mode
+(default: ORDERED_STORES, from the host), so both paths run in the tests on an x86 machine.
+
+Every message is (kind, int64 array, float64 array, float32 array); codec.py lays the lanes'
+dataclasses out in it.
 """
 from __future__ import annotations
 
+import contextlib
+import multiprocessing as mp
 import os
+import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import shared_memory
-from typing import Callable
+from typing import Any
 
 import numpy as np
 
-HEADER = 8  # int64 words: seq, ack, kind, n_i64, n_f64, n_f32, busy (reader working), reserved
+# The mailbox header: int64 words at these indices, then the payload arrays.
+SEQ = 0      # messages published so far (the writer bumps it last)
+ACK = 1      # messages copied out so far (the reader sets it = SEQ after copying)
+KIND = 2     # the message's kind (codec.FRAMES)
+N_I64 = 3    # int64 words in the message
+N_F64 = 4    # float64 words in the message
+N_F32 = 5    # float32 words in the message
+BUSY = 6     # 1 while the reader works on a message it acknowledged (mark_busy / mark_idle)
+HEADER = 8   # words in the header (word 7 is reserved)
+
 SPIN_S = 0.05   # yield-spin this long before sleeping between polls
 SLEEP_S = 0.0002
+LOCK_TIMEOUT_S = 10.0  # a mailbox lock is held for microseconds; longer means its holder died inside it
+
+# Hosts whose cores see each other's stores in program order (x86 TSO); platform.machine() spellings.
+TSO_MACHINES = frozenset({"x86_64", "amd64", "i386", "i486", "i586", "i686", "x86"})
+ORDERED_STORES = platform.machine().lower() in TSO_MACHINES  # this host: publish with plain stores
 
 
 class ChannelClosed(RuntimeError):
@@ -32,16 +58,25 @@ class ChannelClosed(RuntimeError):
 
 @dataclass(frozen=True)
 class Message:
-    kind: int
-    i64: np.ndarray
-    f64: np.ndarray
-    f32: np.ndarray
+    """One frame on the channel; codec.py maps the lanes' dataclasses to and from it."""
+    kind: int         # which dataclass (codec.FRAMES); 0 is never sent
+    i64: np.ndarray   # [n_i64] int64: ints, bools, lengths, shapes, UTF-8 bytes
+    f64: np.ndarray   # [n_f64] float64: floats (sampling settings, span times)
+    f32: np.ndarray   # [n_f32] float32: tensors, flattened row-major (p_draft)
+
+
+@dataclass(frozen=True)
+class ChannelHandle:
+    """What a spawned process needs to attach to a channel (picklable while spawning: it may carry locks)."""
+    name: str                                  # the shared-memory block's name
+    caps: tuple[int, int, int]                 # (int64, float64, float32) words per mailbox
+    locks: tuple[Any, Any] | None = None       # (to_worker, to_target) spawn-context locks; None: plain stores
 
 
 class Mailbox:
-    """One direction of the channel, a view into the shared block."""
+    """One direction of the channel, a view into the shared block; `lock` None means the host orders stores."""
 
-    def __init__(self, buf, offset: int, cap_i64: int, cap_f64: int, cap_f32: int):
+    def __init__(self, buf, offset: int, cap_i64: int, cap_f64: int, cap_f32: int, lock=None):
         self.header = np.ndarray((HEADER,), np.int64, buf, offset)
         offset += HEADER * 8
         self.i64 = np.ndarray((cap_i64,), np.int64, buf, offset)
@@ -51,38 +86,80 @@ class Mailbox:
         self.f32 = np.ndarray((cap_f32,), np.float32, buf, offset)
         self.end = offset + cap_f32 * 4
         self.last_read = 0
+        self._fenced = contextlib.nullcontext() if lock is None else _Fence(lock)
 
     @staticmethod
     def nbytes(cap_i64: int, cap_f64: int, cap_f32: int) -> int:
         return HEADER * 8 + cap_i64 * 8 + cap_f64 * 8 + cap_f32 * 4
 
     def send(self, msg: Message, alive: Callable[[], bool], timeout_s: float) -> None:
+        for data, box, name in ((msg.i64, self.i64, "int64"), (msg.f64, self.f64, "float64"),
+                                (msg.f32, self.f32, "float32")):
+            if data.size > box.size:
+                raise ValueError(f"message too large for the channel: frame kind {msg.kind} has {data.size} "
+                                 f"{name} words, the mailbox holds {box.size}")
         h = self.header
-        wait_until(lambda: h[1] == h[0], alive, timeout_s)  # the previous message was read
-        for name in ("i64", "f64", "f32"):
-            data = getattr(msg, name)
-            if data.size > getattr(self, name).size:
-                raise ValueError(f"message too large for the channel ({name}: {data.size} > {getattr(self, name).size})")
-            getattr(self, name)[: data.size] = data
-        h[2], h[3], h[4], h[5] = msg.kind, msg.i64.size, msg.f64.size, msg.f32.size
-        h[0] = h[0] + 1  # publish last
+        wait_until(lambda: h[ACK] == h[SEQ], alive, timeout_s)  # the previous message was read
+        with self._fenced:
+            self.i64[: msg.i64.size] = msg.i64
+            self.f64[: msg.f64.size] = msg.f64
+            self.f32[: msg.f32.size] = msg.f32
+            h[KIND], h[N_I64], h[N_F64], h[N_F32] = msg.kind, msg.i64.size, msg.f64.size, msg.f32.size
+            h[SEQ] = h[SEQ] + 1  # publish last
 
     def poll(self) -> bool:
-        return int(self.header[0]) != self.last_read
+        return int(self.header[SEQ]) != self.last_read
 
-    def recv(self, alive: Callable[[], bool], timeout_s: float, mark_busy: bool = False) -> Message:
-        """Copy the next message out; mark_busy sets the busy word before acknowledging (see drain)."""
+    def recv(self, alive: Callable[[], bool], timeout_s: float, busy: bool = False) -> Message:
+        """Copy the next message out; busy=True marks the mailbox busy before acknowledging, so idle() never
+        reports a command the reader has taken but not finished (the reader calls mark_idle when done)."""
         h = self.header
         wait_until(self.poll, alive, timeout_s)
-        msg = Message(int(h[2]), self.i64[: h[3]].copy(), self.f64[: h[4]].copy(), self.f32[: h[5]].copy())
-        if mark_busy:
-            h[6] = 1
-        self.last_read = int(h[0])
-        h[1] = self.last_read
+        with self._fenced:
+            msg = Message(int(h[KIND]), self.i64[: h[N_I64]].copy(), self.f64[: h[N_F64]].copy(),
+                          self.f32[: h[N_F32]].copy())
+            if busy:
+                h[BUSY] = 1
+            self.last_read = int(h[SEQ])
+            h[ACK] = self.last_read
         return msg
 
+    def mark_busy(self) -> None:
+        with self._fenced:
+            self.header[BUSY] = 1
+
+    def mark_idle(self) -> None:
+        with self._fenced:
+            self.header[BUSY] = 0
+
+    @property
+    def busy(self) -> bool:
+        with self._fenced:
+            return bool(self.header[BUSY])
+
     def drained(self) -> bool:
-        return int(self.header[1]) == int(self.header[0])
+        """Every message sent has been copied out (the reader may still be working on the last)."""
+        with self._fenced:
+            return int(self.header[ACK]) == int(self.header[SEQ])
+
+    def idle(self) -> bool:
+        """Drained and the reader has finished with what it took (ACK, SEQ and BUSY read together)."""
+        with self._fenced:
+            return int(self.header[ACK]) == int(self.header[SEQ]) and not self.header[BUSY]
+
+
+class _Fence:
+    """A mailbox's lock (hosts without ordered stores), given up on if its holder died inside it."""
+
+    def __init__(self, lock):
+        self.lock = lock
+
+    def __enter__(self) -> None:
+        if not self.lock.acquire(timeout=LOCK_TIMEOUT_S):
+            raise ChannelClosed(f"the channel's lock was held for over {LOCK_TIMEOUT_S:.0f} s (its holder died)")
+
+    def __exit__(self, *exc) -> None:
+        self.lock.release()
 
 
 def wait_until(ready: Callable[[], bool], alive: Callable[[], bool], timeout_s: float) -> None:
@@ -104,21 +181,49 @@ def wait_until(ready: Callable[[], bool], alive: Callable[[], bool], timeout_s: 
 
 
 class Channel:
-    """Two mailboxes (to the worker, back from it) in one shared-memory block."""
+    """Two mailboxes (to the worker, back from it) in one shared-memory block; the creator (name None) owns it.
 
-    def __init__(self, cap_i64: int, cap_f32: int, cap_f64: int = 4096, name: str | None = None):
+    ordered_stores=False publishes under a lock per mailbox (the mode for hosts other than x86; see
+    the module docstring). A peer attaches by name; a spawned peer uses Channel.attach(channel.handle),
+    which also carries the locks.
+    """
+
+    def __init__(self, cap_i64: int, cap_f32: int, cap_f64: int = 4096, name: str | None = None, *,
+                 ordered_stores: bool = ORDERED_STORES, locks: tuple[Any, Any] | None = None):
         self.caps = (cap_i64, cap_f64, cap_f32)
         size = 2 * Mailbox.nbytes(*self.caps)
         self.owner = name is None
+        if self.owner and locks is None and not ordered_stores:
+            ctx = mp.get_context("spawn")  # the peers are spawned; a fork-context lock cannot travel to them
+            locks = (ctx.Lock(), ctx.Lock())
+        if ordered_stores != (locks is None):
+            raise ValueError("a channel without ordered stores needs its creator's locks at both ends (attach "
+                             "with Channel.attach(channel.handle)); one with ordered stores takes none")
+        self.locks = locks
         self.shm = shared_memory.SharedMemory(name=name, create=self.owner, size=size if self.owner else 0)
         if self.owner:
             np.ndarray((size,), np.uint8, self.shm.buf)[:] = 0
-        self.to_worker = Mailbox(self.shm.buf, 0, *self.caps)
-        self.to_target = Mailbox(self.shm.buf, self.to_worker.end, *self.caps)
+        to_worker_lock, to_target_lock = locks or (None, None)
+        self.to_worker = Mailbox(self.shm.buf, 0, *self.caps, lock=to_worker_lock)
+        self.to_target = Mailbox(self.shm.buf, self.to_worker.end, *self.caps, lock=to_target_lock)
+
+    @classmethod
+    def attach(cls, handle: ChannelHandle) -> Channel:
+        """The peer's view of a channel another process created (it never unlinks the block)."""
+        cap_i64, cap_f64, cap_f32 = handle.caps
+        return cls(cap_i64, cap_f32, cap_f64, handle.name, ordered_stores=handle.locks is None, locks=handle.locks)
 
     @property
     def name(self) -> str:
         return self.shm.name
+
+    @property
+    def ordered_stores(self) -> bool:
+        return self.locks is None
+
+    @property
+    def handle(self) -> ChannelHandle:
+        return ChannelHandle(self.shm.name, self.caps, self.locks)
 
     def close(self) -> None:
         """Release the block (idempotent); the creator also unlinks it."""
@@ -131,12 +236,10 @@ class Channel:
         self.shm = None
 
 
-def round_trip_benchmark(n: int = 2000) -> str:
+def round_trip_benchmark(n: int = 2000, ordered_stores: bool = ORDERED_STORES) -> str:
     """`python -m mirror_core channel`: round trip of a 64-id + 64-log-prob message to a spawned process."""
-    import multiprocessing as mp
-
-    ch = Channel(cap_i64=1024, cap_f32=1024)
-    proc = mp.get_context("spawn").Process(target=_echo, args=(ch.name, n), daemon=True)
+    ch = Channel(cap_i64=1024, cap_f32=1024, ordered_stores=ordered_stores)
+    proc = mp.get_context("spawn").Process(target=echo, args=(ch.handle, n), daemon=True)
     proc.start()
     msg = Message(1, np.arange(64, dtype=np.int64), np.zeros(0), np.zeros(64, np.float32))
     times = []
@@ -151,8 +254,9 @@ def round_trip_benchmark(n: int = 2000) -> str:
     return f"shared-memory round trip: median {times[n // 2] * 1e6:.1f} µs, p99 {times[int(n * 0.99)] * 1e6:.1f} µs (n={n})"
 
 
-def _echo(name: str, n: int) -> None:
-    ch = Channel(1024, 1024, name=name)
+def echo(handle: ChannelHandle, n: int) -> None:
+    """A spawned peer that sends back each of the next n messages (the benchmark's and the tests' far end)."""
+    ch = Channel.attach(handle)
     for _ in range(n):
         ch.to_target.send(ch.to_worker.recv(lambda: True, 10), lambda: True, 10)
     ch.close()

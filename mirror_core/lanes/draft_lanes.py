@@ -18,8 +18,8 @@ import torch
 from ..config import FaultPlan, LaneConfig, MirrorError
 from ..draft_worker import DraftWorker
 from ..messages import DraftStart, DraftWindow, ResolveRequest
-from .channel import Channel, ChannelClosed, wait_until
-from .codec import _READY, _RESOLVE, _SHUTDOWN, LaneError, _error_msg, _msg, decode, encode
+from .channel import Channel, ChannelClosed, ChannelHandle, wait_until
+from .codec import LaneError, LaneFailed, LaneReady, LaneShutdown, decode, encode
 from .placement import pinned
 
 
@@ -152,18 +152,17 @@ class ProcessLane:
 
     def _spawn(self) -> None:
         self.channel = Channel(cap_i64=1 << 18, cap_f32=_f32_capacity(self.spec.vocab_size))
-        self.proc = mp.get_context("spawn").Process(target=_process_main, args=(self.spec, self.channel.name),
+        self.proc = mp.get_context("spawn").Process(target=_process_main, args=(self.spec, self.channel.handle),
                                                     name="mirror-draft-lane", daemon=True)
         self.proc.start()
         try:
-            reply = self.channel.to_target.recv(self.proc.is_alive, 600)
+            reply = decode(self.channel.to_target.recv(self.proc.is_alive, 600))
         except ChannelClosed as exc:
             self._reap()
             raise MirrorError(f"the draft lane did not start: {exc}") from None
-        if reply.kind != _READY:
-            err = decode(reply)
+        if not isinstance(reply, LaneReady):
             self._reap()
-            raise MirrorError(f"the draft lane did not start: {err}")
+            raise MirrorError(f"the draft lane did not start: {_lane_error(reply)}")
         self.outstanding = 0
 
     def _send(self, cmd) -> None:
@@ -192,7 +191,7 @@ class ProcessLane:
         except ChannelClosed as exc:
             raise LaneError(str(exc)) from None
         self.outstanding -= 1
-        return _raise_if_error(decode(msg))
+        return _raise_if_error(_lane_error(decode(msg)))
 
     def drain(self) -> None:
         """Wait until the worker has finished every command sent (at most one step of work)."""
@@ -202,8 +201,7 @@ class ProcessLane:
             while self.outstanding:
                 self.channel.to_target.recv(self.proc.is_alive, self.timeout_s)
                 self.outstanding -= 1
-            box = self.channel.to_worker
-            wait_until(lambda: box.drained() and box.header[6] == 0, self.proc.is_alive, self.timeout_s)
+            wait_until(self.channel.to_worker.idle, self.proc.is_alive, self.timeout_s)
         except ChannelClosed:
             pass
 
@@ -211,7 +209,7 @@ class ProcessLane:
         if self.proc is not None and self.proc.is_alive():
             try:
                 self.drain()
-                self.channel.to_worker.send(_msg(_SHUTDOWN), self.proc.is_alive, 5)
+                self.channel.to_worker.send(encode(LaneShutdown()), self.proc.is_alive, 5)
             except ChannelClosed:
                 pass
         self._reap()
@@ -236,11 +234,16 @@ def _raise_if_error(reply):
     return reply
 
 
-def _process_main(spec: DraftLaneSpec, channel_name: str) -> None:
+def _lane_error(reply):
+    """A LaneFailed frame from the process lane as the LaneError the other lanes' _Serve returns."""
+    return LaneError(reply.text) if isinstance(reply, LaneFailed) else reply
+
+
+def _process_main(spec: DraftLaneSpec, channel: ChannelHandle) -> None:
     """Entry point of the draft lane's process: pinned to its cores for its whole life."""
     parent = os.getppid()
     alive = lambda: os.getppid() == parent  # noqa: E731
-    ch = Channel(cap_i64=1 << 18, cap_f32=_f32_capacity(spec.vocab_size), name=channel_name)
+    ch = Channel.attach(channel)
     with pinned(spec.cpus, spec.threads):
         try:
             from transformers.utils import logging as hf_logging
@@ -248,9 +251,9 @@ def _process_main(spec: DraftLaneSpec, channel_name: str) -> None:
             hf_logging.disable_progress_bar()
             serve = _Serve(DraftWorker(make_runner(spec), spec.fault))
         except Exception as exc:
-            ch.to_target.send(_error_msg(exc), alive, 60)
+            ch.to_target.send(encode(LaneFailed.of(exc)), alive, 60)
             return
-        ch.to_target.send(_msg(_READY), alive, 60)
+        ch.to_target.send(encode(LaneReady()), alive, 60)
         _serve_commands(ch, serve, alive)
 
 
@@ -258,16 +261,16 @@ def _serve_commands(ch: Channel, serve: _Serve, alive) -> None:
     box = ch.to_worker
     while True:
         try:
-            msg = box.recv(alive, float("inf"), mark_busy=True)
+            cmd = decode(box.recv(alive, float("inf"), busy=True))
         except ChannelClosed:
             return
-        if msg.kind == _SHUTDOWN:
-            box.header[6] = 0
+        if isinstance(cmd, LaneShutdown):
+            box.mark_idle()
             return
-        reply = serve(decode(msg))
-        box.header[6] = 0
-        if msg.kind == _RESOLVE:
-            ch.to_target.send(_error_msg(reply) if isinstance(reply, BaseException) else encode(reply), alive, 600)
+        reply = serve(cmd)
+        box.mark_idle()
+        if isinstance(cmd, ResolveRequest):
+            ch.to_target.send(encode(LaneFailed.of(reply) if isinstance(reply, BaseException) else reply), alive, 600)
 
 
 def make_draft_lane(lanes: LaneConfig, spec: DraftLaneSpec):
