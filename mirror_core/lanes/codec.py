@@ -80,31 +80,24 @@ class _Reader:
         self.i = self.f = self.q = 0
 
 
-class _Int:
+class _Word:
+    """One word: an int or a bool in the int64 stream, a float in the float64 stream."""
+
+    def __init__(self, kind: type):
+        self.kind = kind
+
     def put(self, w: _Writer, v) -> None:
-        w.i64.append(v)
+        if self.kind is float:
+            w.f64.append(v)
+        else:
+            w.i64.append((1 if v else 0) if self.kind is bool else v)
 
     def get(self, r: _Reader):
+        if self.kind is float:
+            r.f += 1
+            return r.f64[r.f - 1]
         r.i += 1
-        return r.i64[r.i - 1]
-
-
-class _Bool:
-    def put(self, w: _Writer, v) -> None:
-        w.i64.append(1 if v else 0)
-
-    def get(self, r: _Reader):
-        r.i += 1
-        return bool(r.i64[r.i - 1])
-
-
-class _Float:
-    def put(self, w: _Writer, v) -> None:
-        w.f64.append(v)
-
-    def get(self, r: _Reader):
-        r.f += 1
-        return r.f64[r.f - 1]
+        return bool(r.i64[r.i - 1]) if self.kind is bool else r.i64[r.i - 1]
 
 
 class _Str:
@@ -236,7 +229,7 @@ class _Struct:
         return self.cls(*[get(r) for get in self.getters])
 
 
-_SCALARS = {bool: _Bool(), int: _Int(), float: _Float(), str: _Str(), torch.Tensor: _Tensor()}
+_SCALARS = {bool: _Word(bool), int: _Word(int), float: _Word(float), str: _Str(), torch.Tensor: _Tensor()}
 
 
 def _layout(hint, where: str):
@@ -248,7 +241,7 @@ def _layout(hint, where: str):
         return _Optional(_layout(next(a for a in args if a is not type(None)), where))
     if (origin is tuple and len(args) == 2 and args[1] is Ellipsis) or (origin is list and len(args) == 1):
         item = _layout(args[0], where)
-        seq = _Ints if type(item) is _Int else _IntRows if type(item) is _Ints else _Seq
+        seq = _Ints if item is _SCALARS[int] else _IntRows if type(item) is _Ints else _Seq
         return seq(item, origin)
     if origin is tuple and args and Ellipsis not in args:
         return _Tuple([_layout(a, where) for a in args])
