@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -138,4 +139,30 @@ def test_shared_memory_channel_delivers_in_order():
                               lambda: True, 1)
     finally:
         peer.close()
+        ch.close()
+
+
+def test_an_idle_reader_dozes_on_the_doorbell_and_the_writer_rings_it(monkeypatch):
+    """wait_until spins, then sleeps, then (idle for IDLE_S) dozes; a send to a dozing reader rings its bell."""
+    from mirror_core.lanes import channel
+
+    clock = iter([0.0, channel.SPIN_S / 2, channel.SPIN_S * 2, channel.IDLE_S + 1, channel.IDLE_S + 2])
+    phases: list[str] = []
+    fake_time = SimpleNamespace(perf_counter=lambda: next(clock), sleep=lambda s: phases.append(f"sleep {s}"))
+    monkeypatch.setattr(channel, "time", fake_time)  # the channel module's clock only
+    monkeypatch.setattr(channel, "os", SimpleNamespace(sched_yield=lambda: phases.append("spin")))
+    checks = iter([False, False, False, False, True])
+    channel.wait_until(lambda: next(checks), lambda: True, 60, doze=lambda: phases.append("doze"))
+    assert phases == ["spin", f"sleep {channel.SLEEP_S}", "doze", "doze"]
+    monkeypatch.undo()
+
+    ch = channel.Channel(16, 4)
+    try:
+        box = ch.to_worker
+        box.header[channel.DOZING] = 1  # as _doze sets it before blocking on the bell
+        box.send(Message(1, np.arange(3), np.zeros(0), np.zeros(0, np.float32)), lambda: True, 1)
+        assert box.bell.acquire(timeout=5)  # the writer rang
+        box.header[channel.DOZING] = 0
+        assert box.recv(lambda: True, 1).i64.tolist() == [0, 1, 2]
+    finally:
         ch.close()

@@ -197,3 +197,12 @@ def test_importing_the_ui_and_app_loads_no_model_and_reads_no_argv():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.returncode == 0 and "clean" in out.stdout, out.stderr[-2000:]
+
+
+def test_the_queue_polls_gently_beside_the_lanes(tmp_path):
+    """Gradio's queue loops would poll every 1 ms and 10 ms (idle or not); build_demo slows them to QUEUE_POLL_S."""
+    from ui.layout import QUEUE_POLL_S
+
+    demo = build_demo(EngineLoader(LANES), default_presets(str(tmp_path)), [])
+    queue = demo._queue  # private attributes: this fails loudly if a Gradio release renames them
+    assert queue.sleep_when_free == queue.progress_update_sleep_when_free == QUEUE_POLL_S

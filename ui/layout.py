@@ -13,12 +13,16 @@ from mirror_core.config import MAX_PROMPT_CHARS
 from . import inspector, numbers, plots, render
 from .loader import EngineLoader, PairPreset
 from .session import Session
-from .settings import (BOUNDS, CONTROLS, DECODER_TITLES, DEFAULTS, INFO, RULE_CHOICES, controls_by_name,
-                       settings_from_ui)
+from .settings import BOUNDS, CONTROLS, DECODER_TITLES, DEFAULTS, INFO, RULE_CHOICES, controls_by_name, settings_from_ui
 from .streaming import DONE, PLOTS, RESET, STATUS, Tick, final_status, replay, run_comparison
 
 COLUMNS = ("ar", "mirror", "sd")  # left to right on the page
 QUEUE_MAX_SIZE = 32                # waiting requests beyond this are turned away ("queue is full")
+# Gradio's queue loops poll every 1 ms (jobs) and 10 ms (progress) on Linux (`Queue.sleep_when_free`,
+# `progress_update_sleep_when_free`: private in Gradio 6), idle or while a run holds the lanes: ~6 % of a
+# core taken beside the lanes (docs/BENCHMARKS.md). 50 ms delays only the start of a queued job and the
+# queue-position line; tests/test_ui_app.py fails if a Gradio release drops the attributes.
+QUEUE_POLL_S = 0.05
 CUSTOM = "Custom (type below)"
 HONESTY = ("Decoders run **one after another**, each with both lanes to itself, so the columns fill in turn. "
            "Every time shown comes from the engine's spans and commit stamps (never from the page). "
@@ -87,6 +91,7 @@ def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[s
         views = _views()
         _wire(demo, loader, presets, state, controls, views)
     demo.queue(max_size=QUEUE_MAX_SIZE, default_concurrency_limit=1)  # one run on the lanes at a time
+    demo._queue.sleep_when_free = demo._queue.progress_update_sleep_when_free = QUEUE_POLL_S
     return demo
 
 

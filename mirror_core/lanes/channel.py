@@ -16,6 +16,13 @@ holds while it copies out and acknowledges; the lock's acquire and release are t
 counters are still polled without it, as hints. `Channel(ordered_stores=...)` picks the mode
 (default: ORDERED_STORES, from the host), so both paths run in the tests on an x86 machine.
 
+Waiting. A reader yield-spins for SPIN_S (a run exchanges messages every few milliseconds), then
+sleeps in short ticks, and once idle for IDLE_S (between runs) sets DOZING and blocks on the mailbox's
+doorbell, a semaphore the writer releases after publishing when it sees DOZING. A ring lost to the
+race between the two flags costs at most DOZE_S, the doze's timeout. An idle draft lane thus costs
+almost no CPU, and the first message after a pause arrives within a fraction of a millisecond
+(measured: docs/BENCHMARKS.md, `python -m mirror_core channel`).
+
 Every message is (kind, int64 array, float64 array, float32 array); codec.py lays the lanes'
 dataclasses out in it.
 """
@@ -41,10 +48,13 @@ N_I64 = 3    # int64 words in the message
 N_F64 = 4    # float64 words in the message
 N_F32 = 5    # float32 words in the message
 BUSY = 6     # 1 while the reader works on a message it acknowledged (mark_busy / mark_idle)
-HEADER = 8   # words in the header (word 7 is reserved)
+DOZING = 7   # 1 while the reader sleeps on the mailbox's doorbell (idle for IDLE_S): the writer rings it
+HEADER = 8   # words in the header
 
-SPIN_S = 0.05   # yield-spin this long before sleeping between polls
-SLEEP_S = 0.0002
+SPIN_S = 0.05   # a waiting reader yield-spins this long (µs latency while a run exchanges messages),
+SLEEP_S = 0.0002  # then sleeps this long between polls,
+IDLE_S = 1.0      # and after this long without a message blocks on the mailbox's doorbell (a semaphore the
+DOZE_S = 0.1      # writer rings after publishing), re-polling at least every DOZE_S: an idle lane costs ~0 CPU
 LOCK_TIMEOUT_S = 10.0  # a mailbox lock is held for microseconds; longer means its holder died inside it
 
 # Hosts whose cores see each other's stores in program order (x86 TSO); platform.machine() spellings.
@@ -71,12 +81,13 @@ class ChannelHandle:
     name: str                                  # the shared-memory block's name
     caps: tuple[int, int, int]                 # (int64, float64, float32) words per mailbox
     locks: tuple[Any, Any] | None = None       # (to_worker, to_target) spawn-context locks; None: plain stores
+    bells: tuple[Any, Any] | None = None       # (to_worker, to_target) doorbell semaphores; None: sleep instead
 
 
 class Mailbox:
     """One direction of the channel, a view into the shared block; `lock` None means the host orders stores."""
 
-    def __init__(self, buf, offset: int, cap_i64: int, cap_f64: int, cap_f32: int, lock=None):
+    def __init__(self, buf, offset: int, cap_i64: int, cap_f64: int, cap_f32: int, lock=None, bell=None):
         self.header = np.ndarray((HEADER,), np.int64, buf, offset)
         offset += HEADER * 8
         self.i64 = np.ndarray((cap_i64,), np.int64, buf, offset)
@@ -87,6 +98,7 @@ class Mailbox:
         self.end = offset + cap_f32 * 4
         self.last_read = 0
         self._fenced = contextlib.nullcontext() if lock is None else _Fence(lock)
+        self.bell = bell
 
     @staticmethod
     def nbytes(cap_i64: int, cap_f64: int, cap_f32: int) -> int:
@@ -106,6 +118,8 @@ class Mailbox:
             self.f32[: msg.f32.size] = msg.f32
             h[KIND], h[N_I64], h[N_F64], h[N_F32] = msg.kind, msg.i64.size, msg.f64.size, msg.f32.size
             h[SEQ] = h[SEQ] + 1  # publish last
+        if h[DOZING] and self.bell is not None:  # a reader idle for IDLE_S sleeps on the doorbell: wake it
+            self.bell.release()
 
     def poll(self) -> bool:
         return int(self.header[SEQ]) != self.last_read
@@ -114,7 +128,7 @@ class Mailbox:
         """Copy the next message out; busy=True marks the mailbox busy before acknowledging, so idle() never
         reports a command the reader has taken but not finished (the reader calls mark_idle when done)."""
         h = self.header
-        wait_until(self.poll, alive, timeout_s)
+        wait_until(self.poll, alive, timeout_s, self._doze)
         with self._fenced:
             msg = Message(int(h[KIND]), self.i64[: h[N_I64]].copy(), self.f64[: h[N_F64]].copy(),
                           self.f32[: h[N_F32]].copy())
@@ -123,6 +137,18 @@ class Mailbox:
             self.last_read = int(h[SEQ])
             h[ACK] = self.last_read
         return msg
+
+    def _doze(self) -> None:
+        """Idle: sleep until the writer rings (or DOZE_S passes: a ring lost to a race costs at most that)."""
+        if self.bell is None:
+            time.sleep(DOZE_S / 10)
+            return
+        self.header[DOZING] = 1
+        try:
+            if not self.poll():
+                self.bell.acquire(timeout=DOZE_S)
+        finally:
+            self.header[DOZING] = 0
 
     def mark_busy(self) -> None:
         with self._fenced:
@@ -162,22 +188,30 @@ class _Fence:
         self.lock.release()
 
 
-def wait_until(ready: Callable[[], bool], alive: Callable[[], bool], timeout_s: float) -> None:
-    """Spin (yielding the core) until ready; sleep in short ticks after SPIN_S; check the peer."""
+def wait_until(ready: Callable[[], bool], alive: Callable[[], bool], timeout_s: float,
+               doze: Callable[[], None] | None = None) -> None:
+    """Poll until ready: yield-spin for SPIN_S, then sleep SLEEP_S between polls, and once idle for IDLE_S
+    call doze() (a reader blocks on its doorbell) or sleep DOZE_S. The peer's liveness and the timeout
+    are checked every 256 spins and after every sleep."""
     t0 = time.perf_counter()
-    n = 0
+    spins = 0
     while not ready():
-        n += 1
-        if n % 256:
-            os.sched_yield()
-            continue
         waited = time.perf_counter() - t0
+        if waited < SPIN_S:
+            os.sched_yield()
+            spins += 1
+            if spins % 256:
+                continue
+        elif waited < IDLE_S:
+            time.sleep(SLEEP_S)
+        elif doze is not None:
+            doze()
+        else:
+            time.sleep(DOZE_S)
         if not alive():
             raise ChannelClosed("the draft lane's process died")
         if waited > timeout_s:
             raise ChannelClosed(f"the draft lane did not answer within {timeout_s:.0f} s")
-        if waited > SPIN_S:
-            time.sleep(SLEEP_S)
 
 
 class Channel:
@@ -189,7 +223,8 @@ class Channel:
     """
 
     def __init__(self, cap_i64: int, cap_f32: int, cap_f64: int = 4096, name: str | None = None, *,
-                 ordered_stores: bool = ORDERED_STORES, locks: tuple[Any, Any] | None = None):
+                 ordered_stores: bool = ORDERED_STORES, locks: tuple[Any, Any] | None = None,
+                 bells: tuple[Any, Any] | None = None):
         self.caps = (cap_i64, cap_f64, cap_f32)
         size = 2 * Mailbox.nbytes(*self.caps)
         self.owner = name is None
@@ -199,19 +234,25 @@ class Channel:
         if ordered_stores != (locks is None):
             raise ValueError("a channel without ordered stores needs its creator's locks at both ends (attach "
                              "with Channel.attach(channel.handle)); one with ordered stores takes none")
-        self.locks = locks
+        if self.owner and bells is None:
+            ctx = mp.get_context("spawn")
+            bells = (ctx.Semaphore(0), ctx.Semaphore(0))
+        self.locks, self.bells = locks, bells
         self.shm = shared_memory.SharedMemory(name=name, create=self.owner, size=size if self.owner else 0)
         if self.owner:
             np.ndarray((size,), np.uint8, self.shm.buf)[:] = 0
         to_worker_lock, to_target_lock = locks or (None, None)
-        self.to_worker = Mailbox(self.shm.buf, 0, *self.caps, lock=to_worker_lock)
-        self.to_target = Mailbox(self.shm.buf, self.to_worker.end, *self.caps, lock=to_target_lock)
+        to_worker_bell, to_target_bell = bells or (None, None)
+        self.to_worker = Mailbox(self.shm.buf, 0, *self.caps, lock=to_worker_lock, bell=to_worker_bell)
+        self.to_target = Mailbox(self.shm.buf, self.to_worker.end, *self.caps, lock=to_target_lock,
+                                 bell=to_target_bell)
 
     @classmethod
     def attach(cls, handle: ChannelHandle) -> Channel:
         """The peer's view of a channel another process created (it never unlinks the block)."""
         cap_i64, cap_f64, cap_f32 = handle.caps
-        return cls(cap_i64, cap_f32, cap_f64, handle.name, ordered_stores=handle.locks is None, locks=handle.locks)
+        return cls(cap_i64, cap_f32, cap_f64, handle.name, ordered_stores=handle.locks is None, locks=handle.locks,
+                   bells=handle.bells)
 
     @property
     def name(self) -> str:
@@ -223,7 +264,7 @@ class Channel:
 
     @property
     def handle(self) -> ChannelHandle:
-        return ChannelHandle(self.shm.name, self.caps, self.locks)
+        return ChannelHandle(self.shm.name, self.caps, self.locks, self.bells)
 
     def close(self) -> None:
         """Release the block (idempotent); the creator also unlinks it."""
@@ -236,22 +277,49 @@ class Channel:
         self.shm = None
 
 
-def round_trip_benchmark(n: int = 2000, ordered_stores: bool = ORDERED_STORES) -> str:
-    """`python -m mirror_core channel`: round trip of a 64-id + 64-log-prob message to a spawned process."""
+def round_trip_benchmark(n: int = 2000, ordered_stores: bool = ORDERED_STORES, idle_trials: int = 3) -> str:
+    """`python -m mirror_core channel`: round trips of a 64-id + 64-log-prob message to a spawned process,
+    back to back, then after IDLE_S + 3.1 s of silence each (the first message of a run), with the CPU the
+    idle peer used over the last 3 s of each silence."""
     ch = Channel(cap_i64=1024, cap_f32=1024, ordered_stores=ordered_stores)
-    proc = mp.get_context("spawn").Process(target=echo, args=(ch.handle, n), daemon=True)
+    proc = mp.get_context("spawn").Process(target=echo, args=(ch.handle, n + idle_trials), daemon=True)
     proc.start()
     msg = Message(1, np.arange(64, dtype=np.int64), np.zeros(0), np.zeros(64, np.float32))
-    times = []
-    for _ in range(n):
+
+    def round_trip() -> float:
         t0 = time.perf_counter()
         ch.to_worker.send(msg, proc.is_alive, 10)
         ch.to_target.recv(proc.is_alive, 10)
-        times.append(time.perf_counter() - t0)
+        return time.perf_counter() - t0
+
+    times = sorted(round_trip() for _ in range(n))
+    idle, cpu = [], []
+    for _ in range(idle_trials):
+        time.sleep(IDLE_S + 0.1)  # the peer is past its spinning and short-sleep phases: dozing
+        cpu_before, t0 = _cpu_seconds(proc.pid), time.perf_counter()
+        time.sleep(3.0)  # CPU times tick in 10 ms: a long window
+        if cpu_before is not None:
+            cpu.append((_cpu_seconds(proc.pid) - cpu_before) / (time.perf_counter() - t0))
+        idle.append(round_trip())
     proc.join()
-    times.sort()
     ch.close()
-    return f"shared-memory round trip: median {times[n // 2] * 1e6:.1f} µs, p99 {times[int(n * 0.99)] * 1e6:.1f} µs (n={n})"
+    idle.sort()
+    line = (f"shared-memory round trip: median {times[n // 2] * 1e6:.1f} µs, p99 {times[int(n * 0.99)] * 1e6:.1f} µs "
+            f"(n={n}); after {IDLE_S + 3.1:.1f} s idle: median {idle[len(idle) // 2] * 1e6:.0f} µs, "
+            f"max {idle[-1] * 1e6:.0f} µs (n={idle_trials})")
+    if cpu:
+        line += f"; the idle peer used {100 * max(cpu):.2f} % of a core at most"
+    return line
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds a process has used (None where psutil is missing)."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def echo(handle: ChannelHandle, n: int) -> None:
