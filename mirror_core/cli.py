@@ -133,7 +133,10 @@ def generate(args) -> int:
                 print(text.push(event.token_id) if text else f"{event.token_id} ", end="", flush=True)
         end: RunEnd = events[-1]
         if args.trace:  # written whole or not at all
-            write_trace(args.trace + ".part", events)
+            text = None if engine.tokenizer is None else {
+                "prompt": engine.tokenizer.decode(list(prompt_ids)),
+                "output": {request.decoder: engine.tokenizer.decode(list(end.token_ids))}}
+            write_trace(args.trace + ".part", events, text)
             os.replace(args.trace + ".part", args.trace)
         if args.json:
             out = {"decoder": request.decoder, "prompt_ids": list(prompt_ids), "token_ids": list(end.token_ids),

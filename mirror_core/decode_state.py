@@ -55,6 +55,7 @@ class DecodeState:
         self.records: list[StepRecord] = []
         self.draft_forwards = 0   # draft row-forwards (a batched pass over R branch rows counts R)
         self.draft_produced = 0   # draft tokens they produced
+        self.single_steps = 0     # one-token target passes after the prefill (ar, and after a draft-lane failure)
         self.gen = torch.Generator().manual_seed(self.cfg.seed)  # the target lane's stream (Rule R)
         self.t_start = time.perf_counter()
         self.t_first: float | None = None   # first new token committed
@@ -103,6 +104,7 @@ class DecodeState:
             logits = self.target.forward(self.cache, self.ids[-1:])  # [1, V]
             token = target_token(logits[-1], self.cfg, len(self.ids))
             self.span(STAGE_TARGET_STEP, t0, self.now(), step)
+            self.single_steps += 1
             self.commit([(token, ORIGIN_TARGET, False)], step)
             yield self.flush()
 
@@ -142,5 +144,6 @@ class DecodeState:
         t_end = self.t_last if self.t_last is not None else time.perf_counter()
         summary = summarize(self.records, self.spans, self.req.spec.gamma, new_tokens=len(self.new_tokens),
                             t_start=self.t_start, t_first=self.t_first, t_end=t_end,
-                            draft_forwards=self.draft_forwards, draft_produced=self.draft_produced)
+                            draft_forwards=self.draft_forwards, draft_produced=self.draft_produced,
+                            single_steps=self.single_steps)
         return RunEnd(tuple(self.new_tokens), summary, self.fallback, stopped, error)

@@ -26,6 +26,7 @@ class RunSummary:
     gamma: int                                   # γ of the run (sizes the histogram and per-position counts)
     new_tokens: int = 0                          # committed new tokens, the prefill token included
     steps: int = 0                               # verification passes after the prefill
+    single_steps: int = 0                        # one-token target passes after the prefill (ar; after a lane failure)
     committed: int = 0                           # Σ n_t over steps
     drafted: int = 0                             # Σ D_t
     accepted: int = 0                            # Σ A_t
@@ -81,6 +82,11 @@ class RunSummary:
         return {k: _ratio(h, b) for k, h, b in zip(KINDS, self.hits_by_kind, self.branched_by_kind)}
 
     @property
+    def target_passes(self) -> int:
+        """Target forward passes after the prefill: verification passes plus one-token steps."""
+        return self.steps + self.single_steps
+
+    @property
     def fallback_frequency(self) -> float | None:
         """FF = 1 − hit rate, over the same steps: windows the draft had to roll out afresh."""
         rate = self.hit_rate
@@ -112,7 +118,8 @@ class RunSummary:
     def to_dict(self) -> dict:
         """JSON-ready: every metric by name, plus the raw counters under "counters"."""
         return {
-            "new_tokens": self.new_tokens, "steps": self.steps, "gamma": self.gamma, "tau": self.tau,
+            "new_tokens": self.new_tokens, "steps": self.steps, "target_passes": self.target_passes,
+            "gamma": self.gamma, "tau": self.tau,
             "acceptance_rate": self.acceptance_rate, "per_position_acceptance": self.per_position_acceptance,
             "acceptance_histogram": list(self.hist), "hit_rate": self.hit_rate,
             "hit_rate_by_kind": self.hit_rate_by_kind, "fallback_frequency": self.fallback_frequency,
@@ -127,7 +134,7 @@ class RunSummary:
 
 def summarize(records: list[StepRecord], spans: list[SpanEvent], gamma: int, *, new_tokens: int,
               t_start: float, t_first: float | None, t_end: float, draft_forwards: int = 0,
-              draft_produced: int = 0) -> RunSummary:
+              draft_produced: int = 0, single_steps: int = 0) -> RunSummary:
     """Count a run's step records and spans into a RunSummary."""
     hist, pos_acc, pos_dr = [0] * (gamma + 1), [0] * gamma, [0] * gamma
     branched, hits = [0, 0, 0], [0, 0, 0]
@@ -149,7 +156,7 @@ def summarize(records: list[StepRecord], spans: list[SpanEvent], gamma: int, *, 
         in_topk += k
     draft_busy, target_busy = busy_intervals(spans, LANE_DRAFT), busy_intervals(spans, LANE_TARGET)
     return RunSummary(
-        gamma=gamma, new_tokens=new_tokens, steps=len(records), committed=committed, drafted=drafted,
+        gamma=gamma, new_tokens=new_tokens, steps=len(records), single_steps=single_steps, committed=committed, drafted=drafted,
         accepted=accepted, hist=tuple(hist), pos_accepted=tuple(pos_acc), pos_drafted=tuple(pos_dr),
         branched_steps=sum(branched), hits=sum(hits), branched_by_kind=tuple(branched), hits_by_kind=tuple(hits),
         overlap_slots=slots, overlap_in_topk=in_topk, draft_forwards=draft_forwards, draft_produced=draft_produced,

@@ -17,6 +17,9 @@ def event_to_dict(event: Event) -> dict:
     return {"type": type(event).__name__, **asdict(event)}
 
 
-def write_trace(path: str, events: list[Event]) -> None:
+def write_trace(path: str, events: list[Event], text: dict | None = None) -> None:
+    """The events as JSON; `text` (front-ends with a tokenizer: the prompt and each decoder's output) rides along."""
+    trace = {"format": "mirror-sd-trace/1", **({"text": text} if text else {}),
+             "events": [event_to_dict(e) for e in events]}
     with open(path, "w", encoding="utf-8") as f:
-        json.dump({"format": "mirror-sd-trace/1", "events": [event_to_dict(e) for e in events]}, f)
+        json.dump(trace, f)

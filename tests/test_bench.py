@@ -20,8 +20,8 @@ from mirror_core.bench.summary import build_report
 from mirror_core.cli import main
 from mirror_core.config import SamplingConfig, SpecConfig
 from mirror_core.events import SpanEvent, StepRecord
-from mirror_core.metrics import RunSummary
 from mirror_core.latency import LatencyModel, hidden_draft_bound, latency_model_from_events, physical_bound, verify_time
+from mirror_core.metrics import RunSummary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -79,6 +79,8 @@ def test_max_new_tokens_is_exact(pairs, engines, max_new):
     for decoder in ("ar", "sd", "mirror"):
         end = engines["qwen2"].generate(Request((1, 2, 3), decoder, max_new, spec=SpecConfig(4, 3, 2)))
         assert list(end.token_ids) == ref
+        if decoder == "ar":  # every token after the prefill's is one target pass (no verification steps)
+            assert end.summary.steps == 0 and end.summary.target_passes == max_new - 1
 
 
 @pytest.mark.parametrize("kind", ["thread", "process"])

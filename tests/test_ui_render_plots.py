@@ -3,19 +3,40 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import plotly.graph_objects as go
 import pytest
 
-from mirror_core import (LaneConfig, MirrorError, RejectedEvent, Request, RunEnd, RunSettings, RunStart, RunSummary,
-                         SpanEvent, SpecConfig, StepRecord, TokenEvent)
+from mirror_core import (
+    LaneConfig,
+    MirrorError,
+    RejectedEvent,
+    Request,
+    RunEnd,
+    RunSettings,
+    RunStart,
+    RunSummary,
+    SpanEvent,
+    SpecConfig,
+    StepRecord,
+    TokenEvent,
+)
 from ui import plots
 from ui.inspector import inspector_html
 from ui.numbers import latency_model, numbers_html, speedup
 from ui.render import COLOR_MAP, highlighted, plain_text, rejected_html
 from ui.session import DecoderRun, Session, TokenNamer
-from ui.settings import (BOUNDS, CONTROLS, DEFAULTS, INFO, controls_by_name, encode_prompt, load_examples,
-                         settings_from_ui)
+from ui.settings import (
+    BOUNDS,
+    CONTROLS,
+    DEFAULTS,
+    INFO,
+    controls_by_name,
+    encode_prompt,
+    load_examples,
+    settings_from_ui,
+)
 
 
 class ByteTokenizer:
@@ -114,13 +135,26 @@ def test_models_without_a_tokenizer_show_token_ids():
     assert TokenNamer(None).show(7) == "#7"
 
 
+def test_the_inspector_answers_any_typed_step_with_a_line():
+    run = mirror_run()
+    assert "Step 1" in inspector_html(run, 1) and "Step 2" in inspector_html(run, "2")
+    assert "not in this run (steps 1..2)" in inspector_html(run, 999)
+    assert "whole number" in inspector_html(run, "two")
+
+
 def test_figure_builders_on_synthetic_events():
     mirror, ar = mirror_run(ByteTokenizer()), ar_run()
     steps = go.Figure(plots.tokens_per_step_figure([ar, mirror]))   # also validates the dict
     bars = [t for t in steps.data if isinstance(t, go.Bar)]
     assert sum(sum(t.y) for t in bars) == 5                     # 2 + 3 tokens over the two steps
     marks = {t.name: list(t.x) for t in steps.data if isinstance(t, go.Scatter)}
-    assert marks == {"hit: c ∈ TopK, branch reused": [2], "miss: fallback rollout": [1]}
+    hit, miss = (name for _, name, _, _ in plots.HIT_MARKS)
+    assert marks == {hit: [2], miss: [1]}
+    sd = DecoderRun("sd", TokenNamer(None))  # no branches: no hit/miss marks, and the legend still shows them
+    for rec in mirror.steps:
+        sd.add(replace(rec, hit=None))
+    both = go.Figure(plots.tokens_per_step_figure([sd, mirror]))
+    assert {t.name for t in both.data if isinstance(t, go.Scatter) and t.showlegend} == {hit, miss}
 
     gantt = go.Figure(plots.lane_timeline_figure([ar, mirror]))
     assert all(t.orientation == "h" and t.base is not None for t in gantt.data)

@@ -7,13 +7,13 @@ import time
 import pytest
 
 from mirror_core import LaneConfig
-from testing.toy_models import build_pair
 from testing.reliability import page_values
+from testing.toy_models import build_pair
 from ui.layout import OUTPUT_NAMES, STATE, refreshed
 from ui.loader import EngineLoader, default_presets
 from ui.session import Session
 from ui.settings import settings_from_ui
-from ui.streaming import DONE, PLOTS, RESET, TEXT, Throttle, replay, run_comparison
+from ui.streaming import DONE, PLOTS, RESET, STATUS, TEXT, Throttle, replay, run_comparison
 
 LANES = LaneConfig(kind="inline", target_threads=1, draft_threads=1)
 
@@ -61,6 +61,7 @@ def test_full_comparison_streams_text_then_plots_then_everything(pair, loader):
         trace = json.load(f)
     starts = [e["decoder"] for e in trace["events"] if e["type"] == "RunStart"]
     assert trace["format"] == "mirror-sd-trace/1" and starts == ["ar", "sd", "mirror"]
+    assert trace["text"]["prompt"] == "1, 2, 3" and trace["text"]["output"]["ar"] == final["ar_text"]
     assert session.idle.is_set()
     again = run_comparison(loader, session, settings(pair, ("ar",), max_new=4))
     cleared = refreshed(session, next(again))                               # a new comparison starts empty
@@ -126,6 +127,8 @@ def test_replay_follows_measured_commit_times(pair, loader):
     shown = [session.runs["ar"].count_until(t.replay_at) for t in ticks if t.replay_at is not None]
     assert shown == sorted(shown) and ticks[-1].replay_at is None
     assert refreshed(session, ticks[-1])["ar_text"].split() == [str(t) for t in session.runs["ar"].end.token_ids]
+    session.idle.clear()  # as while a comparison runs: the live run owns the views
+    assert [t.kind for t in replay(session, sleep=lambda s: None)] == [STATUS]
 
 
 class FakeEngine:

@@ -14,7 +14,10 @@ MAX_BRANCH_ROWS = 64
 def inspector_html(run: DecoderRun | None, step: float | None) -> str:
     if run is None or not run.steps:
         return "<p><i>Run SD or Mirror-SD, then pick a step to inspect.</i></p>"
-    step = int(step or 1)
+    try:
+        step = int(float(step or 1))
+    except (TypeError, ValueError, OverflowError):
+        return f"<p><i>The step must be a whole number (steps 1..{run.steps[-1].step}).</i></p>"
     rec = next((r for r in run.steps if r.step == step), None)
     if rec is None:
         return f"<p><i>Step {step} is not in this run (steps 1..{run.steps[-1].step}).</i></p>"

@@ -29,7 +29,7 @@ HONESTY = ("Decoders run **one after another**, each with both lanes to itself, 
            "*Replay side by side* re-animates the finished runs together at their measured commit times. "
            "Speedups below 1× are shown as measured.")
 CSS = """
-.mirror-table {border-collapse: collapse; font-size: 0.9em; margin: 0.4em 0;}
+.mirror-table {border-collapse: collapse; font-size: 0.9em; margin: 0.4em 0; display: block; max-width: 100%; overflow-x: auto;}
 .mirror-table th, .mirror-table td {border: 1px solid #e5e7eb; padding: 3px 8px; text-align: left; vertical-align: top;}
 .mirror-def {color: #6b7280; font-size: 0.9em;}
 .mirror-chip {display: inline-block; border-radius: 4px; padding: 0 4px; margin: 1px; background: #f1f5f9;}
@@ -247,8 +247,8 @@ def _wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], stat
         for tick in replay(session):
             yield view(session, tick)
 
-    def on_inspect(session: Session, decoder: str, step):
-        return inspector.inspector_html(session.runs.get(decoder), step)
+    def on_inspect(session: Session, decoder, step):
+        return inspector.inspector_html(session.runs.get(decoder) if isinstance(decoder, str) else None, step)
 
     # The controls go in as a positional list (CONTROLS order, named once in on_run): set-style inputs would
     # reorder the public /run endpoint's parameters (Gradio sorts a set by component id).
@@ -265,7 +265,8 @@ def _wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], stat
     demo.unload(on_unload)
     inspect_run, inspect_step = v.outputs["inspect_run"], v.outputs["inspect_step"]
     gr.on([inspect_run.change, inspect_step.change], on_inspect, [state, inspect_run, inspect_step],
-          v.outputs["inspector"], api_name="inspect", show_progress="hidden")
+          v.outputs["inspector"], api_name="inspect", show_progress="hidden",
+          preprocess=False)  # a typed step out of range gets a line in the inspector, not a server traceback
     c.preset.change(lambda label: _pair_of(presets, label), [c.preset], [c.fields["target"], c.fields["draft"]],
                     api_visibility="private", show_progress="hidden")
     c.fields["decoders"].change(lambda ds: [gr.Column(visible=d in (ds or ())) for d in COLUMNS],

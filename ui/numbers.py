@@ -42,7 +42,7 @@ _ROWS = (
     ("fallback frequency", lambda r, s: _f(r.summary.fallback_frequency), "1 − hit rate: steps that needed a fresh draft rollout"),
     ("draft-hidden fraction", lambda r, s: _f(r.summary.draft_hidden_fraction), "Σ|draft busy ∩ target busy| / Σ|draft busy| on one clock"),
     ("Ω̂_κ (exit overlap)", lambda r, s: _f(r.summary.exit_overlap), "share of slots whose target token is in that slot's early-exit top-κ"),
-    ("new tokens / steps", lambda r, s: f"{r.summary.new_tokens} / {r.summary.steps}", "steps = target verification passes after the prefill"),
+    ("new tokens / target passes", lambda r, s: f"{r.summary.new_tokens} / {r.summary.target_passes}", "target forward passes after the prefill: verification passes (sd, mirror) + one-token steps (ar)"),
 )
 
 

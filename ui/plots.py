@@ -16,19 +16,24 @@ from .settings import DECODER_TITLES
 
 SHORT_NAMES = {"ar": "AR", "sd": "SD", "mirror": "Mirror-SD"}
 DECODER_COLORS = {"ar": "#64748b", "sd": "#3b82f6", "mirror": "#ef4444"}
+# Colours keep one meaning across the page: grey = the target alone (as in the token views), blues = the
+# target's verification (dark whole pass, mid prefix, pale suffix), cyan = a reused branch (as the
+# "accepted · reused branch" tokens), pink = the draft's branch batch, red = a fresh draft rollout.
 STAGE_STYLE = {  # stage → (legend name, colour)
     "prefill": ("prefill", "#334155"),
     "target_step": ("target AR step", "#94a3b8"),
-    "target_verify": ("target verify (no early exit)", "#1d4ed8"),
-    "target_prefix": ("target prefix 1..ℓ_e", "#2563eb"),
+    "target_verify": ("target verify (no early exit)", "#1e3a8a"),
+    "target_prefix": ("target prefix 1..ℓ_e", "#3b82f6"),
     "exit_readout": ("early-exit readout + send top-κ", "#facc15"),
-    "target_suffix": ("target suffix ℓ_e+1..N (Δ)", "#60a5fa"),
+    "target_suffix": ("target suffix ℓ_e+1..N (Δ)", "#bfdbfe"),
     "accept": ("acceptance", "#0f172a"),
-    "wait": ("target waits for next window", "#e2e8f0"),
-    "draft_branches": ("draft branch rollouts", "#f97316"),
-    "draft_rollout": ("draft fresh rollout", "#dc2626"),
-    "select_branch": ("adopt branch KV", "#16a34a"),
+    "wait": ("target waits for next window", "#e5e7eb"),
+    "draft_branches": ("draft branch rollouts", "#db2777"),
+    "draft_rollout": ("draft fresh rollout", "#b91c1c"),
+    "select_branch": ("adopt branch KV", "#06b6d4"),
 }
+HIT_MARKS = ((True, "hit at t: c ∈ TopK, window t+1 is a reused branch", "circle", "#0891b2"),
+             (False, "miss at t: window t+1 rolled out afresh", "x", "#b91c1c"))
 
 
 def to_json(fig: dict) -> str:
@@ -71,7 +76,7 @@ def tokens_per_step_figure(runs: list[DecoderRun]) -> dict:
     runs = [r for r in runs if r.steps]
     if not runs:
         return _empty(title, "Run SD or Mirror-SD to see tokens per step")
-    data, layout, notes = [], {}, []
+    data, layout, notes, in_legend = [], {}, [], set()
     for i, (run, (lo, hi)) in enumerate(zip(runs, _rows(len(runs))), start=1):
         axis = "" if i == 1 else str(i)
         x = [s.step for s in run.steps]
@@ -82,13 +87,14 @@ def tokens_per_step_figure(runs: list[DecoderRun]) -> dict:
         for name, color, y in series:
             data.append({"type": "bar", "x": x, "y": y, "name": name, "marker": {"color": color},
                          "legendgroup": name, "showlegend": i == 1, "xaxis": f"x{axis}", "yaxis": f"y{axis}"})
-        for hit, name, symbol, color in ((True, "hit: c ∈ TopK, branch reused", "circle", "#16a34a"),
-                                         (False, "miss: fallback rollout", "x", "#dc2626")):
+        for hit, name, symbol, color in HIT_MARKS:  # about step t's c: they decide step t + 1's window (its bar)
             marks = [s for s in run.steps if s.hit is hit]
             data.append({"type": "scatter", "mode": "markers", "x": [s.step for s in marks],
                          "y": [s.committed + 0.4 for s in marks], "name": name, "legendgroup": name,
-                         "marker": {"symbol": symbol, "color": color, "size": 7}, "showlegend": i == 1,
+                         "marker": {"symbol": symbol, "color": color, "size": 7},
+                         "showlegend": bool(marks) and name not in in_legend,  # vanilla SD has none: not its legend
                          "xaxis": f"x{axis}", "yaxis": f"y{axis}"})
+            in_legend |= {name} if marks else set()
         layout[f"xaxis{axis}"] = {"anchor": f"y{axis}", "title": {"text": "step"} if i == len(runs) else {}}
         layout[f"yaxis{axis}"] = {"anchor": f"x{axis}", "domain": [lo, hi], "title": {"text": "tokens"}}
         notes.append(_title(DECODER_TITLES[run.decoder], 0.5, hi))

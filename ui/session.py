@@ -127,6 +127,7 @@ class Session:
         self.status = ""
         self.error: str | None = None
         self.trace_path: str | None = None
+        self.prompt = ""                     # the last comparison's prompt text (written into its trace)
         self.generation = 0                  # which comparison owns the state (a closing one must not touch a newer one)
 
     def __deepcopy__(self, memo) -> Session:  # gr.State copies its default per visitor: start fresh

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from mirror_core import MirrorError, RunEnd, StepRecord, TokenEvent
 from mirror_core.trace import write_trace
 
+from .render import plain_text
 from .session import Session, TokenNamer
 from .settings import DECODER_TITLES, ComparisonSettings, encode_prompt
 
@@ -54,6 +55,7 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
                    plot_every_s: float = 0.25) -> Iterator[Tick]:
     """Load the pair (cached), then stream each decoder in turn with the lanes to itself."""
     generation = session.begin_comparison()
+    session.prompt = settings.prompt
     try:
         pair = (settings.target, settings.draft)
         session.status = (f"Loading `{settings.target}` + `{settings.draft or 'no draft'}` (first use of this pair; "
@@ -105,7 +107,8 @@ def finish(session: Session, generation: int) -> None:
         if events:
             fd, path = tempfile.mkstemp(prefix="mirror-sd-trace-", suffix=".json")
             os.close(fd)
-            write_trace(path, events)
+            write_trace(path, events, {"prompt": session.prompt,
+                                       "output": {d: plain_text(run) for d, run in session.runs.items()}})
             session.trace_path = path
     finally:
         session.idle.set()
@@ -127,6 +130,9 @@ def final_status(session: Session) -> str:
 def replay(session: Session, *, speed: float = 1.0, fps: float = 20.0,
            sleep: Callable[[float], None] = time.sleep) -> Iterator[Tick]:
     """Re-animate the finished runs side by side at their measured commit times (TokenEvent.t − RunStart.t0)."""
+    if not session.idle.is_set():  # a live run owns the views until it ends
+        yield Tick(STATUS, "A comparison is running: replay it when it has finished.")
+        return
     runs = [r for r in session.runs.values() if r.tokens]
     if not runs:
         yield Tick(STATUS, "Nothing to replay yet: run a comparison first.")
