@@ -25,7 +25,7 @@ import pytest
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--remote-debugging-pipe", "--window-size=1400,1000")
+         "--remote-debugging-pipe", "--window-size=1280,800")  # the first screen the page is designed for
 PAGE_STATE_JS = """JSON.stringify({
   status: document.getElementById("mirror-status")?.innerText || "",
   tokens: document.querySelectorAll("#mirror-tokens-mirror .token").length,
@@ -33,6 +33,8 @@ PAGE_STATE_JS = """JSON.stringify({
   plots: ["mirror-race", "mirror-steps", "mirror-gantt", "mirror-accept"].map(
       id => document.querySelectorAll("#" + id + " .main-svg").length),
   bars: document.querySelectorAll("#mirror-gantt .bars path, #mirror-gantt .point path").length,
+  top: Object.fromEntries(["mirror-status", "mirror-run", "mirror-tokens-ar", "mirror-tokens-mirror"].map(
+      id => [id, (document.getElementById(id)?.getBoundingClientRect().top ?? 1e9) + window.scrollY])),
 })"""
 
 
@@ -147,7 +149,8 @@ def run_once(url: str, screenshot: str | None = None, prompt: str | None = None,
         browser = Chromium(CHROMIUM, profile)
         try:
             browser.open(url)
-            wait_for(browser, lambda s: "press" in s.get("status", ""), 45)
+            first = wait_for(browser, lambda s: "press" in s.get("status", "")  # the page as it opens, rendered
+                             and max(s["top"].values()) < 1e9, 45)
             if prompt is not None:
                 browser.evaluate(SET_PROMPT_JS % json.dumps(prompt))
                 time.sleep(0.5)
@@ -156,7 +159,7 @@ def run_once(url: str, screenshot: str | None = None, prompt: str | None = None,
                              timeout)
             if screenshot:
                 browser.screenshot(screenshot)
-            return state
+            return {**state, "first_top": first["top"]}
         finally:
             browser.close()
 
@@ -178,6 +181,8 @@ def test_page_runs_a_generation_and_shows_tokens_and_plots(pair_root, tmp_path):
         assert state["tokens"] > 0 and state["arTokens"] > 0
         assert state["bars"] > 0                                   # the Gantt drew its spans
         assert os.path.getsize(shot) > 20_000
+        top = state["first_top"]  # page y of each element as the page opens, in a 1280x800 window
+        assert top["mirror-status"] < 800 and top["mirror-tokens-ar"] < 800, top  # status and streams: first screen
     finally:
         demo.close()
         loader.close()

@@ -68,6 +68,7 @@ class Controls:
     run: gr.Button
     stop: gr.Button
     replay: gr.Button
+    status: gr.Markdown  # right under Run/Stop: results and errors show where the eye is
 
     def inputs(self) -> list:
         """The /run endpoint's parameters, in CONTROLS order."""
@@ -88,7 +89,7 @@ def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[s
                     "branches for the target's early-exit candidates *while* the target finishes its layers.")
         gr.Markdown(_banner(presets, loader))
         controls = _controls(presets, examples or [])
-        views = _views()
+        views = _views(controls.status)
         _wire(demo, loader, presets, state, controls, views)
     demo.queue(max_size=QUEUE_MAX_SIZE, default_concurrency_limit=1)  # one run on the lanes at a time
     demo._queue.sleep_when_free = demo._queue.progress_update_sleep_when_free = QUEUE_POLL_S
@@ -128,6 +129,7 @@ def _controls(presets: list[PairPreset], examples: list[str]) -> Controls:
                 run = gr.Button("Run", variant="primary", elem_id="mirror-run")
                 stop = gr.Button("Stop", variant="stop", elem_id="mirror-stop")
                 replay_btn = gr.Button("Replay side by side", elem_id="mirror-replay")
+            status = gr.Markdown("Pick a pair and press **Run**.", elem_id="mirror-status")
         with gr.Column(scale=2):
             preset = gr.Dropdown([p.label for p in presets] + [CUSTOM], label="Model pair", info=INFO["preset"],
                                  value=first.label if first else CUSTOM)
@@ -138,7 +140,7 @@ def _controls(presets: list[PairPreset], examples: list[str]) -> Controls:
                       "decoders": gr.CheckboxGroup([(DECODER_TITLES[d], d) for d in COLUMNS],
                                                    value=DEFAULTS["decoders"], label="Decoders to compare",
                                                    info=INFO["decoders"])}
-    with gr.Accordion("Speculation and sampling", open=True):
+    with gr.Accordion("Speculation and sampling", open=False):  # the defaults suit a first run
         with gr.Row():
             fields |= {"gamma": _slider("gamma", "γ (window)"),
                        "kappa": _slider("kappa", "κ (candidates per slot)"),
@@ -151,7 +153,7 @@ def _controls(presets: list[PairPreset], examples: list[str]) -> Controls:
                        "top_p": _slider("top_p", "Top-p", step=0.01),
                        "rule": gr.Radio(list(RULE_CHOICES), value=DEFAULTS["rule"], label="Rule", info=INFO["rule"]),
                        "seed": _number("seed", "Seed")}
-    return Controls(fields, preset, run, stop, replay_btn)
+    return Controls(fields, preset, run, stop, replay_btn, status)
 
 
 def _slider(name: str, label: str, step: float = 1) -> gr.Slider:
@@ -165,22 +167,22 @@ def _number(name: str, label: str) -> gr.Number:
     return gr.Number(DEFAULTS[name], precision=0, minimum=lo, maximum=hi, label=label, info=INFO[name])
 
 
-def _views() -> Views:
-    out = {"status": gr.Markdown("Pick a pair and press **Run**.", elem_id="mirror-status")}
-    gr.Markdown(HONESTY)
+def _views(status: gr.Markdown) -> Views:
+    out = {"status": status}
     gr.HTML(render.legend_html())
     columns = {}
     with gr.Row(equal_height=False):
         for d in COLUMNS:
             with gr.Column(visible=d in DEFAULTS["decoders"], elem_id=f"mirror-col-{d}") as columns[d]:
-                gr.Markdown(f"### {DECODER_TITLES[d]}")
                 out[f"{d}_tokens"] = gr.HighlightedText(
-                    label="Committed tokens, coloured by origin", elem_id=f"mirror-tokens-{d}",
+                    label=f"{DECODER_TITLES[d]}: committed tokens, coloured by origin", elem_id=f"mirror-tokens-{d}",
                     color_map=render.COLOR_MAP, show_legend=False, show_inline_category=False, combine_adjacent=False)
                 with gr.Accordion("With rejected drafts (struck through)", open=d != "ar"):
                     out[f"{d}_rejected"] = gr.HTML(elem_id=f"mirror-rejected-{d}")
-                out[f"{d}_text"] = gr.Textbox(label="Committed text (copy)", lines=3, interactive=False,
-                                              buttons=["copy"], elem_id=f"mirror-text-{d}")
+                with gr.Accordion("Committed text (copy)", open=False):
+                    out[f"{d}_text"] = gr.Textbox(label="Committed text", lines=3, interactive=False,
+                                                  buttons=["copy"], elem_id=f"mirror-text-{d}")
+    gr.Markdown(HONESTY)  # below the streams: the first screen shows the prompt, Run, the status and the streams
     with gr.Row():
         out["race"] = gr.Plot(label="Race", elem_id="mirror-race")
         out["steps"] = gr.Plot(label="Tokens per step", elem_id="mirror-steps")
@@ -221,11 +223,14 @@ def _wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], stat
             settings = settings_from_ui(controls_by_name(values))
         except MirrorError as exc:
             session.status = f"**Error:** {exc}"
+            gr.Warning(str(exc))  # a toast too: the page answers even when the status line is off screen
             yield view(session, Tick(STATUS, session.status))
             return
         in_flight[request.session_hash] = session
         try:
             for tick in run_comparison(loader, session, settings):
+                if tick.kind == DONE and session.error:
+                    gr.Warning(session.error)
                 yield view(session, tick)
         finally:
             in_flight.pop(request.session_hash, None)
@@ -257,7 +262,7 @@ def _wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], stat
     # settings_from_ui, which answers each with one readable line on the status (Gradio's own checks would not).
     run_evt = c.run.click(on_run, [state, *c.inputs()], outputs, api_name="run", concurrency_id="lanes",
                           concurrency_limit=1, show_progress="minimal", show_progress_on=[v.outputs["status"]],
-                          preprocess=False)  # raw values: settings_from_ui checks every field with one message
+                          scroll_to_output=True, preprocess=False)  # raw values: settings_from_ui checks every field with one message
     replay_evt = c.replay.click(on_replay, [state], outputs, api_name="replay", concurrency_limit=8,
                                 show_progress="hidden")
     c.stop.click(on_stop, [state], outputs, api_name="stop", cancels=[run_evt, replay_evt], concurrency_limit=None,
