@@ -28,8 +28,8 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--remote-debugging-pipe", "--window-size=1280,800")  # the first screen the page is designed for
 PAGE_STATE_JS = """JSON.stringify({
   status: document.getElementById("mirror-status")?.innerText || "",
-  tokens: document.querySelectorAll("#mirror-tokens-mirror .token").length,
-  arTokens: document.querySelectorAll("#mirror-tokens-ar .token").length,
+  tokens: document.querySelectorAll("#mirror-tokens-mirror .mirror-tok").length,
+  arTokens: document.querySelectorAll("#mirror-tokens-ar .mirror-tok").length,
   plots: ["mirror-race", "mirror-steps", "mirror-gantt", "mirror-accept"].map(
       id => document.querySelectorAll("#" + id + " .main-svg").length),
   bars: document.querySelectorAll("#mirror-gantt .bars path, #mirror-gantt .point path").length,

@@ -25,7 +25,7 @@ from mirror_core import (
 from ui import plots
 from ui.inspector import inspector_html
 from ui.numbers import latency_model, numbers_html, speedup
-from ui.render import COLOR_MAP, highlighted, plain_text, rejected_html
+from ui.render import COLOR_MAP, highlighted, plain_text, stream_html
 from ui.session import DecoderRun, Session, TokenNamer
 from ui.settings import (
     BOUNDS,
@@ -123,10 +123,11 @@ def test_renderer_is_utf8_safe_and_keeps_rejected_drafts_out_of_the_copyable_tex
     assert ("y", "accepted · reused branch") in pieces
     assert all("\ufffd" not in text for text, _ in pieces)
     assert {label for _, label in pieces} <= set(COLOR_MAP)
-    html = rejected_html(run)
+    html = stream_html(run, prompt="hé")
     assert "<del" in html and ">q</del>" in html and html.index(">q</del>") < html.index(">x<")
-    assert "1 rejected draft token" in html
-    assert plain_text(run, upto=3) == "éx" and rejected_html(run, upto=1).count("<del") == 0
+    assert "1 rejected draft token" in html and html.index('class="mirror-prompt"') < html.index('class="mirror-tok"')
+    assert html.count('class="mirror-tok"') == len(pieces)
+    assert plain_text(run, upto=3) == "éx" and stream_html(run, upto=1).count("<del") == 0
 
 
 def test_models_without_a_tokenizer_show_token_ids():

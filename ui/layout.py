@@ -38,7 +38,8 @@ CSS = """
 .mirror-fast {color: #15803d; font-weight: 600;}
 .mirror-slow {color: #b91c1c; font-weight: 600;}
 .mirror-rejected {color: #b91c1c; opacity: 0.75;}
-.mirror-tokens {white-space: pre-wrap; font-family: ui-monospace, monospace; line-height: 1.6; max-height: 18em; overflow-y: auto;}
+.mirror-tokens {margin-top: 1.4em; white-space: pre-wrap; font-family: ui-monospace, monospace; line-height: 1.5; max-height: 24em; overflow-y: auto;}
+.mirror-prompt {color: #9ca3af;}
 .mirror-rejected-count, .mirror-notes {color: #6b7280; font-size: 0.85em;}
 .mirror-legend .mirror-chip, .mirror-legend del {margin-right: 6px;}
 """
@@ -46,7 +47,7 @@ CSS = """
 
 # The outputs of /run, /replay and /stop by name, in the endpoints' order (what gradio_client returns; the
 # per-user state follows them as one more output that clients never see). Tests read results with by_name().
-TOKEN_VIEWS = ("tokens", "rejected", "text")  # per column: HighlightedText, rejected-drafts HTML, copyable Textbox
+TOKEN_VIEWS = ("tokens", "text")  # per column: the stream (HTML: prompt, coloured tokens, rejected drafts), copy box
 FIGURES = ("race", "steps", "gantt", "accept")  # race, tokens per step, lane timeline, acceptance
 OUTPUT_NAMES = ("status", *(f"{d}_{view}" for d in COLUMNS for view in TOKEN_VIEWS), *FIGURES, "numbers", "latency",
                 "inspect_run", "inspect_step", "inspector", "trace")
@@ -174,11 +175,8 @@ def _views(status: gr.Markdown) -> Views:
     with gr.Row(equal_height=False):
         for d in COLUMNS:
             with gr.Column(visible=d in DEFAULTS["decoders"], elem_id=f"mirror-col-{d}") as columns[d]:
-                out[f"{d}_tokens"] = gr.HighlightedText(
-                    label=f"{DECODER_TITLES[d]}: committed tokens, coloured by origin", elem_id=f"mirror-tokens-{d}",
-                    color_map=render.COLOR_MAP, show_legend=False, show_inline_category=False, combine_adjacent=False)
-                with gr.Accordion("With rejected drafts (struck through)", open=d != "ar"):
-                    out[f"{d}_rejected"] = gr.HTML(elem_id=f"mirror-rejected-{d}")
+                out[f"{d}_tokens"] = gr.HTML(label=DECODER_TITLES[d], show_label=True, container=True,
+                                             elem_id=f"mirror-tokens-{d}")
                 with gr.Accordion("Committed text (copy)", open=False):
                     out[f"{d}_text"] = gr.Textbox(label="Committed text", lines=3, interactive=False,
                                                   buttons=["copy"], elem_id=f"mirror-text-{d}")
@@ -299,7 +297,7 @@ def refreshed(session: Session, tick: Tick) -> dict[str, object]:
             continue  # only the running decoder's column changes
         run = session.runs.get(d)
         upto = None if tick.replay_at is None or run is None else run.count_until(tick.replay_at)
-        out |= {f"{d}_tokens": render.highlighted(run, upto), f"{d}_rejected": render.rejected_html(run, upto),
+        out |= {f"{d}_tokens": render.stream_html(run, upto, session.prompt),
                 f"{d}_text": render.plain_text(run, upto)}
     if tick.kind in (PLOTS, DONE, RESET):
         out |= _figures(session)

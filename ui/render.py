@@ -1,4 +1,5 @@
-"""Committed tokens → HighlightedText value, plain copyable text, and an HTML view with the rejected drafts."""
+"""Committed tokens → the primary HTML stream view (prompt greyed, tokens coloured by origin, rejected drafts struck
+through, monospace, height capped), the (text, label) pieces it is made of, and the plain copyable text."""
 from __future__ import annotations
 
 import html
@@ -30,8 +31,9 @@ def plain_text(run: DecoderRun | None, upto: int | None = None) -> str:
     return "".join(text for text, _ in pieces)
 
 
-def rejected_html(run: DecoderRun | None, upto: int | None = None) -> str:
-    """The committed text coloured by origin, each step's rejected drafts struck through before its correction."""
+def stream_html(run: DecoderRun | None, upto: int | None = None, prompt: str = "") -> str:
+    """One decoder's stream: the prompt greyed, then the committed text coloured by origin (one span per token,
+    class mirror-tok), each step's rejected drafts struck through before its correction."""
     if run is None:
         return ""
     n = len(run.pieces) if upto is None else min(upto, len(run.pieces))
@@ -41,7 +43,7 @@ def rejected_html(run: DecoderRun | None, upto: int | None = None) -> str:
         if index < n:
             before.setdefault(index, []).append(event)
             count += len(event.token_ids)
-    parts = []
+    parts = [f'<span class="mirror-prompt" title="prompt">{html.escape(prompt)}</span>'] if prompt else []
     for i in range(n):
         for event in before.get(i, ()):
             struck = "".join(html.escape(run.namer.text(t)) for t in event.token_ids)
@@ -49,10 +51,10 @@ def rejected_html(run: DecoderRun | None, upto: int | None = None) -> str:
                          f'slot {event.first_slot}">{struck}</del>')
         text, label = run.pieces[i]
         if text:
-            parts.append(f'<span style="background:{COLOR_MAP.get(label, "#e5e7eb")}55" title="{label}">'
+            parts.append(f'<span class="mirror-tok" title="{label}" style="background:{COLOR_MAP.get(label, "#e5e7eb")}55">'
                          f'{html.escape(text)}</span>')
-    header = f'<div class="mirror-rejected-count">{count} rejected draft token(s), struck through</div>'
-    return header + '<div class="mirror-tokens">' + "".join(parts) + "</div>"
+    footer = f'<div class="mirror-rejected-count">{count} rejected draft token(s), struck through</div>'
+    return '<div class="mirror-tokens">' + "".join(parts) + "</div>" + footer
 
 
 def legend_html() -> str:
