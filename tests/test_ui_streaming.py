@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -47,8 +48,8 @@ def test_full_comparison_streams_text_then_plots_then_everything(pair, loader):
             assert outputs.keys() == {*OUTPUT_NAMES, STATE}                      # everything is refreshed
         elif tick.active is not None:                                             # only the running column
             assert {name for name in outputs if name.endswith("_text")} <= {f"{tick.active}_text"}
-    assert ticks[0].kind == RESET and ticks[-1].kind == DONE and "Done" in ticks[-1].status
-    assert {t.active for t in ticks[1:-1]} == {"ar", "sd", "mirror"}         # live ticks refresh one column
+    assert [t.kind for t in ticks[:2]] == [STATUS, RESET] and ticks[-1].kind == DONE and "Done" in ticks[-1].status
+    assert {t.active for t in ticks[2:-1]} == {"ar", "sd", "mirror"}         # live ticks refresh one column
     assert sum(t.kind == PLOTS for t in ticks) >= 3
     runs = session.runs
     assert list(runs) == ["ar", "sd", "mirror"] and all(r.end and not r.end.error for r in runs.values())
@@ -63,8 +64,13 @@ def test_full_comparison_streams_text_then_plots_then_everything(pair, loader):
     assert trace["format"] == "mirror-sd-trace/1" and starts == ["ar", "sd", "mirror"]
     assert trace["text"]["prompt"] == "1, 2, 3" and trace["text"]["output"]["ar"] == final["ar_text"]
     assert session.idle.is_set()
+    failed = list(run_comparison(loader, session, settings(pair, exit_layer=9)))   # a bad setting: an error line,
+    kept = refreshed(session, failed[-1])                                             # next to the last results
+    assert [t.kind for t in failed] == [STATUS, DONE] and "exit layer must be in" in kept["status"]
+    assert kept["ar_text"] == final["ar_text"] and os.path.exists(session.trace_path)
     again = run_comparison(loader, session, settings(pair, ("ar",), max_new=4))
-    cleared = refreshed(session, next(again))                               # a new comparison starts empty
+    assert next(again).kind == STATUS                                      # loading and checks: nothing cleared yet
+    cleared = refreshed(session, next(again))                               # then the new comparison starts empty
     for d in ("ar", "sd", "mirror"):
         assert [cleared[f"{d}_tokens"], cleared[f"{d}_text"]] == ["", ""]
     assert "Numbers appear" in cleared["numbers"]
@@ -115,7 +121,7 @@ def test_errors_are_readable_and_the_loader_recovers(pair, loader, tmp_path):
     ticks = list(run_comparison(loader, session, settings(pair, target=str(tmp_path / "missing"))))
     assert ticks[-1].kind == DONE and "**Error:**" in ticks[-1].status and "does not exist" in ticks[-1].status
     ticks = list(run_comparison(loader, session, settings(pair, exit_layer=9)))
-    assert "exit layer must be in 1..3" in ticks[-1].status and session.runs == {}
+    assert "exit layer must be in 1..3" in ticks[-1].status and session.runs == {}  # nothing had run yet
     ticks = list(run_comparison(loader, session, settings(pair, ("ar",), max_new=4)))
     assert "Done" in ticks[-1].status
 

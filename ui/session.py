@@ -142,14 +142,19 @@ class Session:
                 os.remove(self.trace_path)
 
     def begin_comparison(self) -> int:
+        """A comparison starts (busy, a fresh stop flag); the previous one stays shown until clear_results."""
+        self.stop = threading.Event()
+        self.idle.clear()
+        self.error, self.skipped = None, False
+        self.generation += 1
+        return self.generation
+
+    def clear_results(self) -> None:
+        """The new comparison's pair loaded and its settings passed: drop the previous results and trace."""
         if self.trace_path:  # the page already has its own copy of the previous trace
             with contextlib.suppress(OSError):
                 os.remove(self.trace_path)
-        self.stop = threading.Event()
-        self.idle.clear()
-        self.runs, self.error, self.trace_path, self.skipped = {}, None, None, False
-        self.generation += 1
-        return self.generation
+        self.runs, self.trace_path = {}, None
 
     def begin(self, decoder: str, namer: TokenNamer) -> DecoderRun:
         self.runs[decoder] = run = DecoderRun(decoder, namer)

@@ -53,18 +53,24 @@ class Throttle:
 def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
                    clock: Callable[[], float] = time.monotonic, text_every_s: float = 0.05,
                    plot_every_s: float = 0.25) -> Iterator[Tick]:
-    """Load the pair (cached), then stream each decoder in turn with the lanes to itself."""
+    """Load the pair (cached) and check every setting, then stream each decoder in turn with the lanes to itself.
+
+    The previous comparison stays on the page until the new one has loaded and passed its checks, so a
+    failed load or a bad setting shows its error next to the last results instead of erasing them.
+    """
     generation = session.begin_comparison()
-    session.prompt = settings.prompt
     try:
         pair = (settings.target, settings.draft)
         session.status = (f"Loading `{settings.target}` + `{settings.draft or 'no draft'}` (first use of this pair; "
                           "Stop takes effect once it has loaded) …" if loader.loaded() != pair else "Starting …")
-        yield Tick(RESET, session.status)  # clears the previous comparison's views
+        yield Tick(STATUS, session.status)
         engine = loader.get(settings.target, settings.draft)
         requests = settings.requests(encode_prompt(engine.tokenizer, settings.prompt))
         for request in requests:
             engine.validate(request)  # every setting checked before anything runs
+        session.clear_results()
+        session.prompt = settings.prompt
+        yield Tick(RESET, session.status)  # clears the previous comparison's views
         namer = TokenNamer(engine.tokenizer)
         throttle = Throttle(clock, text_every_s, plot_every_s)
         for i, request in enumerate(requests, start=1):
@@ -104,7 +110,7 @@ def finish(session: Session, generation: int) -> None:
         return  # a newer comparison already owns the session
     try:
         events = session.all_events()
-        if events:
+        if events and session.trace_path is None:  # None: this comparison ran (a failed one keeps the last trace)
             fd, path = tempfile.mkstemp(prefix="mirror-sd-trace-", suffix=".json")
             os.close(fd)
             write_trace(path, events, {"prompt": session.prompt,
