@@ -52,7 +52,7 @@ def test_full_comparison_streams_text_then_plots_then_everything(pair, loader):
     assert {t.active for t in ticks[2:-1]} == {"ar", "sd", "mirror"}         # live ticks refresh one column
     assert sum(t.kind == PLOTS for t in ticks) >= 3
     runs = session.runs
-    assert list(runs) == ["ar", "sd", "mirror"] and all(r.end and not r.end.error for r in runs.values())
+    assert list(runs) == ["ar", "mirror", "sd"] and all(r.end and not r.end.error for r in runs.values())
     ids = {d: r.end.token_ids for d, r in runs.items()}
     assert len(ids["ar"]) == 24 and ids["ar"] == ids["sd"] == ids["mirror"]    # greedy: lossless
     assert runs["mirror"].steps and any(s.branches for s in runs["mirror"].steps)
@@ -61,7 +61,7 @@ def test_full_comparison_streams_text_then_plots_then_everything(pair, loader):
     with open(session.trace_path) as f:
         trace = json.load(f)
     starts = [e["decoder"] for e in trace["events"] if e["type"] == "RunStart"]
-    assert trace["format"] == "mirror-sd-trace/1" and starts == ["ar", "sd", "mirror"]
+    assert trace["format"] == "mirror-sd-trace/1" and starts == ["ar", "mirror", "sd"]
     assert trace["text"]["prompt"] == "1, 2, 3" and trace["text"]["output"]["ar"] == final["ar_text"]
     assert session.idle.is_set()
     failed = list(run_comparison(loader, session, settings(pair, exit_layer=9)))   # a bad setting: an error line,
@@ -91,16 +91,16 @@ def test_stop_ends_the_run_within_one_step_and_skips_the_rest(pair, loader):
     session = Session()
     gen = run_comparison(loader, session, settings(pair, ("sd", "mirror"), max_new=400), text_every_s=0.0)
     for _ in gen:
-        run = session.runs.get("sd")
+        run = session.runs.get("mirror")  # mirror runs before sd
         if run is not None and len(run.steps) >= 2:
             t_stop = time.perf_counter()  # the engine's clock
             session.stop.set()
             break
     ticks = list(gen)
-    sd = session.runs["sd"]
-    assert sd.end.stopped and len(sd.tokens) < 400
-    assert sum(s.t_end > t_stop for s in sd.steps) <= 1     # the engine finished at most the step it was in
-    assert "mirror" not in session.runs and ticks[-1].kind == DONE and "Stopped" in ticks[-1].status
+    mirror = session.runs["mirror"]
+    assert mirror.end.stopped and len(mirror.tokens) < 400
+    assert sum(s.t_end > t_stop for s in mirror.steps) <= 1  # the engine finished at most the step it was in
+    assert "sd" not in session.runs and ticks[-1].kind == DONE and "Stopped" in ticks[-1].status
 
 
 def test_closing_the_generator_cleans_up_and_the_engine_keeps_serving(pair, loader):

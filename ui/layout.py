@@ -13,10 +13,20 @@ from mirror_core.config import MAX_PROMPT_CHARS
 from . import inspector, numbers, plots, render
 from .loader import EngineLoader, PairPreset
 from .session import Session
-from .settings import BOUNDS, CONTROLS, DECODER_TITLES, DEFAULTS, INFO, RULE_CHOICES, controls_by_name, settings_from_ui
+from .settings import (
+    BOUNDS,
+    CONTROLS,
+    DECODER_ORDER,
+    DECODER_TITLES,
+    DEFAULTS,
+    INFO,
+    RULE_CHOICES,
+    controls_by_name,
+    settings_from_ui,
+)
 from .streaming import DONE, PLOTS, RESET, STATUS, Tick, final_status, replay, run_comparison
 
-COLUMNS = ("ar", "mirror", "sd")  # left to right on the page
+COLUMNS = DECODER_ORDER  # left to right on the page: the order they run in
 QUEUE_MAX_SIZE = 32                # waiting requests beyond this are turned away ("queue is full")
 # Gradio's queue loops poll every 1 ms (jobs) and 10 ms (progress) on Linux (`Queue.sleep_when_free`,
 # `progress_update_sleep_when_free`: private in Gradio 6), idle or while a run holds the lanes: ~6 % of a
@@ -307,7 +317,7 @@ def refreshed(session: Session, tick: Tick) -> dict[str, object]:
 
 
 def _figures(session: Session) -> dict[str, PlotData]:
-    runs = [session.runs[d] for d in ("ar", "sd", "mirror") if d in session.runs]
+    runs = [session.runs[d] for d in DECODER_ORDER if d in session.runs]
     figures = (plots.race_figure(runs, numbers.speedups(session.runs)), plots.tokens_per_step_figure(runs),
                plots.lane_timeline_figure(runs), plots.acceptance_figure(runs))
     return {name: as_plot(fig) for name, fig in zip(FIGURES, figures, strict=True)}

@@ -9,7 +9,7 @@ from mirror_core import MirrorError, Request, SamplingConfig, SpecConfig
 from mirror_core.config import AUTO_BRANCH_BUDGET, MAX_GAMMA, MAX_KAPPA, MAX_NEW_TOKENS_CAP, check_prompt_text
 
 # Decoder keys in the order they run (baseline first) and the names the page shows.
-DECODER_ORDER = ("ar", "sd", "mirror")
+DECODER_ORDER = ("ar", "mirror", "sd")  # the order they run in, and left to right on the page
 DECODER_TITLES = {"ar": "Target-only AR (baseline)", "sd": "Vanilla SD", "mirror": "Mirror-SD"}
 RULE_CHOICES = (("exact: Rule E, reproduces AR token for token with the same seed", "exact"),
                 ("rejection: Rule R, Leviathan/Chen rejection sampling", "rejection"))
