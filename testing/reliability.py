@@ -24,8 +24,7 @@ import psutil
 import torch
 
 from mirror_core import LaneConfig, MirrorEngine, MirrorError, Request, SamplingConfig, SpecConfig
-from mirror_core.config import (AUTO_BRANCH_BUDGET, MAX_GAMMA, MAX_KAPPA, MAX_NEW_TOKENS_CAP, MAX_PROMPT_CHARS,
-                                FaultPlan)
+from mirror_core.config import AUTO_BRANCH_BUDGET, MAX_GAMMA, MAX_KAPPA, MAX_NEW_TOKENS_CAP, MAX_PROMPT_CHARS, FaultPlan
 from testing.toy_models import VOCAB, build_pair
 
 INLINE = LaneConfig(kind="inline", target_threads=1, draft_threads=1)

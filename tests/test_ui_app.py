@@ -25,7 +25,8 @@ RUN_PARAMETERS = (("Textbox", "Prompt"), ("Textbox", "Target"), ("Textbox", "Dra
                   ("Checkboxgroup", "Decoders to compare"), ("Slider", "γ (window)"),
                   ("Slider", "κ (candidates per slot)"), ("Number", "ℓ_e (early-exit layer)"),
                   ("Slider", "Temperature"), ("Number", "Top-k"), ("Slider", "Top-p"), ("Radio", "Rule"),
-                  ("Slider", "Max new tokens"), ("Number", "Seed"), ("Number", "Branch budget"))
+                  ("Slider", "Max new tokens"), ("Number", "Seed"), ("Number", "Branch budget"),
+                  ("Checkbox", "Live plots"))
 
 
 def _free_port() -> int:

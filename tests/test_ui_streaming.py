@@ -10,7 +10,7 @@ import pytest
 from mirror_core import LaneConfig
 from testing.reliability import page_values
 from testing.toy_models import build_pair
-from ui.layout import OUTPUT_NAMES, STATE, refreshed
+from ui.layout import FIGURES, OUTPUT_NAMES, STATE, refreshed
 from ui.loader import EngineLoader, default_presets
 from ui.session import Session
 from ui.settings import settings_from_ui
@@ -31,10 +31,19 @@ def loader():
     loader.close()
 
 
-def settings(pair, decoders=("ar", "sd", "mirror"), max_new=24, exit_layer=0, target=None):
+def settings(pair, decoders=("ar", "sd", "mirror"), max_new=24, exit_layer=0, target=None, live_plots=True):
     return settings_from_ui(page_values(prompt="1, 2, 3", target=target or pair[0], draft=pair[1],
                                         decoders=list(decoders), gamma=3, kappa=2, exit_layer=exit_layer,
-                                        max_new_tokens=max_new))
+                                        max_new_tokens=max_new, live_plots=live_plots))
+
+
+def test_measure_then_show_draws_no_figure_until_the_runs_have_ended(pair, loader):
+    session = Session()
+    ticks = list(run_comparison(loader, session, settings(pair, ("ar", "mirror"), live_plots=False),
+                                plot_every_s=0.0))
+    assert ticks[-1].kind == DONE and "Done" in ticks[-1].status
+    assert not any(t.kind == PLOTS for t in ticks) and sum(t.kind == TEXT for t in ticks) >= 2  # text still streams
+    assert set(FIGURES) <= refreshed(session, ticks[-1]).keys()                              # then every figure
 
 
 def test_full_comparison_streams_text_then_plots_then_everything(pair, loader):

@@ -37,7 +37,9 @@ CUSTOM = "Custom (type below)"
 HONESTY = ("Decoders run **one after another**, each with both lanes to itself, so the columns fill in turn. "
            "Every time shown comes from the engine's spans and commit stamps (never from the page). "
            "*Replay side by side* re-animates the finished runs together at their measured commit times. "
-           "Speedups below 1× are shown as measured.")
+           "Speedups below 1× are shown as measured. If this browser runs on the machine that runs the lanes, "
+           "drawing live plots takes CPU from them: untick *Live plots* (under *Speculation and sampling*) to measure "
+           "first and draw at the end.")
 CSS = """
 .mirror-table {border-collapse: collapse; font-size: 0.9em; margin: 0.4em 0; display: block; max-width: 100%; overflow-x: auto;}
 .mirror-table th, .mirror-table td {border: 1px solid #e5e7eb; padding: 3px 8px; text-align: left; vertical-align: top;}
@@ -163,7 +165,8 @@ def _controls(presets: list[PairPreset], examples: list[str]) -> Controls:
                        "top_k": _number("top_k", "Top-k"),
                        "top_p": _slider("top_p", "Top-p", step=0.01),
                        "rule": gr.Radio(list(RULE_CHOICES), value=DEFAULTS["rule"], label="Rule", info=INFO["rule"]),
-                       "seed": _number("seed", "Seed")}
+                       "seed": _number("seed", "Seed"),
+                       "live_plots": gr.Checkbox(DEFAULTS["live_plots"], label="Live plots", info=INFO["live_plots"])}
     return Controls(fields, preset, run, stop, replay_btn, status)
 
 

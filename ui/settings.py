@@ -18,7 +18,7 @@ RULE_CHOICES = (("exact: Rule E, reproduces AR token for token with the same see
 # callers pass them positionally, so append new ones at the end). A new control is one entry here, its
 # DEFAULTS/INFO/BOUNDS entries, its component in layout._controls, and its use in settings_from_ui.
 CONTROLS = ("prompt", "target", "draft", "decoders", "gamma", "kappa", "exit_layer", "temperature", "top_k", "top_p",
-            "rule", "max_new_tokens", "seed", "branch_budget")
+            "rule", "max_new_tokens", "seed", "branch_budget", "live_plots")
 
 APP_MAX_NEW_TOKENS = min(1024, MAX_NEW_TOKENS_CAP)  # the page's cap per decoder, checked server-side
 APP_MAX_TEMPERATURE = 2.0                           # the slider's top; typed values are checked by SamplingConfig
@@ -33,7 +33,7 @@ BOUNDS = {"gamma": (1, MAX_GAMMA), "kappa": (1, MAX_KAPPA), "exit_layer": (0, No
 # the page and the tests both read these.
 DEFAULTS = {"gamma": SpecConfig.gamma, "kappa": SpecConfig.kappa, "exit_layer": 0,
             "branch_budget": SpecConfig.branch_budget, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
-            "rule": "exact", "max_new_tokens": 64, "seed": 0, "decoders": ["ar", "mirror"]}
+            "rule": "exact", "max_new_tokens": 64, "seed": 0, "decoders": ["ar", "mirror"], "live_plots": True}
 
 
 def _range(name: str) -> str:
@@ -46,6 +46,8 @@ def _signed(n: int) -> str:
 
 
 INFO = {
+    "live_plots": "Off: measure, then show. The plots are drawn once the runs have ended, so a browser on the "
+                  "same machine as the lanes never competes with them for the CPU while they are timed.",
     "prompt": "Text for models with a tokenizer; for models without one, comma-separated token ids (e.g. 1, 2, 3).",
     "preset": "Fills Target and Draft below; edit them to use any Hugging Face id or local folder.",
     "target": "The model whose output is reproduced exactly: a Hugging Face id (e.g. Qwen/Qwen3-1.7B) or a local folder.",
@@ -79,6 +81,7 @@ class ComparisonSettings:
     max_new_tokens: int
     sampling: SamplingConfig
     spec: SpecConfig
+    live_plots: bool = True          # False: measure, then show (plots drawn when the runs have ended)
 
     def requests(self, prompt_ids: tuple[int, ...]) -> list[Request]:
         return [Request(prompt_ids=prompt_ids, decoder=d, max_new_tokens=self.max_new_tokens,
@@ -114,7 +117,10 @@ def settings_from_ui(values: Mapping[str, object]) -> ComparisonSettings:
     max_new = _as_int(v["max_new_tokens"], "max new tokens")
     if not 1 <= max_new <= APP_MAX_NEW_TOKENS:
         raise MirrorError(f"max new tokens must be in 1..{APP_MAX_NEW_TOKENS} on this page, got {max_new}")
-    return ComparisonSettings(target, draft or None, prompt, chosen, max_new, sampling, spec)
+    live = v["live_plots"]
+    if not isinstance(live, bool):
+        raise MirrorError(f"live plots must be true or false, got {live!r}")
+    return ComparisonSettings(target, draft or None, prompt, chosen, max_new, sampling, spec, live)
 
 
 def _check_names(values) -> Mapping[str, object]:

@@ -72,14 +72,15 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
         session.prompt = settings.prompt
         yield Tick(RESET, session.status)  # clears the previous comparison's views
         namer = TokenNamer(engine.tokenizer)
-        throttle = Throttle(clock, text_every_s, plot_every_s)
+        live = PLOTS if settings.live_plots else TEXT  # measure, then show: no figure until the runs have ended
+        throttle = Throttle(clock, text_every_s, plot_every_s if settings.live_plots else float("inf"))
         for i, request in enumerate(requests, start=1):
             if session.stop.is_set():
                 session.skipped = True
                 break
             run = session.begin(request.decoder, namer)
             session.status = f"Running {DECODER_TITLES[request.decoder]} ({i}/{len(requests)}) …"
-            yield Tick(PLOTS, session.status, active=request.decoder)
+            yield Tick(live, session.status, active=request.decoder)
             stream = engine.stream(request, session.stop)
             try:
                 for event in stream:
