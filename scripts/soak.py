@@ -91,10 +91,11 @@ def main(argv: list[str] | None = None) -> int:
                 clients_ok, clients_tried = clients_ok + res.ok, clients_tried + res.tried
                 max_rank = max(max_rank, res.max_rank)
                 problems += res.errors
-            freed_ok, freed_s = 0, []
+            freed_ok = 0
             for _ in range(size["disconnects"]):
-                ok, detail = r.disconnect_trial(demo.local_url, watch, ["1, 2, 3", *pair, ["sd", "mirror"], 1, 1, 0,
-                                                                        0.0, 0, 1.0, "exact", 480, 0, 0])
+                values = r.page_values(prompt="1, 2, 3", target=pair[0], draft=pair[1], decoders=["sd", "mirror"],
+                                       gamma=1, kappa=1, max_new_tokens=480, branch_budget=0)
+                ok, detail = r.disconnect_trial(demo.local_url, watch, r.run_args(values))
                 freed_ok += ok
                 problems += [] if ok else [f"disconnect: {detail}"]
         finally:
