@@ -69,15 +69,15 @@ def speculative_decode(state: DecodeState, lane, mirror: bool) -> Iterator[list[
         send = (lambda logits_exit: send_candidates(state, lane, planner, w, step, logits_exit)) if mirror else None
         logits, readout = verify(state, w, step, send)                 # [γ+1, V]; M_t went out after layer ℓ_e
         result = accept_window(state, logits, window, step)            # (A_t, c)
-        hit = readout is not None and readout.delivered and result.token in readout.topk_ids[result.accepted]
+        hit = verdict(readout, result)                                 # c ∈ TopK_τ (None: no branches this step)
         committed = commit_step(state, w, result, reused, step)        # d1..d_{A_t}, then c
-        following = None if state.done else next_window(state, lane, step, result, hit)
+        following = None if state.done else next_window(state, lane, step, result, bool(hit))
         if readout is not None:
             planner.after_step(readout, result.accepted, result.token, *branch_work(following))
         state.record(step_record(step=step, w=w, result=result, committed=committed, reused=reused,
                                  readout=readout, hit=hit, following=following))
         yield state.flush()
-        window, reused = following, hit
+        window, reused = following, bool(hit)
     if not state.done:  # the draft lane failed: finish on the target alone, same output
         yield from state.target_only(step)
 
@@ -131,6 +131,13 @@ def send_candidates(state: DecodeState, lane, planner: BranchPlanner, w: list[in
                        tuple(tuple(r) for r in ids.tolist()), tuple(draft_is_top1), delivered, t0, state.now())
 
 
+def verdict(readout: ExitReadout | None, result: AcceptResult) -> bool | None:
+    """Hit iff c is among the candidates sent for slot τ; None when no candidates reached the draft lane."""
+    if readout is None or not readout.delivered:
+        return None
+    return result.token in readout.topk_ids[result.accepted]
+
+
 def accept_window(state: DecodeState, logits: torch.Tensor, window: DraftWindow, step: int) -> AcceptResult:
     """The acceptance rule over the window (verify.py); the target cache then keeps w0 and d1..d_{A_t}."""
     t0 = state.now()
@@ -171,12 +178,12 @@ def branch_work(window: DraftWindow | None) -> tuple[int, float]:
 
 
 def step_record(*, step: int, w: list[int], result: AcceptResult, committed: int, reused: bool,
-                readout: ExitReadout | None, hit: bool, following: DraftWindow | None) -> StepRecord:
+                readout: ExitReadout | None, hit: bool | None, following: DraftWindow | None) -> StepRecord:
     """The StepRecord of one verification (the raw material of every metric and of the step inspector)."""
     branches = following.branches if following else ()
     return StepRecord(
         step=step, window=tuple(w), drafted=len(w) - 1, accepted=result.accepted, token=result.token,
-        committed=committed, from_branch=reused, hit=None if readout is None or not readout.delivered else hit,
+        committed=committed, from_branch=reused, hit=hit,
         topk_ids=readout.topk_ids if readout else (), topk_logprobs=readout.topk_logprobs if readout else (),
         target_tokens=result.target_tokens, branches=branches,
         branch_rows=tuple(branch_rows(readout.topk_ids)) if readout and branches else (),

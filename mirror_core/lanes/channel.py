@@ -128,7 +128,7 @@ class Mailbox:
         """Copy the next message out; busy=True marks the mailbox busy before acknowledging, so idle() never
         reports a command the reader has taken but not finished (the reader calls mark_idle when done)."""
         h = self.header
-        wait_until(self.poll, alive, timeout_s, self._doze)
+        wait_until(self.poll, alive, timeout_s, None if self.bell is None else self._doze)
         with self._fenced:
             msg = Message(int(h[KIND]), self.i64[: h[N_I64]].copy(), self.f64[: h[N_F64]].copy(),
                           self.f32[: h[N_F32]].copy())
@@ -140,9 +140,6 @@ class Mailbox:
 
     def _doze(self) -> None:
         """Idle: sleep until the writer rings (or DOZE_S passes: a ring lost to a race costs at most that)."""
-        if self.bell is None:
-            time.sleep(DOZE_S / 10)
-            return
         self.header[DOZING] = 1
         try:
             if not self.poll():
@@ -190,9 +187,10 @@ class _Fence:
 
 def wait_until(ready: Callable[[], bool], alive: Callable[[], bool], timeout_s: float,
                doze: Callable[[], None] | None = None) -> None:
-    """Poll until ready: yield-spin for SPIN_S, then sleep SLEEP_S between polls, and once idle for IDLE_S
-    call doze() (a reader blocks on its doorbell) or sleep DOZE_S. The peer's liveness and the timeout
-    are checked every 256 spins and after every sleep."""
+    """Poll until ready: yield-spin for SPIN_S, then sleep SLEEP_S between polls; a reader with a doorbell calls
+    doze() instead once idle for IDLE_S. Waits without one (a writer waiting for ACK, drain) keep the short
+    ticks, so they never add more than SLEEP_S. The peer's liveness and the timeout are checked every 256
+    spins and after every sleep."""
     t0 = time.perf_counter()
     spins = 0
     while not ready():
@@ -202,12 +200,10 @@ def wait_until(ready: Callable[[], bool], alive: Callable[[], bool], timeout_s: 
             spins += 1
             if spins % 256:
                 continue
-        elif waited < IDLE_S:
+        elif waited < IDLE_S or doze is None:
             time.sleep(SLEEP_S)
-        elif doze is not None:
-            doze()
         else:
-            time.sleep(DOZE_S)
+            doze()
         if not alive():
             raise ChannelClosed("the draft lane's process died")
         if waited > timeout_s:
