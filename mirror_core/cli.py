@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pair_and_settings(b)
     c = sub.add_parser("channel", help="measure the lanes' shared-memory round trip")
     c.add_argument("--n", type=int, default=2000, help="round trips")
+    c.add_argument("--locked", action="store_true",
+                   help="publish under the mailbox locks that hosts without ordered stores (non-x86) use")
     return p
 
 
@@ -219,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "channel":
             from .lanes.channel import round_trip_benchmark
 
-            print(round_trip_benchmark(args.n))
+            print(round_trip_benchmark(args.n, ordered_stores=not args.locked))
             return 0
         return generate(args) if args.command == "generate" else bench(args)
     except MirrorError as exc:
