@@ -77,15 +77,20 @@ def test_the_page_refuses_a_disallowed_model_before_loading_anything(pair_root, 
 
 def test_request_sizes_are_bounded_on_the_page(tmp_path):
     from mirror_core.config import MAX_GAMMA, MAX_KAPPA, MAX_PROMPT_CHARS
-    from ui.settings import APP_MAX_NEW_TOKENS
+    from ui.settings import APP_MAX_NEW_TOKENS, settings_from_ui
 
     demo = build_demo(EngineLoader(INLINE), default_presets(str(tmp_path)), [])
     config = demo.get_config_file()
     props = {c.get("props", {}).get("elem_id"): c["props"] for c in config["components"]}
     assert props["mirror-prompt"]["max_length"] == MAX_PROMPT_CHARS
-    sliders = {c["props"].get("label"): c["props"] for c in config["components"] if c.get("type") == "slider"}
-    assert sliders["Max new tokens"]["maximum"] == APP_MAX_NEW_TOKENS
-    assert (sliders["γ (window)"]["maximum"], sliders["κ (candidates per slot)"]["maximum"]) == (MAX_GAMMA, MAX_KAPPA)
+    sliders = {c["props"].get("label") for c in config["components"] if c.get("type") == "slider"}
+    assert sliders == {"Step"}  # only the inspector's; Run's knobs are number boxes (a slider clamps typed values)
+    for name, value, needle in (("max_new_tokens", APP_MAX_NEW_TOKENS + 1, f"max new tokens must be in 1..{APP_MAX_NEW_TOKENS}"),
+                                ("gamma", 999, f"γ must be in 1..{MAX_GAMMA} on this page, got 999"),
+                                ("kappa", MAX_KAPPA + 1, f"κ must be in 1..{MAX_KAPPA}"),
+                                ("temperature", 5, "temperature must be in 0.0..2.0")):
+        with pytest.raises(MirrorError, match=needle.replace("(", r"\(").replace(".", r"\.")):
+            settings_from_ui(page_values(prompt="1", target="t", **{name: value}))
     assert demo._queue.max_size is not None
 
 

@@ -5,7 +5,6 @@ import copy
 import json
 from dataclasses import replace
 
-import plotly.graph_objects as go
 import pytest
 
 from mirror_core import (
@@ -125,7 +124,7 @@ def test_renderer_is_utf8_safe_and_keeps_rejected_drafts_out_of_the_copyable_tex
     assert {label for _, label in pieces} <= set(COLOR_MAP)
     html = stream_html(run, prompt="hé")
     assert "<del" in html and ">q</del>" in html and html.index(">q</del>") < html.index(">x<")
-    assert "1 rejected draft token" in html and html.index('class="mirror-prompt"') < html.index('class="mirror-tok"')
+    assert html.index('class="mirror-prompt"') < html.index('class="mirror-tok"')
     assert html.count('class="mirror-tok"') == len(pieces)
     assert plain_text(run, upto=3) == "éx" and stream_html(run, upto=1).count("<del") == 0
 
@@ -143,39 +142,40 @@ def test_the_inspector_answers_any_typed_step_with_a_line():
     assert "whole number" in inspector_html(run, "two")
 
 
-def test_figure_builders_on_synthetic_events():
+def test_the_stream_only_grows_at_its_end_event_after_event():
+    """Append-only HTML is what lets Gradio send each update as the new characters (render.StreamHTML)."""
+    events = list(mirror_run(ByteTokenizer()).events)
+    run, last = DecoderRun("mirror", TokenNamer(ByteTokenizer())), ""
+    for e in events:
+        run.add(e)
+        now = stream_html(run, prompt="p")
+        assert now.startswith(last)
+        last = now
+    assert last == stream_html(mirror_run(ByteTokenizer()), prompt="p")
+
+
+def test_plot_feed_records_on_synthetic_events():
     mirror, ar = mirror_run(ByteTokenizer()), ar_run()
-    steps = go.Figure(plots.tokens_per_step_figure([ar, mirror]))   # also validates the dict
-    bars = [t for t in steps.data if isinstance(t, go.Bar)]
-    assert sum(sum(t.y) for t in bars) == 5                     # 2 + 3 tokens over the two steps
-    marks = {t.name: list(t.x) for t in steps.data if isinstance(t, go.Scatter)}
-    hit, miss = (name for _, name, _, _ in plots.HIT_MARKS)
-    assert marks == {hit: [2], miss: [1]}
-    sd = DecoderRun("sd", TokenNamer(None))  # no branches: no hit/miss marks, and the legend still shows them
-    for rec in mirror.steps:
-        sd.add(replace(rec, hit=None))
-    both = go.Figure(plots.tokens_per_step_figure([sd, mirror]))
-    assert {t.name for t in both.data if isinstance(t, go.Scatter) and t.showlegend} == {hit, miss}
-
-    gantt = go.Figure(plots.lane_timeline_figure([ar, mirror]))
-    assert all(t.orientation == "h" and t.base is not None for t in gantt.data)
-    branches = next(t for t in gantt.data if t.name.startswith("draft branch"))
-    assert list(branches.base) == pytest.approx([16.0, 30.0]) and list(branches.x) == pytest.approx([3.0, 3.0])
-    assert {"Mirror-SD · target", "Mirror-SD · draft", "AR · target"} <= \
-        {y for t in gantt.data for y in t.y}
-
-    race = go.Figure(plots.race_figure([ar, mirror], {"mirror": speedup(ar, mirror)}))
-    line = next(t for t in race.data if t.name.startswith("Mirror-SD"))
-    assert "2.00× vs AR (wall time)" in line.name and list(line.y) == list(range(7))
-    assert line.x[-1] == pytest.approx(35.0)
-
-    acc = go.Figure(plots.acceptance_figure([mirror]))
-    hist, alpha = acc.data
-    assert list(hist.y) == [0, 1, 1] and list(alpha.y) == [1.0, 0.5]
-    for fig in (plots.tokens_per_step_figure([]), plots.race_figure([], {}), plots.lane_timeline_figure([]),
-                plots.acceptance_figure([])):
-        go.Figure(fig)                                            # empty states are valid figures too
-        json.loads(plots.to_json(fig))
+    feed = plots.Feed(7, ["ar", "mirror"])
+    for run in (ar, mirror):
+        for e in run.events:
+            feed.add(plots.event_line(run.decoder, run.t0, e))
+    feed.add(plots.end_line("mirror", speedup(ar, mirror)))
+    lines = [line.split(" ") for line in feed.text().splitlines()]
+    assert lines[0] == ["R", "7", "ar", "mirror"] and ["B", "mirror", "2"] in lines
+    tokens = [float(f[2]) for f in lines if f[:2] == ["T", "mirror"]]
+    assert len(tokens) == 6 and tokens[-1] == pytest.approx(35.0)         # ms since the run's RunStart.t0
+    steps = [f[2:] for f in lines if f[:2] == ["S", "mirror"]]
+    assert steps == [["1", "2", "1", "2", "0", "0"], ["2", "2", "2", "3", "1", "1"]]   # step D A n reused hit
+    branches = [f for f in lines if f[:3] == ["P", "mirror", "draft"] and f[3] == "draft_branches"]
+    assert [(float(f[4]), float(f[5])) for f in branches] == [pytest.approx((16.0, 19.0)), pytest.approx((30.0, 33.0))]
+    assert lines[-1][:2] == ["E", "mirror"] and "2.00× vs AR (wall time)" in " ".join(lines[-1])
+    assert all(len(f) == 7 for f in lines if f[0] == "P") and len(feed.text()) == len(feed.text())
+    before = feed.text()
+    feed.add(plots.event_line("ar", 0.0, TokenEvent(1, 0, 0, "target", False, 0.5)))
+    assert feed.text().startswith(before) and feed.text().endswith("T ar 500.000\n")
+    config = json.loads(plots.config_json())
+    assert {k for k, _, _ in config["stages"]} == set(plots.STAGE_STYLE) and len(config["hits"]) == 2
 
 
 def test_speedup_below_one_is_shown_and_token_counts_must_match():

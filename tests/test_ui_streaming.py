@@ -10,11 +10,11 @@ import pytest
 from mirror_core import LaneConfig
 from testing.reliability import page_values
 from testing.toy_models import build_pair
-from ui.layout import FIGURES, OUTPUT_NAMES, STATE, refreshed
+from ui.layout import OUTPUT_NAMES, STATE, refreshed
 from ui.loader import EngineLoader, default_presets
 from ui.session import Session
 from ui.settings import settings_from_ui
-from ui.streaming import DONE, PLOTS, RESET, STATUS, TEXT, Throttle, replay, run_comparison
+from ui.streaming import DONE, RESET, STATUS, TEXT, Throttle, replay, run_comparison
 
 LANES = LaneConfig(kind="inline", target_threads=1, draft_threads=1)
 
@@ -31,35 +31,41 @@ def loader():
     loader.close()
 
 
-def settings(pair, decoders=("ar", "sd", "mirror"), max_new=24, exit_layer=0, target=None, live_plots=True):
+def settings(pair, decoders=("ar", "sd", "mirror"), max_new=24, exit_layer=0, target=None, live_plots=True,
+             repeats=1):
     return settings_from_ui(page_values(prompt="1, 2, 3", target=target or pair[0], draft=pair[1],
                                         decoders=list(decoders), gamma=3, kappa=2, exit_layer=exit_layer,
-                                        max_new_tokens=max_new, live_plots=live_plots))
+                                        max_new_tokens=max_new, live_plots=live_plots, repeats=repeats))
 
 
-def test_measure_then_show_draws_no_figure_until_the_runs_have_ended(pair, loader):
+def test_measure_then_show_sends_no_plot_record_until_the_runs_have_ended(pair, loader):
     session = Session()
-    ticks = list(run_comparison(loader, session, settings(pair, ("ar", "mirror"), live_plots=False),
-                                plot_every_s=0.0))
+    ticks = list(run_comparison(loader, session, settings(pair, ("ar", "mirror"), live_plots=False), every_s=0.0))
     assert ticks[-1].kind == DONE and "Done" in ticks[-1].status
-    assert not any(t.kind == PLOTS for t in ticks) and sum(t.kind == TEXT for t in ticks) >= 2  # text still streams
-    assert set(FIGURES) <= refreshed(session, ticks[-1]).keys()                              # then every figure
+    live = [refreshed(session, t) for t in ticks if t.kind == TEXT]
+    assert len(live) >= 2 and not any("plots" in out for out in live)       # text still streams, the plots wait
+    feed = refreshed(session, ticks[-1])["plots"]                            # then every record at once
+    assert feed.startswith("R ") and "\nT mirror " in feed and "\nS mirror 1 " in feed and "\nE mirror " in feed
 
 
-def test_full_comparison_streams_text_then_plots_then_everything(pair, loader):
+def test_full_comparison_streams_only_what_grew(pair, loader):
     session = Session()
-    ticks = []
-    for tick in run_comparison(loader, session, settings(pair), plot_every_s=0.0):
+    ticks, last = [], {}
+    for tick in run_comparison(loader, session, settings(pair), every_s=0.0):
         ticks.append(tick)
         outputs = refreshed(session, tick)
         assert outputs.keys() <= {*OUTPUT_NAMES, STATE} and "status" in outputs
         if tick.kind in (DONE, RESET):
             assert outputs.keys() == {*OUTPUT_NAMES, STATE}                      # everything is refreshed
-        elif tick.active is not None:                                             # only the running column
-            assert {name for name in outputs if name.endswith("_text")} <= {f"{tick.active}_text"}
+        if tick.kind == TEXT:  # every stream and the feed only grow at their end: Gradio sends the new characters
+            grown = {k: v for k, v in outputs.items() if k == "plots" or k.endswith(("_tokens", "_text"))}
+            assert len(grown) == 7
+            for name, value in grown.items():
+                assert value.startswith(last.get(name, "")), name
+            last = grown
     assert [t.kind for t in ticks[:2]] == [STATUS, RESET] and ticks[-1].kind == DONE and "Done" in ticks[-1].status
-    assert {t.active for t in ticks[2:-1]} == {"ar", "sd", "mirror"}         # live ticks refresh one column
-    assert sum(t.kind == PLOTS for t in ticks) >= 3
+    assert {t.active for t in ticks[2:-1]} == {"ar", "sd", "mirror"}
+    assert sum(t.kind == TEXT for t in ticks) >= 10
     runs = session.runs
     assert list(runs) == ["ar", "mirror", "sd"] and all(r.end and not r.end.error for r in runs.values())
     ids = {d: r.end.token_ids for d, r in runs.items()}
@@ -86,19 +92,33 @@ def test_full_comparison_streams_text_then_plots_then_everything(pair, loader):
     assert list(again)[-1].kind == DONE
 
 
-def test_throttle_sends_plots_at_most_every_interval():
+def test_throttle_sends_at_most_one_update_per_interval():
     now = [0.0]
-    throttle = Throttle(lambda: now[0], text_every_s=0.05, plot_every_s=0.2)
-    kinds = []
+    throttle = Throttle(lambda: now[0], every_s=0.1)
+    sent = []
     for _ in range(20):
-        kinds.append(throttle())
+        sent.append(throttle())
         now[0] += 0.02
-    assert kinds[0] == PLOTS and kinds.count(PLOTS) == 2 and kinds.count(TEXT) >= 4 and None in kinds
+    assert sent[0] and sent.count(True) == 4
+
+
+def test_repeats_alternate_the_order_and_report_the_spread(pair, loader):
+    session = Session()
+    ticks = list(run_comparison(loader, session, settings(pair, ("ar", "mirror"), max_new=8, repeats=3),
+                                every_s=0.0))
+    assert "3 times" in ticks[-1].status
+    assert [r.decoder for r in session.history] == ["ar", "mirror", "mirror", "ar", "ar", "mirror"]
+    assert all(len(r.tokens) == 8 for r in session.history)
+    final = refreshed(session, ticks[-1])
+    assert "Over the repeats" in final["numbers"] and "(n = 3)" in final["numbers"]
+    assert final["plots"].count("\nR ") == 2 and "R " in final["plots"].split("\n")[0]   # the plots restart per repeat
+    with open(session.trace_path) as f:
+        assert sum(e["type"] == "RunStart" for e in json.load(f)["events"]) == 6      # the trace has every run
 
 
 def test_stop_ends_the_run_within_one_step_and_skips_the_rest(pair, loader):
     session = Session()
-    gen = run_comparison(loader, session, settings(pair, ("sd", "mirror"), max_new=400), text_every_s=0.0)
+    gen = run_comparison(loader, session, settings(pair, ("sd", "mirror"), max_new=400), every_s=0.0)
     for _ in gen:
         run = session.runs.get("mirror")  # mirror runs before sd
         if run is not None and len(run.steps) >= 2:
@@ -114,7 +134,7 @@ def test_stop_ends_the_run_within_one_step_and_skips_the_rest(pair, loader):
 
 def test_closing_the_generator_cleans_up_and_the_engine_keeps_serving(pair, loader):
     session = Session()
-    gen = run_comparison(loader, session, settings(pair, ("mirror",), max_new=400), text_every_s=0.0)
+    gen = run_comparison(loader, session, settings(pair, ("mirror",), max_new=400), every_s=0.0)
     for _ in gen:
         if session.runs.get("mirror") and session.runs["mirror"].tokens:
             break

@@ -4,8 +4,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import os
+
 import gradio as gr
-from gradio.components.plot import PlotData
 
 from mirror_core import MirrorError
 from mirror_core.config import MAX_PROMPT_CHARS
@@ -14,7 +15,6 @@ from . import inspector, numbers, plots, render
 from .loader import EngineLoader, PairPreset
 from .session import Session
 from .settings import (
-    BOUNDS,
     CONTROLS,
     DECODER_ORDER,
     DECODER_TITLES,
@@ -24,7 +24,7 @@ from .settings import (
     controls_by_name,
     settings_from_ui,
 )
-from .streaming import DONE, PLOTS, RESET, STATUS, Tick, final_status, replay, run_comparison
+from .streaming import DONE, RESET, STATUS, TEXT, Tick, final_status, replay, run_comparison
 
 COLUMNS = DECODER_ORDER  # left to right on the page: the order they run in
 QUEUE_MAX_SIZE = 32                # waiting requests beyond this are turned away ("queue is full")
@@ -37,9 +37,10 @@ CUSTOM = "Custom (type below)"
 HONESTY = ("Decoders run **one after another**, each with both lanes to itself, so the columns fill in turn. "
            "Every time shown comes from the engine's spans and commit stamps (never from the page). "
            "*Replay side by side* re-animates the finished runs together at their measured commit times. "
-           "Speedups below 1× are shown as measured. If this browser runs on the machine that runs the lanes, "
-           "drawing live plots takes CPU from them: untick *Live plots* (under *Speculation and sampling*) to measure "
-           "first and draw at the end.")
+           "Speedups below 1× are shown as measured. The page receives only new tokens and new step records, and "
+           "draws the plots itself. If this browser runs on the machine that runs the lanes, drawing still takes "
+           "some CPU from them: untick *Live plots* (under *Speculation and sampling*) to measure first and draw at "
+           "the end, and use *Repeats* to see the spread.")
 CSS = """
 .mirror-table {border-collapse: collapse; font-size: 0.9em; margin: 0.4em 0; display: block; max-width: 100%; overflow-x: auto;}
 .mirror-table th, .mirror-table td {border: 1px solid #e5e7eb; padding: 3px 8px; text-align: left; vertical-align: top;}
@@ -50,7 +51,19 @@ CSS = """
 .mirror-fast {color: #15803d; font-weight: 600;}
 .mirror-slow {color: #b91c1c; font-weight: 600;}
 .mirror-rejected {color: #b91c1c; opacity: 0.75;}
-.mirror-tokens {margin-top: 1.4em; white-space: pre-wrap; font-family: ui-monospace, monospace; line-height: 1.5; max-height: 24em; overflow-y: auto;}
+.mirror-tokens {margin-top: 1.4em; white-space: pre-wrap; font-family: ui-monospace, monospace; line-height: 1.5; height: 24em; max-height: 24em; overflow-y: auto;}
+.mirror-plot {position: relative; margin: 10px 0;}
+.mirror-plot-title {font-size: 15px; margin: 4px 0 2px 16px;}
+.mirror-plot-legend {font-size: 12px; margin: 2px 0 6px 16px;}
+.mirror-plot-legend span {margin-right: 12px; white-space: nowrap; display: inline-block;}
+.mirror-plot-legend i {display: inline-block; width: 10px; height: 10px; margin-right: 4px; vertical-align: middle; background: var(--c);}
+.mirror-plot-legend i.line {height: 3px;}
+.mirror-plot-legend i.dot {border-radius: 50%; width: 7px; height: 7px;}
+.mirror-plot-legend i.cross {background: none; color: var(--c); width: auto; height: auto; font-style: normal;}
+.mirror-plot-legend i.cross::before {content: "✕";}
+.mirror-plot-tip {display: none; position: absolute; pointer-events: none; background: #111827; color: #fff;
+  font-size: 12px; padding: 3px 6px; border-radius: 4px; white-space: nowrap; z-index: 5;}
+.mirror-plot-empty {color: #6b7280;}
 .mirror-prompt {color: #9ca3af;}
 .mirror-rejected-count, .mirror-notes {color: #6b7280; font-size: 0.85em;}
 .mirror-legend .mirror-chip, .mirror-legend del {margin-right: 6px;}
@@ -60,10 +73,36 @@ CSS = """
 # The outputs of /run, /replay and /stop by name, in the endpoints' order (what gradio_client returns; the
 # per-user state follows them as one more output that clients never see). Tests read results with by_name().
 TOKEN_VIEWS = ("tokens", "text")  # per column: the stream (HTML: prompt, coloured tokens, rejected drafts), copy box
-FIGURES = ("race", "steps", "gantt", "accept")  # race, tokens per step, lane timeline, acceptance
-OUTPUT_NAMES = ("status", *(f"{d}_{view}" for d in COLUMNS for view in TOKEN_VIEWS), *FIGURES, "numbers", "latency",
+OUTPUT_NAMES = ("status", *(f"{d}_{view}" for d in COLUMNS for view in TOKEN_VIEWS), "plots", "numbers", "latency",
                 "inspect_run", "inspect_step", "inspector", "trace")
 STATE = "session"  # the gr.State output's name in a tick's refresh
+
+# Each decoder's stream: the value is append-only HTML (render.stream_html). The template is only the box; the
+# script appends what the value gained since the last update (O(new) per update: re-rendering the whole stream,
+# as a template with ${value} does, cost the page tens of ms per update at 900 tokens), and the box follows the
+# newest token unless the reader scrolled up.
+TOKENS_TEMPLATE = '<div class="mirror-tokens"></div>'
+TOKENS_JS = """
+let shown = "", follow = true;
+element.addEventListener('scroll', (e) => {
+  const b = e.target;
+  if (b.classList && b.classList.contains('mirror-tokens')) follow = b.scrollTop + b.clientHeight >= b.scrollHeight - 8;
+}, true);
+function sync() {
+  const box = element.querySelector('.mirror-tokens'), value = props.value || '';
+  if (!box || value === shown) return;
+  if (shown && value.startsWith(shown)) box.insertAdjacentHTML('beforeend', value.slice(shown.length));
+  else box.innerHTML = value;
+  shown = value;
+  if (follow) box.scrollTop = box.scrollHeight;
+}
+watch('value', sync);
+sync();
+"""
+# The four live plots: the value is the feed (ui/plots.py), drawn on canvases in the browser by ui/live_plots.js.
+PLOTS_TEMPLATE = "".join(f'<div class="mirror-plot mirror-plot-{name}"></div>' for name in ("race", "steps", "gantt",
+                                                                                          "accept"))
+PLOTS_JS = open(os.path.join(os.path.dirname(__file__), "live_plots.js"), encoding="utf-8").read()
 
 
 def by_name(outputs: Sequence) -> dict[str, object]:
@@ -153,32 +192,30 @@ def _controls(presets: list[PairPreset], examples: list[str]) -> Controls:
                       "decoders": gr.CheckboxGroup([(DECODER_TITLES[d], d) for d in COLUMNS],
                                                    value=DEFAULTS["decoders"], label="Decoders to compare",
                                                    info=INFO["decoders"])}
-    with gr.Accordion("Speculation and sampling", open=False):  # the defaults suit a first run
+    with gr.Accordion("Speculation and sampling", open=False, elem_id="mirror-knobs"):  # the defaults suit a first run
         with gr.Row():
-            fields |= {"gamma": _slider("gamma", "γ (window)"),
-                       "kappa": _slider("kappa", "κ (candidates per slot)"),
+            fields |= {"gamma": _number("gamma", "γ (window)"),
+                       "kappa": _number("kappa", "κ (candidates per slot)"),
                        "exit_layer": _number("exit_layer", "ℓ_e (early-exit layer)"),
                        "branch_budget": _number("branch_budget", "Branch budget"),
-                       "max_new_tokens": _slider("max_new_tokens", "Max new tokens")}
+                       "max_new_tokens": _number("max_new_tokens", "Max new tokens"),
+                       "repeats": _number("repeats", "Repeats")}
         with gr.Row():
-            fields |= {"temperature": _slider("temperature", "Temperature", step=0.05),
+            fields |= {"temperature": _number("temperature", "Temperature", step=0.05),
                        "top_k": _number("top_k", "Top-k"),
-                       "top_p": _slider("top_p", "Top-p", step=0.01),
+                       "top_p": _number("top_p", "Top-p", step=0.01),
                        "rule": gr.Radio(list(RULE_CHOICES), value=DEFAULTS["rule"], label="Rule", info=INFO["rule"]),
                        "seed": _number("seed", "Seed"),
-                       "live_plots": gr.Checkbox(DEFAULTS["live_plots"], label="Live plots", info=INFO["live_plots"])}
+                       "live_plots": gr.Checkbox(DEFAULTS["live_plots"], label="Live plots", info=INFO["live_plots"],
+                                                 elem_id="mirror-live-plots")}
     return Controls(fields, preset, run, stop, replay_btn, status)
 
 
-def _slider(name: str, label: str, step: float = 1) -> gr.Slider:
-    lo, hi = BOUNDS[name]
-    return gr.Slider(lo, hi, DEFAULTS[name], step=step, label=label, info=INFO[name])
-
-
-def _number(name: str, label: str) -> gr.Number:
-    """A whole-number box; its lower bound is shown by the page, every bound is checked by settings_from_ui."""
-    lo, hi = BOUNDS[name]
-    return gr.Number(DEFAULTS[name], precision=0, minimum=lo, maximum=hi, label=label, info=INFO[name])
+def _number(name: str, label: str, step: float = 1) -> gr.Number:
+    """A number box (never a slider: a slider clamps a typed value silently); settings_from_ui checks every bound
+    and answers an out-of-range value with one line naming the range."""
+    return gr.Number(DEFAULTS[name], precision=0 if step == 1 else None, step=step, label=label, info=INFO[name],
+                     elem_id=f"mirror-{name.replace('_', '-')}")
 
 
 def _views(status: gr.Markdown) -> Views:
@@ -188,17 +225,15 @@ def _views(status: gr.Markdown) -> Views:
     with gr.Row(equal_height=False):
         for d in COLUMNS:
             with gr.Column(visible=d in DEFAULTS["decoders"], elem_id=f"mirror-col-{d}") as columns[d]:
-                out[f"{d}_tokens"] = gr.HTML(label=DECODER_TITLES[d], show_label=True, container=True,
-                                             elem_id=f"mirror-tokens-{d}")
+                out[f"{d}_tokens"] = gr.HTML("", label=DECODER_TITLES[d], show_label=True, container=True,
+                                             elem_id=f"mirror-tokens-{d}", html_template=TOKENS_TEMPLATE,
+                                             js_on_load=TOKENS_JS)
                 with gr.Accordion("Committed text (copy)", open=False):
                     out[f"{d}_text"] = gr.Textbox(label="Committed text", lines=3, interactive=False,
                                                   buttons=["copy"], elem_id=f"mirror-text-{d}")
     gr.Markdown(HONESTY)  # below the streams: the first screen shows the prompt, Run, the status and the streams
-    with gr.Row():
-        out["race"] = gr.Plot(label="Race", elem_id="mirror-race")
-        out["steps"] = gr.Plot(label="Tokens per step", elem_id="mirror-steps")
-    out["gantt"] = gr.Plot(label="Lane timeline", elem_id="mirror-gantt")
-    out["accept"] = gr.Plot(label="Acceptance", elem_id="mirror-accept")
+    out["plots"] = gr.HTML("", elem_id="mirror-plots", html_template=PLOTS_TEMPLATE, js_on_load=PLOTS_JS,
+                           config=plots.config_json())
     with gr.Row():
         with gr.Column():
             gr.Markdown("### Numbers (measured by the engine)")
@@ -297,33 +332,24 @@ def _pair_of(presets: list[PairPreset], label: str):
     return gr.skip(), gr.skip()
 
 
-def as_plot(fig: dict) -> PlotData:
-    """A plotly figure dict as gr.Plot's payload, skipping plotly's per-property validation."""
-    return PlotData(type="plotly", plot=plots.to_json(fig))
-
-
 def refreshed(session: Session, tick: Tick) -> dict[str, object]:
     """What one tick refreshes, by output name (OUTPUT_NAMES, plus STATE); every other output stays as it is."""
     out: dict[str, object] = {"status": tick.status}
+    if tick.kind == STATUS:
+        return out
+    # Every stream goes out on every tick, unchanged ones too: Gradio diffs each output against what it sent last,
+    # so an unchanged value costs nothing and a grown one only its new characters (an output left out would be
+    # sent whole the next time).
     for d in COLUMNS:
-        if tick.kind == STATUS or (tick.active is not None and tick.active != d):
-            continue  # only the running decoder's column changes
         run = session.runs.get(d)
         upto = None if tick.replay_at is None or run is None else run.count_until(tick.replay_at)
         out |= {f"{d}_tokens": render.stream_html(run, upto, session.prompt),
                 f"{d}_text": render.plain_text(run, upto)}
-    if tick.kind in (PLOTS, DONE, RESET):
-        out |= _figures(session)
+    if tick.replay_at is None and (tick.kind != TEXT or session.live_plots):
+        out["plots"] = session.feed.text()
     if tick.kind in (DONE, RESET):
         out |= _summary(session)
     return out
-
-
-def _figures(session: Session) -> dict[str, PlotData]:
-    runs = [session.runs[d] for d in DECODER_ORDER if d in session.runs]
-    figures = (plots.race_figure(runs, numbers.speedups(session.runs)), plots.tokens_per_step_figure(runs),
-               plots.lane_timeline_figure(runs), plots.acceptance_figure(runs))
-    return {name: as_plot(fig) for name, fig in zip(FIGURES, figures, strict=True)}
 
 
 def _summary(session: Session) -> dict[str, object]:
@@ -333,6 +359,6 @@ def _summary(session: Session) -> dict[str, object]:
     pick = "mirror" if "mirror" in session.runs else "sd"
     run = session.runs.get(pick)
     last = run.steps[-1].step if run is not None and run.steps else 1
-    return {"numbers": numbers.numbers_html(session.runs), "latency": numbers.latency_html(model, measured),
+    return {"numbers": numbers.numbers_html(session.runs) + numbers.spread_html(session.history), "latency": numbers.latency_html(model, measured),
             "inspect_run": gr.Radio(value=pick), "inspect_step": gr.Slider(minimum=1, maximum=max(last, 2), value=1),
             "inspector": inspector.inspector_html(run, 1), "trace": session.trace_path, STATE: session}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import html
+import statistics
 
 from mirror_core.events import STAGE_TARGET_STEP
 from mirror_core.latency import LatencyModel, latency_model_from_events, stage_mean
@@ -70,6 +71,53 @@ def numbers_html(runs: dict[str, DecoderRun]) -> str:
                     for r in done for n in _run_notes(r))
     return (f"<table class='mirror-table'><tr><th>metric</th>{head}<th>definition</th></tr>{body}</table>"
             + (f"<ul class='mirror-notes'>{notes}</ul>" if notes else ""))
+
+
+# (label, value of one finished run given its repeat's AR run, format, definition) for the spread table.
+_SPREAD = (
+    ("tokens/s", lambda r, ar: r.summary.tokens_per_s, "{:.1f}", "as above, per repeat"),
+    ("TTFT (ms)", lambda r, ar: None if r.summary.ttft_s is None else r.summary.ttft_s * 1e3, "{:.1f}",
+     "as above, per repeat"),
+    ("speedup vs AR", lambda r, ar: speedup(ar, r)[0] if r.decoder != "ar" else None, "{:.2f}×",
+     "this repeat's AR run / this run (same prompt, settings and seed)"),
+)
+
+
+def repeats_by_decoder(history: list[DecoderRun]) -> dict[str, list[tuple[DecoderRun, DecoderRun | None]]]:
+    """Each decoder's finished runs over the repeats, each with the AR run of the same repeat (or None)."""
+    count: dict[str, int] = {}
+    per_repeat: list[dict[str, DecoderRun]] = []
+    for run in history:
+        i = count.get(run.decoder, 0)
+        count[run.decoder] = i + 1
+        if i == len(per_repeat):
+            per_repeat.append({})
+        per_repeat[i][run.decoder] = run
+    out: dict[str, list] = {}
+    for repeat in per_repeat:
+        for d, run in repeat.items():
+            if run.end is not None and not run.end.stopped:
+                out.setdefault(d, []).append((run, repeat.get("ar")))
+    return out
+
+
+def spread_html(history: list[DecoderRun]) -> str:
+    """Median and range of the main numbers over the repeats ('' for a single repeat)."""
+    runs = repeats_by_decoder(history)
+    if max((len(v) for v in runs.values()), default=0) < 2:
+        return ""
+    head = "".join(f"<th>{html.escape(DECODER_TITLES[d])} (n = {len(v)})</th>" for d, v in runs.items())
+    body = ""
+    for label, value, fmt, definition in _SPREAD:
+        cells = ""
+        for pairs in runs.values():
+            xs = [x for x in (value(r, ar) for r, ar in pairs) if x is not None]
+            cells += ("<td>—</td>" if not xs else
+                      f"<td><b>{fmt.format(statistics.median(xs))}</b> <small>[{fmt.format(min(xs))} – "
+                      f"{fmt.format(max(xs))}]</small></td>")
+        body += f"<tr><th>{label}</th>{cells}<td class='mirror-def'>{html.escape(definition)}</td></tr>"
+    return ("<p><b>Over the repeats</b>: median <small>[min – max]</small>; the table above is the last repeat.</p>"
+            f"<table class='mirror-table'><tr><th>metric</th>{head}<th>definition</th></tr>{body}</table>")
 
 
 def _run_notes(run: DecoderRun) -> list[str]:

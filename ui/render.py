@@ -1,10 +1,28 @@
-"""Committed tokens → the primary HTML stream view (prompt greyed, tokens coloured by origin, rejected drafts struck
-through, monospace, height capped), the (text, label) pieces it is made of, and the plain copyable text."""
+"""Committed tokens → the primary stream view of each decoder (prompt greyed, tokens coloured by origin, rejected
+drafts struck through; the page wraps it in a monospace, height-capped box), and the plain copyable text.
+
+The stream is built **append-only** as events arrive (StreamHTML), so that between two page updates its HTML
+only grows at the end: Gradio then sends a generator output as an "append" diff of the new characters, and the
+bytes per comparison grow linearly with the tokens (docs/BENCHMARKS.md, "Bytes per comparison").
+"""
 from __future__ import annotations
 
 import html
+from typing import TYPE_CHECKING
 
-from .session import LABEL_ACCEPTED, LABEL_BONUS, LABEL_CORRECTION, LABEL_REUSED, LABEL_TARGET, DecoderRun
+from mirror_core import TokenEvent
+
+if TYPE_CHECKING:
+    from .session import DecoderRun
+
+# A committed token's origin, as the stream's colours and tooltips name it.
+LABEL_TARGET = "target"
+LABEL_ACCEPTED = "accepted draft"
+LABEL_REUSED = "accepted · reused branch"
+LABEL_CORRECTION = "correction"
+LABEL_BONUS = "bonus"
+_ORIGIN_LABELS = {"target": LABEL_TARGET, "accepted": LABEL_ACCEPTED, "correction": LABEL_CORRECTION,
+                  "bonus": LABEL_BONUS}
 
 COLOR_MAP = {
     LABEL_ACCEPTED: "#22c55e",    # green: a draft token the target accepted
@@ -13,6 +31,71 @@ COLOR_MAP = {
     LABEL_BONUS: "#a855f7",       # purple: the target's extra token after a fully accepted window
     LABEL_TARGET: "#94a3b8",      # grey: the target alone (prefill token, AR steps, target-only fallback)
 }
+
+
+def token_label(event: TokenEvent) -> str:
+    if event.origin == "accepted" and event.from_branch:
+        return LABEL_REUSED
+    return _ORIGIN_LABELS.get(event.origin, event.origin)
+
+
+def _token_span(text: str, label: str) -> str:
+    if not text:
+        return ""  # a token still waiting for the rest of a UTF-8 character
+    return (f'<span class="mirror-tok" title="{label}" style="background:{COLOR_MAP.get(label, "#e5e7eb")}55">'
+            f'{html.escape(text)}</span>')
+
+
+class StreamHTML:
+    """One decoder's stream as a list of HTML parts that only ever grows at the end.
+
+    A step's rejected drafts are shown struck through *before* its correction, but the engine reports them
+    after the step's tokens; so the newest token's part is held back until the next event shows whether
+    rejected drafts go in front of it. `marks[i]` = parts emitted once token i was (for replay).
+    """
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.marks: list[int] = []
+        self._held: tuple[str, str] | None = None  # (text, label) of the newest token, not yet emitted
+        self._joined, self._joined_n = "", 0
+
+    def token(self, text: str, label: str) -> None:
+        self.release()
+        self._held = (text, label)
+
+    def rejected(self, struck: str, step: int, first_slot: int) -> None:
+        self.parts.append(f'<del class="mirror-rejected" title="rejected at step {step}, slot {first_slot}">'
+                          f'{html.escape(struck)}</del>')
+        self.release()
+
+    def release(self) -> None:
+        """Emit the held token (any event other than a RejectedEvent: no struck drafts go before it)."""
+        if self._held is not None:
+            self.parts.append(_token_span(*self._held))
+            self.marks.append(len(self.parts))
+            self._held = None
+
+    def finish(self, rest: str, label: str) -> None:
+        """The run ended: emit the held token, with the decoder's last bytes (a completed character) if any."""
+        if self._held is not None:
+            text, held_label = self._held
+            self._held = (text + rest, held_label)
+            self.release()
+        elif rest:
+            self.parts.append(_token_span(rest, label))
+            if self.marks:
+                self.marks[-1] = len(self.parts)
+
+    def html(self, upto: int | None = None) -> str:
+        """The parts of every emitted token, or of the first `upto` tokens (replay)."""
+        if upto is not None:
+            return "".join(self.parts[: self.marks[upto - 1]]) if 0 < upto <= len(self.marks) else (
+                "" if upto <= 0 else self.html())
+        if self._joined_n != len(self.parts):  # append only the new parts: O(new) per page update
+            self._joined += "".join(self.parts[self._joined_n:])
+            self._joined_n = len(self.parts)
+        return self._joined
 
 
 def highlighted(run: DecoderRun | None, upto: int | None = None) -> list[tuple[str, str]]:
@@ -27,34 +110,19 @@ def plain_text(run: DecoderRun | None, upto: int | None = None) -> str:
     """The committed text only (what a user copies); rejected drafts are never part of it."""
     if run is None:
         return ""
-    pieces = run.pieces if upto is None else run.pieces[:upto]
-    return "".join(text for text, _ in pieces)
+    if upto is None:
+        return run.committed_text
+    return "".join(text for text, _ in run.pieces[:upto])
 
 
 def stream_html(run: DecoderRun | None, upto: int | None = None, prompt: str = "") -> str:
     """One decoder's stream: the prompt greyed, then the committed text coloured by origin (one span per token,
-    class mirror-tok), each step's rejected drafts struck through before its correction."""
+    class mirror-tok), each step's rejected drafts struck through before its correction. Append-only while the
+    run streams; the page's template wraps it in the scrolling monospace box (layout.TOKENS_TEMPLATE)."""
     if run is None:
         return ""
-    n = len(run.pieces) if upto is None else min(upto, len(run.pieces))
-    before: dict[int, list] = {}
-    count = 0
-    for index, event in run.rejected:
-        if index < n:
-            before.setdefault(index, []).append(event)
-            count += len(event.token_ids)
-    parts = [f'<span class="mirror-prompt" title="prompt">{html.escape(prompt)}</span>'] if prompt else []
-    for i in range(n):
-        for event in before.get(i, ()):
-            struck = "".join(html.escape(run.namer.text(t)) for t in event.token_ids)
-            parts.append(f'<del class="mirror-rejected" title="rejected at step {event.step}, '
-                         f'slot {event.first_slot}">{struck}</del>')
-        text, label = run.pieces[i]
-        if text:
-            parts.append(f'<span class="mirror-tok" title="{label}" style="background:{COLOR_MAP.get(label, "#e5e7eb")}55">'
-                         f'{html.escape(text)}</span>')
-    footer = f'<div class="mirror-rejected-count">{count} rejected draft token(s), struck through</div>'
-    return '<div class="mirror-tokens">' + "".join(parts) + "</div>" + footer
+    head = f'<span class="mirror-prompt" title="prompt">{html.escape(prompt)}</span>' if prompt else ""
+    return head + run.view.html(upto)
 
 
 def legend_html() -> str:

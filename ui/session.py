@@ -11,20 +11,8 @@ from mirror_core import RejectedEvent, RunEnd, RunStart, SpanEvent, StepRecord, 
 from mirror_core.metrics import RunSummary
 from mirror_core.textstream import IncrementalText
 
-# HighlightedText labels for a committed token's origin.
-LABEL_TARGET = "target"
-LABEL_ACCEPTED = "accepted draft"
-LABEL_REUSED = "accepted · reused branch"
-LABEL_CORRECTION = "correction"
-LABEL_BONUS = "bonus"
-_ORIGIN_LABELS = {"target": LABEL_TARGET, "accepted": LABEL_ACCEPTED, "correction": LABEL_CORRECTION,
-                  "bonus": LABEL_BONUS}
-
-
-def token_label(event: TokenEvent) -> str:
-    if event.origin == "accepted" and event.from_branch:
-        return LABEL_REUSED
-    return _ORIGIN_LABELS.get(event.origin, event.origin)
+from .plots import Feed, event_line
+from .render import StreamHTML, token_label
 
 
 class TokenNamer:
@@ -63,24 +51,32 @@ class DecoderRun:
     steps: list[StepRecord] = field(default_factory=list)
     end: RunEnd | None = None
     events: list = field(default_factory=list)
+    view: StreamHTML = field(default_factory=StreamHTML)  # the stream's HTML, append-only (render.stream_html)
 
     def __post_init__(self) -> None:
         tok = self.namer.tokenizer
         self._text = IncrementalText(tok) if tok is not None else None
+        self.committed_text = ""  # every committed piece, in order (what plain_text returns)
 
     def add(self, event) -> None:
         self.events.append(event)
         if isinstance(event, TokenEvent):
             piece = self._text.push(event.token_id) if self._text else f"{event.token_id} "
+            label = token_label(event)
             self.tokens.append(event)
-            self.pieces.append((piece, token_label(event)))
+            self.pieces.append((piece, label))
+            self.committed_text += piece
+            self.view.token(piece, label)
         elif isinstance(event, RejectedEvent):
             # The step's correction is its last committed token; the rejected drafts were in its place.
             self.rejected.append((max(0, len(self.tokens) - 1), event))
+            self.view.rejected("".join(self.namer.text(t) for t in event.token_ids), event.step, event.first_slot)
         elif isinstance(event, SpanEvent):
             self.spans.append(event)
+            self.view.release()
         elif isinstance(event, StepRecord):
             self.steps.append(event)
+            self.view.release()
         elif isinstance(event, RunStart):
             self.start = event
         elif isinstance(event, RunEnd):
@@ -89,6 +85,8 @@ class DecoderRun:
             if rest and self.pieces:
                 text, label = self.pieces[-1]
                 self.pieces[-1] = (text + rest, label)
+                self.committed_text += rest
+            self.view.finish(rest, self.pieces[-1][1] if self.pieces else "")
 
     @property
     def t0(self) -> float:
@@ -123,7 +121,10 @@ class Session:
         self.skipped = False                 # Stop came between two decoders: the rest did not run
         self.idle = threading.Event()
         self.idle.set()
-        self.runs: dict[str, DecoderRun] = {}
+        self.runs: dict[str, DecoderRun] = {}   # the latest run of each decoder (what the page shows)
+        self.history: list[DecoderRun] = []     # every run of the comparison, all repeats, in run order
+        self.feed = Feed()                      # the live plots' records (ui/plots.py)
+        self.live_plots = True
         self.status = ""
         self.error: str | None = None
         self.trace_path: str | None = None
@@ -154,14 +155,21 @@ class Session:
         if self.trace_path:  # the page already has its own copy of the previous trace
             with contextlib.suppress(OSError):
                 os.remove(self.trace_path)
-        self.runs, self.trace_path = {}, None
+        self.runs, self.history, self.trace_path = {}, [], None
+        self.feed = Feed()
 
     def begin(self, decoder: str, namer: TokenNamer) -> DecoderRun:
         self.runs[decoder] = run = DecoderRun(decoder, namer)
+        self.history.append(run)
         return run
 
+    def add(self, run: DecoderRun, event) -> None:
+        """One engine event: into its run, and (as a record) into the plots' feed."""
+        run.add(event)
+        self.feed.add(event_line(run.decoder, run.t0, event))
+
     def all_events(self) -> list:
-        return [e for run in self.runs.values() for e in run.events]
+        return [e for run in self.history for e in run.events]
 
     @property
     def stopped(self) -> bool:

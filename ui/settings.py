@@ -18,22 +18,25 @@ RULE_CHOICES = (("exact: Rule E, reproduces AR token for token with the same see
 # callers pass them positionally, so append new ones at the end). A new control is one entry here, its
 # DEFAULTS/INFO/BOUNDS entries, its component in layout._controls, and its use in settings_from_ui.
 CONTROLS = ("prompt", "target", "draft", "decoders", "gamma", "kappa", "exit_layer", "temperature", "top_k", "top_p",
-            "rule", "max_new_tokens", "seed", "branch_budget", "live_plots")
+            "rule", "max_new_tokens", "seed", "branch_budget", "live_plots", "repeats")
 
 APP_MAX_NEW_TOKENS = min(1024, MAX_NEW_TOKENS_CAP)  # the page's cap per decoder, checked server-side
-APP_MAX_TEMPERATURE = 2.0                           # the slider's top; typed values are checked by SamplingConfig
-MIN_TOP_P = 0.01                                    # the slider's bottom: top-p must be > 0
+APP_MAX_TEMPERATURE = 2.0                           # the highest temperature the page takes
+MIN_TOP_P = 0.01                                    # the lowest top-p the page takes (top-p must be > 0)
+MAX_REPEATS = 5                                     # comparisons per Run (median and range over them)
 
 # (lowest, highest) the page's numeric controls allow; None = no bound on the page (the engine checks the rest).
 BOUNDS = {"gamma": (1, MAX_GAMMA), "kappa": (1, MAX_KAPPA), "exit_layer": (0, None),
           "branch_budget": (AUTO_BRANCH_BUDGET, None), "max_new_tokens": (1, APP_MAX_NEW_TOKENS),
-          "temperature": (0.0, APP_MAX_TEMPERATURE), "top_k": (0, None), "top_p": (MIN_TOP_P, 1.0), "seed": (0, None)}
+          "temperature": (0.0, APP_MAX_TEMPERATURE), "top_k": (0, None), "top_p": (MIN_TOP_P, 1.0), "seed": (0, None),
+          "repeats": (1, MAX_REPEATS)}
 
 # Every control's default value except the pair and the prompt (those come from the presets and examples);
 # the page and the tests both read these.
 DEFAULTS = {"gamma": SpecConfig.gamma, "kappa": SpecConfig.kappa, "exit_layer": 0,
             "branch_budget": SpecConfig.branch_budget, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
-            "rule": "exact", "max_new_tokens": 64, "seed": 0, "decoders": ["ar", "mirror"], "live_plots": True}
+            "rule": "exact", "max_new_tokens": 64, "seed": 0, "decoders": ["ar", "mirror"], "live_plots": True,
+            "repeats": 1}
 
 
 def _range(name: str) -> str:
@@ -46,6 +49,8 @@ def _signed(n: int) -> str:
 
 
 INFO = {
+    "repeats": f"Run the whole comparison this many times ({_range('repeats')}); the numbers show each metric's median "
+               "and range, and every other repeat runs the decoders in reverse order so none always goes first.",
     "live_plots": "Off: measure, then show. The plots are drawn once the runs have ended, so a browser on the "
                   "same machine as the lanes never competes with them for the CPU while they are timed.",
     "prompt": "Text for models with a tokenizer; for models without one, comma-separated token ids (e.g. 1, 2, 3).",
@@ -82,10 +87,13 @@ class ComparisonSettings:
     sampling: SamplingConfig
     spec: SpecConfig
     live_plots: bool = True          # False: measure, then show (plots drawn when the runs have ended)
+    repeats: int = 1                 # comparisons per Run; odd-numbered repeats (0-based) run in reverse order
 
     def requests(self, prompt_ids: tuple[int, ...]) -> list[Request]:
+        """Every run of the comparison, repeat after repeat (DECODER_ORDER, then reversed, alternately)."""
         return [Request(prompt_ids=prompt_ids, decoder=d, max_new_tokens=self.max_new_tokens,
-                        sampling=self.sampling, spec=self.spec) for d in self.decoders]
+                        sampling=self.sampling, spec=self.spec)
+                for r in range(self.repeats) for d in (self.decoders[::-1] if r % 2 else self.decoders)]
 
 
 def controls_by_name(values: Sequence[object]) -> dict[str, object]:
@@ -108,19 +116,34 @@ def settings_from_ui(values: Mapping[str, object]) -> ComparisonSettings:
     chosen = tuple(d for d in DECODER_ORDER if isinstance(decoders, (list, tuple)) and d in decoders)
     if not chosen:
         raise MirrorError("choose at least one decoder to run")
-    exit_layer = _as_int(v["exit_layer"], "exit layer ℓ_e")
-    spec = SpecConfig(gamma=_as_int(v["gamma"], "γ"), kappa=_as_int(v["kappa"], "κ"), exit_layer=exit_layer or None,
-                      branch_budget=_as_int(v["branch_budget"], "branch budget"))
-    sampling = SamplingConfig(temperature=_as_float(v["temperature"], "temperature"),
-                              top_k=_as_int(v["top_k"], "top-k"), top_p=_as_float(v["top_p"], "top-p"),
-                              seed=_as_int(v["seed"], "seed"), rule=v["rule"])
-    max_new = _as_int(v["max_new_tokens"], "max new tokens")
-    if not 1 <= max_new <= APP_MAX_NEW_TOKENS:
-        raise MirrorError(f"max new tokens must be in 1..{APP_MAX_NEW_TOKENS} on this page, got {max_new}")
+    exit_layer = _bounded("exit_layer", _as_int(v["exit_layer"], "exit layer ℓ_e"))
+    spec = SpecConfig(gamma=_bounded("gamma", _as_int(v["gamma"], "γ")), kappa=_bounded("kappa", _as_int(v["kappa"], "κ")),
+                      exit_layer=exit_layer or None,
+                      branch_budget=_bounded("branch_budget", _as_int(v["branch_budget"], "branch budget")))
+    sampling = SamplingConfig(temperature=_bounded("temperature", _as_float(v["temperature"], "temperature")),
+                              top_k=_bounded("top_k", _as_int(v["top_k"], "top-k")),
+                              top_p=_bounded("top_p", _as_float(v["top_p"], "top-p")),
+                              seed=_bounded("seed", _as_int(v["seed"], "seed")), rule=v["rule"])
+    max_new = _bounded("max_new_tokens", _as_int(v["max_new_tokens"], "max new tokens"))
     live = v["live_plots"]
     if not isinstance(live, bool):
         raise MirrorError(f"live plots must be true or false, got {live!r}")
-    return ComparisonSettings(target, draft or None, prompt, chosen, max_new, sampling, spec, live)
+    repeats = _bounded("repeats", _as_int(v["repeats"], "repeats"))
+    return ComparisonSettings(target, draft or None, prompt, chosen, max_new, sampling, spec, live, repeats)
+
+
+LABELS = {"gamma": "γ", "kappa": "κ", "exit_layer": "exit layer ℓ_e", "branch_budget": "branch budget",
+          "temperature": "temperature", "top_k": "top-k", "top_p": "top-p", "seed": "seed",
+          "max_new_tokens": "max new tokens", "repeats": "repeats"}
+
+
+def _bounded(name: str, value):
+    """The value if the page's BOUNDS allow it; otherwise one line naming the range (never clamped silently)."""
+    lo, hi = BOUNDS[name]
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        allowed = f"{lo}..{hi}" if hi is not None else f"≥ {lo}"
+        raise MirrorError(f"{LABELS[name]} must be in {allowed} on this page, got {value:g}; nothing was run")
+    return value
 
 
 def _check_names(values) -> Mapping[str, object]:

@@ -1,8 +1,8 @@
 """Per-user generators: run the chosen decoders one after another, and replay finished runs side by side.
 
 They yield Ticks that say what the page should refresh; the page maps them to outputs (ui/layout.py).
-Plots are refreshed at most every `plot_every_s`, text at most every `text_every_s` (page pacing only:
-every number shown comes from the engine's events, never from these clocks).
+A tick goes out at most every `every_s` while tokens arrive (page pacing only: every number shown comes from
+the engine's events, never from this clock); what it carries is only what grew since the last one.
 """
 from __future__ import annotations
 
@@ -11,21 +11,23 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mirror_core import MirrorError, RunEnd, StepRecord, TokenEvent
 from mirror_core.trace import write_trace
 
+from . import plots
+from .numbers import speedup
 from .render import plain_text
 from .session import Session, TokenNamer
 from .settings import DECODER_TITLES, ComparisonSettings, encode_prompt
 
-TEXT, PLOTS, STATUS, DONE, RESET = "text", "plots", "status", "done", "reset"
+TEXT, STATUS, DONE, RESET = "text", "status", "done", "reset"
 
 
 @dataclass(frozen=True)
 class Tick:
-    kind: str     # STATUS: only the status line; TEXT: token views; PLOTS: token views + plots;
+    kind: str     # STATUS: only the status line; TEXT: token views and (with live plots) the plots' feed;
                   # DONE: everything; RESET: everything, from an emptied session (a new comparison starts)
     status: str   # markdown for the status line
     replay_at: float | None = None  # replay: seconds since the runs' starts to show
@@ -33,30 +35,29 @@ class Tick:
 
 
 class Throttle:
-    """Decides whether a new event is worth a text update, a plot update, or nothing yet."""
+    """Decides whether a new event is worth a page update yet (at most one per `every_s`)."""
 
-    def __init__(self, clock: Callable[[], float], text_every_s: float, plot_every_s: float):
-        self.clock, self.text_every_s, self.plot_every_s = clock, text_every_s, plot_every_s
-        self.last_text = self.last_plot = -1e9
+    def __init__(self, clock: Callable[[], float], every_s: float):
+        self.clock, self.every_s = clock, every_s
+        self.last = -1e9
 
-    def __call__(self) -> str | None:
+    def __call__(self) -> bool:
         now = self.clock()
-        if now - self.last_plot >= self.plot_every_s:
-            self.last_plot = self.last_text = now
-            return PLOTS
-        if now - self.last_text >= self.text_every_s:
-            self.last_text = now
-            return TEXT
-        return None
+        if now - self.last >= self.every_s:
+            self.last = now
+            return True
+        return False
 
 
 def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
-                   clock: Callable[[], float] = time.monotonic, text_every_s: float = 0.05,
-                   plot_every_s: float = 0.25) -> Iterator[Tick]:
-    """Load the pair (cached) and check every setting, then stream each decoder in turn with the lanes to itself.
+                   clock: Callable[[], float] = time.monotonic, every_s: float = 0.1) -> Iterator[Tick]:
+    """Load the pair (cached) and check every setting, then stream each decoder in turn with the lanes to itself,
+    `settings.repeats` times (every other repeat in reverse order).
 
-    The previous comparison stays on the page until the new one has loaded and passed its checks, so a
-    failed load or a bad setting shows its error next to the last results instead of erasing them.
+    Before each timed run the same request runs untimed for one token (prefill only), so that no decoder's
+    TTFT pays for being first. The previous comparison stays on the page until the new one has loaded and
+    passed its checks, so a failed load or a bad setting shows its error next to the last results instead of
+    erasing them.
     """
     generation = session.begin_comparison()
     try:
@@ -69,30 +70,39 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
         for request in requests:
             engine.validate(request)  # every setting checked before anything runs
         session.clear_results()
-        session.prompt = settings.prompt
+        session.prompt, session.live_plots = settings.prompt, settings.live_plots
+        per_repeat = len(settings.decoders)
         yield Tick(RESET, session.status)  # clears the previous comparison's views
         namer = TokenNamer(engine.tokenizer)
-        live = PLOTS if settings.live_plots else TEXT  # measure, then show: no figure until the runs have ended
-        throttle = Throttle(clock, text_every_s, plot_every_s if settings.live_plots else float("inf"))
-        for i, request in enumerate(requests, start=1):
+        throttle = Throttle(clock, every_s)
+        for i, request in enumerate(requests):
             if session.stop.is_set():
                 session.skipped = True
                 break
+            repeat = i // per_repeat
+            if i % per_repeat == 0:  # a repeat starts: the plots start over with its decoders, in its run order
+                order = [r.decoder for r in requests[i: i + per_repeat]]
+                session.feed.add(plots.reset_line(session.generation * 100 + repeat, order))
+            title = DECODER_TITLES[request.decoder]
+            of = f", repeat {repeat + 1}/{settings.repeats}" if settings.repeats > 1 else ""
+            session.status = f"Running {title} ({i % per_repeat + 1}/{per_repeat}{of}) …"
+            _warm_prefill(engine, request, session.stop)
             run = session.begin(request.decoder, namer)
-            session.status = f"Running {DECODER_TITLES[request.decoder]} ({i}/{len(requests)}) …"
-            yield Tick(live, session.status, active=request.decoder)
+            yield Tick(TEXT, session.status, active=request.decoder)
             stream = engine.stream(request, session.stop)
             try:
                 for event in stream:
-                    run.add(event)
-                    if isinstance(event, (TokenEvent, StepRecord)) and (kind := throttle()):
-                        yield Tick(kind, session.status, active=request.decoder)
+                    session.add(run, event)
+                    if isinstance(event, (TokenEvent, StepRecord)) and throttle():
+                        yield Tick(TEXT, session.status, active=request.decoder)
             finally:
                 stream.close()  # closed early (Stop, page gone): the engine stops within one step
             if isinstance(run.end, RunEnd) and run.end.error:  # the target lane failed: keep what it committed
                 failed = (f"{DECODER_TITLES[request.decoder]} stopped: the target lane failed ({run.end.error}); "
                           f"the {len(run.end.token_ids)} tokens committed before the failure are kept and shown")
                 session.error = f"{session.error}; {failed}" if session.error else failed
+        for d, run in session.runs.items():  # the race legend names each run with its speedup over AR
+            session.feed.add(plots.end_line(d, speedup(session.runs.get("ar"), run)))
         session.status = final_status(session)
     except MirrorError as exc:
         session.error = str(exc)
@@ -103,6 +113,13 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
     finally:
         finish(session, generation)
     yield Tick(DONE, session.status)
+
+
+def _warm_prefill(engine, request, stop: threading.Event) -> None:
+    """The same request for one token, untimed and not shown: both lanes' prefill paths are warm when the timed
+    run starts, whichever decoder runs first (AR was always first and its TTFT was always higher)."""
+    for _ in engine.stream(replace(request, max_new_tokens=1), stop):
+        pass
 
 
 def finish(session: Session, generation: int) -> None:
@@ -125,13 +142,15 @@ def final_status(session: Session) -> str:
     if session.error:
         return f"**Error:** {session.error}"
     names = [DECODER_TITLES[d] for d in session.runs]
+    repeats = len(session.history) // max(len(session.runs), 1)
     if session.stopped:
         if not names:
             return "**Stopped** before any decoder ran."
         return f"**Stopped.** Showing what {', '.join(names)} committed before the stop."
     if len(names) == 1:
         return f"**Done.** {names[0]} ran with both lanes to itself."
-    return f"**Done.** {', '.join(names)} ran one after another, each with both lanes to itself."
+    times = f", {repeats} times (every other time in reverse order)" if repeats > 1 else ""
+    return f"**Done.** {', '.join(names)} ran one after another, each with both lanes to itself{times}."
 
 
 def replay(session: Session, *, speed: float = 1.0, fps: float = 20.0,

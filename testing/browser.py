@@ -1,0 +1,251 @@
+"""Headless Debian chromium driven over the DevTools protocol (standard library only), for the browser test and
+scripts/page_cost.py.
+
+Chromium is spoken to on `--remote-debugging-pipe` (JSON messages on fds 3/4): `--dump-dom
+--virtual-time-budget` alone cannot wait for a streamed run, because virtual time races ahead of the
+server. DevTools events (e.g. Network.dataReceived) are kept in `Chromium.events`.
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import json
+import os
+import select
+import shutil
+import subprocess
+import tempfile
+import time
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--remote-debugging-pipe", "--window-size=1280,800")  # the first screen the page is designed for
+PAGE_STATE_JS = """JSON.stringify({
+  status: document.getElementById("mirror-status")?.innerText || "",
+  tokens: document.querySelectorAll("#mirror-tokens-mirror .mirror-tok").length,
+  arTokens: document.querySelectorAll("#mirror-tokens-ar .mirror-tok").length,
+  plots: ["race", "steps", "gantt", "accept"].map(
+      name => document.querySelectorAll(".mirror-plot-" + name + " canvas").length),
+  spans: document.querySelector(".mirror-plot-gantt")?.dataset.painted | 0,
+  racePoints: (document.querySelector(".mirror-plot-race")?.dataset.points || "").split(",").filter(Boolean).map(Number),
+  top: Object.fromEntries(["mirror-status", "mirror-run", "mirror-tokens-ar", "mirror-tokens-mirror"].map(
+      id => [id, (document.getElementById(id)?.getBoundingClientRect().top ?? 1e9) + window.scrollY])),
+})"""
+
+
+class Chromium:
+    """A headless chromium with one page, spoken to over the DevTools pipe."""
+
+    def __init__(self, exe: str, user_data_dir: str):
+        cmd_read, self._cmd = _high(os.pipe())   # we write commands; chromium reads them on its fd 3
+        self._res, res_write = _high(os.pipe())  # chromium writes replies on its fd 4
+        shell = f'exec "$0" "$@" 3<&{cmd_read} 4>&{res_write}'  # the pipe's fixed fds, without a preexec_fn
+        self.proc = subprocess.Popen(["bash", "-c", shell, exe, *FLAGS, f"--user-data-dir={user_data_dir}",
+                                      "about:blank"], pass_fds=(cmd_read, res_write),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(cmd_read)
+        os.close(res_write)
+        self._id, self._buf, self.session = 0, b"", None
+        self.events: list[dict] = []  # DevTools events (no id), in arrival order
+
+    def send(self, method: str, params: dict | None = None, timeout: float = 30.0) -> dict:
+        self._id += 1
+        msg = {"id": self._id, "method": method, "params": params or {}}
+        if self.session and not method.startswith("Target."):
+            msg["sessionId"] = self.session
+        os.write(self._cmd, json.dumps(msg).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self._read(deadline, method)
+            if "id" not in reply:
+                self.events.append(reply)
+            elif reply.get("id") == self._id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+
+    def _read(self, deadline: float, method: str) -> dict:
+        while b"\0" not in self._buf:
+            if not select.select([self._res], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                raise TimeoutError(f"no reply to {method}")
+            chunk = os.read(self._res, 1 << 20)
+            if not chunk:
+                raise RuntimeError("chromium closed the DevTools pipe")
+            self._buf += chunk
+        raw, self._buf = self._buf.split(b"\0", 1)
+        return json.loads(raw)
+
+    def open(self, url: str) -> None:
+        target = self.send("Target.createTarget", {"url": url})["targetId"]
+        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+
+    def evaluate(self, expression: str):
+        return self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True})["result"].get("value")
+
+    def screenshot(self, path: str) -> None:
+        height = self.evaluate("document.documentElement.scrollHeight") or 2000
+        self.send("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": int(height), "deviceScaleFactor": 1,
+                                                         "mobile": False})
+        time.sleep(1.0)  # let plotly re-layout at the new size
+        data = self.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})["data"]
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(data))
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError, TimeoutError, OSError):  # already gone
+            self.send("Browser.close", timeout=5)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        os.close(self._cmd)
+        os.close(self._res)
+
+
+def _high(fds: tuple[int, int]) -> tuple[int, int]:
+    """Move a pipe's fds to numbers >= 10 so that redirecting onto fds 3 and 4 cannot clobber them."""
+    out = tuple(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in fds)
+    for fd in fds:
+        os.close(fd)
+    return out
+
+
+def wait_for(browser: Chromium, done, timeout: float, poll: float = 0.5) -> dict:
+    deadline, state = time.monotonic() + timeout, {}
+    while time.monotonic() < deadline:
+        state = json.loads(browser.evaluate(PAGE_STATE_JS) or "{}")
+        if done(state):
+            return state
+        if "Error" in state.get("status", ""):
+            raise AssertionError(f"the page shows an error: {state['status']}")
+        time.sleep(poll)
+    raise AssertionError(f"page did not reach the expected state in {timeout:.0f} s: {state}")
+
+
+SET_PROMPT_JS = """(() => {
+  const box = document.querySelector("#mirror-prompt textarea");
+  box.value = %s;
+  box.dispatchEvent(new Event("input", {bubbles: true}));
+})()"""
+
+
+def press_run(browser: Chromium, tries: int = 10, before: str | None = None) -> None:
+    """Click Run until the status line changes (a click before the page is wired up is lost)."""
+    for _ in range(tries):
+        browser.evaluate('document.getElementById("mirror-run").click()')
+        try:
+            wait_for(browser, lambda s: s.get("status") != before if before is not None
+                     else "press" not in s.get("status", "press"), 3, poll=0.05)
+            return
+        except AssertionError:
+            continue
+    raise AssertionError("pressing Run did not start a run")
+
+
+def run_once(url: str, screenshot: str | None = None, prompt: str | None = None, timeout: float = 60) -> dict:
+    """Open the page, (type a prompt,) press Run, wait for the run to finish; returns the page state."""
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
+        browser = Chromium(CHROMIUM, profile)
+        try:
+            browser.open(url)
+            first = wait_for(browser, lambda s: "press" in s.get("status", "")  # the page as it opens, rendered
+                             and max(s["top"].values()) < 1e9, 45)
+            if prompt is not None:
+                browser.evaluate(SET_PROMPT_JS % json.dumps(prompt))
+                time.sleep(0.5)
+            press_run(browser)
+            state = wait_for(browser, lambda s: "Done" in s["status"] and all(s["plots"]) and s["tokens"] > 0,
+                             timeout)
+            if screenshot:
+                browser.screenshot(screenshot)
+            return {**state, "first_top": first["top"]}
+        finally:
+            browser.close()
+
+
+OPEN_KNOBS_JS = """(() => {
+  if (!document.querySelector("#mirror-max-new-tokens input")) document.querySelector("#mirror-knobs .label-wrap").click();
+})()"""
+FOCUS_INPUT_JS = """(() => {
+  const box = document.querySelector(%s);
+  if (!box) return "";
+  if (box.type === "checkbox") { if (box.checked !== %s) box.click(); return "checkbox"; }
+  box.focus();
+  box.value = %s;
+  box.dispatchEvent(new Event("input", {bubbles: true}));
+  box.blur();
+  return box.value;
+})()"""
+# Installed once the page is up: long main-thread tasks (Long Tasks API) and, per decoder column, every distinct
+# count of token spans the page showed (a "visible update" of that stream).
+INSTRUMENT_JS = """(() => {
+  if (window.__mirror) return;
+  const m = window.__mirror = {long: [], updates: {}};
+  new PerformanceObserver((list) => { for (const e of list.getEntries()) m.long.push([e.startTime, e.duration]); })
+      .observe({type: "longtask"});
+  for (const d of ["ar", "mirror", "sd"]) {
+    const el = document.getElementById("mirror-tokens-" + d);
+    const u = m.updates[d] = [];
+    if (el) new MutationObserver(() => {
+      const n = el.querySelectorAll(".mirror-tok").length;
+      if (!u.length || u[u.length - 1][1] !== n) u.push([performance.now(), n]);
+    }).observe(el, {childList: true, subtree: true, characterData: true});
+  }
+})()"""
+MARK_JS = """JSON.stringify({now: performance.now(), long: window.__mirror.long,
+  updates: window.__mirror.updates})"""
+
+
+def set_control(browser: Chromium, elem_id: str, value) -> None:
+    """Type a value into one of the page's knobs (opening the accordion they live in)."""
+    browser.evaluate(OPEN_KNOBS_JS)
+    selector = json.dumps(f"#{elem_id} input")
+    deadline = time.monotonic() + 10
+    script = FOCUS_INPUT_JS % (selector, json.dumps(bool(value)), json.dumps(str(value)))
+    while browser.evaluate(script) not in ("checkbox", str(value)) or (
+            time.sleep(0.5) or browser.evaluate(f"document.querySelector({selector}).value") not in ("on", str(value))):
+        if time.monotonic() > deadline:  # (a field that has just been rendered may reset itself once)
+            raise AssertionError(f"could not set #{elem_id} to {value}")
+        time.sleep(0.2)
+
+
+def open_page(browser: Chromium, url: str) -> dict:
+    """Open the app, wait until it is rendered, turn on network events and the page instruments."""
+    browser.open(url)
+    browser.send("Network.enable")
+    first = wait_for(browser, lambda s: "press" in s.get("status", "") and max(s["top"].values()) < 1e9, 45)
+    browser.evaluate(INSTRUMENT_JS)
+    return first
+
+
+def measured_run(browser: Chromium, timeout: float = 300, stop_after_tokens: int | None = None) -> dict:
+    """Press Run and wait for Done (or press Stop once the Mirror-SD column shows `stop_after_tokens` tokens).
+
+    Returns: bytes the page received during the run (DevTools Network.dataReceived), the longest main-thread
+    task (ms), the visible updates per stream, the final page state, and for a stop the seconds from the
+    click on Stop until the status says Stopped.
+    """
+    mark = json.loads(browser.evaluate(MARK_JS))
+    first_event = len(browser.events)
+    press_run(browser, before=json.loads(browser.evaluate(PAGE_STATE_JS))["status"])
+    wait_for(browser, lambda s: "Running" in s["status"], 60, poll=0.05)
+    stop_s = None
+    if stop_after_tokens is not None:
+        wait_for(browser, lambda s: s["tokens"] >= stop_after_tokens, timeout, poll=0.05)
+        t = time.monotonic()
+        browser.evaluate('document.getElementById("mirror-stop").click()')
+        state = wait_for(browser, lambda s: "Stopped" in s["status"], 30, poll=0.02)
+        stop_s = time.monotonic() - t
+    else:
+        state = wait_for(browser, lambda s: "Done" in s["status"], timeout)
+    time.sleep(1.0)  # the last draws (the plots pace themselves)
+    end = json.loads(browser.evaluate(MARK_JS))
+    state = json.loads(browser.evaluate(PAGE_STATE_JS))
+    received = sum(e["params"].get("dataLength", 0) for e in browser.events[first_event:]
+                   if e.get("method") == "Network.dataReceived")
+    long = [d for t, d in end["long"] if t >= mark["now"]]
+    updates = {d: len([u for u in us if u[0] >= mark["now"]]) for d, us in end["updates"].items()}
+    return {"bytes": received, "longest_task_ms": max(long, default=0.0), "long_tasks": len(long),
+            "updates": updates, "state": state, "stop_s": stop_s}

@@ -1,0 +1,412 @@
+// The live plots, drawn by the browser from the feed that ui/plots.py writes. Runs as the gr.HTML's js_on_load:
+// `element` is the component, `props.value` the feed (append-only text, one record per line), `props.config`
+// names and colours.
+//
+// Only the new lines are parsed on each update, and only the new marks are painted: each plot is a <canvas>
+// whose axes grow by 1.5x when a mark falls outside them (then, and only then, it is repainted whole: O(log n)
+// repaints per run). Drawing is paced by its own cost (at most every max(250 ms, 4 x the last draw)) and each
+// plot is drawn in its own task. An SVG plotting library redraws every mark on every update: with Plotly.js
+// that was 50-400 ms per update at 900 tokens on a 2-core machine (docs/BENCHMARKS.md, "The page's cost").
+const cfg = JSON.parse(props.config);
+const host = (name) => element.querySelector(".mirror-plot-" + name);
+const STAGES = Object.fromEntries(cfg.stages.map(([stage, name, color]) => [stage, {name, color}]));
+const FONT = "12px sans-serif", INK = "#374151", GRID = "#e5e7eb";
+
+function niceStep(raw) {
+  const p = Math.pow(10, Math.floor(Math.log10(Math.max(raw, 1e-9))));
+  return [1, 2, 5, 10].map((m) => m * p).find((v) => v >= raw);
+}
+const fmt = (v) => String(Math.round(v * 100) / 100);
+
+class Plot {
+  // One canvas with a title, an HTML legend and a tooltip; panels are rectangles of it with their own axes.
+  constructor(name, title, height, legend) {
+    const el = host(name);
+    el.innerHTML = "";
+    const head = document.createElement("div");
+    head.className = "mirror-plot-title";
+    head.textContent = title;
+    this.canvas = document.createElement("canvas");
+    this.tip = document.createElement("div");
+    this.tip.className = "mirror-plot-tip";
+    const key = document.createElement("div");
+    key.className = "mirror-plot-legend";
+    key.innerHTML = legend.map(([label, color, mark]) =>
+      `<span><i class="${mark || "box"}" style="--c:${color}"></i>${label}</span>`).join("");
+    el.append(head, this.canvas, key, this.tip);
+    this.el = el; this.height = height;
+    this.canvas.addEventListener("mousemove", (e) => {
+      const r = this.canvas.getBoundingClientRect();
+      const text = this.describe(e.clientX - r.left, e.clientY - r.top);
+      this.tip.style.display = text ? "block" : "none";
+      if (text) {
+        this.tip.textContent = text;
+        this.tip.style.left = (e.clientX - r.left + 14) + "px"; this.tip.style.top = (e.clientY - r.top + 14) + "px";
+      }
+    });
+    this.canvas.addEventListener("mouseleave", () => { this.tip.style.display = "none"; });
+    this.size();
+  }
+  size() {
+    const ratio = window.devicePixelRatio || 1;
+    this.width = Math.max(this.el.clientWidth, 320);
+    this.canvas.width = this.width * ratio; this.canvas.height = this.height * ratio;
+    this.canvas.style.width = this.width + "px"; this.canvas.style.height = this.height + "px";
+    this.ctx = this.canvas.getContext("2d");
+    this.ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  }
+  describe() { return ""; }
+}
+
+class Panel {
+  // A rectangle of a plot with linear axes [0, xmax] x [0, ymax] (or fixed ones).
+  constructor(ctx, box, xTitle, yTitle, xmax, ymax) {
+    Object.assign(this, {ctx, box, xTitle, yTitle, xmax, ymax});
+  }
+  px(x) { return this.box.x + (x / this.xmax) * this.box.w; }
+  py(y) { return this.box.y + this.box.h - (y / this.ymax) * this.box.h; }
+  fits(x, y) { return x <= this.xmax && y <= this.ymax; }
+  axes(title, integerX) {
+    const c = this.ctx, b = this.box;
+    c.clearRect(b.x - 56, b.y - 22, b.w + 64, b.h + 58);
+    c.font = FONT; c.fillStyle = INK;
+    if (title) { c.textAlign = "center"; c.textBaseline = "bottom"; c.fillText(title, b.x + b.w / 2, b.y - 6); }
+    const xs = Math.max(niceStep(this.xmax / 8), integerX ? 1 : 0), ys = niceStep(this.ymax / 5);
+    c.textAlign = "center"; c.textBaseline = "top";
+    for (let x = 0; x <= this.xmax + 1e-9; x += xs) {
+      c.fillStyle = GRID; c.fillRect(this.px(x), b.y, 1, b.h);
+      c.fillStyle = INK; c.fillText(fmt(x), this.px(x), b.y + b.h + 4);
+    }
+    c.textAlign = "right"; c.textBaseline = "middle";
+    for (let y = 0; y <= this.ymax + 1e-9; y += ys) {
+      c.fillStyle = GRID; c.fillRect(b.x, this.py(y), b.w, 1);
+      c.fillStyle = INK; c.fillText(fmt(y), b.x - 6, this.py(y));
+    }
+    c.textAlign = "center"; c.textBaseline = "top";
+    c.fillText(this.xTitle, b.x + b.w / 2, b.y + b.h + 20);
+    c.save(); c.translate(b.x - 44, b.y + b.h / 2); c.rotate(-Math.PI / 2);
+    c.textBaseline = "middle"; c.fillText(this.yTitle, 0, 0); c.restore();
+  }
+  at(px, py) {  // data coordinates of a canvas point, or null outside the panel
+    const b = this.box;
+    if (px < b.x || px > b.x + b.w || py < b.y || py > b.y + b.h) return null;
+    return [((px - b.x) / b.w) * this.xmax, ((b.y + b.h - py) / b.h) * this.ymax];
+  }
+}
+
+const MARGIN = {l: 70, r: 20, t: 30, b: 44};
+
+class Race extends Plot {
+  // Committed tokens against ms since each run's start: a step line per decoder.
+  constructor(decoders) {
+    super("race", "Race: tokens vs wall time (each decoder ran alone)", 340,
+          decoders.map((d) => [cfg.titles[d], cfg.colors[d], "line"]));
+    this.decoders = decoders;
+    this.points = Object.fromEntries(decoders.map((d) => [d, [[0, 0]]]));
+    this.painted = Object.fromEntries(decoders.map((d) => [d, 1]));
+    this.panel = new Panel(this.ctx, {x: MARGIN.l, y: MARGIN.t, w: this.width - MARGIN.l - MARGIN.r,
+                                      h: this.height - MARGIN.t - MARGIN.b}, "ms since run start", "tokens committed", 10, 10);
+    this.repaint();
+  }
+  add(d, t) { const p = this.points[d]; if (p) p.push([t, p.length]); }
+  draw() {
+    let x = 0, y = 0;
+    for (const d of this.decoders) for (const [t, n] of this.points[d].slice(this.painted[d])) { x = Math.max(x, t); y = Math.max(y, n); }
+    if (!this.panel.fits(x, y)) {
+      this.panel.xmax = Math.max(this.panel.xmax, x * 1.5); this.panel.ymax = Math.max(this.panel.ymax, y * 1.5);
+      this.repaint();
+    } else this.paint();
+  }
+  repaint() {
+    this.panel.axes("");
+    for (const d of this.decoders) this.painted[d] = 1;
+    this.paint();
+  }
+  paint() {
+    const c = this.ctx, p = this.panel;
+    c.lineWidth = 2.5;
+    for (const d of this.decoders) {
+      const pts = this.points[d];
+      if (this.painted[d] >= pts.length) continue;
+      c.strokeStyle = cfg.colors[d]; c.beginPath();
+      let [t0, n0] = pts[this.painted[d] - 1];
+      c.moveTo(p.px(t0), p.py(n0));
+      for (const [t, n] of pts.slice(this.painted[d])) { c.lineTo(p.px(t), p.py(n0)); c.lineTo(p.px(t), p.py(n)); n0 = n; }
+      c.stroke();
+      this.painted[d] = pts.length;
+    }
+    this.el.dataset.points = this.decoders.map((d) => this.points[d].length).join(",");  // read by tests
+  }
+  name(d, text) { const span = this.el.querySelectorAll(".mirror-plot-legend span")[this.decoders.indexOf(d)];
+                  if (span) span.lastChild.textContent = text; }
+  describe(x, y) {
+    const at = this.panel.at(x, y);
+    if (!at) return "";
+    return this.decoders.map((d) => {
+      const pts = this.points[d];
+      let n = 0;
+      for (const [t, k] of pts) { if (t > at[0]) break; n = k; }
+      return `${cfg.short[d]}: ${n} tokens by ${fmt(at[0])} ms`;
+    }).join(" · ");
+  }
+}
+
+class Steps extends Plot {
+  // Per speculative decoder, per verification step: stacked bars (accepted from a reused branch / accepted
+  // fresh / correction or bonus) and a hit or miss marker above.
+  constructor(spec) {
+    const n = Math.max(spec.length, 1), ph = 150;
+    super("steps", "Tokens per step (verification pass)", MARGIN.t + n * (ph + MARGIN.b + 24),
+          [...cfg.series.map(([label, color]) => [label, color]), ...cfg.hits.map(([label, , color], i) =>
+            [label, color, i === 0 ? "dot" : "cross"])]);
+    this.spec = spec;
+    this.rows = Object.fromEntries(spec.map((d) => [d, []]));
+    this.painted = Object.fromEntries(spec.map((d) => [d, 0]));
+    this.panels = Object.fromEntries(spec.map((d, i) => [d, new Panel(this.ctx, {
+      x: MARGIN.l, y: MARGIN.t + 18 + i * (ph + MARGIN.b + 24), w: this.width - MARGIN.l - MARGIN.r, h: ph},
+      "step", "tokens", 10, 5)]));
+    if (!spec.length) {
+      this.ctx.font = FONT; this.ctx.fillStyle = INK; this.ctx.textAlign = "center";
+      this.ctx.fillText("Run SD or Mirror-SD to see tokens per step", this.width / 2, this.height / 2);
+    }
+    this.repaint();
+  }
+  gamma(d, g) { const p = this.panels[d]; if (p) { p.ymax = g + 1.8; this.repaint(); } }
+  add(d, step, reused, fresh, extra, hit) { const r = this.rows[d]; if (r) r.push([step, reused, fresh, extra, hit]); }
+  draw() {
+    let grow = false;
+    for (const d of this.spec) {
+      const p = this.panels[d];
+      const last = this.rows[d][this.rows[d].length - 1];
+      if (last && last[0] + 1 > p.xmax) { p.xmax = (last[0] + 1) * 1.5; grow = true; }
+    }
+    if (grow) this.repaint(); else this.paint();
+  }
+  repaint() {
+    for (const d of this.spec) { this.panels[d].axes(cfg.titles[d], true); this.painted[d] = 0; }
+    this.paint();
+  }
+  paint() {
+    const c = this.ctx;
+    for (const d of this.spec) {
+      const p = this.panels[d], w = Math.max(p.px(0.8) - p.px(0), 1);
+      for (const [step, ...stack] of this.rows[d].slice(this.painted[d])) {
+        let y = 0;
+        stack.slice(0, 3).forEach((v, j) => {
+          if (!v) return;
+          c.fillStyle = cfg.series[j][1];
+          c.fillRect(p.px(step) - w / 2, p.py(y + v), w, p.py(y) - p.py(y + v));
+          y += v;
+        });
+        const hit = stack[3];
+        if (hit !== "-") {
+          const [, , color] = cfg.hits[hit === "1" ? 0 : 1], x = p.px(step), yy = p.py(y + 0.45);
+          c.strokeStyle = color; c.fillStyle = color; c.lineWidth = 1.5;
+          if (hit === "1") { c.beginPath(); c.arc(x, yy, 3, 0, 2 * Math.PI); c.fill(); }
+          else { c.beginPath(); c.moveTo(x - 3, yy - 3); c.lineTo(x + 3, yy + 3); c.moveTo(x + 3, yy - 3); c.lineTo(x - 3, yy + 3); c.stroke(); }
+        }
+      }
+      this.painted[d] = this.rows[d].length;
+    }
+  }
+  describe(x, y) {
+    for (const d of this.spec) {
+      const at = this.panels[d].at(x, y);
+      if (!at) continue;
+      const row = this.rows[d].find(([step]) => Math.abs(step - at[0]) <= 0.5);
+      if (!row) return "";
+      const [step, reused, fresh, extra, hit] = row;
+      return `${cfg.short[d]} step ${step}: ${reused + fresh} accepted (${reused ? "reused branch" : "fresh window"}) + ` +
+             `${extra} correction/bonus` + (hit === "-" ? "" : hit === "1" ? "; hit: the next window is a reused branch"
+                                                                           : "; miss: the next window is rolled out afresh");
+    }
+    return "";
+  }
+}
+
+class Acceptance extends Plot {
+  // Histogram of A_t and per-position acceptance α_i = #(A_t ≥ i) / #(D_t ≥ i), from the step records
+  // (a few numbers per decoder: repainted whole).
+  constructor(decoders) {
+    super("accept", "Acceptance", 320, decoders.filter((d) => d !== "ar").map((d) => [cfg.titles[d], cfg.colors[d]]));
+    this.decoders = decoders.filter((d) => d !== "ar");
+    this.steps = Object.fromEntries(this.decoders.map((d) => [d, []]));
+    const w = (this.width - MARGIN.l - MARGIN.r - 80) / 2, h = this.height - MARGIN.t - MARGIN.b - 10;
+    this.hist = new Panel(this.ctx, {x: MARGIN.l, y: MARGIN.t + 10, w, h}, "A_t (accepted per step)", "steps", 1, 1);
+    this.alpha = new Panel(this.ctx, {x: MARGIN.l + w + 80, y: MARGIN.t + 10, w, h}, "draft position i", "α_i", 1, 1);
+    this.draw();
+  }
+  add(d, drafted, accepted) { const s = this.steps[d]; if (s) s.push([drafted, accepted]); }
+  stats(d) {
+    const steps = this.steps[d];
+    const gamma = Math.max(1, ...steps.map(([D]) => D));
+    const hist = new Array(gamma + 1).fill(0), reached = new Array(gamma + 1).fill(0), offered = new Array(gamma + 1).fill(0);
+    for (const [D, A] of steps) {
+      hist[Math.min(A, gamma)] += 1;
+      for (let i = 1; i <= D; i++) { offered[i] += 1; if (A >= i) reached[i] += 1; }
+    }
+    return {gamma, hist, alpha: offered.map((o, i) => (i && o ? reached[i] / o : null))};
+  }
+  draw() {
+    const c = this.ctx, stats = this.decoders.map((d) => this.stats(d));
+    const gamma = Math.max(1, ...stats.map((s) => s.gamma));
+    this.hist.xmax = gamma + 1; this.hist.ymax = Math.max(1, ...stats.flatMap((s) => s.hist)) * 1.15;
+    this.alpha.xmax = gamma + 1; this.alpha.ymax = 1.05;
+    this.hist.axes("histogram of A_t", true); this.alpha.axes("per-position α_i = #(A_t ≥ i) / #(D_t ≥ i)", true);
+    const bw = (this.hist.px(0.8) - this.hist.px(0)) / Math.max(stats.length, 1);
+    stats.forEach((s, k) => {
+      const color = cfg.colors[this.decoders[k]];
+      c.fillStyle = color;
+      s.hist.forEach((v, a) => { const x = this.hist.px(a + 0.1) + k * bw; c.fillRect(x, this.hist.py(v), bw, this.hist.py(0) - this.hist.py(v)); });
+      c.strokeStyle = color; c.lineWidth = 2; c.beginPath();
+      s.alpha.forEach((v, i) => { if (v === null) return; const x = this.alpha.px(i), y = this.alpha.py(v);
+                                  if (i === 1) c.moveTo(x, y); else c.lineTo(x, y); c.fillRect(x - 3, y - 3, 6, 6); });
+      c.stroke();
+    });
+    this.last = stats;
+  }
+  describe(x, y) {
+    const h = this.hist.at(x, y), a = this.alpha.at(x, y);
+    if (h) { const k = Math.floor(h[0]); return this.decoders.map((d, i) => `${cfg.short[d]}: ${this.last[i].hist[k] ?? 0} steps with A_t = ${k}`).join(" · "); }
+    if (a) { const k = Math.round(a[0]); return this.decoders.map((d, i) => { const v = this.last[i].alpha[k]; return `${cfg.short[d]}: α_${k} = ${v == null ? "—" : v.toFixed(3)}`; }).join(" · "); }
+    return "";
+  }
+}
+
+class Timeline extends Plot {
+  // Gantt of busy spans: a row per (decoder, lane), x = ms since that run's start.
+  constructor(rows) {
+    const ROW = 24;
+    super("gantt", "Lane timeline: busy spans per stage (overlap = draft hidden under the target)",
+          MARGIN.t + ROW * rows.length + MARGIN.b, cfg.stages.map(([, name, color]) => [name, color]));
+    this.rows = rows; this.ROW = ROW; this.spans = []; this.painted = 0;
+    this.panel = new Panel(this.ctx, {x: 130, y: MARGIN.t, w: this.width - 130 - MARGIN.r, h: ROW * rows.length},
+                           "ms since run start", "", 10, rows.length);
+    this.repaint();
+  }
+  add(row, stage, t0, t1, step) { this.spans.push([row, stage, t0, t1, step]); }
+  draw() {
+    let end = 0;
+    for (const s of this.spans.slice(this.painted)) end = Math.max(end, s[3]);
+    if (end > this.panel.xmax) { this.panel.xmax = end * 1.5; this.repaint(); } else this.paint();
+  }
+  repaint() {
+    const c = this.ctx, p = this.panel;
+    p.axes("");
+    c.clearRect(0, p.box.y - 2, p.box.x - 1, p.box.h + 4);  // row names instead of y ticks
+    c.font = FONT; c.fillStyle = INK; c.textAlign = "right"; c.textBaseline = "middle";
+    this.rows.forEach((name, i) => c.fillText(name, p.box.x - 8, p.box.y + this.ROW * (i + 0.5)));
+    this.painted = 0;
+    this.paint();
+  }
+  paint() {
+    const c = this.ctx, p = this.panel;
+    for (const [row, stage, t0, t1] of this.spans.slice(this.painted)) {
+      c.fillStyle = (STAGES[stage] || {color: "#a3a3a3"}).color;
+      c.fillRect(p.px(t0), p.box.y + this.ROW * row + 4, Math.max(p.px(t1) - p.px(t0), 0.6), this.ROW - 8);
+    }
+    this.painted = this.spans.length;
+    this.el.dataset.painted = this.painted;  // read by tests
+  }
+  describe(x, y) {
+    const at = this.panel.at(x, y);
+    if (!at) return "";
+    const row = Math.floor((y - this.panel.box.y) / this.ROW);
+    const s = this.spans.find(([r, , t0, t1]) => r === row && t0 <= at[0] && at[0] <= t1);
+    if (!s) return "";
+    const [, stage, t0, t1, step] = s;
+    return `${this.rows[row]} · ${(STAGES[stage] || {name: stage}).name} · step ${step} · start ${t0.toFixed(2)} ms · ` +
+           `${(t1 - t0).toFixed(2)} ms`;
+  }
+}
+
+let seen = 0;        // characters of the feed already parsed
+let head = null;     // the feed's first line (R ...): a different one means a new comparison
+let S = null;        // the repeat being drawn: its plots and what changed since the last draw
+let timer = null, drawing = false, lastCost = 0;
+
+function empty() {
+  for (const name of ["race", "steps", "gantt", "accept"]) host(name).innerHTML = "";
+  host("race").innerHTML = '<p class="mirror-plot-empty">Press Run: the plots fill in as the engine reports tokens, ' +
+                           "steps and spans.</p>";
+}
+
+function begin(decoders) {
+  const spec = decoders.filter((d) => d !== "ar");
+  const rows = [];
+  for (const d of decoders) {
+    rows.push([d, "target"]);
+    if (d !== "ar") rows.push([d, "draft"]);
+  }
+  S = {decoders, rows, dirty: new Set(), race: new Race(decoders), steps: new Steps(spec),
+       gantt: new Timeline(rows.map(([d, lane]) => cfg.short[d] + " · " + lane)), accept: new Acceptance(decoders)};
+}
+
+function record(f) {
+  const d = f[1];
+  if (f[0] === "T") { S.race.add(d, +f[2]); S.dirty.add("race"); }
+  else if (f[0] === "S") {
+    const [step, drafted, accepted, committed, fromBranch, hit] = [+f[2], +f[3], +f[4], +f[5], f[6] === "1", f[7]];
+    const a = Math.min(accepted, committed);
+    S.steps.add(d, step, fromBranch ? a : 0, fromBranch ? 0 : a, committed - a, hit);
+    S.accept.add(d, drafted, accepted);
+    S.dirty.add("steps"); S.dirty.add("accept");
+  } else if (f[0] === "P") {
+    const row = S.rows.findIndex(([rd, lane]) => rd === d && lane === f[2]);
+    if (row >= 0) { S.gantt.add(row, f[3], +f[4], +f[5], +f[6]); S.dirty.add("gantt"); }
+  } else if (f[0] === "B") { S.steps.gamma(d, +f[2]); }
+  else if (f[0] === "E") { S.race.name(d, f.slice(2).join(" ")); }
+}
+
+const nextTask = () => new Promise((resolve) => setTimeout(resolve, 0));
+
+async function draw() {
+  // One plot per task: the browser handles input (e.g. a click on Stop) between them.
+  drawing = true;
+  let cost = 0;
+  while (S && S.dirty.size) {
+    const name = S.dirty.values().next().value;
+    S.dirty.delete(name);
+    const t = performance.now();
+    S[name].draw();
+    const took = performance.now() - t;
+    cost += took;
+    if (window.__mirror) (window.__mirror.draws = window.__mirror.draws || []).push([name, took]);
+    await nextTask();
+  }
+  lastCost = cost;
+  drawing = false;
+}
+
+function schedule(now) {
+  if (timer !== null || drawing) return;
+  timer = setTimeout(() => { timer = null; draw().then(() => { if (S && S.dirty.size) schedule(false); }); },
+                     now ? 0 : Math.max(250, 4 * lastCost));
+}
+
+function update() {
+  const text = props.value || "";
+  const first = text.slice(0, text.indexOf("\n") + 1);
+  if (!first || first !== head || text.length < seen) {  // a new comparison (or none): start over
+    head = first; seen = 0; S = null;
+    if (!first) { empty(); return; }
+  }
+  const end = text.lastIndexOf("\n") + 1;
+  if (end <= seen) return;
+  const lines = text.slice(seen, end).split("\n");
+  seen = end;
+  let ended = false;
+  for (const line of lines) {
+    if (!line) continue;
+    const f = line.split(" ");
+    if (f[0] === "R") begin(f.slice(2));
+    else if (S) { record(f); ended = ended || f[0] === "E"; }
+  }
+  schedule(ended);
+}
+
+watch("value", update);
+window.addEventListener("resize", () => {  // a new width: rebuild the plots from the feed
+  if (S) { head = null; update(); }
+});
+update();
