@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
     from mirror_core import MirrorError, auto_lanes
     from mirror_core.loading import check_device
-    from ui import CSS, EngineLoader, ModelPolicy, build_demo, default_presets, load_examples
+    from ui import LAUNCH, EngineLoader, ModelPolicy, build_demo, default_presets, load_examples
 
     try:
         lanes = auto_lanes(target_device=args.target_device, draft_device=args.draft_device, kind=args.lane)
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     loader = EngineLoader(lanes, policy=policy)
     demo = build_demo(loader, presets, load_examples(EXAMPLES))  # its queue: one run at a time, bounded wait
     _, url, share_url = demo.launch(server_name=args.host, server_port=args.port, share=args.share,
-                                    prevent_thread_lock=True, css=CSS, quiet=True)
+                                    prevent_thread_lock=True, quiet=True, **LAUNCH)
     print(f"Mirror-SD Playground: {url}" + (f"  (public: {share_url})" if share_url else ""), flush=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `docker stop` / kill: shut down like Ctrl-C
     try:

@@ -21,6 +21,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mirror_core.config import SamplingConfig  # noqa: E402
 
+try:  # testing/ is not in the 51012a5 tree
+    from testing.machine import cpu_model
+except ImportError:
+    def cpu_model() -> str:
+        return platform.processor() or platform.machine()
+
 try:  # the renovated tree
     from mirror_core.lanes.codec import decode, encode
     from mirror_core.messages import BranchRequest, DraftStart, DraftWindow, ResolveRequest
@@ -50,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     args = p.parse_args(argv)
     cases = {**samples(None), **samples(torch.rand(4, 32000))}
-    print(f"CPU: {_cpu_model()}; tree: {'renovated' if RENOVATED else '51012a5'}")
+    print(f"CPU: {cpu_model()}; tree: {'renovated' if RENOVATED else '51012a5'}")
     for name, msg in cases.items():
         n = max(1, args.n // 20) if "p_draft" in name else args.n
         best = float("inf")
@@ -61,18 +67,6 @@ def main(argv: list[str] | None = None) -> int:
             best = min(best, (time.perf_counter() - t0) / n)
         print(f"  {name}: {best * 1e6:.1f} µs")
     return 0
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            info = f.read()
-        model = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
-        flags = next(line for line in info.splitlines() if line.startswith("flags")).split()
-        wide = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-        return f"{model} ({', '.join(wide)})"
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

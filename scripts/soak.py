@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import testing.reliability as r
     from mirror_core import LaneConfig, MirrorEngine
-    from ui import CSS, EngineLoader, build_demo, default_presets
+    from ui import LAUNCH, EngineLoader, build_demo, default_presets
     from ui.layout import by_name
 
     t0 = time.monotonic()
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         watch = r.WatchedLoad()
         loader = EngineLoader(r.INLINE, load=watch)
         demo = build_demo(loader, default_presets(os.path.join(root, "none"), m.tok_target, m.tok_draft), [])
-        demo.launch(prevent_thread_lock=True, server_port=r.free_port(), quiet=True, css=CSS)
+        demo.launch(prevent_thread_lock=True, server_port=r.free_port(), quiet=True, **LAUNCH)
         try:
             for case in r.CATALOGUE:
                 if case.app is None:

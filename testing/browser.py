@@ -93,6 +93,20 @@ class Chromium:
         with open(path, "wb") as f:
             f.write(base64.b64decode(data))
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of chromium and all its processes so far."""
+        import psutil
+
+        try:
+            procs = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return 0.0
+        total = 0.0
+        for q in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                total += sum(q.cpu_times()[:2])
+        return total
+
     def close(self) -> None:
         with contextlib.suppress(RuntimeError, TimeoutError, OSError):  # already gone
             self.send("Browser.close", timeout=5)
@@ -224,11 +238,12 @@ def measured_run(browser: Chromium, timeout: float = 300, stop_after_tokens: int
     """Press Run and wait for Done (or press Stop once the Mirror-SD column shows `stop_after_tokens` tokens).
 
     Returns: bytes the page received during the run (DevTools Network.dataReceived), the longest main-thread
-    task (ms), the visible updates per stream, the final page state, and for a stop the seconds from the
-    click on Stop until the status says Stopped.
+    task (ms), the visible updates per stream, the final page state, for a stop the seconds from the
+    click on Stop until the status says Stopped, and the browser's CPU use during the run (cores).
     """
     mark = json.loads(browser.evaluate(MARK_JS))
     first_event = len(browser.events)
+    cpu0, t0 = browser.cpu_seconds(), time.monotonic()
     press_run(browser, before=json.loads(browser.evaluate(PAGE_STATE_JS))["status"])
     wait_for(browser, lambda s: "Running" in s["status"], 60, poll=0.05)
     stop_s = None
@@ -240,6 +255,8 @@ def measured_run(browser: Chromium, timeout: float = 300, stop_after_tokens: int
         stop_s = time.monotonic() - t
     else:
         state = wait_for(browser, lambda s: "Done" in s["status"], timeout)
+    cpu = browser.cpu_seconds() - cpu0
+    wall = time.monotonic() - t0
     time.sleep(1.0)  # the last draws (the plots pace themselves)
     end = json.loads(browser.evaluate(MARK_JS))
     state = json.loads(browser.evaluate(PAGE_STATE_JS))
@@ -248,4 +265,4 @@ def measured_run(browser: Chromium, timeout: float = 300, stop_after_tokens: int
     long = [d for t, d in end["long"] if t >= mark["now"]]
     updates = {d: len([u for u in us if u[0] >= mark["now"]]) for d, us in end["updates"].items()}
     return {"bytes": received, "longest_task_ms": max(long, default=0.0), "long_tasks": len(long),
-            "updates": updates, "state": state, "stop_s": stop_s}
+            "updates": updates, "state": state, "stop_s": stop_s, "browser_cpu": cpu / wall}

@@ -381,6 +381,11 @@ class WatchedLoad:
     def first(self, kind: str, after: float = 0.0) -> float | None:
         return next((t for t, k in self.log if k == kind and t > after), None)
 
+    def last(self, kind: str, before: float) -> float:
+        """When the latest `kind` before `before` was logged (e.g. the start of the run in flight: the page runs
+        each request once untimed, for one token, just before it)."""
+        return max(t for t, k in self.log if k == kind and t < before)
+
     def wait(self, kind: str, n: int = 1, after: float = 0.0, timeout: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout
         while self.count(kind, after) < n:
@@ -429,7 +434,7 @@ def disconnect_trial(url: str, watch: WatchedLoad, values: list) -> tuple[bool, 
         if not watch.wait("closed", 1, after=t_kill, timeout=30):
             return False, "the lanes were not freed within 30 s of the disconnect"
         freed = watch.first("closed", after=t_kill) - t_kill
-        if watch.count("RunEnd", after=start):  # "RunEnd:stopped" is what a noticed disconnect gives
+        if watch.count("RunEnd", after=watch.last("RunStart", before=t_kill)):  # "RunEnd:stopped": noticed
             return False, "the run finished before the disconnect was noticed"
         return True, f"freed {freed:.2f} s after the disconnect"
     finally:
@@ -522,7 +527,7 @@ def back_to_back(loader, target: str, draft: str, runs: int, warmup: int, seed: 
 def run_comparison_ticks(loader, session, settings):
     from ui.streaming import run_comparison
 
-    return run_comparison(loader, session, settings, text_every_s=0.0, plot_every_s=1e9)
+    return run_comparison(loader, session, settings, every_s=0.0)
 
 
 @dataclass

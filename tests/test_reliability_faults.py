@@ -100,13 +100,13 @@ def test_a_cancelled_or_disconnected_client_frees_the_lanes_within_one_step(pair
     """gradio_client cancel, then a client process killed mid-run: Gradio closes the handler, the engine stops."""
     from gradio_client import Client
 
-    from ui import CSS, EngineLoader, build_demo, default_presets
+    from ui import LAUNCH, EngineLoader, build_demo, default_presets
 
     watch = WatchedLoad()
     log = watch.log
     loader = EngineLoader(INLINE, load=watch, warmup=False)
     demo = build_demo(loader, default_presets("/nonexistent", *pair), [])
-    demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, css=CSS)
+    demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **LAUNCH)
     try:
         engine = loader.get(*pair)
         long_run = page_values(prompt="1, 2, 3", target=pair[0], draft=pair[1], decoders=["sd", "mirror"], gamma=1,
@@ -117,11 +117,10 @@ def test_a_cancelled_or_disconnected_client_frees_the_lanes_within_one_step(pair
             time.sleep(0.005)
         t_cancel = time.monotonic()
         job.cancel()
-        while not any(kind == "closed" for _, kind in log) and time.monotonic() < deadline:
-            time.sleep(0.005)
-        kinds = [kind for _, kind in log]
-        assert "RunEnd" not in kinds, "the run should have been cut, not finished"
-        t_closing, t_closed = (next(t for t, kind in log if kind == k) for k in ("closing", "closed"))
+        started = watch.last("RunStart", before=t_cancel)  # the long run (its one-token warm-up ran just before)
+        assert watch.wait("closed", after=started, timeout=max(deadline - time.monotonic(), 1))
+        assert not watch.count("RunEnd", after=started), "the run should have been cut, not finished"
+        t_closing, t_closed = watch.first("closing", after=started), watch.first("closed", after=started)
         # Gradio closes the generator at its next yield (the page's text throttle: ≤ 50 ms of steps); from
         # there the engine stops within the step in flight and the lanes are free.
         assert t_closed - t_cancel < 1.0, t_closed - t_cancel

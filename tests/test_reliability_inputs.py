@@ -50,12 +50,12 @@ def _port() -> int:
 
 @pytest.fixture(scope="module")
 def app(models, tmp_path_factory):
-    from ui import CSS, EngineLoader, build_demo, default_presets
+    from ui import LAUNCH, EngineLoader, build_demo, default_presets
 
     loader = EngineLoader(INLINE)
     demo = build_demo(loader, default_presets(str(tmp_path_factory.mktemp("no_pair")), models.tok_target,
                                               models.tok_draft), ["w1 w2"])
-    demo.launch(prevent_thread_lock=True, server_port=_port(), quiet=True, css=CSS)
+    demo.launch(prevent_thread_lock=True, server_port=_port(), quiet=True, **LAUNCH)
     try:
         yield demo.local_url
     finally:

@@ -17,11 +17,11 @@ def pair(pair_root):
 
 
 def test_eight_concurrent_clients_get_their_solo_outputs_and_queue_positions(pair, tmp_path):
-    from ui import CSS, EngineLoader, build_demo, default_presets
+    from ui import LAUNCH, EngineLoader, build_demo, default_presets
 
     loader = EngineLoader(INLINE)
     demo = build_demo(loader, default_presets(str(tmp_path), *pair), [])
-    demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, css=CSS)
+    demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **LAUNCH)
     try:
         result = concurrent_clients(demo.local_url, *pair, N_CLIENTS)
         assert result.ok == N_CLIENTS, result.errors

@@ -2,6 +2,8 @@
 a Space's allowlist with local paths refused, safetensors only (see the catalogue's .bin rows), bounded requests."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from mirror_core import MirrorError
@@ -86,10 +88,10 @@ def test_request_sizes_are_bounded_on_the_page(tmp_path):
     sliders = {c["props"].get("label") for c in config["components"] if c.get("type") == "slider"}
     assert sliders == {"Step"}  # only the inspector's; Run's knobs are number boxes (a slider clamps typed values)
     for name, value, needle in (("max_new_tokens", APP_MAX_NEW_TOKENS + 1, f"max new tokens must be in 1..{APP_MAX_NEW_TOKENS}"),
-                                ("gamma", 999, f"γ must be in 1..{MAX_GAMMA} on this page, got 999"),
-                                ("kappa", MAX_KAPPA + 1, f"κ must be in 1..{MAX_KAPPA}"),
+                                ("gamma", 999, f"γ (gamma) must be in 1..{MAX_GAMMA} on this page, got 999"),
+                                ("kappa", MAX_KAPPA + 1, f"κ (kappa) must be in 1..{MAX_KAPPA}"),
                                 ("temperature", 5, "temperature must be in 0.0..2.0")):
-        with pytest.raises(MirrorError, match=needle.replace("(", r"\(").replace(".", r"\.")):
+        with pytest.raises(MirrorError, match=re.escape(needle)):
             settings_from_ui(page_values(prompt="1", target="t", **{name: value}))
     assert demo._queue.max_size is not None
 

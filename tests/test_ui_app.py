@@ -15,7 +15,7 @@ import pytest
 from mirror_core import LaneConfig
 from testing.reliability import page_values, run_args
 from testing.toy_models import build_pair
-from ui import CSS, EngineLoader, build_demo, default_presets
+from ui import LAUNCH, EngineLoader, build_demo, default_presets
 from ui.layout import OUTPUT_NAMES, by_name
 from ui.settings import CONTROLS
 
@@ -42,7 +42,7 @@ def app(pair_root, tmp_path_factory):
     target, draft = build_pair(pair_root, "llama")
     loader = EngineLoader(LANES)
     demo = build_demo(loader, default_presets(str(tmp_path_factory.mktemp("no_pair")), target, draft), ["1, 2, 3"])
-    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, css=CSS)
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, **LAUNCH)
     try:
         yield url, target, draft, lambda: Client(url, verbose=False)
     finally:

@@ -18,12 +18,12 @@ from testing.browser import CHROMIUM, Chromium, measured_run, open_page, run_onc
 def test_page_runs_a_generation_and_shows_tokens_and_plots(pair_root, tmp_path):
     from mirror_core import LaneConfig
     from testing.toy_models import build_pair
-    from ui import CSS, EngineLoader, build_demo, default_presets
+    from ui import LAUNCH, EngineLoader, build_demo, default_presets
 
     target, draft = build_pair(pair_root, "llama")
     loader = EngineLoader(LaneConfig(kind="inline", target_threads=1, draft_threads=1))
     demo = build_demo(loader, default_presets(str(tmp_path), target, draft), ["1, 2, 3"])
-    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, css=CSS)
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, **LAUNCH)
     try:
         loader.get(target, draft)  # load before the browser starts, so the run itself is short
         shot = str(tmp_path / "page.png")
@@ -48,13 +48,13 @@ def test_a_900_token_comparison_streams_deltas_and_keeps_the_page_responsive():
     bytes over the wire grow linearly, no main-thread task over 100 ms, both streams update visibly at least
     10 times, Stop shows in the page within a second, and the status is on the first screen."""
     from mirror_core import auto_lanes
-    from ui import CSS, EngineLoader, build_demo, default_presets
+    from ui import LAUNCH, EngineLoader, build_demo, default_presets
 
     pair_dir = os.path.join(ROOT, "assets", "default_pair")
     loader = EngineLoader(auto_lanes())
     presets = default_presets(pair_dir)
     demo = build_demo(loader, presets, ["The quick brown fox"])
-    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, css=CSS)
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, **LAUNCH)
     browser = None
     try:
         loader.get(presets[0].target, presets[0].draft)

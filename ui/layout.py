@@ -69,6 +69,11 @@ CSS = """
 .mirror-legend .mirror-chip, .mirror-legend del {margin-right: 6px;}
 """
 
+# demo.launch(**LAUNCH) everywhere the page is served. Gradio's run history is off: it keeps every run's inputs and
+# outputs in the browser's localStorage (up to 100 runs) and, while a generator streams, re-serialises that whole
+# history every 500 ms, so the page's CPU grew with every run (docs/BENCHMARKS.md, "The page's cost"); it would
+# also keep each user's prompts and outputs in their browser.
+LAUNCH = {"css": CSS, "run_history": False}
 
 # The outputs of /run, /replay and /stop by name, in the endpoints' order (what gradio_client returns; the
 # per-user state follows them as one more output that clients never see). Tests read results with by_name().

@@ -132,7 +132,7 @@ def settings_from_ui(values: Mapping[str, object]) -> ComparisonSettings:
     return ComparisonSettings(target, draft or None, prompt, chosen, max_new, sampling, spec, live, repeats)
 
 
-LABELS = {"gamma": "γ", "kappa": "κ", "exit_layer": "exit layer ℓ_e", "branch_budget": "branch budget",
+LABELS = {"gamma": "γ (gamma)", "kappa": "κ (kappa)", "exit_layer": "exit layer ℓ_e", "branch_budget": "branch budget",
           "temperature": "temperature", "top_k": "top-k", "top_p": "top-p", "seed": "seed",
           "max_new_tokens": "max new tokens", "repeats": "repeats"}
 

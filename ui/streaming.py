@@ -50,7 +50,7 @@ class Throttle:
 
 
 def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
-                   clock: Callable[[], float] = time.monotonic, every_s: float = 0.1) -> Iterator[Tick]:
+                   clock: Callable[[], float] = time.monotonic, every_s: float = 0.25) -> Iterator[Tick]:
     """Load the pair (cached) and check every setting, then stream each decoder in turn with the lanes to itself,
     `settings.repeats` times (every other repeat in reverse order).
 

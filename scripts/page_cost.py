@@ -1,0 +1,86 @@
+"""Does watching a run change it? Mirror-SD's speedup over AR with the page open in Chromium vs with no page.
+
+    PYTHONPATH=. python scripts/page_cost.py [--pairs 3] [--tokens 300] [--port 7912]
+
+Starts `python app.py` (the embedded pair, the app's own lanes), then alternates, `--pairs` times: one
+AR + Mirror-SD comparison through gradio_client with no page open ("closed"), and the same comparison
+pressed in headless Chromium on this machine, live plots on ("open"). Each speedup is the engine's own
+(AR wall time / Mirror-SD wall time, from the page's numbers table); nothing is timed by the page.
+Needs Debian `chromium`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+SPEEDUP = re.compile(r'<span class="mirror-(?:fast|slow)">([0-9.]+)×')
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--pairs", type=int, default=3, help="closed/open comparisons, alternated")
+    p.add_argument("--tokens", type=int, default=300, help="max new tokens per decoder")
+    p.add_argument("--port", type=int, default=7912)
+    args = p.parse_args(argv)
+
+    from gradio_client import Client
+
+    from testing.browser import CHROMIUM, Chromium, measured_run, open_page, set_control
+    from testing.machine import cpu_model
+    from testing.reliability import page_values, run_args
+    from ui.layout import by_name
+    from ui.settings import load_examples
+
+    if CHROMIUM is None:
+        print("needs chromium (apt-get install -y chromium)")
+        return 2
+    app = subprocess.Popen([sys.executable, "app.py", "--port", str(args.port)], cwd=ROOT, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    browser = None
+    closed, opened = [], []
+    try:
+        for line in app.stdout:
+            if line.startswith(("loaded", "note:")):
+                break
+        url = f"http://127.0.0.1:{args.port}/"
+        pair = os.path.join(ROOT, "assets", "default_pair")
+        prompt = load_examples(os.path.join(ROOT, "assets", "examples.json"))[0]  # the page's default prompt
+        values = page_values(prompt=prompt, target=os.path.join(pair, "target"), draft=os.path.join(pair, "draft_ar"),
+                             decoders=["ar", "mirror"], max_new_tokens=args.tokens)
+        client = Client(url, verbose=False)
+        by_name(client.predict(*run_args({**values, "max_new_tokens": 8}), api_name="/run"))  # load the pair once
+        browser = Chromium(CHROMIUM, tempfile.mkdtemp(prefix="mirror-chromium-"))
+        open_page(browser, url)
+        set_control(browser, "mirror-max-new-tokens", args.tokens)
+        for i in range(args.pairs):
+            final = by_name(client.predict(*run_args(values), api_name="/run"))
+            closed.append(float(SPEEDUP.search(final["numbers"]).group(1)))
+            run = measured_run(browser)
+            html = browser.evaluate('document.getElementById("mirror-numbers").innerHTML')
+            opened.append(float(SPEEDUP.search(html).group(1)))
+            print(f"pair {i + 1}: closed {closed[-1]:.2f}x, open {opened[-1]:.2f}x "
+                  f"(page: longest task {run['longest_task_ms']:.0f} ms, {run['bytes'] / 1e3:.0f} kB received, "
+                  f"chromium used {run['browser_cpu']:.2f} of a core while the runs ran)",
+                  flush=True)
+    finally:
+        if browser is not None:
+            browser.close()
+        app.terminate()
+        app.wait(timeout=30)
+    c, o = statistics.median(closed), statistics.median(opened)
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores")
+    print(f"Mirror-SD / AR, {args.tokens} tokens, median of {args.pairs}: page closed {c:.2f}x "
+          f"[{min(closed):.2f}-{max(closed):.2f}], page open {o:.2f}x [{min(opened):.2f}-{max(opened):.2f}]; "
+          f"open / closed = {o / c:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
