@@ -137,6 +137,12 @@ class Race extends Plot {
     }
     this.el.dataset.points = this.decoders.map((d) => this.points[d].length).join(",");  // read by tests
   }
+  fit() {  // the run ended: axes to the data (no room left for growth), repainted once
+    const pts = this.decoders.flatMap((d) => this.points[d]);
+    this.panel.xmax = Math.max(...pts.map(([t]) => t), 1) * 1.04;
+    this.panel.ymax = Math.max(...pts.map(([, n]) => n), 1) * 1.06;
+    this.repaint();
+  }
   name(d, text) { const span = this.el.querySelectorAll(".mirror-plot-legend span")[this.decoders.indexOf(d)];
                   if (span) span.lastChild.textContent = text; }
   describe(x, y) {
@@ -208,6 +214,10 @@ class Steps extends Plot {
       }
       this.painted[d] = this.rows[d].length;
     }
+  }
+  fit() {
+    for (const d of this.spec) { const r = this.rows[d]; if (r.length) this.panels[d].xmax = r[r.length - 1][0] + 1; }
+    this.repaint();
   }
   describe(x, y) {
     for (const d of this.spec) {
@@ -308,6 +318,10 @@ class Timeline extends Plot {
     this.painted = this.spans.length;
     this.el.dataset.painted = this.painted;  // read by tests
   }
+  fit() {
+    this.panel.xmax = Math.max(...this.spans.map((s) => s[3]), 1) * 1.02;
+    this.repaint();
+  }
   describe(x, y) {
     const at = this.panel.at(x, y);
     if (!at) return "";
@@ -355,7 +369,7 @@ function record(f) {
     const row = S.rows.findIndex(([rd, lane]) => rd === d && lane === f[2]);
     if (row >= 0) { S.gantt.add(row, f[3], +f[4], +f[5], +f[6]); S.dirty.add("gantt"); }
   } else if (f[0] === "B") { S.steps.gamma(d, +f[2]); }
-  else if (f[0] === "E") { S.race.name(d, f.slice(2).join(" ")); }
+  else if (f[0] === "E") { S.race.name(d, f.slice(2).join(" ")); S.dirty.add("fit"); }
 }
 
 const nextTask = () => new Promise((resolve) => setTimeout(resolve, 0));
@@ -368,7 +382,9 @@ async function draw() {
     const name = S.dirty.values().next().value;
     S.dirty.delete(name);
     const t = performance.now();
-    S[name].draw();
+    if (name === "fit") {  // the runs have ended: axes fitted to the data (no room left for growth), repainted once
+      for (const plot of ["race", "steps", "gantt"]) { S.dirty.delete(plot); S[plot].fit(); }
+    } else S[name].draw();
     const took = performance.now() - t;
     cost += took;
     if (window.__mirror) (window.__mirror.draws = window.__mirror.draws || []).push([name, took]);

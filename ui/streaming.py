@@ -23,6 +23,10 @@ from .session import Session, TokenNamer
 from .settings import DECODER_TITLES, ComparisonSettings, encode_prompt
 
 TEXT, STATUS, DONE, RESET = "text", "status", "done", "reset"
+# Pause between telling the page that a decoder starts and starting it: the page's redraw (after RESET it builds
+# new plots) would otherwise run beside the first decoder's prefill on a machine that also runs the lanes, and
+# only the first decoder's TTFT would pay for it (measured: scripts/page_cost.py, docs/BENCHMARKS.md).
+PAGE_SETTLE_S = 0.15
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,8 @@ class Throttle:
 
 
 def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
-                   clock: Callable[[], float] = time.monotonic, every_s: float = 0.25) -> Iterator[Tick]:
+                   clock: Callable[[], float] = time.monotonic, every_s: float = 0.25,
+                   settle_s: float = PAGE_SETTLE_S) -> Iterator[Tick]:
     """Load the pair (cached) and check every setting, then stream each decoder in turn with the lanes to itself,
     `settings.repeats` times (every other repeat in reverse order).
 
@@ -86,9 +91,10 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
             title = DECODER_TITLES[request.decoder]
             of = f", repeat {repeat + 1}/{settings.repeats}" if settings.repeats > 1 else ""
             session.status = f"Running {title} ({i % per_repeat + 1}/{per_repeat}{of}) …"
+            yield Tick(TEXT, session.status, active=request.decoder)
+            time.sleep(settle_s)  # the page redraws (most after RESET: new plots) before the timed prefill, not during it
             _warm_prefill(engine, request, session.stop)
             run = session.begin(request.decoder, namer)
-            yield Tick(TEXT, session.status, active=request.decoder)
             stream = engine.stream(request, session.stop)
             try:
                 for event in stream:
