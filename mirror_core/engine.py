@@ -100,7 +100,9 @@ class MirrorEngine:
             raise MirrorError(f"prompt ({len(request.prompt_ids)} tokens) + max new tokens ({request.max_new_tokens}) "
                               f"+ window ({request.spec.gamma + 2}) exceeds the models' context of "
                               f"{self.info.max_context} tokens; refused (prompts are never truncated): "
-                              "shorten the prompt or lower max new tokens")
+                              "shorten the prompt or lower max new tokens"
+                              + (f" (at most {room} with this prompt and γ)" if (room := self.info.max_context
+                                 - len(request.prompt_ids) - request.spec.gamma - 2) > 0 else ""))
         return exit_layer
 
     def encode(self, text: str) -> tuple[int, ...]:

@@ -151,6 +151,8 @@ def test_errors_are_readable_and_the_loader_recovers(pair, loader, tmp_path):
     assert ticks[-1].kind == DONE and "**Error:**" in ticks[-1].status and "does not exist" in ticks[-1].status
     ticks = list(run_comparison(loader, session, settings(pair, exit_layer=9)))
     assert "exit layer must be in 1..3" in ticks[-1].status and session.runs == {}  # nothing had run yet
+    ticks = list(run_comparison(loader, session, settings(pair, ("ar",), max_new=600)))  # a 512-token context
+    assert "exceeds the models' context" in ticks[-1].status and "at most 504 with this prompt" in ticks[-1].status
     ticks = list(run_comparison(loader, session, settings(pair, ("ar",), max_new=4)))
     assert "Done" in ticks[-1].status
 
