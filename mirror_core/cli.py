@@ -143,7 +143,8 @@ def generate(args) -> int:
         if args.json:
             out = {"decoder": request.decoder, "prompt_ids": list(prompt_ids), "token_ids": list(end.token_ids),
                    "text": engine.tokenizer.decode(list(end.token_ids)) if engine.tokenizer is not None else None,
-                   "stats": end.summary.to_dict(), "fallback": end.fallback, "stopped": end.stopped, "error": end.error}
+                   "stats": end.summary.to_dict(), "fallback": end.fallback, "stopped": end.stopped, "error": end.error,
+                   "target_rows": asdict(engine.info.target_rows)}
             print(json.dumps(out))
         else:
             print((text.flush() if text else "") + "\n")
@@ -190,7 +191,8 @@ def bench(args) -> int:
             rows = run_bench(pair, prompts, config, on_run=lambda what: (bar.set_postfix_str(what), bar.update()))
         info = pair.engine.info
         report = build_report(rows, config, {"target": info.target, "draft": info.draft, "lanes": asdict(info.lanes),
-                                             "target_runner": info.target_runner, "prompts_file": args.prompts})
+                                             "target_runner": info.target_runner,
+                                             "target_rows": asdict(info.target_rows), "prompts_file": args.prompts})
     print(format_table(report))
     for path in write_outputs(report, args.out, args.out_dir):
         print(f"wrote {path}", file=sys.stderr)

@@ -24,7 +24,7 @@ from .lanes import DraftLaneSpec, auto_lanes, make_draft_lane, pinned
 from .lanes.faults import fault_plan_from_env
 from .loading import ModelSpec, check_device, load_config, load_model, load_tokenizer, shared_vocab_size
 from .metrics import RunSummary
-from .runners import build_runner
+from .runners import RowCheck, build_runner, check_rows
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class PairInfo:
     max_context: int | None  # tokens both models can attend over (prompt + new + window)
     lanes: LaneConfig
     target_runner: str = ""  # which runner executes the target (FastLlamaRunner, HFRunner)
+    target_rows: RowCheck = RowCheck(1, False, False, 0, checked=False)  # the target call-shape check (runners.check_rows)
 
 
 class MirrorEngine:
@@ -74,13 +75,15 @@ class MirrorEngine:
         target_model = load_model(ModelSpec(target, lanes.target_device, trust_remote_code))
         eos_ids = _eos_ids(target_model)
         runner = build_runner(target_model, vocab, lanes.runner)
+        with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads):
+            rows = check_rows(runner, vocab)  # with the target lane's threads: the kernels it will run
         lane = None
         if draft is not None:
             lane = make_draft_lane(lanes, DraftLaneSpec(draft, lanes.draft_device, vocab, lanes.draft_threads,
                                                         lanes.draft_cpus, trust_remote_code, lanes.runner, lanes.fault))
         known = [c for c in contexts if c]
         info = PairInfo(target, draft, runner.num_layers, vocab, min(known) if known else None, lanes,
-                        type(runner).__name__)
+                        type(runner).__name__, rows)
         return cls(runner, lane, info, tokenizer, eos_ids)
 
     # -- requests --------------------------------------------------------------------------
@@ -148,8 +151,9 @@ class MirrorEngine:
                 if job is None:
                     return
                 request, exit_layer, stop, out = job
+                rows = self.info.target_rows
                 settings = RunSettings(request, lanes, exit_layer, self.info.target, self.info.draft,
-                                       self.info.target_runner)
+                                       self.info.target_runner, rows.min_rows, rows.invariant if rows.checked else None)
                 try:
                     run = DecodeState(request, self.target, exit_layer, self.eos_ids, stop, settings)
                     for batch in decode_events(run, self.lane):

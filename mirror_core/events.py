@@ -45,6 +45,8 @@ class RunSettings:
     target: str            # the target's source (hub id or folder)
     draft: str | None      # the draft's source (None: target only)
     target_runner: str     # which runner executes the target (FastLlamaRunner, HFRunner)
+    target_min_rows: int = 1                  # rows every target forward was padded to (runners.check_rows)
+    target_row_invariant: bool | None = None  # logits equal alone and in windows, bitwise (None: not checked)
 
     def to_dict(self) -> dict:
         return asdict(self)

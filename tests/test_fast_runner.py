@@ -57,3 +57,38 @@ def test_fast_runner_refuses_other_architectures(pairs):
 
     with pytest.raises(MirrorError, match="fast runner supports"):
         MirrorEngine.load(*pairs["gpt2"], LaneConfig(kind="inline", runner="fast"))
+
+
+TARGETS = ["llama", "qwen2", "qwen3", "mistral", "shipped"]
+
+
+@pytest.mark.parametrize("arch", TARGETS)
+def test_a_positions_logits_do_not_depend_on_how_many_rows_share_the_call(pairs, arch):
+    """Lossless needs the target to be one function: AR computes each token in a one-row call, SD and Mirror-SD
+    inside windows. After the engine's load-time check, a position's logits are bit-identical alone and inside
+    windows of 2..16, with the earlier slots' keys and values from either path (runners.check_rows)."""
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    target = os.path.join(root, "assets", "default_pair", "target") if arch == "shipped" else pairs[arch][0]
+    with MirrorEngine.load(target, None, LaneConfig(kind="inline", runner="fast", target_threads=1)) as engine:
+        runner, rows = engine.target, engine.info.target_rows
+        assert rows.checked and rows.invariant and rows.min_rows == runner.min_rows in (1, 2)
+        assert rows.min_rows == (2 if rows.differing else 1) and rows.row_exact == runner.row_exact == bool(rows.differing)
+        prefix = [(5 * i + 1) % 90 for i in range(20)]
+        window = [(3 * i + 2) % 90 for i in range(16)]
+        cache = runner.new_cache()
+        runner.forward(cache, prefix)
+        for at in (0, 3):  # the first and a later slot of the window
+            alone_cache = runner.new_cache()  # AR's path: the prompt in one call, then one token per call
+            runner.forward(alone_cache, prefix)
+            for token in window[:at]:
+                runner.forward(alone_cache, [token])
+            exits: list = []
+            alone = runner.forward(alone_cache, window[at: at + 1], engine.info.num_layers // 2, exits.append)
+            assert alone.shape[0] == 1 and exits[0].shape[0] == 1                   # the dummy rows never leave
+            assert runner.cache_len(alone_cache) == len(prefix) + at + 1            # nor stay in the cache
+            for rows_in_call in range(at + 1, 17):
+                logits = runner.forward(cache, window[:rows_in_call])
+                runner.truncate(cache, len(prefix))
+                assert torch.equal(logits[at], alone[0]), (arch, at, rows_in_call)

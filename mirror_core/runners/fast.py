@@ -18,6 +18,9 @@ from .protocol import ExitCallback
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
+EXACT_ROWS = 17  # calls of up to γ + 1 rows (config.MAX_GAMMA = 16) attend row by row in row-exact mode
+
+
 @dataclass
 class _Layer:
     ln1: torch.Tensor          # [H]
@@ -88,6 +91,13 @@ class FastLlamaRunner:
         self.inv_freq = rotary.inv_freq.to(self.device, torch.float32)                 # [D/2]
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self.capacity = capacity
+        # Row-exact mode (set by runners.check_rows for a target whose logits otherwise depend on how many rows
+        # share a call): every forward computes at least min_rows rows (dummy rows after the real ones, dropped:
+        # CPU matmuls take a matrix-vector kernel for one row, which rounds differently), and in calls of up to
+        # EXACT_ROWS rows each row attends over exactly its own keys (a shared, longer key axis changes how the
+        # softmax-weighted sum of values is blocked, and so its rounding).
+        self.min_rows = 1
+        self.row_exact = False
         with torch.no_grad():
             self.embed = model.model.embed_tokens.weight.detach()                          # [V, H]
             self.norm = model.model.norm.weight.detach()                                   # [H]
@@ -154,6 +164,19 @@ class FastLlamaRunner:
     @torch.inference_mode()
     def forward(self, cache: FastCache, ids: list[int], exit_layer: int | None = None,
                 on_exit: ExitCallback | None = None) -> torch.Tensor:
+        t = len(ids)
+        if t >= self.min_rows:
+            return self._forward(cache, ids, exit_layer, on_exit)
+        # Too few rows: the same call with dummy rows after the real ones (the causal mask keeps them out of the
+        # real rows); their cache entries lie past the new length, where the next call overwrites them.
+        pad = self.min_rows - t
+        exit_rows = None if on_exit is None else (lambda logits: on_exit(logits[:t]))
+        logits = self._forward(cache, ids + [ids[-1]] * pad, exit_layer, exit_rows)
+        cache.length -= pad
+        return logits[:t]                                                                 # [T, V]
+
+    def _forward(self, cache: FastCache, ids: list[int], exit_layer: int | None,
+                 on_exit: ExitCallback | None) -> torch.Tensor:
         t, start = len(ids), cache.length
         end = start + t
         self._reserve(cache, end)
@@ -162,11 +185,17 @@ class FastLlamaRunner:
         mask = None
         if t > 1:  # causal among the new tokens; the cached prefix is visible to all
             mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(start).unsqueeze(0)  # [1, T, S]
+        per_row = self.row_exact and t <= EXACT_ROWS
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
             cache.k[i, :, start:end] = k[0]
             cache.v[i, :, start:end] = v[0]
-            attn = attend(q, cache.k[i, :, :end].unsqueeze(0), cache.v[i, :, :end].unsqueeze(0), mask, self.scale)
+            if per_row:  # row r at position start + r sees keys 0..start + r, computed as if it were alone
+                attn = torch.cat([attend(q[:, :, r: r + 1], cache.k[i, :, : start + r + 1].unsqueeze(0),
+                                         cache.v[i, :, : start + r + 1].unsqueeze(0), None, self.scale)
+                                  for r in range(t)], 1)                                 # [1, T, Hq·D]
+            else:
+                attn = attend(q, cache.k[i, :, :end].unsqueeze(0), cache.v[i, :, :end].unsqueeze(0), mask, self.scale)
             x = self._mlp_residual(layer, x, attn)
             if on_exit is not None and i + 1 == exit_layer:
                 on_exit(self._head(x)[0])                                                 # [T, V]
