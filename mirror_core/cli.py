@@ -171,6 +171,7 @@ def bench(args) -> int:
         run_bench,
         total_runs,
     )
+    from .bench.machine import cpu_model
     from .bench.report import format_table, write_outputs
     from .bench.summary import build_report
 
@@ -192,7 +193,8 @@ def bench(args) -> int:
         info = pair.engine.info
         report = build_report(rows, config, {"target": info.target, "draft": info.draft, "lanes": asdict(info.lanes),
                                              "target_runner": info.target_runner,
-                                             "target_rows": asdict(info.target_rows), "prompts_file": args.prompts})
+                                             "target_rows": asdict(info.target_rows), "cpu": cpu_model(),
+                                             "prompts_file": args.prompts})
     print(format_table(report))
     for path in write_outputs(report, args.out, args.out_dir):
         print(f"wrote {path}", file=sys.stderr)
