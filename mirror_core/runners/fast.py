@@ -171,13 +171,14 @@ class FastLlamaRunner:
         # real rows); their cache entries lie past the new length, where the next call overwrites them.
         pad = self.min_rows - t
         exit_rows = None if on_exit is None else (lambda logits: on_exit(logits[:t]))
-        logits = self._forward(cache, ids + [ids[-1]] * pad, exit_layer, exit_rows)
+        logits = self._forward(cache, ids + [ids[-1]] * pad, exit_layer, exit_rows, real_rows=t)
         cache.length -= pad
         return logits[:t]                                                                 # [T, V]
 
-    def _forward(self, cache: FastCache, ids: list[int], exit_layer: int | None,
-                 on_exit: ExitCallback | None) -> torch.Tensor:
+    def _forward(self, cache: FastCache, ids: list[int], exit_layer: int | None, on_exit: ExitCallback | None,
+                 real_rows: int | None = None) -> torch.Tensor:
         t, start = len(ids), cache.length
+        real = t if real_rows is None else real_rows  # rows after these are dummies: no attention of their own
         end = start + t
         self._reserve(cache, end)
         x = self.embed[torch.tensor(ids, device=self.device)].unsqueeze(0)               # [1, T, H]
@@ -191,9 +192,9 @@ class FastLlamaRunner:
             cache.k[i, :, start:end] = k[0]
             cache.v[i, :, start:end] = v[0]
             if per_row:  # row r at position start + r sees keys 0..start + r, computed as if it were alone
-                attn = torch.cat([attend(q[:, :, r: r + 1], cache.k[i, :, : start + r + 1].unsqueeze(0),
-                                         cache.v[i, :, : start + r + 1].unsqueeze(0), None, self.scale)
-                                  for r in range(t)], 1)                                 # [1, T, Hq·D]
+                rows = [attend(q[:, :, r: r + 1], cache.k[i, :, : start + r + 1].unsqueeze(0),
+                               cache.v[i, :, : start + r + 1].unsqueeze(0), None, self.scale) for r in range(real)]
+                attn = torch.cat(rows + [rows[0].new_zeros(1, t - real, rows[0].shape[-1])], 1)  # [1, T, Hq·D]
             else:
                 attn = attend(q, cache.k[i, :, :end].unsqueeze(0), cache.v[i, :, :end].unsqueeze(0), mask, self.scale)
             x = self._mlp_residual(layer, x, attn)
