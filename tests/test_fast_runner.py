@@ -75,11 +75,11 @@ def test_a_positions_logits_do_not_depend_on_how_many_rows_share_the_call(pairs,
         runner, rows = engine.target, engine.info.target_rows
         assert rows.checked and rows.invariant and rows.min_rows == runner.min_rows in (1, 2)
         assert rows.min_rows == (2 if rows.differing else 1) and rows.row_exact == runner.row_exact == bool(rows.differing)
-        prefix = [(5 * i + 1) % 90 for i in range(20)]
+        prefix = [(5 * i + 1) % 90 for i in range(56)]  # the window crosses a key bucket (runners/fast.py)
         window = [(3 * i + 2) % 90 for i in range(16)]
         cache = runner.new_cache()
         runner.forward(cache, prefix)
-        for at in (0, 3):  # the first and a later slot of the window
+        for at in (0, 3, 9):  # the first and later slots of the window (9: past the bucket boundary)
             alone_cache = runner.new_cache()  # AR's path: the prompt in one call, then one token per call
             runner.forward(alone_cache, prefix)
             for token in window[:at]:

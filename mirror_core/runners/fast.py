@@ -18,7 +18,8 @@ from .protocol import ExitCallback
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
-EXACT_ROWS = 17  # calls of up to γ + 1 rows (config.MAX_GAMMA = 16) attend row by row in row-exact mode
+EXACT_ROWS = 17  # calls of up to γ + 1 rows (config.MAX_GAMMA = 16) use row-exact attention in row-exact mode
+KEY_BUCKET = 64  # row-exact attention reduces over key axes of a multiple of this length
 
 
 @dataclass
@@ -94,8 +95,8 @@ class FastLlamaRunner:
         # Row-exact mode (set by runners.check_rows for a target whose logits otherwise depend on how many rows
         # share a call): every forward computes at least min_rows rows (dummy rows after the real ones, dropped:
         # CPU matmuls take a matrix-vector kernel for one row, which rounds differently), and in calls of up to
-        # EXACT_ROWS rows each row attends over exactly its own keys (a shared, longer key axis changes how the
-        # softmax-weighted sum of values is blocked, and so its rounding).
+        # EXACT_ROWS rows each row attends over a key axis that depends only on its own position (_key_buckets:
+        # a key axis of another length blocks the softmax-weighted sum of values differently, and so rounds it).
         self.min_rows = 1
         self.row_exact = False
         with torch.no_grad():
@@ -149,8 +150,8 @@ class FastLlamaRunner:
     # -- sequences -------------------------------------------------------------------------
     def new_cache(self) -> FastCache:
         shape = (self.num_layers, self.h_kv, self.capacity, self.head_dim)
-        return FastCache(torch.empty(shape, dtype=self.dtype, device=self.device),
-                         torch.empty(shape, dtype=self.dtype, device=self.device))
+        return FastCache(torch.zeros(shape, dtype=self.dtype, device=self.device),  # zeros: see _key_buckets
+                         torch.zeros(shape, dtype=self.dtype, device=self.device))
 
     def cache_len(self, cache: FastCache) -> int:
         return cache.length
@@ -186,15 +187,15 @@ class FastLlamaRunner:
         mask = None
         if t > 1:  # causal among the new tokens; the cached prefix is visible to all
             mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(start).unsqueeze(0)  # [1, T, S]
-        per_row = self.row_exact and t <= EXACT_ROWS
+        groups = self._key_buckets(cache, start, real) if self.row_exact and t <= EXACT_ROWS else None
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
             cache.k[i, :, start:end] = k[0]
             cache.v[i, :, start:end] = v[0]
-            if per_row:  # row r at position start + r sees keys 0..start + r, computed as if it were alone
-                rows = [attend(q[:, :, r: r + 1], cache.k[i, :, : start + r + 1].unsqueeze(0),
-                               cache.v[i, :, : start + r + 1].unsqueeze(0), None, self.scale) for r in range(real)]
-                attn = torch.cat(rows + [rows[0].new_zeros(1, t - real, rows[0].shape[-1])], 1)  # [1, T, Hq·D]
+            if groups is not None:  # each row over its bucket's keys, masked to its own: the same call shape as alone
+                parts = [attend(q[:, :, lo:hi], cache.k[i, :, :keys].unsqueeze(0), cache.v[i, :, :keys].unsqueeze(0),
+                                ok, self.scale) for lo, hi, keys, ok in groups]
+                attn = torch.cat(parts + [parts[0].new_zeros(1, t - real, parts[0].shape[-1])], 1)  # [1, T, Hq·D]
             else:
                 attn = attend(q, cache.k[i, :, :end].unsqueeze(0), cache.v[i, :, :end].unsqueeze(0), mask, self.scale)
             x = self._mlp_residual(layer, x, attn)
@@ -202,6 +203,24 @@ class FastLlamaRunner:
                 on_exit(self._head(x)[0])                                                 # [T, V]
         cache.length = end
         return self._head(x)[0]                                                           # [T, V]
+
+    def _key_buckets(self, cache: FastCache, start: int, rows: int) -> list[tuple[int, int, int, torch.Tensor]]:
+        """Row-exact attention: rows grouped by their key bucket (own length rounded up to KEY_BUCKET), each group
+        as (first row, end row, keys, may-attend [1, rows, keys]). A row then reduces over the same key axis
+        whether it is alone (AR) or in a window, so its rounding cannot depend on the call. Entries past a row's
+        length are masked (probability exactly 0); the cache is zero-initialised so 0 × value stays 0."""
+        groups, lo = [], 0
+        while lo < rows:
+            keys = -(-(start + lo + 1) // KEY_BUCKET) * KEY_BUCKET
+            hi = lo
+            while hi < rows and start + hi + 1 <= keys:
+                hi += 1
+            self._reserve(cache, keys)
+            lengths = torch.arange(start + lo + 1, start + hi + 1, device=self.device)          # [rows]
+            ok = (torch.arange(keys, device=self.device) < lengths.unsqueeze(1)).unsqueeze(0)  # [1, rows, keys]
+            groups.append((lo, hi, keys, ok))
+            lo = hi
+        return groups
 
     def truncate(self, cache: FastCache, length: int) -> None:
         cache.length = min(cache.length, length)
