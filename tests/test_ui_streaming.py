@@ -192,3 +192,12 @@ def test_loader_caches_one_engine_per_pair_and_closes_on_switch(tmp_path):
     assert b.closed and loader.loaded() is None
     presets = default_presets(str(tmp_path), "my/target", None)
     assert presets[0].label == "Command-line pair" and not any(p.available for p in presets[1:])
+
+
+def test_the_numbers_say_how_the_target_was_made_one_function(pair, loader):
+    session = Session()
+    ticks = list(run_comparison(loader, session, settings(pair, ("ar", "mirror"), max_new=8), every_s=0.0))
+    numbers = refreshed(session, ticks[-1])["numbers"]
+    rows = loader.get(*pair).info.target_rows
+    assert "Target: FastLlamaRunner" in numbers
+    assert ("row-exact" in numbers and "bit-identical now" in numbers) if rows.min_rows > 1 else "as they are" in numbers

@@ -70,7 +70,24 @@ def numbers_html(runs: dict[str, DecoderRun]) -> str:
     notes = "".join(f"<li><b>{html.escape(DECODER_TITLES[r.decoder])}</b>: {html.escape(n)}</li>"
                     for r in done for n in _run_notes(r))
     return (f"<table class='mirror-table'><tr><th>metric</th>{head}<th>definition</th></tr>{body}</table>"
-            + (f"<ul class='mirror-notes'>{notes}</ul>" if notes else ""))
+            + (f"<ul class='mirror-notes'>{notes}</ul>" if notes else "") + target_line(done[0]))
+
+
+def target_line(run: DecoderRun) -> str:
+    """How the target computed its logits (runners.check_rows at load): what makes every decoder's tokens AR's."""
+    settings = run.start.settings if run.start else None
+    if settings is None:
+        return ""
+    if settings.target_row_invariant is None:
+        how = "not checked for call-shape rounding (this runner has no row-exact mode)"
+    elif settings.target_min_rows > 1:
+        how = ("row-exact: on this machine a position's logits differed between one-token and window calls, so "
+               f"one-token steps run as {settings.target_min_rows} rows and attention uses fixed key buckets; "
+               + ("bit-identical now" if settings.target_row_invariant else "still NOT bit-identical"))
+    else:
+        how = "a position's logits are bit-identical in one-token and window calls on this machine, as they are"
+    return (f"<p class='mirror-def'>Target: {html.escape(settings.target_runner)}, {html.escape(how)} "
+            "(docs/ALGORITHM.md §3, “Up to numerics”, made exact).</p>")
 
 
 # (label, value of one finished run given its repeat's AR run, format, definition) for the spread table.
