@@ -107,7 +107,7 @@ sync();
 # The four live plots: the value is the feed (ui/plots.py), drawn on canvases in the browser by ui/live_plots.js.
 PLOTS_TEMPLATE = "".join(f'<div class="mirror-plot mirror-plot-{name}"></div>' for name in ("race", "steps", "gantt",
                                                                                           "accept"))
-PLOTS_JS = open(os.path.join(os.path.dirname(__file__), "live_plots.js"), encoding="utf-8").read()
+PLOTS_JS = os.path.join(os.path.dirname(__file__), "live_plots.js")  # read when the page is built
 
 
 def by_name(outputs: Sequence) -> dict[str, object]:
@@ -237,7 +237,9 @@ def _views(status: gr.Markdown) -> Views:
                     out[f"{d}_text"] = gr.Textbox(label="Committed text", lines=3, interactive=False,
                                                   buttons=["copy"], elem_id=f"mirror-text-{d}")
     gr.Markdown(HONESTY)  # below the streams: the first screen shows the prompt, Run, the status and the streams
-    out["plots"] = gr.HTML("", elem_id="mirror-plots", html_template=PLOTS_TEMPLATE, js_on_load=PLOTS_JS,
+    with open(PLOTS_JS, encoding="utf-8") as f:
+        plots_js = f.read()
+    out["plots"] = gr.HTML("", elem_id="mirror-plots", html_template=PLOTS_TEMPLATE, js_on_load=plots_js,
                            config=plots.config_json())
     with gr.Row():
         with gr.Column():

@@ -21,6 +21,7 @@ import json
 
 from mirror_core import RunStart, SpanEvent, StepRecord, TokenEvent
 
+from .render import AppendOnly
 from .settings import DECODER_TITLES
 
 SHORT_NAMES = {"ar": "AR", "sd": "SD", "mirror": "Mirror-SD"}
@@ -88,19 +89,10 @@ def end_line(decoder: str, speedup: tuple[float | None, str]) -> str:
     return f"E {decoder} {name}\n"
 
 
-class Feed:
+class Feed(AppendOnly):
     """The comparison's records, in arrival order; text() is the feed the page receives (append-only)."""
 
     def __init__(self, comparison: int = 0, decoders: list[str] | None = None) -> None:
-        self._lines = [reset_line(comparison, decoders or [])] if decoders else []
-        self._joined, self._n = "", 0
-
-    def add(self, line: str) -> None:
-        if line:
-            self._lines.append(line)
-
-    def text(self) -> str:
-        if self._n != len(self._lines):  # join only the new lines: O(new) work per page update
-            self._joined += "".join(self._lines[self._n:])
-            self._n = len(self._lines)
-        return self._joined
+        super().__init__()
+        if decoders:
+            self.add(reset_line(comparison, decoders))

@@ -46,7 +46,26 @@ def _token_span(text: str, label: str) -> str:
             f'{html.escape(text)}</span>')
 
 
-class StreamHTML:
+class AppendOnly:
+    """Text built from parts that only ever grow at the end; text() joins only the parts added since the last
+    call (O(new) work per page update). The stream's HTML and the plots' feed are both built this way."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self._joined, self._n = "", 0
+
+    def add(self, part: str) -> None:
+        if part:
+            self.parts.append(part)
+
+    def text(self) -> str:
+        if self._n != len(self.parts):
+            self._joined += "".join(self.parts[self._n:])
+            self._n = len(self.parts)
+        return self._joined
+
+
+class StreamHTML(AppendOnly):
     """One decoder's stream as a list of HTML parts that only ever grows at the end.
 
     A step's rejected drafts are shown struck through *before* its correction, but the engine reports them
@@ -55,10 +74,9 @@ class StreamHTML:
     """
 
     def __init__(self) -> None:
-        self.parts: list[str] = []
+        super().__init__()
         self.marks: list[int] = []
         self._held: tuple[str, str] | None = None  # (text, label) of the newest token, not yet emitted
-        self._joined, self._joined_n = "", 0
 
     def token(self, text: str, label: str) -> None:
         self.release()
@@ -89,21 +107,9 @@ class StreamHTML:
 
     def html(self, upto: int | None = None) -> str:
         """The parts of every emitted token, or of the first `upto` tokens (replay)."""
-        if upto is not None:
-            return "".join(self.parts[: self.marks[upto - 1]]) if 0 < upto <= len(self.marks) else (
-                "" if upto <= 0 else self.html())
-        if self._joined_n != len(self.parts):  # append only the new parts: O(new) per page update
-            self._joined += "".join(self.parts[self._joined_n:])
-            self._joined_n = len(self.parts)
-        return self._joined
-
-
-def highlighted(run: DecoderRun | None, upto: int | None = None) -> list[tuple[str, str]]:
-    """(text, label) per committed token; tokens still waiting for the rest of a UTF-8 character are skipped."""
-    if run is None:
-        return []
-    pieces = run.pieces if upto is None else run.pieces[:upto]
-    return [(text, label) for text, label in pieces if text]
+        if upto is not None and upto <= len(self.marks):
+            return "".join(self.parts[: self.marks[upto - 1]]) if upto > 0 else ""
+        return self.text()
 
 
 def plain_text(run: DecoderRun | None, upto: int | None = None) -> str:

@@ -97,7 +97,6 @@ class FastLlamaRunner:
         # CPU matmuls take a matrix-vector kernel for one row, which rounds differently), and in calls of up to
         # EXACT_ROWS rows each row attends over a key axis that depends only on its own position (_key_buckets:
         # a key axis of another length blocks the softmax-weighted sum of values differently, and so rounds it).
-        self.min_rows = 1
         self.row_exact = False
         with torch.no_grad():
             self.embed = model.model.embed_tokens.weight.detach()                          # [V, H]
@@ -117,6 +116,11 @@ class FastLlamaRunner:
                       a.o_proj.weight.detach().t().contiguous(), layer.post_attention_layernorm.weight.detach(),
                       torch.cat([m.gate_proj.weight, m.up_proj.weight], 0).detach().t().contiguous(),
                       m.down_proj.weight.detach().t().contiguous())
+
+    @property
+    def min_rows(self) -> int:
+        """Rows every forward computes (dummy rows after the real ones): 2 in row-exact mode, else 1."""
+        return 2 if self.row_exact else 1
 
     # -- building blocks (the maths is mirror_core/ops.py; these bind this model's weights) ----
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,10 +188,10 @@ class FastLlamaRunner:
         self._reserve(cache, end)
         x = self.embed[torch.tensor(ids, device=self.device)].unsqueeze(0)               # [1, T, H]
         cos, sin = self._rope(torch.arange(start, end, device=self.device))               # [T, D]
-        mask = None
-        if t > 1:  # causal among the new tokens; the cached prefix is visible to all
-            mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(start).unsqueeze(0)  # [1, T, S]
         groups = self._key_buckets(cache, start, real) if self.row_exact and t <= EXACT_ROWS else None
+        mask = None
+        if t > 1 and groups is None:  # causal among the new tokens; the cached prefix is visible to all
+            mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(start).unsqueeze(0)  # [1, T, S]
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
             cache.k[i, :, start:end] = k[0]
