@@ -23,6 +23,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target-device", default=None, help="cpu, cuda or cuda:N (default: automatic lanes)")
     p.add_argument("--draft-device", default=None, help="cpu, cuda or cuda:N (default: automatic lanes)")
     p.add_argument("--lane", default=None, help="draft lane kind: process, thread or inline (default: automatic)")
+    p.add_argument("--dtype", default="auto", help="matmul dtype: auto, float32, bfloat16 or float16 (auto: each lane "
+                   "times its forwards in each dtype where it runs and takes the fastest; cached per machine and model)")
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                    help="address to listen on (0.0.0.0 for a container; default 127.0.0.1)")
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
@@ -46,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     from ui import LAUNCH, EngineLoader, ModelPolicy, build_demo, default_presets, load_examples
 
     try:
-        lanes = auto_lanes(target_device=args.target_device, draft_device=args.draft_device, kind=args.lane)
+        lanes = auto_lanes(target_device=args.target_device, draft_device=args.draft_device, kind=args.lane,
+                           dtype=args.dtype)
         check_device(lanes.target_device)
         check_device(lanes.draft_device)
     except MirrorError as exc:

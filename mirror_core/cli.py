@@ -9,6 +9,7 @@ from dataclasses import asdict
 
 from .config import (
     DECODER_NAMES,
+    DTYPE_CHOICES,
     RULES,
     LaneConfig,
     MirrorError,
@@ -83,12 +84,14 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-device", default=None, help="cpu, cuda or cuda:N (default: automatic lanes)")
     g.add_argument("--lane", default=None, help="draft lane: process, thread or inline (default: automatic)")
     g.add_argument("--runner", default="auto", help="model runner: auto (fast for Llama-family weights and SS drafts), fast or hf")
+    g.add_argument("--dtype", default="auto", help=f"matmul dtype: {', '.join(DTYPE_CHOICES)} (auto: each lane times "
+                   "its forwards in each dtype where it runs and takes the fastest; cached per machine and model)")
 
 
 def lanes_from_args(args) -> LaneConfig:
     from .lanes.placement import auto_lanes
 
-    return auto_lanes(args.target_device, args.draft_device, args.lane, args.runner)
+    return auto_lanes(args.target_device, args.draft_device, args.lane, args.runner, args.dtype)
 
 
 def request_from_args(args, prompt_ids: tuple[int, ...]) -> Request:
@@ -144,12 +147,19 @@ def generate(args) -> int:
             out = {"decoder": request.decoder, "prompt_ids": list(prompt_ids), "token_ids": list(end.token_ids),
                    "text": engine.tokenizer.decode(list(end.token_ids)) if engine.tokenizer is not None else None,
                    "stats": end.summary.to_dict(), "fallback": end.fallback, "stopped": end.stopped, "error": end.error,
-                   "target_rows": asdict(engine.info.target_rows)}
+                   "target_rows": asdict(engine.info.target_rows), **dtype_fields(engine.info)}
             print(json.dumps(out))
         else:
             print((text.flush() if text else "") + "\n")
             print(_summary_line(end))
         return 1 if end.error else 0
+
+
+def dtype_fields(info) -> dict:
+    """The --json and bench.json view of each lane's dtype: the choice, and the calibration behind it."""
+    cals = {"target": info.target_dtype, "draft": info.draft_dtype}
+    return {"dtype": {lane: None if c is None else c.label for lane, c in cals.items()},
+            "calibration": {lane: None if c is None else asdict(c) for lane, c in cals.items()}}
 
 
 def _check_default_pair(*paths: str | None) -> None:
@@ -171,7 +181,7 @@ def bench(args) -> int:
         run_bench,
         total_runs,
     )
-    from .bench.machine import cpu_model
+    from .machine import cpu_model
     from .bench.report import format_table, write_outputs
     from .bench.summary import build_report
 
@@ -193,7 +203,8 @@ def bench(args) -> int:
         info = pair.engine.info
         report = build_report(rows, config, {"target": info.target, "draft": info.draft, "lanes": asdict(info.lanes),
                                              "target_runner": info.target_runner,
-                                             "target_rows": asdict(info.target_rows), "cpu": cpu_model(),
+                                             "target_rows": asdict(info.target_rows), **dtype_fields(info),
+                                             "cpu": cpu_model(),
                                              "prompts_file": args.prompts})
     print(format_table(report))
     for path in write_outputs(report, args.out, args.out_dir):

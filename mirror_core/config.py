@@ -7,6 +7,7 @@ DECODER_NAMES = ("ar", "sd", "mirror")
 RULES = ("exact", "rejection")
 LANE_KINDS = ("process", "thread", "inline")
 FAULT_MODES = ("raise", "exit")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # auto: each lane calibrated (runners/calibrate.py)
 RUNNER_KINDS = ("auto", "fast", "hf")  # auto: the fast runners for Llama-family weights and SS drafts, else the generic one
 MAX_NEW_TOKENS_CAP = 4096  # documented upper bound for one request
 MAX_PROMPT_CHARS = 32_000  # prompt text is refused above this many characters (before tokenizing)
@@ -149,11 +150,13 @@ class LaneConfig:
     draft_threads: int = 0
     reply_timeout_s: float = 120.0
     runner: str = "auto"
+    dtype: str = "auto"  # DTYPE_CHOICES: auto = the fastest per lane, timed where it runs (runners/calibrate.py)
     fault: FaultPlan = field(default_factory=FaultPlan)  # test hook: make the draft lane fail on purpose
 
     def __post_init__(self) -> None:
         _require(self.kind in LANE_KINDS, f"lane kind must be one of {', '.join(LANE_KINDS)}, got {self.kind!r}")
         _require(self.runner in RUNNER_KINDS, f"runner must be one of {', '.join(RUNNER_KINDS)}, got {self.runner!r}")
+        _require(self.dtype in DTYPE_CHOICES, f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         for name in ("target_device", "draft_device"):
             dev = getattr(self, name)
             _require(isinstance(dev, str) and (dev == "cpu" or dev == "cuda" or dev.startswith("cuda:")),

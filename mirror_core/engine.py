@@ -24,7 +24,8 @@ from .lanes import DraftLaneSpec, auto_lanes, make_draft_lane, pinned
 from .lanes.faults import fault_plan_from_env
 from .loading import ModelSpec, check_device, load_config, load_model, load_tokenizer, shared_vocab_size
 from .metrics import RunSummary
-from .runners import RowCheck, build_runner, check_rows
+from .runners import RowCheck, build_runner
+from .runners.calibrate import Calibration, calibrate_target
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class PairInfo:
     lanes: LaneConfig
     target_runner: str = ""  # which runner executes the target (FastLlamaRunner, HFRunner)
     target_rows: RowCheck = RowCheck(1, False, False, 0, checked=False)  # the target call-shape check (runners.check_rows)
+    target_dtype: Calibration | None = None  # the target lane's dtype and its timings (runners/calibrate.py)
+    draft_dtype: Calibration | None = None   # the draft lane's, per shape
 
 
 class MirrorEngine:
@@ -76,14 +79,16 @@ class MirrorEngine:
         eos_ids = _eos_ids(target_model)
         runner = build_runner(target_model, vocab, lanes.runner)
         with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads):
-            rows = check_rows(runner, vocab)  # with the target lane's threads: the kernels it will run
+            # with the target lane's threads: the kernels it will run; the dtype first, then its call-shape check
+            dtype, rows = calibrate_target(runner, vocab, lanes.dtype, target_model.config)
         lane = None
         if draft is not None:
             lane = make_draft_lane(lanes, DraftLaneSpec(draft, lanes.draft_device, vocab, lanes.draft_threads,
-                                                        lanes.draft_cpus, trust_remote_code, lanes.runner, lanes.fault))
+                                                        lanes.draft_cpus, trust_remote_code, lanes.runner, lanes.dtype,
+                                                        lanes.fault))
         known = [c for c in contexts if c]
         info = PairInfo(target, draft, runner.num_layers, vocab, min(known) if known else None, lanes,
-                        type(runner).__name__, rows)
+                        type(runner).__name__, rows, dtype, None if lane is None else lane.calibration)
         return cls(runner, lane, info, tokenizer, eos_ids)
 
     # -- requests --------------------------------------------------------------------------
@@ -153,7 +158,8 @@ class MirrorEngine:
                 request, exit_layer, stop, out = job
                 rows = self.info.target_rows
                 settings = RunSettings(request, lanes, exit_layer, self.info.target, self.info.draft,
-                                       self.info.target_runner, rows.min_rows, rows.invariant if rows.checked else None)
+                                       self.info.target_runner, rows.min_rows, rows.invariant if rows.checked else None,
+                                       self.info.target_dtype, self.info.draft_dtype)
                 try:
                     run = DecodeState(request, self.target, exit_layer, self.eos_ids, stop, settings)
                     for batch in decode_events(run, self.lane):

@@ -8,6 +8,7 @@ from .config import LaneConfig, Request
 
 if TYPE_CHECKING:
     from .metrics import RunSummary
+    from .runners.calibrate import Calibration
 
 # Where a committed token came from.
 ORIGIN_TARGET = "target"          # produced by the target alone (prefill token, AR step, target-only fallback)
@@ -47,6 +48,8 @@ class RunSettings:
     target_runner: str     # which runner executes the target (FastLlamaRunner, HFRunner)
     target_min_rows: int = 1                  # rows every target forward was padded to (runners.check_rows)
     target_row_invariant: bool | None = None  # logits equal alone and in windows, bitwise (None: not checked)
+    target_dtype: Calibration | None = None   # the target lane's dtype and the timings behind it
+    draft_dtype: Calibration | None = None    # the draft lane's dtype per shape (step, branch rows)
 
     def to_dict(self) -> dict:
         return asdict(self)

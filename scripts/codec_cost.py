@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mirror_core.config import SamplingConfig  # noqa: E402
 
 try:  # not in the 51012a5 tree
-    from mirror_core.bench.machine import cpu_model
+    from mirror_core.machine import cpu_model
 except ImportError:
     def cpu_model() -> str:
         return platform.processor() or platform.machine()

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from gradio_client import Client
 
     from testing.browser import CHROMIUM, Chromium, measured_run, open_page, set_control
-    from mirror_core.bench.machine import cpu_model
+    from mirror_core.machine import cpu_model
     from testing.reliability import page_values, run_args
     from ui.layout import by_name
     from ui.settings import load_examples

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from mirror_core import auto_lanes
-    from mirror_core.bench.machine import cpu_model
+    from mirror_core.machine import cpu_model
     from testing.reliability import page_values
     from ui import streaming
     from ui.loader import EngineLoader

@@ -14,3 +14,12 @@ def pair_root(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def pairs(pair_root) -> dict[str, tuple[str, str]]:
     return {arch: build_pair(pair_root, arch) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def calibration_cache(tmp_path_factory):
+    """Dtype calibrations (runners/calibrate.py) go to a folder of this session, not the user's cache
+    (the environment variable reaches the draft lanes' spawned processes too)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MIRROR_SD_CACHE", str(tmp_path_factory.mktemp("mirror_sd_cache")))
+        yield

@@ -24,7 +24,7 @@ def test_json_output_matches_the_contract(pairs, tmp_path):
     target, draft = pairs["llama"]
     trace = tmp_path / "trace.json"
     proc = run_cli("generate", "--target", target, "--draft", draft, "--prompt-ids", "1,2,3", "--decoder", "mirror",
-                   "--max-new-tokens", "12", "--gamma", "3", "--kappa", "2", "--exit-layer", "2", "--json",
+                   "--max-new-tokens", "12", "--gamma", "3", "--kappa", "2", "--exit-layer", "2", "--json", "--dtype", "float32",
                    "--trace", str(trace))
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -34,6 +34,8 @@ def test_json_output_matches_the_contract(pairs, tmp_path):
                 "tokens_per_s", "wall_s", "steps"):
         assert key in out["stats"]
     assert out["fallback"] is None and out["text"] is None
+    assert out["dtype"] == {"target": "float32", "draft": "float32"}  # --dtype forces both lanes, both shapes
+    assert out["calibration"]["target"]["requested"] == out["calibration"]["draft"]["requested"] == "float32"
     events = json.loads(trace.read_text())["events"]
     assert events[0]["type"] == "RunStart" and events[-1]["type"] == "RunEnd"
 
@@ -41,7 +43,7 @@ def test_json_output_matches_the_contract(pairs, tmp_path):
 def test_streaming_mode_prints_tokens_and_a_summary(pairs, capsys):
     target, draft = pairs["qwen2"]
     assert main(["generate", "--target", target, "--draft", draft, "--prompt-ids", "4,5", "--max-new-tokens", "6",
-                 "--lane", "inline"]) == 0
+                 "--lane", "inline", "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
     ids = hf_greedy(target, (4, 5), 6)
     assert " ".join(map(str, ids)) in out and "tau=" in out

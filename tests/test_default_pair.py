@@ -36,7 +36,7 @@ def test_model_card_reports_the_engine_measured_quality():
 @pytest.mark.parametrize("draft", [DRAFT_AR, DRAFT_SS])
 def test_every_decoder_equals_transformers_greedy_on_the_shipped_pair(draft, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with MirrorEngine.load(TARGET, draft, LaneConfig(kind="inline")) as engine:
+    with MirrorEngine.load(TARGET, draft, LaneConfig(dtype="float32", kind="inline")) as engine:
         for i, text in enumerate(PROMPTS):
             prompt = tuple(engine.tokenizer.encode(text))
             ref = hf_greedy(TARGET, prompt, 24)

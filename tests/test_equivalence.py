@@ -14,7 +14,7 @@ N_NEW = 24
 @pytest.fixture(scope="module", params=["auto", "hf"])
 def engines(pairs, request):
     """Every pair with the default runners (fast for Llama-family weights) and with the generic HF runner."""
-    made = {arch: MirrorEngine.load(t, d, LaneConfig(kind="inline", runner=request.param))
+    made = {arch: MirrorEngine.load(t, d, LaneConfig(dtype="float32", kind="inline", runner=request.param))
             for arch, (t, d) in pairs.items()}
     yield made
     for e in made.values():
@@ -66,7 +66,7 @@ def test_eos_ends_where_ar_does(pair_root, decoder):
     t, d = build_pair(pair_root, "llama", seed=7, eos=eos)
     ref = hf_greedy(t, prompt, 30)
     assert ref[-1] == eos and len(ref) <= 12
-    with MirrorEngine.load(t, d, LaneConfig(kind="inline")) as engine:
+    with MirrorEngine.load(t, d, LaneConfig(dtype="float32", kind="inline")) as engine:
         for gamma in (1, 3, 8):
             end = engine.generate(Request(prompt, decoder, 30, spec=SpecConfig(gamma, 2, 2)))
             assert list(end.token_ids) == ref
@@ -86,7 +86,7 @@ def test_max_new_tokens_is_exact(pairs, engines, max_new):
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_parallel_lanes_are_lossless(pairs, kind):
     target, draft = pairs["llama"]
-    with MirrorEngine.load(target, draft, LaneConfig(kind=kind)) as engine:
+    with MirrorEngine.load(target, draft, LaneConfig(dtype="float32", kind=kind)) as engine:
         for i, prompt in enumerate(prompts(4, seed=3)):
             ref = hf_greedy(target, prompt, N_NEW)
             for decoder in ("sd", "mirror"):

@@ -43,7 +43,7 @@ def test_fast_runner_matches_hf_logits(pairs, arch):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
 def test_fast_runner_decoders_match_hf_generate(pairs, arch):
     target, draft = pairs[arch]
-    with MirrorEngine.load(target, draft, LaneConfig(kind="inline", runner="fast")) as engine:
+    with MirrorEngine.load(target, draft, LaneConfig(dtype="float32", kind="inline", runner="fast")) as engine:
         assert isinstance(engine.target, FastLlamaRunner)
         for i, prompt in enumerate(prompts(4, seed=13)):
             ref = hf_greedy(target, prompt, 24)
@@ -56,7 +56,7 @@ def test_fast_runner_refuses_other_architectures(pairs):
     from mirror_core import MirrorError
 
     with pytest.raises(MirrorError, match="fast runner supports"):
-        MirrorEngine.load(*pairs["gpt2"], LaneConfig(kind="inline", runner="fast"))
+        MirrorEngine.load(*pairs["gpt2"], LaneConfig(dtype="float32", kind="inline", runner="fast"))
 
 
 TARGETS = ["llama", "qwen2", "qwen3", "mistral", "shipped"]
@@ -71,7 +71,8 @@ def test_a_positions_logits_do_not_depend_on_how_many_rows_share_the_call(pairs,
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     target = os.path.join(root, "assets", "default_pair", "target") if arch == "shipped" else pairs[arch][0]
-    with MirrorEngine.load(target, None, LaneConfig(kind="inline", runner="fast", target_threads=1)) as engine:
+    lanes = LaneConfig(dtype="float32", kind="inline", runner="fast", target_threads=1)
+    with MirrorEngine.load(target, None, lanes) as engine:
         runner, rows = engine.target, engine.info.target_rows
         assert rows.checked and rows.invariant and rows.min_rows == runner.min_rows in (1, 2)
         assert rows.min_rows == (2 if rows.differing else 1) and rows.row_exact == runner.row_exact == bool(rows.differing)

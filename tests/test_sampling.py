@@ -15,7 +15,7 @@ from testing.toy_models import build_pair, prompts
 @pytest.fixture(scope="module")
 def engine(pairs):
     target, draft = pairs["llama"]
-    with MirrorEngine.load(target, draft, LaneConfig(kind="inline")) as e:
+    with MirrorEngine.load(target, draft, LaneConfig(dtype="float32", kind="inline")) as e:
         yield e
 
 
@@ -111,7 +111,7 @@ def test_rule_r_matches_the_target_distribution(pair_root):
     law2, law3 = _exact_marginals(target, prompt, cfg)
     counts2, counts3 = torch.zeros(V), torch.zeros(V)
     accepted = hits = 0
-    with MirrorEngine.load(target, draft, LaneConfig(kind="inline")) as engine:
+    with MirrorEngine.load(target, draft, LaneConfig(dtype="float32", kind="inline")) as engine:
         for seed in range(N_RUNS):
             end = engine.generate(Request(prompt, "mirror", 3, sampling=SamplingConfig(1.0, seed=seed, rule="rejection"),
                                           spec=SpecConfig(gamma=2, kappa=2, exit_layer=1)))

@@ -34,7 +34,7 @@ def ss_pair(pair_root):
 def test_ss_draft_is_lossless_for_every_decoder(ss_pair, kind, runner):
     """auto: the lean FastSSRunner; hf: the SS model's own forward (SSRunner)."""
     target, draft = ss_pair
-    with MirrorEngine.load(target, draft, LaneConfig(kind=kind, runner=runner)) as engine:
+    with MirrorEngine.load(target, draft, LaneConfig(dtype="float32", kind=kind, runner=runner)) as engine:
         for i, prompt in enumerate(prompts(4, seed=21)):
             ref = hf_greedy(target, prompt, 24)
             for decoder in ("ar", "sd", "mirror"):
@@ -48,7 +48,7 @@ def test_ss_draft_is_lossless_for_every_decoder(ss_pair, kind, runner):
 
 def test_ss_draft_with_rule_e_reproduces_ar(ss_pair):
     target, draft = ss_pair
-    with MirrorEngine.load(target, draft, LaneConfig(kind="inline")) as engine:
+    with MirrorEngine.load(target, draft, LaneConfig(dtype="float32", kind="inline")) as engine:
         for seed in (1, 2, 3):
             cfg = SamplingConfig(temperature=0.9, top_k=30, seed=seed)
             ar = engine.generate(Request((4, 4, 9), "ar", 24, sampling=cfg)).token_ids

@@ -87,7 +87,35 @@ def target_line(run: DecoderRun) -> str:
     else:
         how = "a position's logits are bit-identical in one-token and window calls on this machine, as they are"
     return (f"<p class='mirror-def'>Target: {html.escape(settings.target_runner)}, {html.escape(how)} "
-            "(docs/ALGORITHM.md §3, “Up to numerics”, made exact).</p>")
+            "(docs/ALGORITHM.md §3, “Up to numerics”, made exact).</p>" + dtype_line(settings))
+
+
+def dtype_line(settings) -> str:
+    """Each lane's matmul dtype and the load-time timings behind it (runners/calibrate.py)."""
+    parts = []
+    for lane, cal in (("target", settings.target_dtype), ("draft", settings.draft_dtype)):
+        if cal is None:
+            continue
+        text = f"{lane}: {cal.label}"
+        if cal.requested != "auto":
+            text += " (forced by --dtype)"
+        elif not cal.table:
+            text += f" ({cal.note})"
+        elif lane == "target":
+            ratio = cal.verify_ratio()
+            others = ", ".join(f"{t.dtype} {t.ms:.1f} ms" for t in cal.table
+                               if t.shape == "window" and t.dtype != cal.sequence)
+            text += (f", the fastest window of γ+1 here ({cal.ms(cal.sequence, 'window'):.1f} ms"
+                     + (f"; {others}" if others else "") + ")"
+                     + (f"; verify γ+1 ≈ {ratio:.2f} one-token steps" if ratio else ""))
+        else:
+            text += f", the fastest step ({cal.ms(cal.sequence, 'step'):.1f} ms) and branch batch ({cal.ms(cal.rows, 'rows'):.1f} ms)"
+        parts.append(text)
+    if not parts:
+        return ""
+    return ("<p class='mirror-def'>Matmul dtypes, timed where each lane runs when the pair loaded (--dtype "
+            "overrides; on the fast runners only the matmuls change, the logits stay in the loaded dtype): "
+            + html.escape("; ".join(parts)) + ".</p>")
 
 
 # (label, value of one finished run given its repeat's AR run, format, definition) for the spread table.

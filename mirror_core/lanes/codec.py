@@ -52,7 +52,8 @@ class LaneFailed:
 
 @dataclasses.dataclass(frozen=True)
 class LaneReady:
-    """The draft lane's process loaded its model and serves commands."""
+    """The draft lane's process loaded its model, chose its dtypes, and serves commands."""
+    calibration: str   # runners.calibrate.Calibration as JSON
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ import torch
 from ..config import FaultPlan, LaneConfig, MirrorError
 from ..draft_worker import DraftWorker
 from ..messages import DraftStart, DraftWindow, ResolveRequest
+from ..runners.calibrate import Calibration
 from .channel import Channel, ChannelClosed, ChannelHandle, wait_until
 from .codec import LaneError, LaneFailed, LaneReady, LaneShutdown, decode, encode
 from .placement import pinned
@@ -33,16 +34,20 @@ class DraftLaneSpec:
     cpus: tuple[int, ...]
     trust_remote_code: bool = False
     runner: str = "auto"
+    dtype: str = "auto"  # config.DTYPE_CHOICES (runners/calibrate.py)
     fault: FaultPlan = FaultPlan()  # test hook: fail on purpose at a step (config.FaultPlan)
 
 
 def make_runner(spec: DraftLaneSpec):
-    """The draft's runner, loaded on the lane that runs it."""
+    """The draft's runner, loaded on the lane that runs it, in the dtypes calibrated (or forced) there;
+    returns the runner and its runners.calibrate.Calibration."""
     from ..loading import ModelSpec, load_model
     from ..runners import build_runner
+    from ..runners.calibrate import calibrate_draft
 
     model = load_model(ModelSpec(spec.source, spec.device, spec.trust_remote_code), draft=True)
-    return build_runner(model, spec.vocab_size, spec.runner)
+    runner = build_runner(model, spec.vocab_size, spec.runner)
+    return runner, calibrate_draft(runner, spec.dtype, model.config)
 
 
 # -- the worker loop shared by every lane kind ---------------------------------------------------
@@ -72,8 +77,8 @@ class InlineLane:
 
     kind = "inline"
 
-    def __init__(self, worker: DraftWorker):
-        self.serve = _Serve(worker)
+    def __init__(self, worker: DraftWorker, calibration: Calibration):
+        self.serve, self.calibration = _Serve(worker), calibration
         self.queued: list = []
 
     def start(self, cmd) -> None:
@@ -99,8 +104,8 @@ class ThreadLane:
 
     kind = "thread"
 
-    def __init__(self, worker: DraftWorker):
-        self.serve = _Serve(worker)
+    def __init__(self, worker: DraftWorker, calibration: Calibration):
+        self.serve, self.calibration = _Serve(worker), calibration
         self.inbox: queue.Queue = queue.Queue()
         self.outbox: queue.Queue = queue.Queue()
         self.device = worker.runner.device
@@ -163,6 +168,7 @@ class ProcessLane:
         if not isinstance(reply, LaneReady):
             self._reap()
             raise MirrorError(f"the draft lane did not start: {_lane_error(reply)}")
+        self.calibration = Calibration.from_json(reply.calibration)
         self.outstanding = 0
 
     def _send(self, cmd) -> None:
@@ -249,11 +255,12 @@ def _process_main(spec: DraftLaneSpec, channel: ChannelHandle) -> None:
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()
-            serve = _Serve(DraftWorker(make_runner(spec), spec.fault))
+            runner, calibration = make_runner(spec)
+            serve = _Serve(DraftWorker(runner, spec.fault))
         except Exception as exc:
             ch.to_target.send(encode(LaneFailed.of(exc)), alive, 60)
             return
-        ch.to_target.send(encode(LaneReady()), alive, 60)
+        ch.to_target.send(encode(LaneReady(calibration.to_json())), alive, 60)
         _serve_commands(ch, serve, alive)
 
 
@@ -277,5 +284,5 @@ def make_draft_lane(lanes: LaneConfig, spec: DraftLaneSpec):
     """The draft lane for this mapping (the one place lane kinds are chosen)."""
     if lanes.kind == "process":
         return ProcessLane(spec, lanes.reply_timeout_s)
-    worker = DraftWorker(make_runner(spec), spec.fault)
-    return ThreadLane(worker) if lanes.kind == "thread" else InlineLane(worker)
+    runner, calibration = make_runner(spec)
+    return (ThreadLane if lanes.kind == "thread" else InlineLane)(DraftWorker(runner, spec.fault), calibration)

@@ -10,7 +10,7 @@ from ..config import LaneConfig
 
 
 def auto_lanes(target_device: str | None = None, draft_device: str | None = None, kind: str | None = None,
-               runner: str = "auto") -> LaneConfig:
+               runner: str = "auto", dtype: str = "auto") -> LaneConfig:
     """The lane mapping for this machine, for the devices given (None = choose).
 
     Two GPUs → one each (draft in a process); one GPU → both on it, the draft in a thread with its
@@ -36,7 +36,7 @@ def auto_lanes(target_device: str | None = None, draft_device: str | None = None
         target_cpus, draft_cpus = tuple(cpus[1:]), (cpus[0],)
     return LaneConfig(target_device, draft_device, kind, target_cpus, draft_cpus,
                       target_threads=len(target_cpus) if target_device == "cpu" else 0,
-                      draft_threads=len(draft_cpus) if draft_device == "cpu" else 0, runner=runner)
+                      draft_threads=len(draft_cpus) if draft_device == "cpu" else 0, runner=runner, dtype=dtype)
 
 
 def _canonical(device: str) -> str:

@@ -7,7 +7,7 @@ frequencies do not depend on the sequence length).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,11 @@ FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 EXACT_ROWS = 17  # calls of up to γ + 1 rows (config.MAX_GAMMA = 16) use row-exact attention in row-exact mode
 KEY_BUCKET = 64  # row-exact attention reduces over key axes of a multiple of this length
+
+
+def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w in the weights' dtype, the product back in x's dtype (a no-op cast when they agree)."""
+    return x @ w if x.dtype == w.dtype else (x.to(w.dtype) @ w).to(x.dtype)
 
 
 @dataclass
@@ -102,7 +107,7 @@ class FastLlamaRunner:
             self.embed = model.model.embed_tokens.weight.detach()                          # [V, H]
             self.norm = model.model.norm.weight.detach()                                   # [H]
             self.lm_head = model.lm_head.weight.detach()[: self.vocab_size].t().contiguous()  # [H, V]
-            self.layers = [self._layer(layer) for layer in model.model.layers]
+            self._keep_layers([self._layer(layer) for layer in model.model.layers])
 
     @staticmethod
     def _layer(layer) -> _Layer:
@@ -117,6 +122,41 @@ class FastLlamaRunner:
                       torch.cat([m.gate_proj.weight, m.up_proj.weight], 0).detach().t().contiguous(),
                       m.down_proj.weight.detach().t().contiguous())
 
+    # -- matmul dtypes (chosen per lane and per shape by runners/calibrate.py) --------------
+    def _keep_layers(self, layers: list[_Layer]) -> None:
+        """The layers as loaded; set_dtypes may add copies whose linear-map weights are in another dtype."""
+        self._layers_by_dtype = {self.dtype: layers}
+        self.layers = self.row_layers = layers  # one-sequence forwards; branch-row forwards
+
+    def set_dtypes(self, sequence: torch.dtype, rows: torch.dtype | None = None) -> None:
+        """The dtype of the layers' linear-map weights in one-sequence forwards (AR steps, windows) and in branch
+        rows (forward_rows). Only the matmuls change: each casts its input to the weights' dtype and its
+        product back, so the residual stream, norms, attention, KV cache and LM head keep the model's dtype."""
+        self.layers, self.row_layers = self._layers_in(sequence), self._layers_in(rows or sequence)
+
+    def drop_unused_dtypes(self) -> None:
+        """Free the weight copies that neither set_dtypes choice uses (the loaded ones included)."""
+        used = {self.sequence_dtype, self.rows_dtype}
+        self._layers_by_dtype = {d: ls for d, ls in self._layers_by_dtype.items() if d in used}
+
+    @property
+    def sequence_dtype(self) -> torch.dtype:
+        return self.layers[0].w_qkv.dtype
+
+    @property
+    def rows_dtype(self) -> torch.dtype:
+        return self.row_layers[0].w_qkv.dtype
+
+    def _layers_in(self, dtype: torch.dtype) -> list[_Layer]:
+        if dtype not in self._layers_by_dtype:
+            base = self._layers_by_dtype.get(self.dtype)
+            if base is None:
+                raise RuntimeError(f"no {dtype} weights: the loaded ones were freed (drop_unused_dtypes)")
+            self._layers_by_dtype[dtype] = [replace(layer, w_qkv=layer.w_qkv.to(dtype), w_o=layer.w_o.to(dtype),
+                                                    w_gate_up=layer.w_gate_up.to(dtype), w_down=layer.w_down.to(dtype))
+                                            for layer in base]
+        return self._layers_by_dtype[dtype]
+
     @property
     def min_rows(self) -> int:
         """Rows every forward computes (dummy rows after the real ones): 2 in row-exact mode, else 1."""
@@ -130,7 +170,7 @@ class FastLlamaRunner:
     def _qkv(self, layer: _Layer, x: torch.Tensor, cos, sin):
         """x [B, T, H] → q [B, Hq, T, D], k and v [B, Hkv, T, D] with RoPE applied."""
         b, t, _ = x.shape
-        qkv = rms_norm(x, layer.ln1, self.eps) @ layer.w_qkv                              # [B, T, (Hq+2Hkv)·D]
+        qkv = _mm(rms_norm(x, layer.ln1, self.eps), layer.w_qkv)                          # [B, T, (Hq+2Hkv)·D]
         if layer.b_qkv is not None:
             qkv = qkv + layer.b_qkv
         d = self.head_dim
@@ -144,9 +184,9 @@ class FastLlamaRunner:
         return q, k, v.view(b, t, self.h_kv, d).transpose(1, 2)
 
     def _mlp_residual(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        x = x + attn @ layer.w_o                                                          # [B, T, H]
-        gate, up = (rms_norm(x, layer.ln2, self.eps) @ layer.w_gate_up).chunk(2, -1)      # [B, T, I] each
-        return x + (F.silu(gate) * up) @ layer.w_down
+        x = x + _mm(attn, layer.w_o)                                                      # [B, T, H]
+        gate, up = _mm(rms_norm(x, layer.ln2, self.eps), layer.w_gate_up).chunk(2, -1)   # [B, T, I] each
+        return x + _mm(F.silu(gate) * up, layer.w_down)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         return (rms_norm(x, self.norm, self.eps) @ self.lm_head).float()                 # [..., V]
@@ -250,7 +290,7 @@ class FastLlamaRunner:
         own_ok = torch.ones(t, br.own + t, dtype=torch.bool, device=self.device).tril(br.own)[None]  # [1, T, own+T]
         x = self.embed[ids.to(self.device)]                                               # [R, T, H]
         end = br.own + t
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.row_layers):
             q, k, v = self._qkv(layer, x, cos, sin)
             br.k[i, :, :, br.own: end] = k
             br.v[i, :, :, br.own: end] = v

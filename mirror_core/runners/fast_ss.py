@@ -60,10 +60,11 @@ class FastSSRunner(FastLlamaRunner):
             self.norm = model.norm.weight.detach()                                             # [H]
             self.lm_head = self.embed[: self.vocab_size].t().contiguous()                      # [H, V] (tied)
             self.stream_embed = model.stream_embed.detach().to(self.dtype)                     # [n, H] P_j
-            self.layers = [self._layer(layer) for layer in model.layers]
+            self._keep_layers([self._layer(layer) for layer in model.layers])
 
     # -- the shared layer loop ----------------------------------------------------------------
-    def _layers(self, x: torch.Tensor, positions: torch.Tensor, streams: bool, write_kv, main_blocks) -> tuple:
+    def _layers(self, x: torch.Tensor, positions: torch.Tensor, streams: bool, write_kv, main_blocks,
+                layers: list) -> tuple:
         """Run every layer over main rows x [B, T, H] at positions [B, T] (and, with streams, their
         lookahead rows from the first multi-stream layer on). write_kv(i, k, v) stores the main rows'
         keys/values [B, Hkv, T, D]; main_blocks(i) gives the main-key blocks the main rows may see.
@@ -76,7 +77,7 @@ class FastSSRunner(FastLlamaRunner):
             all_rope = self._rope(torch.cat([positions, positions[:, t_of] + j_of], 1).unsqueeze(1))  # [B, 1, T(1+n), D]
             same_t = (t_of[:, None] == t_of[None, :]) & (j_of[None, :] <= j_of[:, None])    # [T·n, T·n]
         rows = x
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(layers):
             if n and i == self.first_msa:  # streams start as main_t + P_j
                 rows = torch.cat([x, (x.unsqueeze(2) + self.stream_embed).reshape(b, t * n, h)], 1)  # [B, T(1+n), H]
             q, k, v = self._qkv(layer, rows, *(all_rope if rows.shape[1] > t else main_rope))
@@ -116,7 +117,7 @@ class FastSSRunner(FastLlamaRunner):
             return [(cache.k[i, :, :end].unsqueeze(0), cache.v[i, :, :end].unsqueeze(0), causal)]
 
         x, states = self._layers(x, torch.arange(start, end, device=self.device).unsqueeze(0), streams,
-                                 write_kv, main_blocks)
+                                 write_kv, main_blocks, self.layers)
         cache.length = end
         return self._head(x)[0], None if states is None else states[0]                       # [T, V], [T, n, H]
 
@@ -159,7 +160,8 @@ class FastSSRunner(FastLlamaRunner):
                     (br.k[i, :, :, :end], br.v[i, :, :, :end], own_ok)]
 
         positions = br.positions.unsqueeze(1) + torch.arange(t, device=self.device)         # [R, T]
-        x, states = self._layers(self.embed[ids.to(self.device)], positions, True, write_kv, main_blocks)
+        x, states = self._layers(self.embed[ids.to(self.device)], positions, True, write_kv, main_blocks,
+                                 self.row_layers)
         br.own, br.positions = end, br.positions + t
         return self._head(x), states                                                         # [R, T, V], [R, T, n, H]
 

@@ -1,0 +1,222 @@
+"""Per-lane dtype calibration: time this model's real forwards on this device in each dtype it can run, and
+choose the fastest for the work the lane does. The result is cached per (machine, model shape, device, threads),
+so the next load is instant; `--dtype` overrides it.
+
+What a dtype means here: on the fast runners (runners/fast.py, fast_ss.py) it is the dtype of the layers'
+linear-map weights, in which every matmul runs (set_dtypes); the residual stream, norms, attention, KV cache and
+LM head keep the loaded dtype (float32 on a CPU), so the logits keep full precision. The generic runner (hf.py)
+cannot split a model like that: it runs the whole model in the dtype it was loaded in, or in the forced one.
+
+The target lane does one kind of work in a speculative run, a window of γ + 1 rows, and it must stay one
+function (every decoder emits what AR emits), so it gets one dtype: the one whose window is fastest, after
+runners.check_rows has made that dtype's logits independent of the call's shape. The draft lane's numerics never
+change the output, so it gets a dtype per shape: one for one-sequence forwards (a step), one for branch batches.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from ..config import SpecConfig
+from ..machine import cache_dir, cpu_flags, cpu_model
+from . import RowCheck, check_rows
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PREFIX = 96                                              # tokens in the cache before each timed forward
+WINDOW = SpecConfig.gamma + 1                            # the target's window at the default γ
+BRANCH_ROWS = SpecConfig.kappa * (SpecConfig.gamma + 1)  # the draft's branch batch at the default κ, γ
+MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 15, 1.5            # timed rounds per dtype: at least 3, then until the budget
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Timing:
+    dtype: str
+    shape: str   # "step": one token; "window": γ + 1 tokens (target); "rows": κ(γ + 1) branch rows (draft)
+    ms: float    # median wall time of one forward, after PREFIX cached tokens
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Which dtype a lane runs, and the measurements behind the choice."""
+
+    lane: str                    # "target" or "draft"
+    requested: str               # "auto" (calibrated) or the dtype forced by --dtype
+    sequence: str                # dtype of one-sequence forwards (AR steps, windows; the target: every forward)
+    rows: str                    # dtype of branch-row forwards (the draft's rollouts; the target: = sequence)
+    table: tuple[Timing, ...] = ()
+    note: str = ""               # why this choice, in a few words
+    cached: bool = False         # the table came from the cache folder (no forward was timed at this load)
+    seconds: float = 0.0         # wall time spent timing at this load
+
+    def ms(self, dtype: str, shape: str) -> float | None:
+        return next((t.ms for t in self.table if t.dtype == dtype and t.shape == shape), None)
+
+    @property
+    def label(self) -> str:
+        """'bfloat16', or 'float32 (rows: bfloat16)' when the draft's two shapes differ."""
+        return self.sequence if self.rows == self.sequence else f"{self.sequence} (rows: {self.rows})"
+
+    def verify_ratio(self) -> float | None:
+        """The chosen dtype's window of γ + 1 over its one-token step (the target; ≈ 1 is what SD needs)."""
+        step, window = self.ms(self.sequence, "step"), self.ms(self.sequence, "window")
+        return window / step if step and window else None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Calibration:
+        d = json.loads(text)
+        d["table"] = tuple(Timing(**t) for t in d.get("table", ()))
+        return cls(**d)
+
+
+def candidates(runner) -> list[str]:
+    """The dtypes worth timing for this runner on its device. The fast runners keep the loaded weights as the
+    master copy, so only dtypes of equal or lower precision are offered. CPUs get float16 only with fp16
+    matmul units (avx512_fp16, amx_fp16): without them it is far slower than float32, never a candidate."""
+    loaded = runner.dtype
+    if loaded != torch.float32:
+        return [_name(loaded)]
+    if runner.device.type == "cpu":
+        return ["float32", "bfloat16"] + (["float16"] if {"avx512_fp16", "amx_fp16"} & set(cpu_flags()) else [])
+    bf16 = runner.device.type != "cuda" or torch.cuda.is_bf16_supported()
+    return ["float32"] + (["bfloat16"] if bf16 else []) + ["float16"]
+
+
+def calibrate_target(runner, vocab_size: int, requested: str, config) -> tuple[Calibration, RowCheck]:
+    """Choose the target's dtype (the fastest window of γ + 1, each dtype made row-exact first if it needs it),
+    set it on the runner, and return the calibration and the call-shape check at that dtype."""
+    if not hasattr(runner, "set_dtypes"):
+        return _generic(runner, "target", requested), check_rows(runner, vocab_size)
+    names = candidates(runner) if requested == "auto" else [requested]
+    checks: dict[str, RowCheck] = {}
+
+    def prepare(name: str) -> None:
+        runner.set_dtypes(DTYPES[name])
+        if name not in checks:
+            runner.row_exact = False
+            checks[name] = check_rows(runner, vocab_size)
+        runner.row_exact = checks[name].row_exact
+
+    shapes = {"step": lambda c: runner.forward(c, [5]), "window": lambda c: runner.forward(c, list(range(5, 5 + WINDOW)))}
+    cal = _calibrate(runner, "target", requested, names, shapes, prepare, config)
+    choice = min(names, key=lambda n: cal.ms(n, "window") or float("inf")) if requested == "auto" else requested
+    cal = replace(cal, sequence=choice, rows=choice,
+                  note="forced by --dtype" if requested != "auto" else f"fastest window of {WINDOW} tokens")
+    prepare(choice)
+    runner.drop_unused_dtypes()
+    return cal, checks[choice]
+
+
+def calibrate_draft(runner, requested: str, config) -> Calibration:
+    """Choose the draft's dtype per shape (its fastest step and its fastest branch batch) and set them."""
+    if not hasattr(runner, "set_dtypes"):
+        return _generic(runner, "draft", requested)
+    names = candidates(runner) if requested == "auto" else [requested]
+    width = 1 + runner.num_streams  # an SS draft feeds its token and its lookahead together
+
+    def rows(c):
+        ids = torch.full((BRANCH_ROWS, width), 7, dtype=torch.long)                         # [R, 1 + n]
+        return runner.forward_rows(runner.fork(c, [PREFIX - r % 4 for r in range(BRANCH_ROWS)]), ids)
+
+    shapes = {"step": lambda c: runner.forward(c, list(range(5, 5 + width))), "rows": rows}
+    cal = _calibrate(runner, "draft", requested, names, shapes, lambda n: runner.set_dtypes(DTYPES[n]), config)
+    if requested == "auto":
+        best = {s: min(names, key=lambda n, s=s: cal.ms(n, s) or float("inf")) for s in shapes}
+        cal = replace(cal, sequence=best["step"], rows=best["rows"], note="fastest step and fastest branch batch")
+    else:
+        cal = replace(cal, sequence=requested, rows=requested, note="forced by --dtype")
+    runner.set_dtypes(DTYPES[cal.sequence], DTYPES[cal.rows])
+    runner.drop_unused_dtypes()
+    return cal
+
+
+def _generic(runner, lane: str, requested: str) -> Calibration:
+    """The generic runner: the whole model in one dtype (forced ones are applied here, auto keeps the loaded)."""
+    if requested != "auto":
+        runner.model.to(DTYPES[requested])
+    name = _name(next(runner.model.parameters()).dtype)
+    return Calibration(lane, requested, name, name,
+                       note="forced by --dtype" if requested != "auto" else "generic runner: the loaded dtype, not timed")
+
+
+def _calibrate(runner, lane: str, requested: str, names: list[str], shapes: dict, prepare, config) -> Calibration:
+    """The timing table for names × shapes, from the cache when this machine has timed this model shape before."""
+    key = _cache_key(runner, lane, names, list(shapes), config)
+    path = os.path.join(cache_dir("calibration"), key + ".json")
+    cached = _read(path, lane, names, list(shapes))
+    if cached is not None:
+        return replace(cached, requested=requested)
+    t0 = time.perf_counter()
+    cache = runner.new_cache()
+    runner.forward(cache, [(7 * i + 3) % runner.vocab_size for i in range(PREFIX)])
+    samples: dict[tuple[str, str], list[float]] = {(n, s): [] for n in names for s in shapes}
+    for rnd in range(MAX_ROUNDS + 1):  # round 0 warms every kernel up and is not kept
+        for name in names:
+            prepare(name)
+            for shape, run in shapes.items():
+                _sync(runner.device)
+                start = time.perf_counter()
+                run(cache)
+                _sync(runner.device)
+                if rnd:
+                    samples[name, shape].append(time.perf_counter() - start)
+                runner.truncate(cache, PREFIX)
+        if rnd >= MIN_ROUNDS and time.perf_counter() - t0 > BUDGET_S:
+            break
+    table = tuple(Timing(n, s, round(1e3 * statistics.median(v), 3)) for (n, s), v in samples.items())
+    cal = Calibration(lane, requested, names[0], names[0], table, seconds=round(time.perf_counter() - t0, 2))
+    _write(path, cal)
+    return cal
+
+
+def _cache_key(runner, lane: str, names: list[str], shapes: list[str], config) -> str:
+    """What the timings depend on: the machine, torch, the device, the lane's threads, the runner and the
+    model's shapes (its config; the weights' values do not change a forward's time)."""
+    device = str(runner.device)
+    if runner.device.type == "cuda":
+        device += " " + torch.cuda.get_device_name(runner.device)
+    ident = {"v": CACHE_VERSION, "cpu": cpu_model(), "torch": torch.__version__, "device": device,
+             "threads": torch.get_num_threads(), "runner": type(runner).__name__, "lane": lane, "dtypes": names,
+             "shapes": shapes, "prefix": PREFIX, "window": WINDOW, "branch_rows": BRANCH_ROWS,
+             "config": config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _read(path: str, lane: str, names: list[str], shapes: list[str]) -> Calibration | None:
+    """A cached table that covers every (dtype, shape) asked for; anything unreadable counts as no cache."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            cal = Calibration.from_json(f.read())
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if cal.lane != lane or any(cal.ms(n, s) is None for n in names for s in shapes):
+        return None
+    return replace(cal, cached=True, seconds=0.0)
+
+
+def _write(path: str, cal: Calibration) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(cal.to_json())
+        os.replace(tmp, path)  # atomic: two lanes calibrating at once never leave half a file
+    except OSError:
+        pass  # a read-only cache only costs the next load its calibration
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return next((n for n, d in DTYPES.items() if d == dtype), str(dtype).removeprefix("torch."))

@@ -1,0 +1,129 @@
+"""Per-lane dtype calibration (runners/calibrate.py): the choice follows the timings, is cached, can be forced,
+and whatever the target runs in, every decoder still emits exactly what AR emits."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from mirror_core import LaneConfig, MirrorEngine, MirrorError, Request, SpecConfig
+from mirror_core.cli import main
+from mirror_core.runners import build_runner, check_rows
+from mirror_core.runners import calibrate as cal_mod
+from mirror_core.runners.calibrate import Calibration, calibrate_draft, calibrate_target, candidates
+from testing.toy_models import prompts
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHIPPED = os.path.join(ROOT, "assets", "default_pair")
+
+
+def _runner(path: str):
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    return model, build_runner(model, int(model.config.vocab_size))
+
+
+def test_the_target_takes_its_fastest_window_and_the_next_load_reads_the_cache(pairs, tmp_path, monkeypatch):
+    monkeypatch.setenv("MIRROR_SD_CACHE", str(tmp_path))
+    model, runner = _runner(pairs["llama"][0])
+    cal, rows = calibrate_target(runner, runner.vocab_size, "auto", model.config)
+    names = candidates(runner)
+    assert names[:2] == ["float32", "bfloat16"]
+    assert {(t.dtype, t.shape) for t in cal.table} == {(n, s) for n in names for s in ("step", "window")}
+    assert all(t.ms > 0 for t in cal.table) and not cal.cached and cal.seconds > 0
+    assert cal.sequence == cal.rows == min(names, key=lambda n: cal.ms(n, "window"))
+    assert runner.sequence_dtype == runner.rows_dtype == cal_mod.DTYPES[cal.sequence]
+    assert rows.checked and rows.invariant and runner.row_exact == rows.row_exact
+    assert len(os.listdir(os.path.join(tmp_path, "calibration"))) == 1
+
+    model2, runner2 = _runner(pairs["llama"][0])
+    again, _ = calibrate_target(runner2, runner2.vocab_size, "auto", model2.config)
+    assert again.cached and again.seconds == 0 and again.table == cal.table and again.sequence == cal.sequence
+
+    (path,) = [os.path.join(tmp_path, "calibration", f) for f in os.listdir(os.path.join(tmp_path, "calibration"))]
+    with open(path, "w") as f:
+        f.write("{not json")  # a damaged cache file is ignored and rewritten, never an error
+    model3, runner3 = _runner(pairs["llama"][0])
+    third, _ = calibrate_target(runner3, runner3.vocab_size, "auto", model3.config)
+    assert not third.cached and Calibration.from_json(open(path).read()).table == third.table
+
+
+def test_the_draft_chooses_per_shape(pairs, tmp_path, monkeypatch):
+    monkeypatch.setenv("MIRROR_SD_CACHE", str(tmp_path))
+    for path in (pairs["llama"][1], os.path.join(SHIPPED, "draft_ss")):  # an AR draft and an SS draft
+        model, runner = _runner(path)
+        cal = calibrate_draft(runner, "auto", model.config)
+        assert {t.shape for t in cal.table} == {"step", "rows"}
+        assert cal.sequence == min(candidates(runner), key=lambda n: cal.ms(n, "step"))
+        assert cal.rows == min(candidates(runner), key=lambda n: cal.ms(n, "rows"))
+        assert runner.sequence_dtype == cal_mod.DTYPES[cal.sequence] and runner.rows_dtype == cal_mod.DTYPES[cal.rows]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_forced_dtype_is_used_alone(pairs, dtype):
+    model, runner = _runner(pairs["qwen2"][0])
+    cal, rows = calibrate_target(runner, runner.vocab_size, dtype, model.config)
+    assert cal.requested == cal.sequence == dtype and {t.dtype for t in cal.table} == {dtype}
+    assert runner.sequence_dtype == cal_mod.DTYPES[dtype] and rows.invariant
+    # only the matmul weights changed: the residual stream, cache and logits keep the loaded float32
+    assert runner.dtype == torch.float32 and runner.forward(runner.new_cache(), [1, 2, 3]).dtype == torch.float32
+
+
+def test_bfloat16_matmuls_change_the_logits_a_little_and_the_target_stays_one_function(pairs):
+    model, runner = _runner(pairs["llama"][0])
+    ids = [(5 * i + 1) % 90 for i in range(20)]
+    f32 = runner.forward(runner.new_cache(), ids)
+    runner.set_dtypes(torch.bfloat16)
+    bf16 = runner.forward(runner.new_cache(), ids)
+    assert not torch.equal(f32, bf16) and torch.allclose(f32, bf16, atol=0.1)
+    assert check_rows(runner, runner.vocab_size).invariant
+
+
+def test_the_generic_runner_keeps_its_loaded_dtype_or_takes_the_forced_one(pairs):
+    model = AutoModelForCausalLM.from_pretrained(pairs["gpt2"][0]).eval()
+    runner = build_runner(model, int(model.config.vocab_size))
+    cal, _ = calibrate_target(runner, runner.vocab_size, "auto", model.config)
+    assert cal.sequence == "float32" and not cal.table and "not timed" in cal.note
+    cal, _ = calibrate_target(runner, runner.vocab_size, "bfloat16", model.config)
+    assert cal.sequence == "bfloat16" and next(model.parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", ["auto", "bfloat16"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "shipped"])
+def test_every_decoder_equals_ar_at_the_chosen_dtype(pairs, arch, dtype):
+    target, draft = ((os.path.join(SHIPPED, "target"), os.path.join(SHIPPED, "draft_ar")) if arch == "shipped"
+                     else pairs[arch])
+    with MirrorEngine.load(target, draft, LaneConfig(kind="inline", dtype=dtype, target_threads=1)) as engine:
+        info = engine.info
+        assert info.target_dtype.requested == dtype and info.draft_dtype.requested == dtype
+        assert info.target_rows.invariant
+        vocab = min(90, info.vocab_size)
+        for i, prompt in enumerate(prompts(3, seed=7, vocab=vocab)):
+            spec = SpecConfig(gamma=2 + i, kappa=1 + i, exit_layer=1 + i % 2)
+            ar = engine.generate(Request(prompt, "ar", 20, spec=spec)).token_ids
+            for decoder in ("sd", "mirror"):
+                assert engine.generate(Request(prompt, decoder, 20, spec=spec)).token_ids == ar, (decoder, i)
+
+
+def test_the_run_settings_carry_both_lanes_choices(pairs):
+    with MirrorEngine.load(*pairs["llama"], LaneConfig(kind="inline", target_threads=1)) as engine:
+        start = next(iter(engine.stream(Request((1, 2, 3), "mirror", 4))))
+        settings = start.settings
+        assert settings.target_dtype == engine.info.target_dtype and settings.draft_dtype == engine.info.draft_dtype
+        assert json.loads(json.dumps(settings.to_dict()))["target_dtype"]["sequence"] in cal_mod.DTYPES
+
+
+def test_the_cli_reports_each_lanes_dtype_and_refuses_a_bad_one(pairs, capsys):
+    target, draft = pairs["llama"]
+    assert main(["generate", "--target", target, "--draft", draft, "--prompt-ids", "1,2", "--max-new-tokens", "4",
+                 "--lane", "inline", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["calibration"]["target"]["requested"] == "auto" and out["dtype"]["target"] in cal_mod.DTYPES
+    assert out["dtype"]["draft"].split()[0] in cal_mod.DTYPES
+    assert main(["generate", "--target", target, "--prompt-ids", "1", "--dtype", "float64"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "dtype must be one of auto, float32, bfloat16, float16" in err
+    with pytest.raises(MirrorError, match="dtype must be one of"):
+        LaneConfig(dtype="half")
