@@ -5,7 +5,7 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from .config import (
     DECODER_NAMES,
@@ -85,7 +85,8 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
     g.add_argument("--lane", default=None, help="draft lane: process, thread or inline (default: automatic)")
     g.add_argument("--runner", default="auto", help="model runner: auto (fast for Llama-family weights and SS drafts), fast or hf")
     g.add_argument("--dtype", default="auto", help=f"matmul dtype: {', '.join(DTYPE_CHOICES)} (auto: each lane times "
-                   "its forwards in each dtype where it runs and takes the fastest; cached per machine and model)")
+                   "its forwards in each dtype where it runs and takes the fastest; cached per machine and model); bench takes "
+                   "a comma list, e.g. auto,float32, and runs the suite at each in one run")
 
 
 def lanes_from_args(args) -> LaneConfig:
@@ -186,7 +187,9 @@ def bench(args) -> int:
     from .bench.summary import build_report
 
     probe = request_from_args(argparse.Namespace(**{**vars(args), "decoder": "ar"}), (0,))
-    lanes = lanes_from_args(args)
+    dtypes = tuple(dict.fromkeys(d.strip() for d in args.dtype.split(",") if d.strip())) or ("auto",)
+    lanes = lanes_from_args(argparse.Namespace(**{**vars(args), "dtype": dtypes[0]}))
+    lanes_at = {dtype: replace(lanes, dtype=dtype) for dtype in dtypes}  # every value checked before anything loads
     decoders = (tuple(d.strip() for d in args.decoders.split(",") if d.strip()) if args.decoders is not None
                 else default_decoders(lanes))
     config = BenchConfig(decoders, args.max_new_tokens, probe.sampling, probe.spec,
@@ -194,18 +197,20 @@ def bench(args) -> int:
     if args.limit is not None and args.limit < 1:
         raise MirrorError("--limit must be >= 1")
     _check_default_pair(args.target, args.draft if config.needs_draft else None)
-    with open_pair(args.target, args.draft, lanes, config) as pair:
-        prompts = load_prompts(args.prompts, pair.engine.tokenizer, args.limit)
-        n_cells = len(plan(pair.engine, config, prompts[0].prompt_ids))
-        with tqdm(total=total_runs(len(prompts), n_cells, config), file=sys.stderr, unit="run",
-                  mininterval=1.0) as bar:
-            rows = run_bench(pair, prompts, config, on_run=lambda what: (bar.set_postfix_str(what), bar.update()))
-        info = pair.engine.info
-        report = build_report(rows, config, {"target": info.target, "draft": info.draft, "lanes": asdict(info.lanes),
-                                             "target_runner": info.target_runner,
-                                             "target_rows": asdict(info.target_rows), **dtype_fields(info),
-                                             "cpu": cpu_model(),
-                                             "prompts_file": args.prompts})
+    rows, loaded = [], {}
+    for dtype in dtypes:  # one pair at a time, in one process: the dtypes' figures are from one run
+        with open_pair(args.target, args.draft, lanes_at[dtype], config) as pair:
+            prompts = load_prompts(args.prompts, pair.engine.tokenizer, args.limit)
+            n_cells = len(plan(pair.engine, config, prompts[0].prompt_ids))
+            with tqdm(total=total_runs(len(prompts), n_cells, config), file=sys.stderr, unit="run",
+                      mininterval=1.0, desc=f"--dtype {dtype}") as bar:
+                rows += run_bench(pair, prompts, config,
+                                  on_run=lambda what: (bar.set_postfix_str(what), bar.update()))
+            info = loaded[dtype] = pair.engine.info
+    report = build_report(rows, config, {"target": info.target, "draft": info.draft, "lanes": asdict(info.lanes),
+                                         "target_runner": info.target_runner, "target_rows": asdict(info.target_rows),
+                                         "dtypes": {d: dtype_fields(i) for d, i in loaded.items()},
+                                         "cpu": cpu_model(), "prompts_file": args.prompts})
     print(format_table(report))
     for path in write_outputs(report, args.out, args.out_dir):
         print(f"wrote {path}", file=sys.stderr)

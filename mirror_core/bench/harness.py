@@ -179,6 +179,7 @@ class BenchPair:
     engine: MirrorEngine                    # the pair on its lanes (ar, sd, mirror)
     all_core: MirrorEngine | None           # the target alone on every core (ar_all), when it runs
     peers: object | None                    # peers.HFPeers, when hf or hf_assisted runs
+    dtype: str = "auto"                     # the --dtype both engines were loaded with
 
 
 @contextlib.contextmanager
@@ -193,7 +194,7 @@ def open_pair(target: str, draft: str | None, lanes: LaneConfig, config: BenchCo
         peers = None
         if set(PEER_DECODERS) & set(config.decoders):
             peers = HFPeers(target, draft if "hf_assisted" in config.decoders else None, lanes.target_device)
-        yield BenchPair(engine, all_core, peers)
+        yield BenchPair(engine, all_core, peers, lanes.dtype)
 
 
 def plan(engine: MirrorEngine, config: BenchConfig, probe: tuple[int, ...]) -> list[Cell]:
@@ -246,8 +247,8 @@ def run_bench(pair: BenchPair, prompts: list[BenchPrompt], config: BenchConfig,
             for cell in cells:
                 runs[cell].append(measure(pair, cell, p, config))
                 on_run(f"{p.name} {cell.decoder} {cell.label}")
-        rows += [measured_row(p, cell, runs[cell]) for cell in cells]
-    return derive(rows)
+        rows += [measured_row(p, cell, runs[cell], pair.dtype) for cell in cells]
+    return rows
 
 
 def total_runs(n_prompts: int, n_cells: int, config: BenchConfig) -> int:
@@ -258,14 +259,14 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else v * 1e3
 
 
-def measured_row(p: BenchPrompt, cell: Cell, runs: list[Measurement]) -> BenchRow:
+def measured_row(p: BenchPrompt, cell: Cell, runs: list[Measurement], dtype: str = "auto") -> BenchRow:
     """Medians over repeats for times; everything else from the run with the median wall time (derived fields
     are left for `derive`)."""
     walls = [m.wall_s for m in runs]
     wall = statistics.median(walls)
     rep = sorted(runs, key=lambda m: m.wall_s)[(len(runs) - 1) // 2]
     return BenchRow(
-        prompt=p.name, category=p.category, decoder=cell.decoder, setting=cell.label, gamma=cell.gamma,
+        prompt=p.name, category=p.category, decoder=cell.decoder, setting=cell.label, dtype=dtype, gamma=cell.gamma,
         kappa=cell.kappa, exit_layer=cell.exit_layer, branch_budget=cell.branch_budget, new_tokens=len(rep.tokens),
         wall_s=wall, wall_s_min=min(walls), wall_s_max=max(walls), tokens_per_s=len(rep.tokens) / wall,
         repeats=len(runs), timed_by="perf_counter around generate()" if rep.summary is None else "engine spans",

@@ -2,7 +2,7 @@
 
 The harness builds each row from its timed runs; `derive` then fills the fields that need the
 same prompt's `ar` / `ar_all` rows. `BenchRow.to_dict` is the row as the JSON report and the CSV
-write it ("mirror-sd-bench/2"); the report, the HTML page and scripts/gpu_bench.py read attributes.
+write it ("mirror-sd-bench/3"); the report, the HTML page and scripts/gpu_bench.py read attributes.
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ class BenchRow:
     category: str                          # the prompt's Spec-Bench category
     decoder: str                           # bench decoder name: ar, ar_all, sd, mirror, hf, hf_assisted
     setting: str                           # "γ=4 κ=2 ℓe=3 B=6": the settings this decoder uses ("" for ar)
+    dtype: str                             # the --dtype the pair was loaded with ("auto": calibrated per lane)
     gamma: int | None                      # γ (None: the decoder drafts nothing)
     kappa: int | None                      # κ (mirror only)
     exit_layer: int | None                 # ℓ_e (mirror only)
@@ -92,11 +93,12 @@ def run_metrics(summary: RunSummary | None) -> dict:
 
 
 def derive(rows: list[BenchRow]) -> list[BenchRow]:
-    """Fill what needs the same prompt's ar rows: equality, speedups, the bound and the model's prediction."""
-    by = {(r.prompt, r.decoder): r for r in rows if r.decoder in BASELINES}
-    base = baseline_decoder(rows)
-    return [_derived(r, by.get((r.prompt, "ar")), by.get((r.prompt, "ar_all")), by.get((r.prompt, base)))
-            for r in rows]
+    """Fill what needs the same prompt's ar rows (at the same --dtype): equality, speedups, the bound and the
+    model's prediction; speedup_vs_baseline is over the fastest baseline at any dtype."""
+    by = {(r.prompt, r.dtype, r.decoder): r for r in rows if r.decoder in BASELINES}
+    base = _baseline(rows)
+    return [_derived(r, by.get((r.prompt, r.dtype, "ar")), by.get((r.prompt, r.dtype, "ar_all")),
+                     by.get((r.prompt, *base)) if base else None) for r in rows]
 
 
 def _derived(r: BenchRow, ar: BenchRow | None, ar_all: BenchRow | None, baseline: BenchRow | None) -> BenchRow:
@@ -109,9 +111,20 @@ def _derived(r: BenchRow, ar: BenchRow | None, ar_all: BenchRow | None, baseline
 
 
 def baseline_decoder(rows: list[BenchRow]) -> str | None:
-    """The faster of ar and ar_all: the lower sum of per-prompt median wall times."""
-    totals = {d: sum(r.wall_s for r in rows if r.decoder == d) for d in BASELINES
-              if any(r.decoder == d for r in rows)}
+    """The faster of ar and ar_all (at the faster --dtype, named when several ran): the lower sum of per-prompt
+    median wall times."""
+    base = _baseline(rows)
+    if base is None:
+        return None
+    return f"{base[1]} [{base[0]}]" if len({r.dtype for r in rows}) > 1 else base[1]
+
+
+def _baseline(rows: list[BenchRow]) -> tuple[str, str] | None:
+    """(dtype, decoder) of the baseline rows."""
+    totals: dict[tuple[str, str], float] = {}
+    for r in rows:
+        if r.decoder in BASELINES:
+            totals[r.dtype, r.decoder] = totals.get((r.dtype, r.decoder), 0.0) + r.wall_s
     return min(totals, key=totals.get) if totals else None
 
 
@@ -123,12 +136,15 @@ def _speedup(base: BenchRow | None, r: BenchRow) -> float | None:
 
 
 def entries(rows: list[BenchRow]) -> dict[str, list[BenchRow]]:
-    """Rows grouped per summary entry: the decoder's name, plus its setting when it ran at several."""
+    """Rows grouped per summary entry: the decoder's name, plus its setting when it ran at several, plus
+    [dtype] when the bench ran several."""
     settings: dict[str, set] = {}
     for r in rows:
         settings.setdefault(r.decoder, set()).add(r.setting)
+    dtypes = len({r.dtype for r in rows}) > 1
     groups: dict[str, list[BenchRow]] = {}
     for r in rows:
         name = f"{r.decoder} {r.setting}" if len(settings[r.decoder]) > 1 else r.decoder
+        name += f" [{r.dtype}]" if dtypes else ""
         groups.setdefault(name, []).append(r)
     return groups

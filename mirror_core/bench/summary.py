@@ -1,4 +1,4 @@
-"""Bench rows → per-decoder summary and the whole report (BenchReport; `to_dict` is the "mirror-sd-bench/2" JSON)."""
+"""Bench rows → per-decoder summary and the whole report (BenchReport; `to_dict` is the "mirror-sd-bench/3" JSON)."""
 from __future__ import annotations
 
 import statistics
@@ -6,9 +6,9 @@ import time
 from dataclasses import asdict, dataclass, fields
 
 from .harness import BenchConfig
-from .rows import BenchRow, baseline_decoder, entries
+from .rows import BenchRow, baseline_decoder, derive, entries
 
-FORMAT = "mirror-sd-bench/2"
+FORMAT = "mirror-sd-bench/3"  # /3: rows carry the --dtype they ran at
 NOTES = (
     "Engine decoders (ar, ar_all, sd, mirror) are timed by the engine's own spans: prefill start → last commit, "
     "one monotonic clock for both lanes; loading and tokenisation excluded.",
@@ -86,7 +86,7 @@ class BenchReport:
     rows: tuple[BenchRow, ...]                # one per (prompt, decoder, setting)
 
     def to_dict(self) -> dict:
-        """The JSON report (format "mirror-sd-bench/2")."""
+        """The JSON report (format "mirror-sd-bench/3")."""
         return {"format": FORMAT, "time": self.time, "settings": self.settings, "baseline": self.baseline,
                 "notes": list(self.notes), "summary": [e.to_dict() for e in self.summary],
                 "best": None if self.best is None else {k: getattr(self.best, k) for k in BEST_KEYS},
@@ -147,6 +147,7 @@ def best_setting(summary: list[SummaryEntry]) -> SummaryEntry | None:
 
 def build_report(rows: list[BenchRow], config: BenchConfig, info: dict) -> BenchReport:
     """The report of one bench; `info` (the pair, its lanes, the prompt file) joins the settings."""
+    rows = derive(rows)
     summary = summarize(rows)
     settings = {"max_new_tokens": config.max_new_tokens, "repeats": config.repeats, "warmup": config.warmup,
                 "decoders": list(config.decoders), "spec": asdict(config.spec), "sampling": asdict(config.sampling),
