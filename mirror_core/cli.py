@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--decoder", default="mirror", help=f"one of {', '.join(DECODER_NAMES)}")
     _add_pair_and_settings(g)
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    g.add_argument("--raw-prompt", action="store_true",
+                   help="tokenize the prompt as it is, without the target's chat template (instruct models have one)")
     g.add_argument("--trace", default=None, help="write every event to this JSON file")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="let transformers run Python code shipped with the models (off: only built-in architectures)")
@@ -129,7 +131,7 @@ def generate(args) -> int:
         if prompt_ids is None:
             if engine.tokenizer is None:
                 raise MirrorError(f"{args.target!r} has no tokenizer; pass --prompt-ids instead of --prompt")
-            prompt_ids = engine.encode(args.prompt)
+            prompt_ids = engine.encode(args.prompt, chat=not args.raw_prompt)
         request = request_from_args(args, prompt_ids)
         text = IncrementalText(engine.tokenizer) if engine.tokenizer is not None else None
         events = []

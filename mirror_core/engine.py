@@ -22,7 +22,7 @@ from .decode_state import DecodeState
 from .events import Event, RunEnd, RunSettings
 from .lanes import DraftLaneSpec, auto_lanes, make_draft_lane, pinned
 from .lanes.faults import fault_plan_from_env
-from .loading import ModelSpec, check_device, load_config, load_model, load_tokenizer, shared_vocab_size
+from .loading import ModelSpec, check_device, encode_text, load_config, load_model, load_tokenizer, shared_vocab_size
 from .metrics import RunSummary
 from .runners import RowCheck, build_runner
 from .runners.calibrate import Calibration, calibrate_target
@@ -113,12 +113,13 @@ class MirrorEngine:
                                  - len(request.prompt_ids) - request.spec.gamma - 2) > 0 else ""))
         return exit_layer
 
-    def encode(self, text: str) -> tuple[int, ...]:
-        """Prompt text → token ids with the target's tokenizer, after the text checks (MirrorError)."""
+    def encode(self, text: str, chat: bool = True) -> tuple[int, ...]:
+        """Prompt text → token ids with the target's tokenizer, after the text checks (MirrorError); with chat,
+        in the target's chat template when it has one (loading.encode_text)."""
         check_prompt_text(text)
         if self.tokenizer is None:
             raise MirrorError(f"{self.info.target!r} has no tokenizer; give prompt token ids instead of text")
-        ids = tuple(self.tokenizer.encode(text))
+        ids = encode_text(self.tokenizer, text, chat)
         if not ids:
             raise MirrorError("the prompt encodes to no tokens")
         return ids

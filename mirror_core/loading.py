@@ -2,16 +2,17 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from .config import MirrorError
+from .prepared import resolve_source
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Where a model comes from (hub id or local folder) and where it runs."""
+    """Where a model comes from (hub id, local folder, or a name in prepared.REGISTRY) and where it runs."""
     source: str
     device: str = "cpu"
     trust_remote_code: bool = False
@@ -40,6 +41,7 @@ def load_config(spec: ModelSpec, draft: bool = False):
     from .runners.hf import SUPPORTED_MODEL_TYPES
 
     supported = SUPPORTED_MODEL_TYPES + ((ss_draft.SSDraftConfig.model_type,) if draft else ())
+    spec = replace(spec, source=resolve_source(spec.source))
     if _looks_like_path(spec.source) and not os.path.isdir(spec.source):
         raise MirrorError(f"model folder {spec.source!r} does not exist")
     try:
@@ -59,6 +61,7 @@ def load_model(spec: ModelSpec, draft: bool = False):
 
     device = check_device(spec.device)
     config = load_config(spec, draft)
+    spec = replace(spec, source=resolve_source(spec.source))
     dtype = torch.float32
     if device.type == "cuda" and getattr(config, "dtype", None) in (torch.float16, torch.bfloat16):
         dtype = config.dtype
@@ -78,12 +81,24 @@ def load_tokenizer(source: str):
     """The model's tokenizer, or None when the folder has none (then use prompt ids)."""
     from transformers import AutoTokenizer
 
+    source = resolve_source(source)
     if os.path.isdir(source) and not any(os.path.exists(os.path.join(source, f)) for f in _TOKENIZER_FILES):
         return None  # transformers would build an empty tokenizer from the config alone
     try:
         return AutoTokenizer.from_pretrained(source)
     except Exception:
         return None
+
+
+def encode_text(tokenizer, text: str, chat: bool = True) -> tuple[int, ...]:
+    """Prompt text → ids. With chat (the default) and a tokenizer that has a chat template (an instruct model),
+    the text is one user turn followed by the assistant's turn opening, as the model was tuned to read it;
+    otherwise (raw) the text's own tokens."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False)
+        return tuple(int(t) for t in (ids["input_ids"] if isinstance(ids, dict) else ids))
+    return tuple(tokenizer.encode(text))
 
 
 def shared_vocab_size(target_config, draft_config, tok_target, tok_draft) -> int:

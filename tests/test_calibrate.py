@@ -21,8 +21,14 @@ SHIPPED = os.path.join(ROOT, "assets", "default_pair")
 
 
 def _runner(path: str):
-    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()  # as loading.load_model on a CPU
     return model, build_runner(model, int(model.config.vocab_size))
+
+
+def _expected(cal: Calibration, names: list[str], shape: str) -> str:
+    """The fastest dtype for the shape, taken over float32 only when at least 5 % faster (timing noise otherwise)."""
+    fastest = min(names, key=lambda n: cal.ms(n, shape))
+    return fastest if cal.ms(fastest, shape) < 0.95 * cal.ms("float32", shape) else "float32"
 
 
 def test_the_target_takes_its_fastest_window_and_the_next_load_reads_the_cache(pairs, tmp_path, monkeypatch):
@@ -33,7 +39,7 @@ def test_the_target_takes_its_fastest_window_and_the_next_load_reads_the_cache(p
     assert names[:2] == ["float32", "bfloat16"]
     assert {(t.dtype, t.shape) for t in cal.table} == {(n, s) for n in names for s in ("step", "window")}
     assert all(t.ms > 0 for t in cal.table) and not cal.cached and cal.seconds > 0
-    assert cal.sequence == cal.rows == min(names, key=lambda n: cal.ms(n, "window"))
+    assert cal.sequence == cal.rows == _expected(cal, names, "window")
     assert runner.sequence_dtype == runner.rows_dtype == cal_mod.DTYPES[cal.sequence]
     assert rows.checked and rows.invariant and runner.row_exact == rows.row_exact
     assert len(os.listdir(os.path.join(tmp_path, "calibration"))) == 1
@@ -56,8 +62,8 @@ def test_the_draft_chooses_per_shape(pairs, tmp_path, monkeypatch):
         model, runner = _runner(path)
         cal = calibrate_draft(runner, "auto", model.config)
         assert {t.shape for t in cal.table} == {"step", "rows"}
-        assert cal.sequence == min(candidates(runner), key=lambda n: cal.ms(n, "step"))
-        assert cal.rows == min(candidates(runner), key=lambda n: cal.ms(n, "rows"))
+        assert cal.sequence == _expected(cal, candidates(runner), "step")
+        assert cal.rows == _expected(cal, candidates(runner), "rows")
         assert runner.sequence_dtype == cal_mod.DTYPES[cal.sequence] and runner.rows_dtype == cal_mod.DTYPES[cal.rows]
 
 

@@ -264,3 +264,24 @@ def test_session_copies_start_fresh_and_examples_load():
     assert copied.runs == {} and copied.stop is not session.stop
     examples = load_examples("assets/examples.json")
     assert examples and all(isinstance(e, str) and e for e in examples)
+
+
+def test_the_numbers_name_each_lanes_dtype_and_say_when_ar_alone_would_be_faster_elsewhere():
+    from types import SimpleNamespace
+
+    from mirror_core.runners.calibrate import Calibration, Timing
+    from ui.numbers import dtype_line
+
+    target = Calibration("target", "auto", "bfloat16", "bfloat16", (
+        Timing("float32", "step", 10.4), Timing("float32", "window", 13.0),
+        Timing("bfloat16", "step", 12.3), Timing("bfloat16", "window", 12.1)))
+    draft = Calibration("draft", "auto", "float32", "bfloat16", (
+        Timing("float32", "step", 1.9), Timing("float32", "rows", 13.5),
+        Timing("bfloat16", "step", 2.6), Timing("bfloat16", "rows", 12.9)))
+    line = dtype_line(SimpleNamespace(target_dtype=target, draft_dtype=draft))
+    assert "target: bfloat16, the fastest window of γ+1 here (12.1 ms; float32 13.0 ms)" in line
+    assert "verify γ+1 ≈ 0.98 one-token steps" in line and "faster in float32 (10.4 vs 12.3 ms)" in line
+    assert "draft: float32 (rows: bfloat16), the fastest step (1.9 ms) and branch rollout (12.9 ms)" in line
+    forced = SimpleNamespace(target_dtype=Calibration("target", "float32", "float32", "float32"), draft_dtype=None)
+    assert "target: float32 (forced by --dtype)" in dtype_line(forced) and "draft:" not in dtype_line(forced)
+    assert dtype_line(SimpleNamespace(target_dtype=None, draft_dtype=None)) == ""

@@ -212,7 +212,9 @@ def _controls(presets: list[PairPreset], examples: list[str]) -> Controls:
                        "rule": gr.Radio(list(RULE_CHOICES), value=DEFAULTS["rule"], label="Rule", info=INFO["rule"]),
                        "seed": _number("seed", "Seed"),
                        "live_plots": gr.Checkbox(DEFAULTS["live_plots"], label="Live plots", info=INFO["live_plots"],
-                                                 elem_id="mirror-live-plots")}
+                                                 elem_id="mirror-live-plots"),
+                       "raw_prompt": gr.Checkbox(DEFAULTS["raw_prompt"], label="Raw prompt", info=INFO["raw_prompt"],
+                                                 elem_id="mirror-raw-prompt")}
     return Controls(fields, preset, run, stop, replay_btn, status)
 
 

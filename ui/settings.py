@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from mirror_core import MirrorError, Request, SamplingConfig, SpecConfig
 from mirror_core.config import AUTO_BRANCH_BUDGET, MAX_GAMMA, MAX_KAPPA, MAX_NEW_TOKENS_CAP, check_prompt_text
+from mirror_core.loading import encode_text
 
 # Decoder keys in the order they run (baseline first) and the names the page shows.
 DECODER_ORDER = ("ar", "mirror", "sd")  # the order they run in, and left to right on the page
@@ -18,7 +19,7 @@ RULE_CHOICES = (("exact: Rule E, reproduces AR token for token with the same see
 # callers pass them positionally, so append new ones at the end). A new control is one entry here, its
 # DEFAULTS/INFO/BOUNDS entries, its component in layout._controls, and its use in settings_from_ui.
 CONTROLS = ("prompt", "target", "draft", "decoders", "gamma", "kappa", "exit_layer", "temperature", "top_k", "top_p",
-            "rule", "max_new_tokens", "seed", "branch_budget", "live_plots", "repeats")
+            "rule", "max_new_tokens", "seed", "branch_budget", "live_plots", "repeats", "raw_prompt")
 
 APP_MAX_NEW_TOKENS = min(1024, MAX_NEW_TOKENS_CAP)  # the page's cap per decoder, checked server-side
 APP_MAX_TEMPERATURE = 2.0                           # the highest temperature the page takes
@@ -36,7 +37,7 @@ BOUNDS = {"gamma": (1, MAX_GAMMA), "kappa": (1, MAX_KAPPA), "exit_layer": (0, No
 DEFAULTS = {"gamma": SpecConfig.gamma, "kappa": SpecConfig.kappa, "exit_layer": 0,
             "branch_budget": SpecConfig.branch_budget, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
             "rule": "exact", "max_new_tokens": 64, "seed": 0, "decoders": ["ar", "mirror"], "live_plots": True,
-            "repeats": 1}
+            "repeats": 1, "raw_prompt": False}
 
 
 def _range(name: str) -> str:
@@ -49,6 +50,8 @@ def _signed(n: int) -> str:
 
 
 INFO = {
+    "raw_prompt": "On: the prompt's own tokens. Off: an instruct target's chat template wraps it as a user turn "
+                  "(models without a template always get the raw prompt).",
     "repeats": f"Run the whole comparison this many times ({_range('repeats')}); the numbers show each metric's median "
                "and range, and every other repeat runs the decoders in reverse order so none always goes first.",
     "live_plots": "Off: measure, then show. The plots are drawn once the runs have ended, so a browser on the "
@@ -88,6 +91,7 @@ class ComparisonSettings:
     spec: SpecConfig
     live_plots: bool = True          # False: measure, then show (plots drawn when the runs have ended)
     repeats: int = 1                 # comparisons per Run; odd-numbered repeats (0-based) run in reverse order
+    raw_prompt: bool = False         # True: tokenize the prompt as it is, without the target's chat template
 
     def requests(self, prompt_ids: tuple[int, ...]) -> list[Request]:
         """Every run of the comparison, repeat after repeat (DECODER_ORDER, then reversed, alternately)."""
@@ -125,11 +129,12 @@ def settings_from_ui(values: Mapping[str, object]) -> ComparisonSettings:
                               top_p=_bounded("top_p", _as_float(v["top_p"], "top-p")),
                               seed=_bounded("seed", _as_int(v["seed"], "seed")), rule=v["rule"])
     max_new = _bounded("max_new_tokens", _as_int(v["max_new_tokens"], "max new tokens"))
-    live = v["live_plots"]
-    if not isinstance(live, bool):
-        raise MirrorError(f"live plots must be true or false, got {live!r}")
+    live, raw = v["live_plots"], v["raw_prompt"]
+    for name, flag in (("live plots", live), ("raw prompt", raw)):
+        if not isinstance(flag, bool):
+            raise MirrorError(f"{name} must be true or false, got {flag!r}")
     repeats = _bounded("repeats", _as_int(v["repeats"], "repeats"))
-    return ComparisonSettings(target, draft or None, prompt, chosen, max_new, sampling, spec, live, repeats)
+    return ComparisonSettings(target, draft or None, prompt, chosen, max_new, sampling, spec, live, repeats, raw)
 
 
 LABELS = {"gamma": "γ (gamma)", "kappa": "κ (kappa)", "exit_layer": "exit layer ℓ_e", "branch_budget": "branch budget",
@@ -159,10 +164,11 @@ def _check_names(values) -> Mapping[str, object]:
     return values
 
 
-def encode_prompt(tokenizer, prompt: str) -> tuple[int, ...]:
-    """Text through the tokenizer, or comma/space-separated ids when the model has none."""
+def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> tuple[int, ...]:
+    """Text through the tokenizer (with chat, in its chat template when it has one), or comma/space-separated ids
+    when the model has none."""
     if tokenizer is not None:
-        ids = tuple(tokenizer.encode(prompt))
+        ids = encode_text(tokenizer, prompt, chat)
         if not ids:
             raise MirrorError("the prompt encodes to no tokens")
         return ids

@@ -25,6 +25,7 @@ from typing import Callable, Iterator
 
 from ..config import LaneConfig, MirrorError, Request, SamplingConfig, SpecConfig
 from ..engine import MirrorEngine
+from ..loading import encode_text
 from ..events import RunEnd, SpanEvent, StepRecord
 from ..latency import LatencyModel, ar_step_time, hidden_draft_bound, latency_model_from_events, step_times, verify_time
 from ..metrics import RunSummary
@@ -131,7 +132,7 @@ def load_prompts(path: str, tokenizer, limit: int | None = None) -> list[BenchPr
             elif not row.get("turns"):
                 raise MirrorError(f"{path}: line {n + 1} has neither turns nor prompt_ids")
             else:
-                ids = tuple(tokenizer.encode(row["turns"][0]))
+                ids = encode_text(tokenizer, row["turns"][0])  # a chat turn where the target has a template
             out.append(BenchPrompt(str(row.get("question_id", n)), str(row.get("category", "")), ids))
     if not out:
         raise MirrorError(f"{path} holds no prompts")

@@ -32,13 +32,15 @@ PREFIX = 96                                              # tokens in the cache b
 WINDOW = SpecConfig.gamma + 1                            # the target's window at the default γ
 BRANCH_ROWS = SpecConfig.kappa * (SpecConfig.gamma + 1)  # the draft's branch batch at the default κ, γ
 MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 15, 1.5            # timed rounds per dtype: at least 3, then until the budget
-CACHE_VERSION = 1
+MARGIN = 0.05  # a lower precision than the loaded one is chosen only when it is this much faster (else: timing noise)
+CACHE_VERSION = 2
 
 
 @dataclass(frozen=True)
 class Timing:
     dtype: str
-    shape: str   # "step": one token; "window": γ + 1 tokens (target); "rows": κ(γ + 1) branch rows (draft)
+    shape: str   # "step": one token; "window": γ + 1 tokens (target); "rows": a branch rollout of κ(γ + 1) rows,
+                 # γ tokens deep (draft)
     ms: float    # median wall time of one forward, after PREFIX cached tokens
 
 
@@ -108,7 +110,7 @@ def calibrate_target(runner, vocab_size: int, requested: str, config) -> tuple[C
 
     shapes = {"step": lambda c: runner.forward(c, [5]), "window": lambda c: runner.forward(c, list(range(5, 5 + WINDOW)))}
     cal = _calibrate(runner, "target", requested, names, shapes, prepare, config)
-    choice = min(names, key=lambda n: cal.ms(n, "window") or float("inf")) if requested == "auto" else requested
+    choice = _fastest(cal, names, "window") if requested == "auto" else requested
     cal = replace(cal, sequence=choice, rows=choice,
                   note="forced by --dtype" if requested != "auto" else f"fastest window of {WINDOW} tokens")
     prepare(choice)
@@ -117,26 +119,34 @@ def calibrate_target(runner, vocab_size: int, requested: str, config) -> tuple[C
 
 
 def calibrate_draft(runner, requested: str, config) -> Calibration:
-    """Choose the draft's dtype per shape (its fastest step and its fastest branch batch) and set them."""
+    """Choose the draft's dtype per shape (its fastest step and its fastest branch rollout) and set them."""
     if not hasattr(runner, "set_dtypes"):
         return _generic(runner, "draft", requested)
     names = candidates(runner) if requested == "auto" else [requested]
     width = 1 + runner.num_streams  # an SS draft feeds its token and its lookahead together
 
-    def rows(c):
+    def rows(c):  # one branch rollout: κ(γ + 1) rows, γ tokens deep
         ids = torch.full((BRANCH_ROWS, width), 7, dtype=torch.long)                         # [R, 1 + n]
-        return runner.forward_rows(runner.fork(c, [PREFIX - r % 4 for r in range(BRANCH_ROWS)]), ids)
+        branches = runner.fork(c, [PREFIX - r % 4 for r in range(BRANCH_ROWS)])
+        for _ in range(WINDOW - 1):
+            runner.forward_rows(branches, ids)
 
     shapes = {"step": lambda c: runner.forward(c, list(range(5, 5 + width))), "rows": rows}
     cal = _calibrate(runner, "draft", requested, names, shapes, lambda n: runner.set_dtypes(DTYPES[n]), config)
     if requested == "auto":
-        best = {s: min(names, key=lambda n, s=s: cal.ms(n, s) or float("inf")) for s in shapes}
-        cal = replace(cal, sequence=best["step"], rows=best["rows"], note="fastest step and fastest branch batch")
+        best = {s: _fastest(cal, names, s) for s in shapes}
+        cal = replace(cal, sequence=best["step"], rows=best["rows"], note="fastest step and fastest branch rollout")
     else:
         cal = replace(cal, sequence=requested, rows=requested, note="forced by --dtype")
     runner.set_dtypes(DTYPES[cal.sequence], DTYPES[cal.rows])
     runner.drop_unused_dtypes()
     return cal
+
+
+def _fastest(cal: Calibration, names: list[str], shape: str) -> str:
+    """The fastest dtype for a shape; the first (loaded) one unless another beats it by MARGIN."""
+    best = min(names, key=lambda n: cal.ms(n, shape))
+    return best if cal.ms(best, shape) < (1 - MARGIN) * cal.ms(names[0], shape) else names[0]
 
 
 def _generic(runner, lane: str, requested: str) -> Calibration:
