@@ -26,7 +26,7 @@ RUN_PARAMETERS = (("Textbox", "Prompt"), ("Textbox", "Target"), ("Textbox", "Dra
                   ("Number", "κ (candidates per slot)"), ("Number", "ℓ_e (early-exit layer)"),
                   ("Number", "Temperature"), ("Number", "Top-k"), ("Number", "Top-p"), ("Radio", "Rule"),
                   ("Number", "Max new tokens"), ("Number", "Seed"), ("Number", "Branch budget"),
-                  ("Checkbox", "Live plots"), ("Number", "Repeats"))
+                  ("Checkbox", "Live plots"), ("Number", "Repeats"), ("Checkbox", "Raw prompt"))
 
 
 def _free_port() -> int:
