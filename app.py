@@ -20,8 +20,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", default=None, help="target model: Hugging Face id or local folder "
                                                   "(default: the embedded pair in assets/default_pair)")
     p.add_argument("--draft", default=None, help="draft model: Hugging Face id or local folder")
-    p.add_argument("--target-device", default=None, help="cpu, cuda or cuda:N (default: automatic lanes)")
-    p.add_argument("--draft-device", default=None, help="cpu, cuda or cuda:N (default: automatic lanes)")
+    p.add_argument("--target-device", default=None, help="cpu, cuda[:N], mps, xpu[:N] or npu[:N] (default: automatic lanes)")
+    p.add_argument("--draft-device", default=None, help="cpu, cuda[:N], mps, xpu[:N] or npu[:N] (default: automatic lanes)")
     p.add_argument("--lane", default=None, help="draft lane kind: process, thread or inline (default: automatic)")
     p.add_argument("--dtype", default="auto", help="matmul dtype: auto, float32, bfloat16 or float16 (auto: each lane "
                    "times its forwards in each dtype where it runs and takes the fastest; cached per machine and model)")
@@ -43,13 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    from mirror_core import MirrorError, auto_lanes
+    from mirror_core import MirrorError
+    from mirror_core.lanes.placement import plan_lanes
     from mirror_core.loading import check_device
     from ui import LAUNCH, EngineLoader, ModelPolicy, build_demo, default_presets, load_examples
 
     try:
-        lanes = auto_lanes(target_device=args.target_device, draft_device=args.draft_device, kind=args.lane,
-                           dtype=args.dtype)
+        plan = plan_lanes(target_device=args.target_device, draft_device=args.draft_device, kind=args.lane,
+                          dtype=args.dtype)
+        lanes = plan.lanes
         check_device(lanes.target_device)
         check_device(lanes.draft_device)
     except MirrorError as exc:
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.trust_remote_code:
         print("warning: --trust-remote-code: loaded models may run their own Python code on this machine", flush=True)
     loader = EngineLoader(lanes, policy=policy)
-    demo = build_demo(loader, presets, load_examples(EXAMPLES))  # its queue: one run at a time, bounded wait
+    demo = build_demo(loader, presets, load_examples(EXAMPLES), plan.reasons)  # its queue: one run at a time, bounded wait
     _, url, share_url = demo.launch(server_name=args.host, server_port=args.port, share=args.share,
                                     prevent_thread_lock=True, quiet=True, **LAUNCH)
     print(f"Mirror-SD Playground: {url}" + (f"  (public: {share_url})" if share_url else ""), flush=True)

@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="write the JSON report here")
     b.add_argument("--out-dir", default=None, help="write bench.json, bench.csv and bench.html into this folder")
     _add_pair_and_settings(b)
+    d = sub.add_parser("devices", help="list this machine's devices and the lane plan chosen for it, with reasons")
+    d.add_argument("--target-device", default=None, help="cpu, cuda[:N], mps, xpu[:N] or npu[:N] (default: plan)")
+    d.add_argument("--draft-device", default=None, help="cpu, cuda[:N], mps, xpu[:N] or npu[:N] (default: plan)")
+    d.add_argument("--lane", default=None, help="draft lane: process, thread or inline (default: plan)")
+    d.add_argument("--json", action="store_true", help="print one JSON object")
     c = sub.add_parser("channel", help="measure the lanes' shared-memory round trip")
     c.add_argument("--n", type=int, default=2000, help="round trips")
     c.add_argument("--locked", action="store_true",
@@ -82,8 +87,8 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--rule", default="exact", help=f"acceptance rule at T > 0: {', '.join(RULES)}")
-    g.add_argument("--target-device", default=None, help="cpu, cuda or cuda:N (default: automatic lanes)")
-    g.add_argument("--draft-device", default=None, help="cpu, cuda or cuda:N (default: automatic lanes)")
+    g.add_argument("--target-device", default=None, help="cpu, cuda[:N], mps, xpu[:N] or npu[:N] (default: automatic lanes)")
+    g.add_argument("--draft-device", default=None, help="cpu, cuda[:N], mps, xpu[:N] or npu[:N] (default: automatic lanes)")
     g.add_argument("--lane", default=None, help="draft lane: process, thread or inline (default: automatic)")
     g.add_argument("--runner", default="auto", help="model runner: auto (fast for Llama-family weights and SS drafts), fast or hf")
     g.add_argument("--dtype", default="auto", help=f"matmul dtype: {', '.join(DTYPE_CHOICES)} (auto: each lane times "
@@ -219,6 +224,33 @@ def bench(args) -> int:
     return 0
 
 
+def show_devices(args) -> int:
+    """`python -m mirror_core devices`: what this machine has, and the lane plan for it, with the reasons."""
+    from . import devices
+    from .lanes.placement import plan_lanes
+    from .machine import can_pin
+
+    for given in (args.target_device, args.draft_device):
+        if given is not None:
+            devices.check(given)  # a named device must exist here (one line listing what does)
+    plan = plan_lanes(args.target_device, args.draft_device, args.lane)
+    lanes = plan.lanes
+    found = [{"device": d, "name": devices.describe(d)} for d in devices.available()]
+    if args.json:
+        print(json.dumps({"devices": found, "lanes": asdict(lanes), "reasons": list(plan.reasons),
+                          "platform": sys.platform, "can_pin": can_pin()}))
+        return 0
+    print("devices:")
+    for d in found:
+        print(f"  {d['device']:<8} {d['name']}")
+    cores = lambda cpus: f" (cores {','.join(map(str, cpus))})" if cpus else ""  # noqa: E731
+    print(f"plan: target on {lanes.target_device}{cores(lanes.target_cpus)}, draft on {lanes.draft_device}"
+          f"{cores(lanes.draft_cpus)} in a {lanes.kind} lane")
+    for reason in plan.reasons:
+        print(f"  - {reason}")
+    return 0
+
+
 def _summary_line(end: RunEnd) -> str:
     parts = []
     for key in SUMMARY_KEYS:
@@ -245,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
 
             print(round_trip_benchmark(args.n, ordered_stores=not args.locked))
             return 0
+        if args.command == "devices":
+            return show_devices(args)
         return generate(args) if args.command == "generate" else bench(args)
     except MirrorError as exc:
         print(f"error: {exc}", file=sys.stderr)

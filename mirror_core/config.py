@@ -1,6 +1,7 @@
 """Frozen configuration for a decoding request and for the two lanes (no torch, no environment)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 DECODER_NAMES = ("ar", "sd", "mirror")
@@ -11,6 +12,7 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # auto: each lane ca
 RUNNER_KINDS = ("auto", "fast", "hf")  # auto: the fast runners for Llama-family weights and SS drafts, else the generic one
 MAX_NEW_TOKENS_CAP = 4096  # documented upper bound for one request
 MAX_PROMPT_CHARS = 32_000  # prompt text is refused above this many characters (before tokenizing)
+DEVICE_NAME = r"^(cpu|mps|(cuda|xpu|npu)(:\d+)?)$"  # devices.py: CUDA, Apple MPS, Intel XPU, Ascend NPU, the CPU
 MAX_GAMMA = 16
 MAX_KAPPA = 64
 AUTO_BRANCH_BUDGET = -1  # SpecConfig.branch_budget: fit the branch rows to the target's suffix (branching.py)
@@ -159,8 +161,8 @@ class LaneConfig:
         _require(self.dtype in DTYPE_CHOICES, f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         for name in ("target_device", "draft_device"):
             dev = getattr(self, name)
-            _require(isinstance(dev, str) and (dev == "cpu" or dev == "cuda" or dev.startswith("cuda:")),
-                     f"{name.replace('_', ' ')} must be 'cpu', 'cuda' or 'cuda:N', got {dev!r}")
+            _require(isinstance(dev, str) and re.match(DEVICE_NAME, dev) is not None,
+                     f"{name.replace('_', ' ')} must be cpu, cuda[:N], mps, xpu[:N] or npu[:N], got {dev!r}")
 
 
 def _is_int(value) -> bool:

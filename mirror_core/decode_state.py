@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from . import devices
 from .config import Request
 from .events import (
     LANE_DRAFT,
@@ -65,8 +66,7 @@ class DecodeState:
     # -- time ------------------------------------------------------------------------------
     def now(self) -> float:
         """The shared clock, after the target's device has finished its queued work."""
-        if self.target.device.type == "cuda":  # this lane's stream only, never the draft's
-            torch.cuda.current_stream(self.target.device).synchronize()
+        devices.synchronize(self.target.device)  # this lane's stream only, never the draft's
         return time.perf_counter()
 
     def span(self, stage: str, t0: float, t1: float, step: int, lane: str = LANE_TARGET) -> None:

@@ -19,18 +19,10 @@ class ModelSpec:
 
 
 def check_device(device: str) -> torch.device:
-    """A torch.device that exists on this machine, or a MirrorError saying what does."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        index = dev.index if dev.index is not None else 0
-        if index >= n:
-            have = "no CUDA devices" if n == 0 else f"{n} CUDA device(s): " + ", ".join(f"cuda:{i}" for i in range(n))
-            raise MirrorError(f"device {device!r} is not available; this machine has {have}; use 'cpu'")
-        dev = torch.device("cuda", index)
-    elif dev.type != "cpu":
-        raise MirrorError(f"unsupported device {device!r}; use 'cpu' or 'cuda:N'")
-    return dev
+    """A torch.device that exists on this machine, or a MirrorError saying what does (devices.check)."""
+    from . import devices
+
+    return devices.check(device)
 
 
 def load_config(spec: ModelSpec, draft: bool = False):
@@ -56,14 +48,15 @@ def load_config(spec: ModelSpec, draft: bool = False):
 
 
 def load_model(spec: ModelSpec, draft: bool = False):
-    """AutoModelForCausalLM from a hub id or folder: fp32 on CPU (no bf16 math there), stored dtype on CUDA."""
+    """AutoModelForCausalLM from a hub id or folder: float32 on a CPU (runners/calibrate.py then chooses each
+    lane's matmul dtype), the stored dtype on an accelerator."""
     from transformers import AutoModelForCausalLM
 
     device = check_device(spec.device)
     config = load_config(spec, draft)
     spec = replace(spec, source=resolve_source(spec.source))
     dtype = torch.float32
-    if device.type == "cuda" and getattr(config, "dtype", None) in (torch.float16, torch.bfloat16):
+    if device.type != "cpu" and getattr(config, "dtype", None) in (torch.float16, torch.bfloat16):
         dtype = config.dtype
     try:  # safetensors only: pickled .bin weights can run code when loaded
         model = AutoModelForCausalLM.from_pretrained(spec.source, dtype=dtype, trust_remote_code=spec.trust_remote_code,

@@ -250,7 +250,7 @@ CATALOGUE: list[Case] = [
          lambda m: dict(target=m.short_vocab_target, draft=m.short_vocab_draft)),
     Case("unavailable device cuda:3", "not available", lambda m: _ids(m, "--target-device", "cuda:3"),
          lambda m, e: _load(m.target, m.draft, LaneConfig(target_device="cuda:3", kind="inline"))),
-    Case("unknown device", "must be 'cpu'", lambda m: _ids(m, "--draft-device", "tpu"),
+    Case("unknown device", "must be cpu, cuda[:N], mps, xpu[:N] or npu[:N]", lambda m: _ids(m, "--draft-device", "tpu"),
          lambda m, e: LaneConfig(draft_device="tpu")),
 ]
 

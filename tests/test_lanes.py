@@ -150,7 +150,7 @@ def test_an_idle_reader_dozes_on_the_doorbell_and_the_writer_rings_it(monkeypatc
     phases: list[str] = []
     fake_time = SimpleNamespace(perf_counter=lambda: next(clock), sleep=lambda s: phases.append(f"sleep {s}"))
     monkeypatch.setattr(channel, "time", fake_time)  # the channel module's clock only
-    monkeypatch.setattr(channel, "os", SimpleNamespace(sched_yield=lambda: phases.append("spin")))
+    monkeypatch.setattr(channel, "yield_cpu", lambda: phases.append("spin"))
     checks = iter([False, False, False, False, True])
     channel.wait_until(lambda: next(checks), lambda: True, 60, doze=lambda: phases.append("doze"))
     assert phases == ["spin", f"sleep {channel.SLEEP_S}", "doze", "doze"]

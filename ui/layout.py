@@ -8,7 +8,7 @@ import os
 
 import gradio as gr
 
-from mirror_core import MirrorError
+from mirror_core import MirrorError, devices
 from mirror_core.config import MAX_PROMPT_CHARS
 
 from . import inspector, numbers, plots, render
@@ -138,13 +138,15 @@ class Views:
     columns: dict  # decoder → gr.Column
 
 
-def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[str] | None = None) -> gr.Blocks:
+def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[str] | None = None,
+               plan: tuple[str, ...] = ()) -> gr.Blocks:
+    """The page. `plan`: why the lanes are where they are (lanes.placement.plan_lanes), shown in the header."""
     """The playground page; loads nothing until the first Run (the loader does that, once per pair)."""
     with gr.Blocks(title="Mirror-SD Playground", delete_cache=(3600, 3600)) as demo:  # hourly: old trace copies
         state = gr.State(Session(), delete_callback=Session.close)  # tab closed: stop its run, drop its trace
         gr.Markdown("# Mirror-SD Playground\nMirror speculative decoding (arXiv 2510.13161): the draft rolls out "
                     "branches for the target's early-exit candidates *while* the target finishes its layers.")
-        gr.Markdown(_banner(presets, loader))
+        gr.Markdown(_banner(presets, loader, plan))
         controls = _controls(presets, examples or [])
         views = _views(controls.status)
         _wire(demo, loader, presets, state, controls, views)
@@ -153,12 +155,12 @@ def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[s
     return demo
 
 
-def _banner(presets: list[PairPreset], loader: EngineLoader) -> str:
+def _banner(presets: list[PairPreset], loader: EngineLoader, plan: tuple[str, ...] = ()) -> str:
     lanes = loader.lanes
     cores = (f" (target cores {list(lanes.target_cpus)}, draft cores {list(lanes.draft_cpus)})"
              if lanes.target_cpus else "")
-    text = (f"Lanes: target on `{lanes.target_device}`, draft on `{lanes.draft_device}` as a "
-            f"**{lanes.kind}** lane{cores}.")
+    text = (f"Lanes: target on `{lanes.target_device}` ({devices.describe(lanes.target_device)}), draft on "
+            f"`{lanes.draft_device}` as a **{lanes.kind}** lane{cores}." + (f" Why: {'; '.join(plan)}." if plan else ""))
     policy = loader.policy
     if policy.trust_remote_code:
         text = ("⚠️ **trust_remote_code is ON** (`--trust-remote-code`): model folders and hub repos may run their "

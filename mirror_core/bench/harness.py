@@ -26,10 +26,11 @@ from typing import Callable, Iterator
 from ..config import LaneConfig, MirrorError, Request, SamplingConfig, SpecConfig
 from ..engine import MirrorEngine
 from ..loading import encode_text
+from ..machine import usable_cpus
 from ..events import RunEnd, SpanEvent, StepRecord
 from ..latency import LatencyModel, ar_step_time, hidden_draft_bound, latency_model_from_events, step_times, verify_time
 from ..metrics import RunSummary
-from .rows import BenchRow, ModelMs, derive, run_metrics
+from .rows import BenchRow, ModelMs, run_metrics
 
 ENGINE_DECODERS = {"ar": "ar", "ar_all": "ar", "sd": "sd", "mirror": "mirror"}  # bench name → engine decoder
 PEER_DECODERS = ("hf", "hf_assisted")
@@ -165,7 +166,7 @@ def all_core_lanes(lanes: LaneConfig) -> LaneConfig:
     """The target lane on every core with one intra-op thread per core (the `ar_all` baseline)."""
     if lanes.target_device != "cpu":
         raise MirrorError("ar_all (target-only ar on every core) needs the target on the CPU; drop it from --decoders")
-    cpus = tuple(sorted(os.sched_getaffinity(0)))
+    cpus = usable_cpus()
     return replace(lanes, target_cpus=cpus, target_threads=len(cpus))
 
 

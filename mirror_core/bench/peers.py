@@ -10,12 +10,13 @@ outputs have equal lengths. Assisted generation drafts a fixed γ tokens per win
 """
 from __future__ import annotations
 
-import os
 import time
 
 import torch
 
+from .. import devices
 from ..config import MirrorError
+from ..machine import usable_cpus
 from ..lanes.placement import pinned
 from ..loading import ModelSpec, load_model
 
@@ -33,7 +34,7 @@ class HFPeers:
                 raise MirrorError(f"hf_assisted needs a Hugging Face causal LM as the draft; {draft!r} is a "
                                   f"{type(self.draft).__name__}, which assisted generation cannot drive; "
                                   "drop hf_assisted from --decoders")
-        self.cpus = tuple(sorted(os.sched_getaffinity(0))) if device == "cpu" else ()
+        self.cpus = usable_cpus() if device == "cpu" else ()
 
     def generate(self, decoder: str, prompt_ids: tuple[int, ...], max_new_tokens: int,
                  gamma: int) -> tuple[tuple[int, ...], float]:
@@ -55,5 +56,4 @@ class HFPeers:
         return tuple(out[0, len(prompt_ids):].tolist()), wall
 
     def _sync(self) -> None:
-        if self.target.device.type == "cuda":
-            torch.cuda.synchronize(self.target.device)
+        devices.synchronize(self.target.device)

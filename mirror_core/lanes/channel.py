@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
-import os
 import platform
 import time
 from collections.abc import Callable
@@ -39,6 +38,8 @@ from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
+
+from ..machine import yield_cpu
 
 # The mailbox header: int64 words at these indices, then the payload arrays.
 SEQ = 0      # messages published so far (the writer bumps it last)
@@ -196,7 +197,7 @@ def wait_until(ready: Callable[[], bool], alive: Callable[[], bool], timeout_s: 
     while not ready():
         waited = time.perf_counter() - t0
         if waited < SPIN_S:
-            os.sched_yield()
+            yield_cpu()
             spins += 1
             if spins % 256:
                 continue

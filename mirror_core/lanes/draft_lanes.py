@@ -6,15 +6,14 @@ time.perf_counter (CLOCK_MONOTONIC: one clock for all processes on the machine).
 """
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
 import queue
 import threading
 from dataclasses import dataclass
 
-import torch
 
+from .. import devices
 from ..config import FaultPlan, LaneConfig, MirrorError
 from ..draft_worker import DraftWorker
 from ..messages import DraftStart, DraftWindow, ResolveRequest
@@ -113,8 +112,7 @@ class ThreadLane:
         self.thread.start()
 
     def _loop(self) -> None:
-        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        with devices.own_stream(self.device):
             while True:
                 cmd = self.inbox.get()
                 try:

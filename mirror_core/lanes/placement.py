@@ -1,59 +1,105 @@
-"""Where the lanes run: the automatic lane mapping for this machine, and pinning a lane to its cores."""
+"""Where the lanes run: the lane plan for this machine (with the reasons for it), and pinning a lane to its cores.
+
+The plan, for the devices not given explicitly:
+- two or more accelerators of one family → target on the first, draft on the second (the draft in a process);
+- one accelerator (CUDA, XPU, NPU, or Apple's MPS) → target on it, draft on the CPU cores in a process;
+  `kind="thread"` with the draft on the same device instead runs it on a stream of its own;
+- CPU only → the cores split in half between the target lane and a draft process (one core: inline).
+Cores are pinned where the OS can (Linux); elsewhere each lane only gets its thread count.
+"""
 from __future__ import annotations
 
 import contextlib
-import os
+from dataclasses import dataclass
 
 import torch
 
+from .. import devices
 from ..config import LaneConfig
+from ..machine import can_pin, set_affinity, usable_cpus
 
 
-def auto_lanes(target_device: str | None = None, draft_device: str | None = None, kind: str | None = None,
-               runner: str = "auto", dtype: str = "auto") -> LaneConfig:
-    """The lane mapping for this machine, for the devices given (None = choose).
+@dataclass(frozen=True)
+class LanePlan:
+    lanes: LaneConfig
+    reasons: tuple[str, ...]   # one line per decision, in the order they were taken
 
-    Two GPUs → one each (draft in a process); one GPU → both on it, the draft in a thread with its
-    own CUDA stream; GPU + CPU → the draft in a process on all cores but one (that core launches
-    the target's kernels); CPU only → the cores split in half, the draft in a pinned process.
-    """
-    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    target_device = _canonical(target_device or ("cuda:0" if n_gpu else "cpu"))
-    draft_device = _canonical(draft_device or ("cuda:1" if n_gpu >= 2 else "cuda:0" if n_gpu else "cpu"))
-    cpus = sorted(os.sched_getaffinity(0))
+
+def plan_lanes(target_device: str | None = None, draft_device: str | None = None, kind: str | None = None,
+               runner: str = "auto", dtype: str = "auto") -> LanePlan:
+    """The lane mapping for this machine, for the devices given (None = choose), and why."""
+    reasons = []
+    accels = [d for d in devices.available() if d != "cpu"]
+    families = {}
+    for d in accels:
+        families.setdefault(d.split(":")[0], []).append(d)
+    family = max(families.values(), key=len) if families else []  # the family with the most devices
+    if target_device is None:
+        target_device = family[0] if family else "cpu"
+        reasons.append(f"target on {target_device}: " + (f"the first of {len(family)} {target_device.split(':')[0]} "
+                       "device(s)" if family else "no accelerator found"))
+    else:
+        reasons.append(f"target on {target_device}: as asked")
+    target_device = devices.canonical(target_device)
+    if draft_device is None:
+        if len(family) >= 2 and target_device in family:
+            draft_device = next(d for d in family if d != target_device)
+            reasons.append(f"draft on {draft_device}: a second accelerator, one lane per device")
+        elif kind == "thread" and target_device != "cpu":
+            draft_device = target_device
+            reasons.append(f"draft on {draft_device} too, on a stream of its own (thread lane asked for)")
+        else:
+            draft_device = "cpu"
+            reasons.append("draft on the CPU: " + ("no second accelerator, so the accelerator runs the target and "
+                           "the CPU cores the draft" if target_device != "cpu" else "CPU-only machine"))
+    else:
+        reasons.append(f"draft on {draft_device}: as asked")
+    draft_device = devices.canonical(draft_device)
+    cpus = usable_cpus()
     both_cpu = target_device == draft_device == "cpu"
     if kind is None:
         kind = "thread" if target_device == draft_device != "cpu" else (
             "inline" if both_cpu and len(cpus) < 2 else "process")
+        reasons.append(f"draft lane: {kind} (" + {
+            "thread": "one device: a thread with its own stream",
+            "inline": "one core: the draft runs between the target's steps, no overlap",
+            "process": "its own process: real overlap, no GIL"}[kind] + ")")
     target_cpus: tuple[int, ...] = ()
     draft_cpus: tuple[int, ...] = ()
     if both_cpu and len(cpus) >= 2 and kind == "process":
         half = len(cpus) // 2
-        target_cpus, draft_cpus = tuple(cpus[:half]), tuple(cpus[half:])
+        target_cpus, draft_cpus = cpus[:half], cpus[half:]
+        reasons.append(f"cores split: target {len(target_cpus)}, draft {len(draft_cpus)}")
     elif draft_device == "cpu" != target_device and len(cpus) >= 2:
-        target_cpus, draft_cpus = (cpus[0],), tuple(cpus[1:])
+        target_cpus, draft_cpus = cpus[:1], cpus[1:]
+        reasons.append(f"one core launches the target's kernels, {len(draft_cpus)} run the draft")
     elif target_device == "cpu" != draft_device and len(cpus) >= 2:
-        target_cpus, draft_cpus = tuple(cpus[1:]), (cpus[0],)
-    return LaneConfig(target_device, draft_device, kind, target_cpus, draft_cpus,
-                      target_threads=len(target_cpus) if target_device == "cpu" else 0,
-                      draft_threads=len(draft_cpus) if draft_device == "cpu" else 0, runner=runner, dtype=dtype)
+        target_cpus, draft_cpus = cpus[1:], cpus[:1]
+        reasons.append(f"one core launches the draft's kernels, {len(target_cpus)} run the target")
+    if (target_cpus or draft_cpus) and not can_pin():
+        reasons.append("this OS cannot pin threads to cores: each lane gets its thread count only")
+    lanes = LaneConfig(target_device, draft_device, kind, target_cpus, draft_cpus,
+                       target_threads=len(target_cpus) if target_device == "cpu" else 0,
+                       draft_threads=len(draft_cpus) if draft_device == "cpu" else 0, runner=runner, dtype=dtype)
+    return LanePlan(lanes, tuple(reasons))
 
 
-def _canonical(device: str) -> str:
-    return "cuda:0" if device == "cuda" else device
+def auto_lanes(target_device: str | None = None, draft_device: str | None = None, kind: str | None = None,
+               runner: str = "auto", dtype: str = "auto") -> LaneConfig:
+    """plan_lanes without the reasons."""
+    return plan_lanes(target_device, draft_device, kind, runner, dtype).lanes
 
 
 @contextlib.contextmanager
 def pinned(cpus: tuple[int, ...], threads: int):
-    """Pin the calling thread to `cpus` and set torch's intra-op threads for the duration."""
-    old_threads, old_cpus = torch.get_num_threads(), os.sched_getaffinity(0)
+    """Pin the calling thread to `cpus` (where the OS can) and set torch's intra-op threads for the duration."""
+    old_threads, old_cpus = torch.get_num_threads(), usable_cpus()
     if threads:
         torch.set_num_threads(threads)
-    if cpus:
-        os.sched_setaffinity(0, cpus)
+    set_affinity(cpus)
     try:
         yield
     finally:
         torch.set_num_threads(old_threads)
         if cpus:
-            os.sched_setaffinity(0, old_cpus)
+            set_affinity(old_cpus)

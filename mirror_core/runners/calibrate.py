@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from .. import devices
 from ..config import SpecConfig
 from ..machine import cache_dir, cpu_flags, cpu_model
 from . import RowCheck, check_rows
@@ -173,10 +174,10 @@ def _calibrate(runner, lane: str, requested: str, names: list[str], shapes: dict
         for name in names:
             prepare(name)
             for shape, run in shapes.items():
-                _sync(runner.device)
+                devices.synchronize(runner.device)
                 start = time.perf_counter()
                 run(cache)
-                _sync(runner.device)
+                devices.synchronize(runner.device)
                 if rnd:
                     samples[name, shape].append(time.perf_counter() - start)
                 runner.truncate(cache, PREFIX)
@@ -191,9 +192,7 @@ def _calibrate(runner, lane: str, requested: str, names: list[str], shapes: dict
 def _cache_key(runner, lane: str, names: list[str], shapes: list[str], config) -> str:
     """What the timings depend on: the machine, torch, the device, the lane's threads, the runner and the
     model's shapes (its config; the weights' values do not change a forward's time)."""
-    device = str(runner.device)
-    if runner.device.type == "cuda":
-        device += " " + torch.cuda.get_device_name(runner.device)
+    device = str(runner.device) + ("" if runner.device.type == "cpu" else " " + devices.describe(str(runner.device)))
     ident = {"v": CACHE_VERSION, "cpu": cpu_model(), "torch": torch.__version__, "device": device,
              "threads": torch.get_num_threads(), "runner": type(runner).__name__, "lane": lane, "dtypes": names,
              "shapes": shapes, "prefix": PREFIX, "window": WINDOW, "branch_rows": BRANCH_ROWS,
@@ -221,11 +220,6 @@ def _write(path: str, cal: Calibration) -> None:
         os.replace(tmp, path)  # atomic: two lanes calibrating at once never leave half a file
     except OSError:
         pass  # a read-only cache only costs the next load its calibration
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _name(dtype: torch.dtype) -> str:
