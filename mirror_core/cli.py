@@ -155,7 +155,8 @@ def generate(args) -> int:
             out = {"decoder": request.decoder, "prompt_ids": list(prompt_ids), "token_ids": list(end.token_ids),
                    "text": engine.tokenizer.decode(list(end.token_ids)) if engine.tokenizer is not None else None,
                    "stats": end.summary.to_dict(), "fallback": end.fallback, "stopped": end.stopped, "error": end.error,
-                   "target_rows": asdict(engine.info.target_rows), **dtype_fields(engine.info)}
+                   "target_rows": asdict(engine.info.target_rows), **dtype_fields(engine.info),
+                   "pair": engine.info.describe()}
             print(json.dumps(out))
         else:
             print((text.flush() if text else "") + "\n")

@@ -40,6 +40,18 @@ class PairInfo:
     target_rows: RowCheck = RowCheck(1, False, False, 0, checked=False)  # the target call-shape check (runners.check_rows)
     target_dtype: Calibration | None = None  # the target lane's dtype and its timings (runners/calibrate.py)
     draft_dtype: Calibration | None = None   # the draft lane's, per shape
+    draft_runner: str = ""                   # which runner executes the draft ("" without a draft)
+
+    def describe(self) -> dict:
+        """What ran, as the CLI's --json `pair` object and the page's header show it."""
+        lanes = self.lanes
+        target = {"source": self.target, "device": lanes.target_device, "runner": self.target_runner,
+                  "dtype": None if self.target_dtype is None else self.target_dtype.label,
+                  "layers": self.num_layers, "vocab_size": self.vocab_size}
+        draft = None if self.draft is None else {
+            "source": self.draft, "device": lanes.draft_device, "runner": self.draft_runner, "lane": lanes.kind,
+            "dtype": None if self.draft_dtype is None else self.draft_dtype.label}
+        return {"target": target, "draft": draft, "exit_head": None}  # exit head: the target's own norm + LM head
 
 
 class MirrorEngine:
@@ -88,7 +100,8 @@ class MirrorEngine:
                                                         lanes.fault))
         known = [c for c in contexts if c]
         info = PairInfo(target, draft, runner.num_layers, vocab, min(known) if known else None, lanes,
-                        type(runner).__name__, rows, dtype, None if lane is None else lane.calibration)
+                        type(runner).__name__, rows, dtype, None if lane is None else lane.calibration,
+                        "" if lane is None else lane.runner_name)
         return cls(runner, lane, info, tokenizer, eos_ids)
 
     # -- requests --------------------------------------------------------------------------

@@ -35,6 +35,10 @@ def test_json_output_matches_the_contract(pairs, tmp_path):
         assert key in out["stats"]
     assert out["fallback"] is None and out["text"] is None
     assert out["dtype"] == {"target": "float32", "draft": "float32"}  # --dtype forces both lanes, both shapes
+    pair = out["pair"]
+    assert pair["target"] == {"source": target, "device": "cpu", "runner": "FastLlamaRunner", "dtype": "float32",
+                              "layers": 4, "vocab_size": 96}
+    assert pair["draft"]["source"] == draft and pair["draft"]["runner"] == "FastLlamaRunner" and pair["exit_head"] is None
     assert out["calibration"]["target"]["requested"] == out["calibration"]["draft"]["requested"] == "float32"
     events = json.loads(trace.read_text())["events"]
     assert events[0]["type"] == "RunStart" and events[-1]["type"] == "RunEnd"

@@ -39,7 +39,7 @@ SAMPLES = [
     DraftWindow((7,), torch.rand(1, 3, generator=_GEN, dtype=torch.float64), 9, ((7, 8),),  # float64 → float32
                 [("prefill", 0.0, 1e-9)], 1, 1),
     LaneFailed.of(ValueError("bad token 'é' at step 3")),
-    LaneReady('{"lane": "draft", "sequence": "float32", "rows": "bfloat16"}'),
+    LaneReady('{"lane": "draft", "sequence": "float32", "rows": "bfloat16"}', "FastSSRunner"),
     LaneShutdown(),
 ]
 

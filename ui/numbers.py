@@ -86,7 +86,11 @@ def target_line(run: DecoderRun) -> str:
                + ("bit-identical now" if settings.target_row_invariant else "still NOT bit-identical"))
     else:
         how = "a position's logits are bit-identical in one-token and window calls on this machine, as they are"
-    return (f"<p class='mirror-def'>Target: {html.escape(settings.target_runner)}, {html.escape(how)} "
+    ran = (f"Ran: target {settings.target} on {settings.lanes.target_device}"
+           + (f", draft {settings.draft} on {settings.lanes.draft_device} ({settings.lanes.kind} lane)"
+              if settings.draft else ", no draft") + ".")
+    return (f"<p class='mirror-def'>{html.escape(ran)}</p>"
+            f"<p class='mirror-def'>Target: {html.escape(settings.target_runner)}, {html.escape(how)} "
             "(docs/ALGORITHM.md §3, “Up to numerics”, made exact).</p>" + dtype_line(settings))
 
 

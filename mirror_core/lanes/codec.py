@@ -54,6 +54,7 @@ class LaneFailed:
 class LaneReady:
     """The draft lane's process loaded its model, chose its dtypes, and serves commands."""
     calibration: str   # runners.calibrate.Calibration as JSON
+    runner: str        # the draft's runner class (FastLlamaRunner, FastSSRunner, HFRunner, SSRunner)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -78,6 +78,7 @@ class InlineLane:
 
     def __init__(self, worker: DraftWorker, calibration: Calibration):
         self.serve, self.calibration = _Serve(worker), calibration
+        self.runner_name = type(worker.runner).__name__
         self.queued: list = []
 
     def start(self, cmd) -> None:
@@ -105,6 +106,7 @@ class ThreadLane:
 
     def __init__(self, worker: DraftWorker, calibration: Calibration):
         self.serve, self.calibration = _Serve(worker), calibration
+        self.runner_name = type(worker.runner).__name__
         self.inbox: queue.Queue = queue.Queue()
         self.outbox: queue.Queue = queue.Queue()
         self.device = worker.runner.device
@@ -167,6 +169,7 @@ class ProcessLane:
             self._reap()
             raise MirrorError(f"the draft lane did not start: {_lane_error(reply)}")
         self.calibration = Calibration.from_json(reply.calibration)
+        self.runner_name = reply.runner
         self.outstanding = 0
 
     def _send(self, cmd) -> None:
@@ -258,7 +261,7 @@ def _process_main(spec: DraftLaneSpec, channel: ChannelHandle) -> None:
         except Exception as exc:
             ch.to_target.send(encode(LaneFailed.of(exc)), alive, 60)
             return
-        ch.to_target.send(encode(LaneReady(calibration.to_json())), alive, 60)
+        ch.to_target.send(encode(LaneReady(calibration.to_json(), type(runner).__name__)), alive, 60)
         _serve_commands(ch, serve, alive)
 
 
