@@ -20,7 +20,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", default=None, help="target model: Hugging Face id or local folder "
                                                   "(default: the embedded pair in assets/default_pair)")
     p.add_argument("--draft", default=None, help="draft model: Hugging Face id or local folder")
-    p.add_argument("--target-device", default=None, help="cpu, cuda[:N], mps, xpu[:N] or npu[:N] (default: automatic lanes)")
+    p.add_argument("--target-device", default=None, help="cpu, cuda[:N], mps, xpu[:N] or npu[:N]; a comma list or auto spreads the target over several devices (default: automatic lanes)")
     p.add_argument("--draft-device", default=None, help="cpu, cuda[:N], mps, xpu[:N] or npu[:N] (default: automatic lanes)")
     p.add_argument("--lane", default=None, help="draft lane kind: process, thread or inline (default: automatic)")
     p.add_argument("--dtype", default="auto", help="matmul dtype: auto, float32, bfloat16 or float16 (auto: each lane "

@@ -87,7 +87,7 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--rule", default="exact", help=f"acceptance rule at T > 0: {', '.join(RULES)}")
-    g.add_argument("--target-device", default=None, help="cpu, cuda[:N], mps, xpu[:N] or npu[:N] (default: automatic lanes)")
+    g.add_argument("--target-device", default=None, help="cpu, cuda[:N], mps, xpu[:N] or npu[:N]; a comma list or auto spreads the target over several devices (default: automatic lanes)")
     g.add_argument("--draft-device", default=None, help="cpu, cuda[:N], mps, xpu[:N] or npu[:N] (default: automatic lanes)")
     g.add_argument("--lane", default=None, help="draft lane: process, thread or inline (default: automatic)")
     g.add_argument("--runner", default="auto", help="model runner: auto (fast for Llama-family weights and SS drafts), fast or hf")
@@ -232,8 +232,8 @@ def show_devices(args) -> int:
     from .machine import can_pin
 
     for given in (args.target_device, args.draft_device):
-        if given is not None:
-            devices.check(given)  # a named device must exist here (one line listing what does)
+        for name in ([] if given in (None, "auto") else given.split(",")):
+            devices.check(name.strip())  # a named device must exist here (one line listing what does)
     plan = plan_lanes(args.target_device, args.draft_device, args.lane)
     lanes = plan.lanes
     found = [{"device": d, "name": devices.describe(d)} for d in devices.available()]

@@ -152,6 +152,9 @@ class LaneConfig:
     draft_threads: int = 0
     reply_timeout_s: float = 120.0
     runner: str = "auto"
+    # the devices the target's layers are spread over with an accelerate device map (embedding on the first,
+    # final norm and LM head on the last; the generic runner runs it); () = all on target_device
+    target_devices: tuple[str, ...] = ()
     dtype: str = "auto"  # DTYPE_CHOICES: auto = the fastest per lane, timed where it runs (runners/calibrate.py)
     fault: FaultPlan = field(default_factory=FaultPlan)  # test hook: make the draft lane fail on purpose
 
@@ -159,8 +162,12 @@ class LaneConfig:
         _require(self.kind in LANE_KINDS, f"lane kind must be one of {', '.join(LANE_KINDS)}, got {self.kind!r}")
         _require(self.runner in RUNNER_KINDS, f"runner must be one of {', '.join(RUNNER_KINDS)}, got {self.runner!r}")
         _require(self.dtype in DTYPE_CHOICES, f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
-        for name in ("target_device", "draft_device"):
-            dev = getattr(self, name)
+        _require(isinstance(self.target_devices, tuple) and (not self.target_devices or (
+                 len(self.target_devices) >= 2 and self.target_devices[0] == self.target_device)),
+                 "target devices must list two or more devices, the first being the target device, got "
+                 f"{self.target_devices!r}")
+        for name, dev in [("target_device", self.target_device), ("draft_device", self.draft_device)] + [
+                ("target devices' entry", d) for d in self.target_devices]:
             _require(isinstance(dev, str) and re.match(DEVICE_NAME, dev) is not None,
                      f"{name.replace('_', ' ')} must be cpu, cuda[:N], mps, xpu[:N] or npu[:N], got {dev!r}")
 

@@ -66,7 +66,8 @@ class DecodeState:
     # -- time ------------------------------------------------------------------------------
     def now(self) -> float:
         """The shared clock, after the target's device has finished its queued work."""
-        devices.synchronize(self.target.device)  # this lane's stream only, never the draft's
+        for device in self.target.devices:  # this lane's streams only, never the draft's
+            devices.synchronize(device)
         return time.perf_counter()
 
     def span(self, stage: str, t0: float, t1: float, step: int, lane: str = LANE_TARGET) -> None:

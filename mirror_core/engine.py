@@ -45,7 +45,8 @@ class PairInfo:
     def describe(self) -> dict:
         """What ran, as the CLI's --json `pair` object and the page's header show it."""
         lanes = self.lanes
-        target = {"source": self.target, "device": lanes.target_device, "runner": self.target_runner,
+        target = {"source": self.target, "device": lanes.target_device, **(
+                  {"devices": list(lanes.target_devices)} if lanes.target_devices else {}), "runner": self.target_runner,
                   "dtype": None if self.target_dtype is None else self.target_dtype.label,
                   "layers": self.num_layers, "vocab_size": self.vocab_size}
         draft = None if self.draft is None else {
@@ -87,9 +88,12 @@ class MirrorEngine:
             draft_cfg = load_config(ModelSpec(draft, lanes.draft_device, trust_remote_code), draft=True)
             vocab = shared_vocab_size(target_cfg, draft_cfg, tokenizer, load_tokenizer(draft))
             contexts.append(_context_of(draft_cfg))
-        target_model = load_model(ModelSpec(target, lanes.target_device, trust_remote_code))
+        target_model = load_model(ModelSpec(target, lanes.target_device, trust_remote_code), spread=lanes.target_devices)
         eos_ids = _eos_ids(target_model)
-        runner = build_runner(target_model, vocab, lanes.runner)
+        if lanes.target_devices and lanes.runner == "fast":
+            raise MirrorError("the fast runner keeps a model on one device; a target spread over "
+                              f"{', '.join(lanes.target_devices)} runs on the generic runner (--runner auto or hf)")
+        runner = build_runner(target_model, vocab, "hf" if lanes.target_devices else lanes.runner)
         with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads):
             # with the target lane's threads: the kernels it will run; the dtype first, then its call-shape check
             dtype, rows = calibrate_target(runner, vocab, lanes.dtype, target_model.config)

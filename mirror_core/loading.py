@@ -47,24 +47,60 @@ def load_config(spec: ModelSpec, draft: bool = False):
     return config
 
 
-def load_model(spec: ModelSpec, draft: bool = False):
+def load_model(spec: ModelSpec, draft: bool = False, spread: tuple[str, ...] = ()):
     """AutoModelForCausalLM from a hub id or folder: float32 on a CPU (runners/calibrate.py then chooses each
-    lane's matmul dtype), the stored dtype on an accelerator."""
+    lane's matmul dtype), the stored dtype on an accelerator. `spread`: the devices its layers are split over
+    by an accelerate device map (device_map_for), the embedding on the first."""
     from transformers import AutoModelForCausalLM
 
     device = check_device(spec.device)
+    for other in spread:
+        check_device(other)
     config = load_config(spec, draft)
     spec = replace(spec, source=resolve_source(spec.source))
     dtype = torch.float32
-    if device.type != "cpu" and getattr(config, "dtype", None) in (torch.float16, torch.bfloat16):
+    if any(torch.device(d).type != "cpu" for d in spread or (spec.device,)) and \
+            getattr(config, "dtype", None) in (torch.float16, torch.bfloat16):
         dtype = config.dtype
+    placement = {"device_map": device_map_for(config, spread)} if spread else {}
     try:  # safetensors only: pickled .bin weights can run code when loaded
         model = AutoModelForCausalLM.from_pretrained(spec.source, dtype=dtype, trust_remote_code=spec.trust_remote_code,
-                                                     use_safetensors=True)
+                                                     use_safetensors=True, **placement)
     except Exception as exc:
         raise MirrorError(f"{spec.source!r} is not a loadable causal LM (safetensors weights are required): "
                           f"{_first_line(exc)}") from None
-    return model.to(device).eval()
+    return (model if spread else model.to(device)).eval()
+
+
+def device_map_for(config, spread: tuple[str, ...]) -> dict[str, str]:
+    """An accelerate device map over `spread`: with distinct accelerators, accelerate's infer_auto_device_map
+    within 90 % of each one's free memory (decoder layers never split); otherwise (e.g. two entries for the same
+    device, as the CPU test uses) the decoder layers in equal consecutive shares, the embedding with the first
+    share, the final norm and LM head with the last."""
+    from .runners.hf import layout
+
+    layers_path, norm_path = layout(config.model_type)
+    n = int(config.num_hidden_layers if hasattr(config, "num_hidden_layers") else config.n_layer)
+    if len(set(spread)) == len(spread) and all(torch.device(d).type not in ("cpu", "mps") for d in spread):
+        from accelerate import infer_auto_device_map, init_empty_weights
+        from transformers import AutoModelForCausalLM
+
+        with init_empty_weights():
+            meta = AutoModelForCausalLM.from_config(config)
+        budget = {torch.device(d).index: int(0.9 * _free_bytes(torch.device(d))) for d in spread}
+        placed = infer_auto_device_map(meta, max_memory=budget, no_split_module_classes=meta._no_split_modules)
+        kind = torch.device(spread[0]).type
+        return {name: f"{kind}:{where}" if isinstance(where, int) else where for name, where in placed.items()}
+    out = {"": spread[0]}
+    out.update({f"{layers_path}.{i}": spread[i * len(spread) // n] for i in range(n)})
+    out.update({norm_path: spread[-1], "lm_head": spread[-1]})
+    return out
+
+
+def _free_bytes(device: torch.device) -> int:
+    backend = getattr(torch, device.type)
+    free, _total = backend.mem_get_info(device)
+    return int(free)
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")

@@ -154,3 +154,30 @@ def test_a_full_cpu_cpu_generation_without_linux_calls(pairs, foreign_os, kind, 
             for decoder in ("sd", "mirror"):
                 end = engine.generate(Request(prompt, decoder, 16, spec=SpecConfig(3, 2)))
                 assert end.error is None and end.fallback is None and end.token_ids == ar
+
+
+def test_a_target_spread_over_a_device_map_runs_on_the_generic_runner_and_stays_lossless(pairs, capsys):
+    """On a CPU the map's two entries are both 'cpu': the path (config, device map, generic runner, per-device
+    sync) is the one a target over cuda:0,cuda:1 takes."""
+    from mirror_core.loading import device_map_for
+    from mirror_core.runners.hf import HFRunner
+    from testing.toy_models import hf_greedy
+    from transformers import AutoConfig
+
+    target, draft = pairs["llama"]
+    split = device_map_for(AutoConfig.from_pretrained(target), ("cpu", "cpu"))
+    assert [split[f"model.layers.{i}"] for i in range(4)] == ["cpu"] * 4 and split["lm_head"] == "cpu"
+    lanes = plan_lanes("cpu,cpu", "cpu", "inline", dtype="float32").lanes
+    assert lanes.target_devices == ("cpu", "cpu") and lanes.target_device == "cpu"
+    with MirrorEngine.load(target, draft, lanes) as engine:
+        assert isinstance(engine.target, HFRunner) and engine.info.describe()["target"]["devices"] == ["cpu", "cpu"]
+        for prompt in prompts(2, seed=11):
+            ref = hf_greedy(target, prompt, 16)
+            for decoder in ("ar", "sd", "mirror"):
+                assert list(engine.generate(Request(prompt, decoder, 16, spec=SpecConfig(3, 2))).token_ids) == ref
+    with pytest.raises(MirrorError, match="fast runner keeps a model on one device"):
+        MirrorEngine.load(target, None, LaneConfig("cpu", "cpu", "inline", runner="fast", target_devices=("cpu", "cpu")))
+    assert main(["generate", "--target", target, "--prompt-ids", "1,2", "--decoder", "ar", "--target-device", "auto"]) == 2
+    assert "spreads the target over two or more accelerators" in capsys.readouterr().err
+    with pytest.raises(MirrorError, match="target devices must list two or more devices"):
+        LaneConfig(target_devices=("cpu",))

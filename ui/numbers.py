@@ -86,7 +86,8 @@ def target_line(run: DecoderRun) -> str:
                + ("bit-identical now" if settings.target_row_invariant else "still NOT bit-identical"))
     else:
         how = "a position's logits are bit-identical in one-token and window calls on this machine, as they are"
-    ran = (f"Ran: target {settings.target} on {settings.lanes.target_device}"
+    spread = settings.lanes.target_devices
+    ran = (f"Ran: target {settings.target} on {'+'.join(spread) if spread else settings.lanes.target_device}"
            + (f", draft {settings.draft} on {settings.lanes.draft_device} ({settings.lanes.kind} lane)"
               if settings.draft else ", no draft") + ".")
     return (f"<p class='mirror-def'>{html.escape(ran)}</p>"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import devices
-from ..config import LaneConfig
+from ..config import LaneConfig, MirrorError
 from ..machine import can_pin, set_affinity, usable_cpus
 
 
@@ -34,6 +34,12 @@ def plan_lanes(target_device: str | None = None, draft_device: str | None = None
     for d in accels:
         families.setdefault(d.split(":")[0], []).append(d)
     family = max(families.values(), key=len) if families else []  # the family with the most devices
+    spread: tuple[str, ...] = ()
+    if target_device is not None and ("," in target_device or target_device == "auto"):
+        spread = target_spread(target_device, family)
+        target_device = spread[0]
+        reasons.append(f"target spread over {', '.join(spread)} (an accelerate device map; the generic runner)")
+        family = [d for d in family if d not in spread]  # the draft's accelerator, if one is left
     if target_device is None:
         target_device = family[0] if family else "cpu"
         reasons.append(f"target on {target_device}: " + (f"the first of {len(family)} {target_device.split(':')[0]} "
@@ -42,7 +48,10 @@ def plan_lanes(target_device: str | None = None, draft_device: str | None = None
         reasons.append(f"target on {target_device}: as asked")
     target_device = devices.canonical(target_device)
     if draft_device is None:
-        if len(family) >= 2 and target_device in family:
+        if spread and family:
+            draft_device = family[0]
+            reasons.append(f"draft on {draft_device}: an accelerator the target does not use")
+        elif len(family) >= 2 and target_device in family:
             draft_device = next(d for d in family if d != target_device)
             reasons.append(f"draft on {draft_device}: a second accelerator, one lane per device")
         elif kind == "thread" and target_device != "cpu":
@@ -80,8 +89,22 @@ def plan_lanes(target_device: str | None = None, draft_device: str | None = None
         reasons.append("this OS cannot pin threads to cores: each lane gets its thread count only")
     lanes = LaneConfig(target_device, draft_device, kind, target_cpus, draft_cpus,
                        target_threads=len(target_cpus) if target_device == "cpu" else 0,
-                       draft_threads=len(draft_cpus) if draft_device == "cpu" else 0, runner=runner, dtype=dtype)
+                       draft_threads=len(draft_cpus) if draft_device == "cpu" else 0, runner=runner,
+                       target_devices=spread, dtype=dtype)
     return LanePlan(lanes, tuple(reasons))
+
+
+def target_spread(spec: str, accelerators: list[str]) -> tuple[str, ...]:
+    """'auto' (every accelerator of the machine's main family) or a comma list such as 'cuda:0,cuda:1'."""
+    if spec == "auto":
+        if len(accelerators) < 2:
+            raise MirrorError("--target-device auto spreads the target over two or more accelerators; this machine "
+                              f"has {len(accelerators)}: {', '.join(devices.available())}")
+        return tuple(accelerators)
+    spread = tuple(devices.canonical(d.strip()) for d in spec.split(",") if d.strip())
+    if len(spread) < 2:
+        raise MirrorError(f"a target device list needs two or more devices, got {spec!r}")
+    return spread
 
 
 def auto_lanes(target_device: str | None = None, draft_device: str | None = None, kind: str | None = None,

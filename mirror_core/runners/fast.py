@@ -158,6 +158,10 @@ class FastLlamaRunner:
         return self._layers_by_dtype[dtype]
 
     @property
+    def devices(self) -> tuple[torch.device, ...]:
+        return (self.device,)
+
+    @property
     def min_rows(self) -> int:
         """Rows every forward computes (dummy rows after the real ones): 2 in row-exact mode, else 1."""
         return 2 if self.row_exact else 1

@@ -26,6 +26,13 @@ _LAYOUTS = {
 SUPPORTED_MODEL_TYPES = tuple(_LAYOUTS)
 
 
+def layout(model_type: str) -> tuple[str, str]:
+    """(module path of the decoder layer list, module path of the final norm) for a supported architecture."""
+    if model_type not in _LAYOUTS:
+        raise MirrorError(f"unsupported architecture {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    return _LAYOUTS[model_type]
+
+
 def _attr_path(obj, path: str):
     for name in path.split("."):
         obj = getattr(obj, name)
@@ -43,10 +50,7 @@ class HFRunner:
     """Runner over a loaded Hugging Face model; inference only."""
 
     def __init__(self, model: PreTrainedModel, vocab_size: int | None = None):
-        model_type = getattr(model.config, "model_type", "?")
-        if model_type not in _LAYOUTS:
-            raise MirrorError(f"unsupported architecture {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-        layers_path, norm_path = _LAYOUTS[model_type]
+        layers_path, norm_path = layout(getattr(model.config, "model_type", "?"))
         self.model = model.eval()
         self.layers = _attr_path(model, layers_path)
         self.final_norm = _attr_path(model, norm_path)
@@ -55,6 +59,8 @@ class HFRunner:
         self.num_streams = 0  # plain next-token model: one token per forward
         self.vocab_size = int(vocab_size or model.config.vocab_size)
         self.device = next(model.parameters()).device
+        # a model spread over devices by an accelerate device map: each synchronised after a forward
+        self.devices = tuple(dict.fromkeys(p.device for p in model.parameters()))
 
     # -- sequences -------------------------------------------------------------------------
     def new_cache(self) -> DynamicCache:

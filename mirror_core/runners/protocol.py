@@ -18,7 +18,8 @@ class Runner(Protocol):
     num_layers: int   # N: decoder layers
     num_streams: int  # lookahead streams of a speculative-streaming draft (0: one token per forward)
     vocab_size: int   # V: logits are sliced to this width
-    device: torch.device
+    device: torch.device               # where inputs go (the embedding's device)
+    devices: tuple[torch.device, ...]  # every device the model's weights are on (several: a spread target)
 
     def new_cache(self) -> Any:
         """An empty sequence cache (batch of one)."""

@@ -38,6 +38,7 @@ class SSRunner:
         self.num_streams = model.config.num_streams
         self.vocab_size = int(vocab_size or model.config.vocab_size)
         self.device = model.embed_tokens.weight.device
+        self.devices = (self.device,)
 
     def new_cache(self) -> SSCache:
         return SSCache()
