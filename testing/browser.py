@@ -266,3 +266,38 @@ def measured_run(browser: Chromium, timeout: float = 300, stop_after_tokens: int
     updates = {d: len([u for u in us if u[0] >= mark["now"]]) for d, us in end["updates"].items()}
     return {"bytes": received, "longest_task_ms": max(long, default=0.0), "long_tasks": len(long),
             "updates": updates, "state": state, "stop_s": stop_s, "browser_cpu": cpu / wall}
+
+
+LEARN_FROM_RUN_JS = """(() => {
+  const tab = [...document.querySelectorAll("button[role=tab]")].find(b => b.textContent.trim() === "Learn");
+  if (tab) tab.click();
+  const mine = document.querySelector("#mirror-whatif-mine");
+  if (mine) mine.click();
+  const note = document.querySelector("#mirror-whatif-note");
+  return note ? note.innerText : "";
+})()"""
+
+
+def learn_screenshot(url: str, path: str, prompt: str | None = None, timeout: float = 300) -> str:
+    """One run on the Run tab, then the Learn tab started from it; a screenshot of the Learn tab. Returns its note."""
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
+        browser = Chromium(CHROMIUM, profile)
+        try:
+            browser.open(url)
+            wait_for(browser, lambda s: "press" in s.get("status", "") and max(s["top"].values()) < 1e9, 45)
+            if prompt is not None:
+                browser.evaluate(SET_PROMPT_JS % json.dumps(prompt))
+                time.sleep(0.5)
+            press_run(browser)
+            wait_for(browser, lambda s: "Done" in s["status"] and s["tokens"] > 0, timeout)
+            note = ""
+            for _ in range(40):
+                note = browser.evaluate(LEARN_FROM_RUN_JS) or ""
+                if note.startswith("Started from"):
+                    break
+                time.sleep(0.5)
+            time.sleep(1.0)
+            browser.screenshot(path)
+            return note
+        finally:
+            browser.close()

@@ -89,6 +89,23 @@ def test_a_full_run_streams_tokens_then_plots_and_exports_a_trace(app):
     assert len(replayed) >= 2 and "Replaying at measured speed" in replayed[0]["status"]
 
 
+def test_the_learn_tabs_what_if_answers_its_knobs_and_starts_from_a_run(app):
+    _, target, draft, client = app
+    c = client()
+    from ui.whatif import WhatIf
+
+    base = c.predict(*WhatIf().values(), api_name="/whatif")
+    faster = c.predict(*WhatIf(verify_ratio=1.0).values(), api_name="/whatif")
+    assert "tokens/s (modelled)" in base and base != faster
+    with pytest.raises(Exception, match="less than minimum value 0.5"):  # Gradio checks the slider bounds first
+        c.predict(0, *WhatIf().values()[1:], api_name="/whatif")
+    with pytest.raises(Exception, match="run AR and Mirror-SD on the Run tab first"):
+        c.predict(api_name="/whatif_from_run")
+    run(c, *args(target, draft))
+    knobs = c.predict(api_name="/whatif_from_run")
+    assert knobs[-1].startswith("Started from your last run") and knobs[0] > 0 and knobs[6] >= 1  # T_AR, τ
+
+
 def test_stop_ends_the_run_and_says_so(app):
     _, target, draft, client = app
     c = client()

@@ -2,7 +2,7 @@
 
 Skipped when chromium is not installed (CI installs it: .ci/run).
 
-    python tests/test_ui_browser.py URL OUT.png [PROMPT]   # screenshot of a running app after one run
+    python tests/test_ui_browser.py URL OUT.png [PROMPT [LEARN.png]]   # screenshots of a running app after one run
 """
 from __future__ import annotations
 
@@ -36,6 +36,54 @@ def test_page_runs_a_generation_and_shows_tokens_and_plots(pair_root, tmp_path):
     finally:
         demo.close()
         loader.close()
+
+
+LEARN_JS = """(() => {
+  const tab = [...document.querySelectorAll("button[role=tab]")].find(b => b.textContent.trim() === "Learn");
+  if (tab) tab.click();
+  const table = document.querySelector("#mirror-whatif-table");
+  return table ? table.innerText : "";
+})()"""
+MOVE_KNOB_JS = """(() => {
+  const box = document.querySelector("#mirror-whatif-verify_ratio input[type=number]");
+  box.value = "1.0";
+  box.dispatchEvent(new Event("input", {bubbles: true}));
+  box.dispatchEvent(new Event("change", {bubbles: true}));
+  box.blur();
+})()"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_the_learn_tab_redraws_the_what_if_when_a_knob_moves(tmp_path):
+    import time
+
+    from mirror_core import LaneConfig
+    from ui import LAUNCH, EngineLoader, build_demo, default_presets
+
+    demo = build_demo(EngineLoader(LaneConfig(kind="inline")), default_presets(str(tmp_path)), [])
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, **LAUNCH)
+    browser = Chromium(CHROMIUM, tempfile.mkdtemp(prefix="mirror-chromium-"))
+    try:
+        open_page(browser, url)
+        before = ""
+        for _ in range(40):
+            before = browser.evaluate(LEARN_JS) or ""
+            if "Mirror-SD" in before:
+                break
+            time.sleep(0.25)
+        assert "tokens/s (modelled)" in before and "Vanilla SD" in before, before
+        browser.evaluate(MOVE_KNOB_JS)
+        after = before
+        for _ in range(40):
+            after = browser.evaluate(LEARN_JS) or ""
+            if after != before:
+                break
+            time.sleep(0.25)
+        assert after != before and "Mirror-SD" in after, (before, after)  # a cheaper verification: a new prediction
+        browser.screenshot(str(tmp_path / "learn.png"))
+    finally:
+        browser.close()
+        demo.close()
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,5 +137,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-if __name__ == "__main__":  # python tests/test_ui_browser.py URL OUT.png [PROMPT]
+if __name__ == "__main__":  # python tests/test_ui_browser.py URL OUT.png [PROMPT [LEARN.png]]
     print(run_once(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None, timeout=300))
+    if len(sys.argv) > 4:  # the Learn tab, started from a run of its own session
+        from testing.browser import learn_screenshot
+
+        print(learn_screenshot(sys.argv[1], sys.argv[4], sys.argv[3]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import html
 import os
 
 import gradio as gr
@@ -11,7 +12,7 @@ import gradio as gr
 from mirror_core import MirrorError, devices
 from mirror_core.config import MAX_PROMPT_CHARS
 
-from . import inspector, numbers, plots, render
+from . import inspector, learn, numbers, plots, render
 from .loader import EngineLoader, PairPreset
 from .session import Session
 from .settings import (
@@ -45,6 +46,8 @@ CSS = """
 .mirror-table {border-collapse: collapse; font-size: 0.9em; margin: 0.4em 0; display: block; max-width: 100%; overflow-x: auto;}
 .mirror-table th, .mirror-table td {border: 1px solid #e5e7eb; padding: 3px 8px; text-align: left; vertical-align: top;}
 .mirror-def {color: #6b7280; font-size: 0.9em;}
+.mirror-bar {height: 0.9em; min-width: 2px; background: #6366f1; border-radius: 2px;}
+#mirror-whatif-table td:nth-child(2) {width: 40%; min-width: 8em;}
 .mirror-chip {display: inline-block; border-radius: 4px; padding: 0 4px; margin: 1px; background: #f1f5f9;}
 .mirror-chip-hit {background: #bbf7d0; outline: 1px solid #16a34a;}
 .mirror-reused td {background: #cffafe;}
@@ -140,15 +143,19 @@ class Views:
 
 def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[str] | None = None,
                plan: tuple[str, ...] = ()) -> gr.Blocks:
-    """The page. `plan`: why the lanes are where they are (lanes.placement.plan_lanes), shown in the header."""
-    """The playground page; loads nothing until the first Run (the loader does that, once per pair)."""
+    """The playground page; loads nothing until the first Run (the loader does that, once per pair). `plan`: why
+    the lanes are where they are (lanes.placement.plan_lanes), shown in the header."""
     with gr.Blocks(title="Mirror-SD Playground", delete_cache=(3600, 3600)) as demo:  # hourly: old trace copies
         state = gr.State(Session(), delete_callback=Session.close)  # tab closed: stop its run, drop its trace
         gr.Markdown("# Mirror-SD Playground\nMirror speculative decoding (arXiv 2510.13161): the draft rolls out "
-                    "branches for the target's early-exit candidates *while* the target finishes its layers.")
-        gr.Markdown(_banner(presets, loader, plan))
-        controls = _controls(presets, examples or [])
-        views = _views(controls.status)
+                    "branches for the target's early-exit candidates *while* the target finishes its layers. "
+                    "New to it? The **Learn** tab.\n\n" + _banner(presets, loader, plan))
+        with gr.Tabs():
+            with gr.Tab("Run", id="run"):
+                controls = _controls(presets, examples or [])
+                views = _views(controls.status)
+            with gr.Tab("Learn", id="learn"):
+                learn.build(state)
         _wire(demo, loader, presets, state, controls, views)
     demo.queue(max_size=QUEUE_MAX_SIZE, default_concurrency_limit=1)  # one run on the lanes at a time
     demo._queue.sleep_when_free = demo._queue.progress_update_sleep_when_free = QUEUE_POLL_S
@@ -159,8 +166,9 @@ def _banner(presets: list[PairPreset], loader: EngineLoader, plan: tuple[str, ..
     lanes = loader.lanes
     cores = (f" (target cores {list(lanes.target_cpus)}, draft cores {list(lanes.draft_cpus)})"
              if lanes.target_cpus else "")
-    text = (f"Lanes: target on `{lanes.target_device}` ({devices.describe(lanes.target_device)}), draft on "
-            f"`{lanes.draft_device}` as a **{lanes.kind}** lane{cores}." + (f" Why: {'; '.join(plan)}." if plan else ""))
+    text = (f"Lanes: target on `{lanes.target_device}`, draft on `{lanes.draft_device}` as a **{lanes.kind}** "
+            f"lane{cores}." + (f" <details><summary>Why, on this machine</summary>{html.escape(devices.describe(lanes.target_device))}: "
+                               f"{html.escape('; '.join(plan))}.</details>" if plan else ""))
     policy = loader.policy
     if policy.trust_remote_code:
         text = ("⚠️ **trust_remote_code is ON** (`--trust-remote-code`): model folders and hub repos may run their "

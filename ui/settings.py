@@ -57,9 +57,9 @@ INFO = {
     "live_plots": "Off: measure, then show. The plots are drawn once the runs have ended, so a browser on the "
                   "same machine as the lanes never competes with them for the CPU while they are timed.",
     "prompt": "Text for models with a tokenizer; for models without one, comma-separated token ids (e.g. 1, 2, 3).",
-    "preset": "Fills Target and Draft below; edit them to use any Hugging Face id or local folder.",
-    "target": "The model whose output is reproduced exactly: a Hugging Face id (e.g. Qwen/Qwen3-1.7B) or a local folder.",
-    "draft": "A smaller model with the same vocabulary (e.g. Qwen/Qwen3-0.6B); leave empty to run the AR baseline only.",
+    "preset": "Fills Target and Draft; edit them for any model.",
+    "target": "Reproduced exactly: a Hugging Face id (e.g. Qwen/Qwen3-1.7B) or a folder.",
+    "draft": "Smaller, same vocabulary (e.g. Qwen/Qwen3-0.6B); empty: AR only.",
     "decoders": "Run one after another, each with both lanes to itself; AR is the baseline every speedup refers to.",
     "gamma": f"γ: draft tokens per window the target verifies in one pass ({_range('gamma')}).",
     "kappa": "κ: early-exit candidates per slot sent to the draft lane; the draft rolls out a branch for each "

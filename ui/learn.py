@@ -1,0 +1,96 @@
+"""The Learn tab: what-if on other hardware (modelled, ui/whatif.py) and a glossary of every term the page uses.
+
+Its handlers touch no engine: the what-if is arithmetic on the latency model, and "start from my last run" only
+reads the visitor's own session (the Run tab's last AR and Mirror-SD runs).
+"""
+from __future__ import annotations
+
+import gradio as gr
+
+from mirror_core import MirrorError
+
+from .numbers import latency_model
+from .session import Session
+from .whatif import KNOBS, PRESETS, WhatIf, whatif_html
+
+# (knob, label, lowest, highest, step, one-line help)
+SLIDERS = (
+    ("t_ar_ms", "Target step T_AR (ms)", 0.5, 200.0, 0.5, "One target-only decode step (one token)."),
+    ("verify_ratio", "Verify γ+1 tokens / one step", 1.0, 6.0, 0.01,
+     "How much a verification window costs against one token: ≈ 1 on accelerators, larger on CPUs."),
+    ("suffix_share", "Share after the early exit (Δ)", 0.05, 0.95, 0.01,
+     "The part of the verification pass after layer ℓ_e: the time the draft's branches can hide in."),
+    ("draft_ms", "Draft time per token (ms)", 0.05, 50.0, 0.05, "One draft forward; a fresh rollout is γ of them."),
+    ("branch_factor", "Branch batch / fresh rollout", 0.5, 20.0, 0.05,
+     "The batched rollout of all branches against one fresh γ-token rollout (rows are cheap on accelerators)."),
+    ("overhead_ms", "Readout + messages (ms)", 0.0, 20.0, 0.1, "T_rv: the early-exit readout, the messages, acceptance."),
+    ("tau", "τ (tokens per step)", 1.0, 17.0, 0.01, "Tokens committed per verification step, bonus/correction included."),
+    ("ff", "Fallback frequency", 0.0, 1.0, 0.01, "Share of steps where no precomputed branch matched (a fresh rollout)."),
+    ("gamma", "γ (draft tokens per window)", 1, 16, 1, "Window length."),
+)
+assert tuple(s[0] for s in SLIDERS) == KNOBS
+
+GLOSSARY = (
+    ("window", "The γ draft tokens d1..dγ the target verifies in one forward, after the last committed token w0."),
+    ("early exit (ℓ_e)", "A layer part-way through the target where its hidden state is read out through the final "
+                         "norm and LM head, before the remaining layers run."),
+    ("κ", "How many next-token candidates per window slot the early exit sends to the draft (its top-κ)."),
+    ("branch", "A γ-token continuation the draft rolls out for one candidate while the target finishes its layers."),
+    ("hit", "The target's correction (or bonus) token was a candidate: its precomputed branch is the next window."),
+    ("fallback", "No branch matched: the draft rolls out a fresh window after verification (a miss)."),
+    ("τ", "Tokens committed per verification step, the bonus or correction token included."),
+    ("α", "Acceptance rate: accepted draft tokens over drafted tokens."),
+    ("Ω̂", "Early-exit overlap: how often the target's final token is among the early exit's top-κ."),
+    ("draft-hidden fraction", "The share of the draft lane's busy time that overlapped the target's work."),
+    ("TTFT", "Time to first token: from the start of a run to its first committed token (the prefill)."),
+    ("Vanilla SD", "Speculative decoding without the mirror: the draft rolls out serially after each verification."),
+    ("SS draft", "A speculative-streaming draft: extra lookahead streams propose several tokens per forward."),
+    ("Rule E / Rule R", "At T > 0: exact match against the target's sample (E), or rejection sampling (R): different "
+                        "text, same distribution."),
+    ("modelled", "Computed from the latency model (docs/ALGORITHM.md §4), not timed."),
+)
+
+
+def build(state: gr.State) -> None:
+    gr.Markdown("## What if the hardware were different? *(modelled)*\n"
+                "The latency model of the Run tab's numbers, with its terms as knobs. Start from this machine, "
+                "from your last run, or from the paper's illustrative accelerator, then move a knob and watch the "
+                "three decoders' modelled speed. Nothing here is timed: every figure below is **modelled**.")
+    with gr.Row():
+        preset = gr.Radio(list(PRESETS), value=next(iter(PRESETS)), label="Start from", elem_id="mirror-whatif-preset")
+        mine = gr.Button("Start from my last run", elem_id="mirror-whatif-mine")
+    note = gr.Markdown("", elem_id="mirror-whatif-note")
+    start = next(iter(PRESETS.values()))
+    knobs = []
+    with gr.Row():
+        for name, label, lo, hi, step, info in SLIDERS:
+            knobs.append(gr.Slider(lo, hi, value=getattr(start, name), step=step, label=label, info=info,
+                                   elem_id=f"mirror-whatif-{name}", min_width=220))
+    result = gr.HTML(whatif_html(start), elem_id="mirror-whatif")
+    with gr.Accordion("Glossary: every term on this page, in one line", open=False):
+        gr.HTML("<table class='mirror-table' id='mirror-glossary'>" + "".join(
+            f"<tr><th>{term}</th><td>{text}</td></tr>" for term, text in GLOSSARY) + "</table>")
+
+    def redraw(*values):
+        for (_, label, lo, hi, _, _), v in zip(SLIDERS, values):  # the endpoint takes what any client sends
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi:
+                raise gr.Error(f"{label} must be a number in {lo}..{hi}, got {v!r}", print_exception=False)
+        return whatif_html(WhatIf(*values[:-1], gamma=int(values[-1])))
+
+    def from_preset(name: str):
+        return PRESETS[name].values() + [""]
+
+    def from_run(session: Session):
+        mirror, ar = session.runs.get("mirror"), session.runs.get("ar")
+        model = latency_model(mirror, ar)
+        if model is None or not model.t_ar:
+            raise gr.Error(str(MirrorError("run AR and Mirror-SD on the Run tab first: the knobs start from their "
+                                           "measured spans")), print_exception=False)
+        w = WhatIf.from_model(model, mirror.start.settings.request.spec.gamma)
+        return w.values() + ["Started from your last run's measured spans (the Run tab's latency table)."]
+
+    for knob in knobs:
+        knob.change(redraw, knobs, result, api_name=False, queue=False)
+    preset.change(from_preset, preset, knobs + [note], api_name=False, queue=False)
+    mine.click(from_run, state, knobs + [note], api_name="whatif_from_run", queue=False)
+    gr.Button("Redraw", visible=False).click(redraw, knobs, result, api_name="whatif")  # the API/tests' entry point

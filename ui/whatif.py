@@ -1,0 +1,100 @@
+"""What if the hardware were different? The latency model (mirror_core/latency.py, docs/ALGORITHM.md §4) fed
+with a few knobs instead of measured spans: modelled, never measured, and labelled so on the page.
+
+Knobs (WhatIf): the target's one-token step T_AR, the cost of verifying γ+1 tokens relative to one step,
+the share of that pass after the early exit (Δ), the draft's time per token, how much a branch batch costs
+relative to one fresh γ-token rollout, the readout and message overhead, τ and the fallback frequency. They
+map onto the model's terms, so Mirror-SD's step is T_pre + T_rv + max(Δ, T_branch) + FF·T_fresh and vanilla
+SD's is T_verify + T_fresh, exactly as the Run tab's latency table computes them from a real run.
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, fields
+
+from mirror_core.latency import LatencyModel
+
+# The paper's Table 1 means (speedup over target-only AR; Qwen3-14B/32B targets on accelerators, γ = 7,
+# κ = 8): docs/ALGORITHM.md. Reference points for the modelled bars, not measurements of this machine.
+PAPER_MEANS = (("Mirror-SD", 3.44, 3.82), ("EAGLE-3", 2.70, 3.00), ("Vanilla SD", 1.87, 2.53))
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """Defaults: the shipped pair on two CPU cores, medians of docs/bench/draft_ar_128 (mirror, auto half)."""
+
+    t_ar_ms: float = 12.2        # one target-only decode step
+    verify_ratio: float = 1.38   # T_verify(γ+1 tokens) / T_AR
+    suffix_share: float = 0.49   # Δ / T_verify: the layers after the early exit
+    draft_ms: float = 1.40       # the draft's time per token (a fresh rollout is γ of these)
+    branch_factor: float = 1.76  # T_branch / T_fresh: the batched branch rollout against one fresh rollout
+    overhead_ms: float = 1.0     # readout + messages + acceptance (T_rv)
+    tau: float = 3.18            # τ: tokens committed per step
+    ff: float = 0.34             # fallback frequency
+    gamma: int = 4               # γ
+
+    def model(self) -> LatencyModel:
+        verify = self.verify_ratio * self.t_ar_ms / 1e3
+        fresh = self.gamma * self.draft_ms / 1e3
+        return LatencyModel(t_pre=(1 - self.suffix_share) * verify, t_rv_ee=self.overhead_ms / 1e3,
+                            delta=self.suffix_share * verify, t_branch=self.branch_factor * fresh, t_rv_fv=0.0,
+                            t_fresh=fresh, ff=self.ff, tau=self.tau, t_ar=self.t_ar_ms / 1e3, measured_step=0.0)
+
+    @classmethod
+    def from_model(cls, m: LatencyModel, gamma: int) -> WhatIf:
+        """The knobs that reproduce a run's measured latency model (the Run tab's last Mirror-SD run)."""
+        verify = m.t_pre + m.delta
+        knobs = dict(t_ar_ms=1e3 * (m.t_ar or verify), verify_ratio=verify / m.t_ar if m.t_ar else 1.0,
+                     suffix_share=m.delta / verify if verify else 0.5, draft_ms=1e3 * m.t_fresh / gamma,
+                     branch_factor=m.t_branch / m.t_fresh if m.t_fresh else 1.0,
+                     overhead_ms=1e3 * (m.t_rv_ee + m.t_rv_fv), tau=m.tau, ff=m.ff)
+        return cls(**{k: round(v, 3) for k, v in knobs.items()}, gamma=gamma)  # a readable slider value
+
+    def values(self) -> list:
+        return [getattr(self, f.name) for f in fields(self)]
+
+
+KNOBS = tuple(f.name for f in fields(WhatIf))
+
+# Starting points: this project's CPU (the shipped pair's bench medians, docs/BENCHMARKS.md) and the paper's
+# illustrative accelerator numbers (docs/ALGORITHM.md §4: T_target 40 ms = 20 + 20, T_branch 15, T_rv 0.5,
+# T_fresh 10, FF 0.3, E[A_t] = 4, T_AR 30).
+PRESETS = {"Two CPU cores (the shipped pair, measured)": WhatIf(),
+           "Accelerators (the paper's illustrative numbers)": WhatIf(30.0, 40 / 30, 0.5, 10 / 7, 1.5, 0.5, 5.0, 0.3, 7)}
+
+
+def prediction(w: WhatIf) -> dict[str, float]:
+    """Modelled tokens/s of AR, vanilla SD and Mirror-SD, and their speedups over AR."""
+    m = w.model()
+    out = {"ar": 1.0 / m.t_ar, "sd": m.tau / m.t_sd, "mirror": m.tau / m.expected_step}
+    return out | {f"{k}_x": v / out["ar"] for k, v in list(out.items())}
+
+
+def why(w: WhatIf) -> str:
+    """One computed sentence: is the draft hidden, and where does the speedup come from."""
+    m = w.model()
+    branch, delta = 1e3 * m.t_branch, 1e3 * m.delta
+    hidden = (f"the branch rollouts ({branch:.1f} ms) fit inside the target's last layers (Δ = {delta:.1f} ms), "
+              "so the draft is hidden" if m.t_branch <= m.delta else
+              f"the branch rollouts ({branch:.1f} ms) outlast the target's last layers (Δ = {delta:.1f} ms), "
+              "so the draft is not hidden")
+    saving = 1e3 * (m.t_sd - m.expected_step)
+    return (f"Modelled: {hidden}; a Mirror-SD step costs {1e3 * m.expected_step:.1f} ms against vanilla SD's "
+            f"{1e3 * m.t_sd:.1f} ms ({saving:+.1f} ms), and each step commits τ = {m.tau:.2f} tokens for "
+            f"{w.verify_ratio:.2f} target steps of verification.")
+
+
+def whatif_html(w: WhatIf) -> str:
+    """Bars of modelled tokens/s with the speedups, the paper's Table 1 means beside them, and the sentence."""
+    p = prediction(w)
+    top = max(p["ar"], p["sd"], p["mirror"])
+    rows = "".join(
+        f"<tr><th>{name}</th><td><div class='mirror-bar' style='width:{100 * p[k] / top:.0f}%'></div></td>"
+        f"<td>{p[k]:.1f} tok/s</td><td>{p[k + '_x']:.2f}×</td></tr>"
+        for name, k in (("Target-only AR", "ar"), ("Vanilla SD", "sd"), ("Mirror-SD", "mirror")))
+    paper = "; ".join(f"{name} {lo:.2f}–{hi:.2f}×" for name, lo, hi in PAPER_MEANS)
+    return (f"<table class='mirror-table' id='mirror-whatif-table'><tr><th>decoder</th><th></th>"
+            f"<th>tokens/s (modelled)</th><th>× AR (modelled)</th></tr>{rows}</table>"
+            f"<p class='mirror-def'>{html.escape(why(w))}</p>"
+            f"<p class='mirror-def'>For reference, the paper's Table 1 means over six tasks (Qwen3-14B/32B targets "
+            f"on accelerators, γ = 7, κ = 8; measured there, not here): {html.escape(paper)}.</p>")
