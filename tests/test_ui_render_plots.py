@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import html
 import json
 
 import pytest
@@ -196,6 +197,10 @@ def test_latency_model_from_spans():
     assert model.expected_step == pytest.approx(model.t_mirror + 0.5 * model.t_fresh)
     assert model.speedup == pytest.approx(2.5 * 0.012 / model.expected_step)
     assert latency_model(None, None) is None
+    from ui.numbers import latency_html
+    why = html.unescape(latency_html(model, 1.2))  # T_branch 3 ms ≤ Δ 4 ms: hidden; SD's step T_pre + Δ + T_fresh against Mirror's
+    assert "Why, from this run's stage means: the branch rollouts (3.0 ms) fit inside the target's last layers " \
+           "(Δ = 4.0 ms), so the draft is hidden" in why and "τ = 2.50 tokens" in why
 
 
 def test_inspector_shows_topk_probabilities_branches_and_fallback_reason():

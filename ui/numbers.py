@@ -9,6 +9,7 @@ from mirror_core.latency import LatencyModel, latency_model_from_events, stage_m
 
 from .session import DecoderRun
 from .settings import DECODER_TITLES
+from .whatif import why_model
 
 
 def speedup(baseline: DecoderRun | None, run: DecoderRun | None) -> tuple[float | None, str]:
@@ -219,4 +220,6 @@ def latency_html(model: LatencyModel | None, measured_speedup: float | None) -> 
     ]
     body = "".join(f"<tr><th>{html.escape(a)}</th><td>{html.escape(b)}</td><td class='mirror-def'>{html.escape(c)}</td></tr>"
                    for a, b, c in rows)
-    return f"<table class='mirror-table'><tr><th>term</th><th>value</th><th>source</th></tr>{body}</table>"
+    return (f"<table class='mirror-table'><tr><th>term</th><th>value</th><th>source</th></tr>{body}</table>"
+            f"<p class='mirror-def' id='mirror-why'>Why, from this run's stage means: {html.escape(why_model(model))} "
+            "The Learn tab's what-if starts from these terms.</p>")

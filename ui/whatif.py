@@ -72,16 +72,20 @@ def prediction(w: WhatIf) -> dict[str, float]:
 
 def why(w: WhatIf) -> str:
     """One computed sentence: is the draft hidden, and where does the speedup come from."""
-    m = w.model()
+    return "Modelled: " + why_model(w.model())
+
+
+def why_model(m: LatencyModel) -> str:
+    """The sentence for any latency model (the Run tab's, from a run's spans, or the what-if's)."""
     branch, delta = 1e3 * m.t_branch, 1e3 * m.delta
     hidden = (f"the branch rollouts ({branch:.1f} ms) fit inside the target's last layers (Δ = {delta:.1f} ms), "
               "so the draft is hidden" if m.t_branch <= m.delta else
               f"the branch rollouts ({branch:.1f} ms) outlast the target's last layers (Δ = {delta:.1f} ms), "
               "so the draft is not hidden")
     saving = 1e3 * (m.t_sd - m.expected_step)
-    return (f"Modelled: {hidden}; a Mirror-SD step costs {1e3 * m.expected_step:.1f} ms against vanilla SD's "
-            f"{1e3 * m.t_sd:.1f} ms ({saving:+.1f} ms), and each step commits τ = {m.tau:.2f} tokens for "
-            f"{w.verify_ratio:.2f} target steps of verification.")
+    verify = (f" for {(m.t_pre + m.delta) / m.t_ar:.2f} target steps of verification" if m.t_ar else "")
+    return (f"{hidden}; a Mirror-SD step costs {1e3 * m.expected_step:.1f} ms against vanilla SD's "
+            f"{1e3 * m.t_sd:.1f} ms ({saving:+.1f} ms saved), and each step commits τ = {m.tau:.2f} tokens{verify}.")
 
 
 def whatif_html(w: WhatIf) -> str:
