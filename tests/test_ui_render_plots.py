@@ -162,7 +162,7 @@ def test_plot_feed_records_on_synthetic_events():
             feed.add(plots.event_line(run.decoder, run.t0, e))
     feed.add(plots.end_line("mirror", speedup(ar, mirror)))
     lines = [line.split(" ") for line in feed.text().splitlines()]
-    assert lines[0] == ["R", "7", "ar", "mirror"] and ["B", "mirror", "2"] in lines
+    assert lines[0] == ["R", "7", "ar", "mirror"] and ["B", "mirror", "2", "cpu", "cpu"] in lines  # γ, target, draft device
     tokens = [float(f[2]) for f in lines if f[:2] == ["T", "mirror"]]
     assert len(tokens) == 6 and tokens[-1] == pytest.approx(35.0)         # ms since the run's RunStart.t0
     steps = [f[2:] for f in lines if f[:2] == ["S", "mirror"]]
@@ -176,6 +176,13 @@ def test_plot_feed_records_on_synthetic_events():
     assert feed.text().startswith(before) and feed.text().endswith("T ar 500.000\n")
     config = json.loads(plots.config_json())
     assert {k for k, _, _ in config["stages"]} == set(plots.STAGE_STYLE) and len(config["hits"]) == 2
+    from dataclasses import replace as with_
+
+    from mirror_core import LaneConfig, RunStart
+    start = next(e for e in mirror.events if isinstance(e, RunStart))
+    spread = LaneConfig("cuda:0", "cuda:2", "process", target_devices=("cuda:0", "cuda:1"))
+    line = plots.event_line("mirror", 0.0, with_(start, settings=with_(start.settings, lanes=spread)))
+    assert line == "B mirror 2 cuda:0+cuda:1 cuda:2\n"  # the lane timeline names non-CPU devices per row
 
 
 def test_speedup_below_one_is_shown_and_token_counts_must_match():

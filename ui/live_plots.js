@@ -295,6 +295,7 @@ class Timeline extends Plot {
     this.repaint();
   }
   add(row, stage, t0, t1, step) { this.spans.push([row, stage, t0, t1, step]); }
+  rename(row, name) { if (this.rows[row] !== name) { this.rows[row] = name; this.repaint(); } }
   draw() {
     let end = 0;
     for (const s of this.spans.slice(this.painted)) end = Math.max(end, s[3]);
@@ -368,7 +369,14 @@ function record(f) {
   } else if (f[0] === "P") {
     const row = S.rows.findIndex(([rd, lane]) => rd === d && lane === f[2]);
     if (row >= 0) { S.gantt.add(row, f[3], +f[4], +f[5], +f[6]); S.dirty.add("gantt"); }
-  } else if (f[0] === "B") { S.steps.gamma(d, +f[2]); }
+  } else if (f[0] === "B") {
+    S.steps.gamma(d, +f[2]);
+    // each lane's devices, named in its row unless it is the CPU (a spread target: cuda:0+cuda:1)
+    S.rows.forEach(([rd, lane], i) => {
+      const device = lane === "target" ? f[3] : f[4];
+      if (rd === d && device && device !== "cpu") S.gantt.rename(i, cfg.short[d] + " · " + lane + " · " + device);
+    });
+  }
   else if (f[0] === "E") { S.race.name(d, f.slice(2).join(" ")); S.dirty.add("fit"); }
 }
 

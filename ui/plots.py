@@ -9,7 +9,8 @@ from the engine's events: times are milliseconds since the run's RunStart.t0 on 
 
 Records (space-separated fields; no field contains a space except the last field of E):
     R <comparison> <decoder>...          a comparison starts with these decoders (columns), in run order
-    B <decoder> <gamma>                  a decoder's run starts
+    B <decoder> <gamma> <target devices> <draft device>   a decoder's run starts, and where its lanes run
+                                         (target devices: one, or a spread target's joined by '+')
     T <decoder> <t_ms>                   one committed token (race)
     S <decoder> <step> <drafted> <accepted> <committed> <from_branch 0|1> <hit 1|0|->   one verification step
     P <decoder> <lane> <stage> <t0_ms> <t1_ms> <step>                                  one busy span
@@ -77,7 +78,9 @@ def event_line(decoder: str, t0: float, event) -> str:
         return (f"S {decoder} {event.step} {event.drafted} {event.accepted} {event.committed} "
                 f"{int(event.from_branch)} {hit}\n")
     if isinstance(event, RunStart):
-        return f"B {decoder} {event.settings.request.spec.gamma}\n"
+        lanes = event.settings.lanes
+        target = "+".join(lanes.target_devices) if lanes.target_devices else lanes.target_device
+        return f"B {decoder} {event.settings.request.spec.gamma} {target} {lanes.draft_device}\n"
     return ""
 
 
