@@ -218,6 +218,18 @@ def test_inspector_shows_topk_probabilities_branches_and_fallback_reason():
     hit = inspector_html(run, 2)
     assert "Hit" in hit and "branch row 2" in hit and "mirror-reused" in hit and "bonus" in hit
     assert "not in this run" in inspector_html(run, 9)
+    assert "target sampled" not in miss and "Why d_j is not among slot j's candidates" in miss  # greedy: no column
+    from dataclasses import replace as with_
+
+    from mirror_core import SamplingConfig
+    for rule, correction_from in (("exact", "from p_target"), ("rejection", "from the residual")):
+        start = run.start
+        request = with_(start.settings.request, sampling=SamplingConfig(temperature=0.8, rule=rule))
+        sampled = with_(run, start=with_(start, settings=with_(start.settings, request=request)))
+        page = inspector_html(sampled, 1)
+        assert f"target sampled (Rule {'E' if rule == 'exact' else 'R'})" in page and correction_from in page
+        assert ("= d_j (" in page) == (rule == "exact") and ("ratio test passed" in page) == (rule == "rejection")
+        assert "its argmax is only its likeliest token" in page
 
 
 def _values(**over) -> dict:

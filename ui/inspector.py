@@ -29,10 +29,25 @@ def inspector_html(run: DecoderRun | None, step: float | None) -> str:
             f"τ = {rec.accepted + 1}; {rec.committed} token(s) committed. This window was "
             + ("<b>a reused branch</b> (a hit at the previous step)." if rec.from_branch else "a fresh draft rollout.")
             + "</p>")
-    return head + _slots_table(rec, name) + _branches(run.decoder, rec, name, last=rec is run.steps[-1])
+    sampling = run.start.settings.request.sampling if run.start else None
+    rule = None if sampling is None or sampling.greedy else sampling.rule
+    return head + _slots_table(rec, name, rule) + _branches(run.decoder, rec, name, last=rec is run.steps[-1])
 
 
-def _slots_table(rec: StepRecord, name) -> str:
+def _sampled(rec: StepRecord, j: int, draft: int | None, rule: str, name) -> str:
+    """What the target drew at slot j when sampling: Rule E draws p_target at every slot up to the first mismatch
+    (an accepted d_j is that draw); Rule R accepts d_j by a ratio test (no draw) and draws c from the residual."""
+    if j <= rec.accepted:
+        return f"= d_j ({html.escape(name(draft))})" if rule == "exact" else "none (ratio test passed)"
+    if j == rec.accepted + 1:
+        source = "p_target" if rule == "exact" or draft is None else "the residual max(0, p_target − p_draft)"
+        return f"<code>{html.escape(name(rec.token))}</code> from {source}"
+    return "not drawn"
+
+
+def _slots_table(rec: StepRecord, name, rule: str | None = None) -> str:
+    """One row per slot. At T > 0 (rule set) a column says what the target sampled, since its argmax is then only
+    its likeliest token and can disagree with the verdict."""
     rows = []
     for j in range(1, rec.drafted + 2):  # slot j predicts the token in d_j's place; slot γ+1 is the bonus slot
         draft = rec.window[j] if j < len(rec.window) else None
@@ -44,13 +59,19 @@ def _slots_table(rec: StepRecord, name) -> str:
         else:
             verdict = "not reached"
         cands = _topk_cells(rec, j - 1, name, highlight=rec.token if j == rec.accepted + 1 else None)
+        sampled = f"<td>{_sampled(rec, j, draft, rule, name)}</td>" if rule else ""
         rows.append(f"<tr><td>{j}</td><td><code>{html.escape(name(rec.window[j - 1]))}</code></td>"
                     f"<td><code>{'—' if draft is None else html.escape(name(draft))}</code></td>"
-                    f"<td><code>{'—' if target is None else html.escape(name(target))}</code></td>"
+                    f"<td><code>{'—' if target is None else html.escape(name(target))}</code></td>{sampled}"
                     f"<td>{html.escape(verdict)}</td><td>{cands}</td></tr>")
+    sample_head = (f"<th>target sampled (Rule {'E' if rule == 'exact' else 'R'})</th>" if rule else "")
+    note = ("<p class='mirror-def'>At T > 0 the target samples: its argmax is only its likeliest token, so it can "
+            "differ from the verdict; the sampled column is what decided it.</p>" if rule else "")
     return ("<table class='mirror-table'><tr><th>slot j</th><th>input</th><th>draft d_j</th><th>target argmax</th>"
-            "<th>verdict</th><th>early-exit top-κ: p_exit (draft token d_j excluded)</th></tr>" + "".join(rows)
-            + "</table>")
+            f"{sample_head}<th>verdict</th><th>early-exit top-κ: p_exit (draft token d_j excluded)</th></tr>"
+            + "".join(rows) + "</table>" + note
+            + "<p class='mirror-def'>Why d_j is not among slot j's candidates: if the target keeps d_j, the window "
+              "itself goes on; a branch is needed only for a token the target could put in d_j's place.</p>")
 
 
 def _topk_cells(rec: StepRecord, slot: int, name, highlight: int | None) -> str:
