@@ -45,15 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
     from mirror_core import MirrorError
     from mirror_core.lanes.placement import plan_lanes
-    from mirror_core.loading import check_device
+    from mirror_core import devices
     from ui import LAUNCH, EngineLoader, ModelPolicy, build_demo, default_presets, load_examples
 
     try:
         plan = plan_lanes(target_device=args.target_device, draft_device=args.draft_device, kind=args.lane,
                           dtype=args.dtype)
         lanes = plan.lanes
-        check_device(lanes.target_device)
-        check_device(lanes.draft_device)
+        devices.check(lanes.target_device)
+        devices.check(lanes.draft_device)
     except MirrorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

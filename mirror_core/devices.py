@@ -15,6 +15,7 @@ import re
 import torch
 
 from .config import DEVICE_NAME, MirrorError
+from .machine import cpu_model
 
 ACCELERATORS = ("cuda", "mps", "xpu", "npu")
 _NAME = re.compile(DEVICE_NAME)
@@ -84,8 +85,6 @@ def own_stream(device: torch.device):
 
 def describe(device: str) -> str:
     """A device's human name for the plan and the page's header."""
-    from .machine import cpu_model
-
     dev = torch.device(device)
     if dev.type == "cpu":
         return cpu_model()

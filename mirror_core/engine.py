@@ -16,13 +16,14 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Iterator
 
+from . import devices
 from .config import LaneConfig, MirrorError, Request, check_prompt_text
 from .decode import decode_events
 from .decode_state import DecodeState
 from .events import Event, RunEnd, RunSettings
 from .lanes import DraftLaneSpec, auto_lanes, make_draft_lane, pinned
 from .lanes.faults import fault_plan_from_env
-from .loading import ModelSpec, check_device, encode_text, load_config, load_model, load_tokenizer, shared_vocab_size
+from .loading import ModelSpec, encode_text, load_config, load_model, load_tokenizer, shared_vocab_size
 from .metrics import RunSummary
 from .runners import RowCheck, build_runner
 from .runners.calibrate import Calibration, calibrate_target
@@ -43,7 +44,8 @@ class PairInfo:
     draft_runner: str = ""                   # which runner executes the draft ("" without a draft)
 
     def describe(self) -> dict:
-        """What ran, as the CLI's --json `pair` object and the page's header show it."""
+        """What ran: the CLI's --json `pair` object (the numbers panel's "Ran:" line says the same from the run
+        settings)."""
         lanes = self.lanes
         target = {"source": self.target, "device": lanes.target_device, **(
                   {"devices": list(lanes.target_devices)} if lanes.target_devices else {}), "runner": self.target_runner,
@@ -78,8 +80,8 @@ class MirrorEngine:
         lanes = lanes or auto_lanes()
         if lanes.fault.at_step is None:  # the test hook, resolved once here (lanes/faults.py)
             lanes = replace(lanes, fault=fault_plan_from_env(os.environ))
-        check_device(lanes.target_device)
-        check_device(lanes.draft_device)
+        devices.check(lanes.target_device)
+        devices.check(lanes.draft_device)
         target_cfg = load_config(ModelSpec(target, lanes.target_device, trust_remote_code))
         tokenizer = load_tokenizer(target)
         vocab = int(target_cfg.vocab_size)

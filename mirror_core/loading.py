@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from . import devices
 from .config import MirrorError
 from .prepared import resolve_source
 
@@ -16,13 +17,6 @@ class ModelSpec:
     source: str
     device: str = "cpu"
     trust_remote_code: bool = False
-
-
-def check_device(device: str) -> torch.device:
-    """A torch.device that exists on this machine, or a MirrorError saying what does (devices.check)."""
-    from . import devices
-
-    return devices.check(device)
 
 
 def load_config(spec: ModelSpec, draft: bool = False):
@@ -53,9 +47,9 @@ def load_model(spec: ModelSpec, draft: bool = False, spread: tuple[str, ...] = (
     by an accelerate device map (device_map_for), the embedding on the first."""
     from transformers import AutoModelForCausalLM
 
-    device = check_device(spec.device)
+    device = devices.check(spec.device)
     for other in spread:
-        check_device(other)
+        devices.check(other)
     config = load_config(spec, draft)
     spec = replace(spec, source=resolve_source(spec.source))
     dtype = torch.float32

@@ -12,7 +12,6 @@ import queue
 import threading
 from dataclasses import dataclass
 
-
 from .. import devices
 from ..config import FaultPlan, LaneConfig, MirrorError
 from ..draft_worker import DraftWorker
