@@ -156,12 +156,17 @@ class LaneConfig:
     # final norm and LM head on the last; the generic runner runs it); () = all on target_device
     target_devices: tuple[str, ...] = ()
     dtype: str = "auto"  # DTYPE_CHOICES: auto = the fastest per lane, timed where it runs (runners/calibrate.py)
+    # the target's early-exit readout (exit_head.py): "auto" = the trained head stored in the draft's folder when it
+    # has one that fits the target, "none" = the target's own final norm and LM head, or a folder holding a head
+    exit_head: str = "auto"
     fault: FaultPlan = field(default_factory=FaultPlan)  # test hook: make the draft lane fail on purpose
 
     def __post_init__(self) -> None:
         _require(self.kind in LANE_KINDS, f"lane kind must be one of {', '.join(LANE_KINDS)}, got {self.kind!r}")
         _require(self.runner in RUNNER_KINDS, f"runner must be one of {', '.join(RUNNER_KINDS)}, got {self.runner!r}")
         _require(self.dtype in DTYPE_CHOICES, f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
+        _require(isinstance(self.exit_head, str) and self.exit_head != "",
+                 f"exit head must be auto, none or a folder, got {self.exit_head!r}")
         _require(isinstance(self.target_devices, tuple) and (not self.target_devices or (
                  len(self.target_devices) >= 2 and self.target_devices[0] == self.target_device)),
                  "target devices must list two or more devices, the first being the target device, got "

@@ -21,12 +21,14 @@ from .config import LaneConfig, MirrorError, Request, check_prompt_text
 from .decode import decode_events
 from .decode_state import DecodeState
 from .events import Event, RunEnd, RunSettings
+from .exit_head import ExitHead, find_exit_head
 from .lanes import DraftLaneSpec, auto_lanes, make_draft_lane, pinned
 from .lanes.faults import fault_plan_from_env
-from .loading import ModelSpec, encode_text, load_config, load_model, load_tokenizer, shared_vocab_size
+from .loading import ModelSpec, encode_text, load_config, load_model, load_tokenizer, local_folder, shared_vocab_size
 from .metrics import RunSummary
 from .runners import RowCheck, build_runner
 from .runners.calibrate import Calibration, calibrate_target
+from .vocab_map import load_vocab_map
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,8 @@ class PairInfo:
     target_dtype: Calibration | None = None  # the target lane's dtype and its timings (runners/calibrate.py)
     draft_dtype: Calibration | None = None   # the draft lane's, per shape
     draft_runner: str = ""                   # which runner executes the draft ("" without a draft)
+    exit_head: dict | None = None            # the trained exit head in use (exit_head.py), None: the logit lens
+    draft_vocab: int | None = None           # V_d of a reduced-vocabulary draft (vocab_map.py), None: all of V
 
     def describe(self) -> dict:
         """What ran: the CLI's --json `pair` object (the numbers panel's "Ran:" line says the same from the run
@@ -53,8 +57,9 @@ class PairInfo:
                   "layers": self.num_layers, "vocab_size": self.vocab_size}
         draft = None if self.draft is None else {
             "source": self.draft, "device": lanes.draft_device, "runner": self.draft_runner, "lane": lanes.kind,
-            "dtype": None if self.draft_dtype is None else self.draft_dtype.label}
-        return {"target": target, "draft": draft, "exit_head": None}  # exit head: the target's own norm + LM head
+            "dtype": None if self.draft_dtype is None else self.draft_dtype.label,
+            **({"vocab": self.draft_vocab} if self.draft_vocab else {})}
+        return {"target": target, "draft": draft, "exit_head": self.exit_head}  # None: the target's own norm + LM head
 
 
 class MirrorEngine:
@@ -88,7 +93,9 @@ class MirrorEngine:
         contexts = [_context_of(target_cfg)]
         if draft is not None:
             draft_cfg = load_config(ModelSpec(draft, lanes.draft_device, trust_remote_code), draft=True)
-            vocab = shared_vocab_size(target_cfg, draft_cfg, tokenizer, load_tokenizer(draft))
+            vmap = load_vocab_map(local_folder(draft))
+            vocab = shared_vocab_size(target_cfg, draft_cfg, tokenizer, load_tokenizer(draft),
+                                      None if vmap is None else vmap.target_vocab_size)
             contexts.append(_context_of(draft_cfg))
         target_model = load_model(ModelSpec(target, lanes.target_device, trust_remote_code), spread=lanes.target_devices)
         eos_ids = _eos_ids(target_model)
@@ -96,6 +103,9 @@ class MirrorEngine:
             raise MirrorError("the fast runner keeps a model on one device; a target spread over "
                               f"{', '.join(lanes.target_devices)} runs on the generic runner (--runner auto or hf)")
         runner = build_runner(target_model, vocab, "hf" if lanes.target_devices else lanes.runner)
+        head = _exit_head(lanes.exit_head, draft, target_model)
+        if head is not None:
+            runner.exit_head = head
         with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads):
             # with the target lane's threads: the kernels it will run; the dtype first, then its call-shape check
             dtype, rows = calibrate_target(runner, vocab, lanes.dtype, target_model.config)
@@ -107,14 +117,19 @@ class MirrorEngine:
         known = [c for c in contexts if c]
         info = PairInfo(target, draft, runner.num_layers, vocab, min(known) if known else None, lanes,
                         type(runner).__name__, rows, dtype, None if lane is None else lane.calibration,
-                        "" if lane is None else lane.runner_name)
+                        "" if lane is None else lane.runner_name, None if head is None else {
+                            "layer": head.layer, "readout_tokens": int(head.ids.numel()),
+                            "source": lanes.exit_head if lanes.exit_head != "auto" else local_folder(draft)},
+                        None if draft is None or vmap is None else vmap.size)
         return cls(runner, lane, info, tokenizer, eos_ids)
 
     # -- requests --------------------------------------------------------------------------
     def validate(self, request: Request) -> int:
         """Check a request against the loaded pair; returns the early-exit layer ℓ_e it will use."""
         n = self.info.num_layers
-        exit_layer = request.spec.exit_layer if request.spec.exit_layer is not None else max(1, n // 2)
+        head = self.info.exit_head
+        default = head["layer"] if head else max(1, n // 2)  # a trained exit head reads its own layer
+        exit_layer = request.spec.exit_layer if request.spec.exit_layer is not None else default
         if not 1 <= exit_layer <= n - 1:
             raise MirrorError(f"exit layer must be in 1..{n - 1} for this {n}-layer target, got {exit_layer}")
         if request.decoder != "ar" and self.lane is None:
@@ -202,6 +217,28 @@ class MirrorEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _exit_head(choice: str, draft: str | None, target_model) -> ExitHead | None:
+    """The target's early-exit head (exit_head.py) for LaneConfig.exit_head: "none"; a folder (it must fit the
+    target); "auto", the draft folder's head when there is one and it fits (else the logit lens)."""
+    if choice == "none":
+        return None
+    folder = local_folder(draft) if choice == "auto" else choice
+    if choice != "auto" and not os.path.isdir(choice):
+        raise MirrorError(f"exit head folder {choice!r} does not exist")
+    weights = find_exit_head(folder)
+    if weights is None:
+        if choice != "auto":
+            raise MirrorError(f"{choice!r} holds no exit head (exit_head.json and exit_head.safetensors)")
+        return None
+    why = weights.matches(target_model.config)
+    if why:
+        if choice != "auto":
+            raise MirrorError(f"the exit head in {choice!r} does not fit this target: {why}")
+        return None
+    lm_head = target_model.get_output_embeddings().weight                                # [V, H]
+    return ExitHead(weights, lm_head, float(target_model.config.rms_norm_eps))
 
 
 def _context_of(config) -> int | None:

@@ -8,7 +8,7 @@ import torch
 
 from . import devices
 from .config import MirrorError
-from .prepared import resolve_source
+from .prepared import REGISTRY, resolve_source
 
 
 @dataclass(frozen=True)
@@ -124,13 +124,14 @@ def encode_text(tokenizer, text: str, chat: bool = True) -> tuple[int, ...]:
     return tuple(tokenizer.encode(text))
 
 
-def shared_vocab_size(target_config, draft_config, tok_target, tok_draft) -> int:
+def shared_vocab_size(target_config, draft_config, tok_target, tok_draft, draft_maps_to: int | None = None) -> int:
     """The vocabulary both models index the same way; raise if the pair disagrees.
 
     Padded embedding tables may differ in size (e.g. 151936 vs 152064); then the tokenizers
-    must be identical and the logits are sliced to the tokenizer's length.
+    must be identical and the logits are sliced to the tokenizer's length. A reduced-vocabulary
+    draft (vocab_map.py) speaks the target vocabulary of `draft_maps_to` tokens through its map.
     """
-    vt, vd = int(target_config.vocab_size), int(draft_config.vocab_size)
+    vt, vd = int(target_config.vocab_size), int(draft_maps_to or draft_config.vocab_size)
     if tok_target is not None and tok_draft is not None:
         if tok_target.get_vocab() != tok_draft.get_vocab():
             raise MirrorError("target and draft tokenizers have different vocabularies; pick a draft from the target's family")
@@ -141,6 +142,15 @@ def shared_vocab_size(target_config, draft_config, tok_target, tok_draft) -> int
     if vt != vd:
         raise MirrorError(f"target vocabulary ({vt}) and draft vocabulary ({vd}) differ, and there is no tokenizer to reconcile them")
     return vt
+
+
+def local_folder(source: str | None) -> str | None:
+    """The folder a model source names on this machine (a registry name's prepared folder), None for a hub id."""
+    if source is None:
+        return None
+    if source in REGISTRY:
+        return resolve_source(source)
+    return source if os.path.isdir(source) else None
 
 
 def _looks_like_path(source: str) -> bool:

@@ -122,3 +122,41 @@ def main_greedy_generate(model, prompt_ids: list[int], n: int) -> list[int]:
         out = model(torch.tensor([[tokens[-1]]], device=dev), cache=out.cache, with_streams=False)
         tokens.append(int(out.logits[0, -1].argmax()))
     return tokens[:n]
+
+
+def reduce_draft(draft_dir: str, ids: list[int], out: str) -> str:
+    """A reduced-vocabulary copy of a Llama draft (mirror_core/vocab_map.py): embeddings and head rows of `ids`,
+    plus one "other" row (the mean embedding), and its draft_vocab.json."""
+    from mirror_core.vocab_map import VocabMap
+
+    draft = LlamaForCausalLM.from_pretrained(draft_dir).eval()
+    cfg = LlamaConfig(**{**draft.config.to_dict(), "vocab_size": len(ids) + 1})
+    small = LlamaForCausalLM(cfg).eval()
+    state = draft.state_dict()
+    with torch.no_grad():
+        for name, tensor in small.state_dict().items():
+            if name in ("model.embed_tokens.weight", "lm_head.weight"):
+                full = state[name]
+                tensor.copy_(torch.cat([full[ids], full.mean(0, keepdim=True)]))
+            else:
+                tensor.copy_(state[name])
+    small.save_pretrained(out)
+    VocabMap.from_ids(ids, int(draft.config.vocab_size)).save(out)
+    return out
+
+
+def random_exit_head(target_dir: str, layer: int, ids: list[int] | None, out: str, noise: float = 0.3,
+                     seed: int = 0) -> str:
+    """An exit head (mirror_core/exit_head.py) for a Llama target: identity plus noise, so its readout differs
+    from the logit lens; saved into `out` (a draft folder, where "auto" finds it)."""
+    from mirror_core.exit_head import ExitHeadWeights
+
+    target = LlamaForCausalLM.from_pretrained(target_dir)
+    c = target.config
+    g = torch.Generator().manual_seed(seed)
+    h = c.hidden_size
+    ids = list(range(c.vocab_size)) if ids is None else ids
+    ExitHeadWeights(layer, h, c.num_hidden_layers, c.vocab_size,
+                    torch.eye(h) + noise * torch.randn(h, h, generator=g) / h ** 0.5, torch.zeros(h),
+                    target.model.norm.weight.detach().clone(), torch.tensor(ids)).save(out)
+    return out

@@ -19,6 +19,7 @@ from ..messages import DraftStart, DraftWindow, ResolveRequest
 from ..runners.calibrate import Calibration
 from .channel import Channel, ChannelClosed, ChannelHandle, wait_until
 from .codec import LaneError, LaneFailed, LaneReady, LaneShutdown, decode, encode
+from ..vocab_map import runner_name
 from .placement import pinned
 
 
@@ -39,12 +40,17 @@ class DraftLaneSpec:
 def make_runner(spec: DraftLaneSpec):
     """The draft's runner, loaded on the lane that runs it, in the dtypes calibrated (or forced) there;
     returns the runner and its runners.calibrate.Calibration."""
-    from ..loading import ModelSpec, load_model
+    from ..loading import ModelSpec, load_model, local_folder
     from ..runners import build_runner
     from ..runners.calibrate import calibrate_draft
+    from ..vocab_map import MappedRunner, load_vocab_map
 
     model = load_model(ModelSpec(spec.source, spec.device, spec.trust_remote_code), draft=True)
-    runner = build_runner(model, spec.vocab_size, spec.runner)
+    vmap = load_vocab_map(local_folder(spec.source))
+    if vmap is None:
+        runner = build_runner(model, spec.vocab_size, spec.runner)
+    else:  # a reduced-vocabulary draft: its own ids inside, the target's outside
+        runner = MappedRunner(build_runner(model, vmap.size + 1, spec.runner), vmap)
     return runner, calibrate_draft(runner, spec.dtype, model.config)
 
 
@@ -77,7 +83,7 @@ class InlineLane:
 
     def __init__(self, worker: DraftWorker, calibration: Calibration):
         self.serve, self.calibration = _Serve(worker), calibration
-        self.runner_name = type(worker.runner).__name__
+        self.runner_name = runner_name(worker.runner)
         self.queued: list = []
 
     def start(self, cmd) -> None:
@@ -105,7 +111,7 @@ class ThreadLane:
 
     def __init__(self, worker: DraftWorker, calibration: Calibration):
         self.serve, self.calibration = _Serve(worker), calibration
-        self.runner_name = type(worker.runner).__name__
+        self.runner_name = runner_name(worker.runner)
         self.inbox: queue.Queue = queue.Queue()
         self.outbox: queue.Queue = queue.Queue()
         self.device = worker.runner.device
@@ -260,7 +266,7 @@ def _process_main(spec: DraftLaneSpec, channel: ChannelHandle) -> None:
         except Exception as exc:
             ch.to_target.send(encode(LaneFailed.of(exc)), alive, 60)
             return
-        ch.to_target.send(encode(LaneReady(calibration.to_json(), type(runner).__name__)), alive, 60)
+        ch.to_target.send(encode(LaneReady(calibration.to_json(), runner_name(runner))), alive, 60)
         _serve_commands(ch, serve, alive)
 
 

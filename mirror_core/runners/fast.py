@@ -103,6 +103,7 @@ class FastLlamaRunner:
         # EXACT_ROWS rows each row attends over a key axis that depends only on its own position (_key_buckets:
         # a key axis of another length blocks the softmax-weighted sum of values differently, and so rounds it).
         self.row_exact = False
+        self.exit_head = None  # an exit_head.ExitHead: the layer-ℓ_e readout instead of the final norm and LM head
         with torch.no_grad():
             self.embed = model.model.embed_tokens.weight.detach()                          # [V, H]
             self.norm = model.model.norm.weight.detach()                                   # [H]
@@ -195,6 +196,11 @@ class FastLlamaRunner:
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         return (rms_norm(x, self.norm, self.eps) @ self.lm_head).float()                 # [..., V]
 
+    def _exit_readout(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """The layer-ℓ_e readout: the trained exit head when it was trained for this layer, else the logit lens."""
+        head = self.exit_head
+        return head.readout(x) if head is not None and head.layer == layer else self._head(x)  # [..., V]
+
     # -- sequences -------------------------------------------------------------------------
     def new_cache(self) -> FastCache:
         shape = (self.num_layers, self.h_kv, self.capacity, self.head_dim)
@@ -248,7 +254,7 @@ class FastLlamaRunner:
                 attn = attend(q, cache.k[i, :, :end].unsqueeze(0), cache.v[i, :, :end].unsqueeze(0), mask, self.scale)
             x = self._mlp_residual(layer, x, attn)
             if on_exit is not None and i + 1 == exit_layer:
-                on_exit(self._head(x)[0])                                                 # [T, V]
+                on_exit(self._exit_readout(x, exit_layer)[0])                             # [T, V]
         cache.length = end
         return self._head(x)[0]                                                           # [T, V]
 

@@ -58,6 +58,7 @@ class HFRunner:
         self.num_layers = len(self.layers)
         self.num_streams = 0  # plain next-token model: one token per forward
         self.vocab_size = int(vocab_size or model.config.vocab_size)
+        self.exit_head = None  # an exit_head.ExitHead: the layer-ℓ_e readout instead of the logit lens
         self.device = next(model.parameters()).device
         # a model spread over devices by an accelerate device map: each synchronised after a forward
         self.devices = tuple(dict.fromkeys(p.device for p in model.parameters()))
@@ -78,7 +79,7 @@ class HFRunner:
         pos = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)          # [1, T]
         hook = None
         if exit_layer is not None and on_exit is not None:
-            hook = self.layers[exit_layer - 1].register_forward_hook(self._exit_hook(on_exit))
+            hook = self.layers[exit_layer - 1].register_forward_hook(self._exit_hook(on_exit, exit_layer))
         try:
             out = self.model(input_ids=x, position_ids=pos, cache=cache, use_cache=True)
         finally:
@@ -86,10 +87,13 @@ class HFRunner:
                 hook.remove()
         return out.logits[0, :, : self.vocab_size].float()                                  # [T, V]
 
-    def _exit_hook(self, on_exit: ExitCallback):
+    def _exit_hook(self, on_exit: ExitCallback, layer: int):
         def hook(_module, _args, output):
             h = output[0] if isinstance(output, tuple) else output                        # [1, T, H]
-            on_exit(self.lm_head(self.final_norm(h))[0, :, : self.vocab_size].float())    # [T, V]
+            if self.exit_head is not None and self.exit_head.layer == layer:
+                on_exit(self.exit_head.readout(h.to(self.exit_head.w.device))[0])         # [T, V]
+            else:
+                on_exit(self.lm_head(self.final_norm(h))[0, :, : self.vocab_size].float())  # [T, V]
         return hook
 
     def truncate(self, cache: DynamicCache, length: int) -> None:

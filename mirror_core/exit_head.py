@@ -1,0 +1,100 @@
+"""A trained early-exit head: a better top-κ readout at layer ℓ_e than the target's own final norm and LM head.
+
+The paper reads the candidates at ℓ_e through the final norm and LM head (the logit lens). For a pretrained target
+that readout can be poor (SmolLM2-135M at layer 15: the final token is in its top-4 17 % of the time, measured in
+docs/TRAINING.md), because middle layers do not yet speak the head's language. The head here is
+
+    logits_exit = rms_norm(h · A + b, g) · W_LM[:, ids]                                  # [T, V_e]
+
+with h the hidden state after layer ℓ_e [T, H], A [H, H] identity-initialised, b [H], g [H] (initialised from the
+final norm), and W_LM the target's own LM head restricted to `ids` (a subset of its vocabulary, or all of it).
+Only A, b, g and ids are stored (`exit_head.safetensors` + `exit_head.json`); W_LM is taken from the target when
+the head is attached. It changes which candidates the draft lane receives, never the target's logits or output.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .config import MirrorError
+from .ops import rms_norm
+
+FILES = ("exit_head.json", "exit_head.safetensors")
+
+
+@dataclass(frozen=True)
+class ExitHeadWeights:
+    """What is stored: the layer it reads, the target shape it was trained for, and its parameters."""
+    layer: int                 # ℓ_e
+    hidden_size: int
+    num_layers: int
+    vocab_size: int            # the target's V
+    adapter: torch.Tensor      # A [H, H]
+    bias: torch.Tensor         # b [H]
+    gain: torch.Tensor         # g [H]
+    ids: torch.Tensor          # [V_e] long: the target ids it reads out
+
+    def save(self, folder: str) -> None:
+        from safetensors.torch import save_file
+
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, FILES[0]), "w", encoding="utf-8") as f:
+            json.dump({"layer": self.layer, "hidden_size": self.hidden_size, "num_layers": self.num_layers,
+                       "vocab_size": self.vocab_size, "readout_tokens": int(self.ids.numel())}, f, indent=1)
+        save_file({"adapter": self.adapter.contiguous(), "bias": self.bias.contiguous(), "gain": self.gain.contiguous(),
+                   "ids": self.ids.contiguous()}, os.path.join(folder, FILES[1]))
+
+    def matches(self, config) -> str:
+        """'' when this head fits the target config, else why not."""
+        mine = (self.hidden_size, self.num_layers, self.vocab_size)
+        theirs = (int(config.hidden_size), int(config.num_hidden_layers), int(config.vocab_size))
+        return "" if mine == theirs else (f"it was trained for a target with hidden size, layers, vocabulary {mine}, "
+                                          f"not {theirs}")
+
+
+def find_exit_head(folder: str | None) -> ExitHeadWeights | None:
+    """The exit head stored in `folder` (a draft's folder), or None when there is none."""
+    if not folder or not all(os.path.isfile(os.path.join(folder, f)) for f in FILES):
+        return None
+    from safetensors.torch import load_file
+
+    try:
+        with open(os.path.join(folder, FILES[0]), encoding="utf-8") as f:
+            meta = json.load(f)
+        t = load_file(os.path.join(folder, FILES[1]))
+        return ExitHeadWeights(int(meta["layer"]), int(meta["hidden_size"]), int(meta["num_layers"]),
+                               int(meta["vocab_size"]), t["adapter"].float(), t["bias"].float(), t["gain"].float(),
+                               t["ids"].long())
+    except (OSError, ValueError, KeyError) as exc:
+        raise MirrorError(f"cannot read the exit head in {folder}: {exc}") from None
+
+
+class ExitHead:
+    """The head bound to a target's LM head, on the target's device: `readout(h [..., T, H]) → logits [..., T, V]`
+    (float32, -inf outside its ids)."""
+
+    def __init__(self, weights: ExitHeadWeights, lm_head: torch.Tensor, eps: float):
+        device = lm_head.device
+        self.weights = weights
+        self.layer = weights.layer
+        self.eps = eps
+        self.vocab_size = weights.vocab_size
+        self.adapter = weights.adapter.to(device, torch.float32)                        # [H, H]
+        self.bias = weights.bias.to(device, torch.float32)                              # [H]
+        self.gain = weights.gain.to(device, torch.float32)                              # [H]
+        self.ids = weights.ids.to(device)                                               # [V_e]
+        self.w = lm_head.detach()[self.ids].t().contiguous().float()                    # [H, V_e] (lm_head is [V, H])
+        self.full = self.ids.numel() == weights.vocab_size and bool((self.ids == torch.arange(
+            weights.vocab_size, device=device)).all())
+
+    def readout(self, h: torch.Tensor) -> torch.Tensor:
+        z = rms_norm(h.float() @ self.adapter + self.bias, self.gain, self.eps)        # [..., T, H]
+        sub = z @ self.w                                                                # [..., T, V_e]
+        if self.full:
+            return sub
+        out = sub.new_full(sub.shape[:-1] + (self.vocab_size,), float("-inf"))          # [..., T, V]
+        out[..., self.ids] = sub
+        return out

@@ -1,0 +1,102 @@
+"""A draft with a reduced vocabulary (FR-Spec style): it reads and predicts only a subset of the target's tokens.
+
+A folder holding `draft_vocab.json` ({"target_vocab_size": V, "target_ids": [...]}) is such a draft: its model
+has len(target_ids) + 1 embeddings, row i standing for target token target_ids[i] and the last row ("other") for
+every target token outside the subset. Its head is that much smaller, which is most of a small draft's cost.
+`MappedRunner` wraps the draft's runner so the engine sees target ids in and target-vocabulary logits out
+([..., V], -inf outside the subset). The draft can then only propose subset tokens; the output is still the
+target's (a draft never changes it), only the acceptance can be lower where the target picks another token.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .config import MirrorError
+
+FILE = "draft_vocab.json"
+
+
+@dataclass(frozen=True)
+class VocabMap:
+    target_ids: torch.Tensor   # [V_d] long: draft id i ↔ target id target_ids[i]
+    to_draft: torch.Tensor     # [V] long: target id → draft id (V_d, "other", outside the subset)
+    target_vocab_size: int     # V
+
+    @classmethod
+    def from_ids(cls, target_ids: list[int], target_vocab_size: int) -> "VocabMap":
+        ids = torch.tensor(target_ids, dtype=torch.long)                                  # [V_d]
+        if ids.numel() == 0 or len(set(target_ids)) != len(target_ids) or int(ids.min()) < 0 \
+                or int(ids.max()) >= target_vocab_size:
+            raise MirrorError(f"{FILE}: target_ids must be distinct ids in 0..{target_vocab_size - 1}")
+        to_draft = torch.full((target_vocab_size,), len(target_ids), dtype=torch.long)  # [V]
+        to_draft[ids] = torch.arange(len(target_ids))
+        return cls(ids, to_draft, target_vocab_size)
+
+    @property
+    def size(self) -> int:
+        """V_d: subset tokens (the draft model has one more embedding, "other")."""
+        return int(self.target_ids.numel())
+
+    def save(self, folder: str) -> None:
+        with open(os.path.join(folder, FILE), "w", encoding="utf-8") as f:
+            json.dump({"target_vocab_size": self.target_vocab_size, "target_ids": self.target_ids.tolist()}, f)
+
+
+def load_vocab_map(folder: str) -> VocabMap | None:
+    """The folder's VocabMap, or None when the draft reads the target's whole vocabulary (no draft_vocab.json)."""
+    path = os.path.join(folder, FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+        return VocabMap.from_ids([int(t) for t in record["target_ids"]], int(record["target_vocab_size"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise MirrorError(f"cannot read {path}: {exc}") from None
+
+
+class MappedRunner:
+    """A reduced-vocabulary draft's runner in the target's token ids: ids are mapped in, logits scattered out.
+    Everything else (caches, forks, dtypes) is the wrapped runner's."""
+
+    def __init__(self, inner, vmap: VocabMap):
+        if inner.num_streams:
+            raise MirrorError("a reduced-vocabulary draft cannot be a speculative-streaming draft")
+        object.__setattr__(self, "inner", inner)
+        object.__setattr__(self, "vmap", vmap)
+        object.__setattr__(self, "_to_draft", vmap.to_draft.to(inner.device))
+        object.__setattr__(self, "_ids", vmap.target_ids.to(inner.device))
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name, value):
+        setattr(self.inner, name, value)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.vmap.target_vocab_size
+
+    def _out(self, logits: torch.Tensor) -> torch.Tensor:
+        full = logits.new_full(logits.shape[:-1] + (self.vmap.target_vocab_size,), float("-inf"))  # [..., V]
+        full[..., self._ids] = logits[..., : self.vmap.size]                                        # "other" dropped
+        return full
+
+    def forward(self, cache, ids: list[int], exit_layer=None, on_exit=None) -> torch.Tensor:
+        mapped = self._to_draft[torch.tensor(ids, dtype=torch.long, device=self._to_draft.device)].tolist()
+        return self._out(self.inner.forward(cache, mapped, exit_layer, on_exit))
+
+    def forward_rows(self, branches, ids: torch.Tensor):
+        logits, states = self.inner.forward_rows(branches, self._to_draft[ids.to(self._to_draft.device)])
+        return self._out(logits), states
+
+
+def runner_name(runner) -> str:
+    """The runner's class name as the pair description shows it (a reduced-vocabulary draft's says so)."""
+    if isinstance(runner, MappedRunner):
+        return f"{type(runner.inner).__name__} (vocabulary {runner.vmap.size} of {runner.vmap.target_vocab_size})"
+    return type(runner).__name__
