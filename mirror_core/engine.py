@@ -61,6 +61,13 @@ class PairInfo:
             **({"vocab": self.draft_vocab} if self.draft_vocab else {})}
         return {"target": target, "draft": draft, "exit_head": self.exit_head}  # None: the target's own norm + LM head
 
+    def exit_readout(self, layer: int) -> str:
+        """How a run at ℓ_e = layer reads its candidates, in words (the run settings and the page say it)."""
+        head = self.exit_head
+        if head and head["layer"] == layer:
+            return f"trained exit head at layer {layer} over {head['readout_tokens']} tokens"
+        return "logit lens (final norm + LM head)" + (f"; the trained head reads layer {head['layer']}" if head else "")
+
 
 class MirrorEngine:
     """A loaded target/draft pair on two lanes; `stream(request)` yields the run's typed events.
@@ -194,7 +201,8 @@ class MirrorEngine:
                 rows = self.info.target_rows
                 settings = RunSettings(request, lanes, exit_layer, self.info.target, self.info.draft,
                                        self.info.target_runner, rows.min_rows, rows.invariant if rows.checked else None,
-                                       self.info.target_dtype, self.info.draft_dtype)
+                                       self.info.target_dtype, self.info.draft_dtype,
+                                       self.info.exit_readout(exit_layer), self.info.draft_vocab)
                 try:
                     run = DecodeState(request, self.target, exit_layer, self.eos_ids, stop, settings)
                     for batch in decode_events(run, self.lane):

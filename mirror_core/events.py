@@ -50,6 +50,8 @@ class RunSettings:
     target_row_invariant: bool | None = None  # logits equal alone and in windows, bitwise (None: not checked)
     target_dtype: Calibration | None = None   # the target lane's dtype and the timings behind it
     draft_dtype: Calibration | None = None    # the draft lane's dtype per shape (step, branch rows)
+    exit_readout: str = "logit lens"          # how the layer-ℓ_e candidates were read out (PairInfo.exit_readout)
+    draft_vocab: int | None = None            # V_d of a reduced-vocabulary draft (None: the target's whole vocabulary)
 
     def to_dict(self) -> dict:
         return asdict(self)

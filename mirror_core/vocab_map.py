@@ -100,3 +100,27 @@ def runner_name(runner) -> str:
     if isinstance(runner, MappedRunner):
         return f"{type(runner.inner).__name__} (vocabulary {runner.vmap.size} of {runner.vmap.target_vocab_size})"
     return type(runner).__name__
+
+
+def full_vocab_copy(model, vmap: VocabMap):
+    """The reduced draft as a plain Hugging Face model over the target's whole vocabulary, for peers that drive a
+    draft themselves (transformers' assisted generation): every target id outside the subset reads the "other"
+    embedding, and its head row is zero (logit 0, below the subset's top logit whenever that is positive, which
+    is how a trained LM's top logit is), so its greedy proposals are the reduced draft's."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    cfg = copy.deepcopy(model.config)
+    cfg.vocab_size, cfg.tie_word_embeddings = vmap.target_vocab_size, False
+    full = AutoModelForCausalLM.from_config(cfg).to(model.dtype).eval()
+    state = {k: v for k, v in model.state_dict().items() if k not in ("model.embed_tokens.weight", "lm_head.weight")}
+    full.load_state_dict(state, strict=False)
+    with torch.no_grad():
+        emb = model.get_input_embeddings().weight                                          # [V_d + 1, H]
+        full.get_input_embeddings().weight.copy_(emb[vmap.to_draft])                       # [V, H]
+        head = full.get_output_embeddings().weight                                          # [V, H]
+        head.zero_()
+        head[vmap.target_ids] = model.get_output_embeddings().weight[: vmap.size]
+    full.generation_config = model.generation_config
+    return full.to(next(model.parameters()).device)

@@ -86,3 +86,21 @@ def test_exit_head_choices(reduced, tmp_path):
     shutil.copy(os.path.join(draft, "exit_head.safetensors"), tmp_path / "exit_head.safetensors")
     with pytest.raises(MirrorError, match="does not fit"):
         MirrorEngine.load(other, draft, LaneConfig(kind="inline", exit_head=str(tmp_path)))
+
+
+def test_full_vocab_copy_proposes_what_the_reduced_draft_proposes(reduced):
+    """hf_assisted drives a full-vocabulary copy of a reduced draft (vocab_map.full_vocab_copy)."""
+    from transformers import AutoModelForCausalLM
+
+    from mirror_core.lanes.draft_lanes import DraftLaneSpec, make_runner
+    from mirror_core.vocab_map import full_vocab_copy
+
+    _, draft = reduced
+    full = full_vocab_copy(AutoModelForCausalLM.from_pretrained(draft).eval(), load_vocab_map(draft))
+    runner, _ = make_runner(DraftLaneSpec(draft, "cpu", VOCAB, 0, (), dtype="float32"))
+    ids = [1, 2, 95, 40, 7]
+    with torch.no_grad():
+        logits_full = full(torch.tensor([ids])).logits[0]                                  # [T, V]
+    mine = runner.forward(runner.new_cache(), ids)                                        # [T, V]
+    assert logits_full.shape == mine.shape
+    assert torch.allclose(logits_full[:, SUBSET], mine[:, SUBSET], atol=1e-4)

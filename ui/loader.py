@@ -21,13 +21,17 @@ class PairPreset:
     available: bool = True
 
 
-def default_presets(pair_dir: str, target: str | None = None, draft: str | None = None) -> list[PairPreset]:
-    """The command-line pair (if given), then the embedded pair with its AR and its SS draft."""
+def default_presets(pair_dir: str, target: str | None = None, draft: str | None = None,
+                    real: tuple[str, str] | None = None) -> list[PairPreset]:
+    """The command-line pair (if given), the real pair (target, draft) when app.py could prepare it
+    (mirror_core/pairs.py), then the embedded toy pair with its AR and its SS draft."""
     presets = []
     if target:
         presets.append(PairPreset("Command-line pair", target, draft))
+    if real is not None:
+        presets.append(PairPreset("SmolLM2-135M-Instruct · distilled draft", *real))
     embedded_target = os.path.join(pair_dir, "target")
-    for kind, label in (("draft_ar", "Embedded pair · AR draft"), ("draft_ss", "Embedded pair · SS draft")):
+    for kind, label in (("draft_ar", "Toy pair · AR draft"), ("draft_ss", "Toy pair · SS draft")):
         draft_dir = os.path.join(pair_dir, kind)
         ok = os.path.isdir(embedded_target) and os.path.isdir(draft_dir)
         presets.append(PairPreset(label, embedded_target, draft_dir, ok))

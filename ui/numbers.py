@@ -90,7 +90,10 @@ def target_line(run: DecoderRun) -> str:
     spread = settings.lanes.target_devices
     ran = (f"Ran: target {settings.target} on {'+'.join(spread) if spread else settings.lanes.target_device}"
            + (f", draft {settings.draft} on {settings.lanes.draft_device} ({settings.lanes.kind} lane)"
-              if settings.draft else ", no draft") + ".")
+              if settings.draft else ", no draft")
+           + (f" (vocabulary: {settings.draft_vocab} most frequent tokens)" if settings.draft and settings.draft_vocab
+              else "")
+           + (f"; early-exit readout: {settings.exit_readout}" if settings.draft else "") + ".")
     return (f"<p class='mirror-def'>{html.escape(ran)}</p>"
             f"<p class='mirror-def'>Target: {html.escape(settings.target_runner)}, {html.escape(how)} "
             "(docs/ALGORITHM.md §3, “Up to numerics”, made exact).</p>" + dtype_line(settings))

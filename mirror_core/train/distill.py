@@ -1,0 +1,376 @@
+"""Distil a draft and train an early-exit head for a pretrained target (the SmolLM2 pair in assets/smollm2_pair).
+
+    python -m mirror_core.train.chat_data --out WORK/answers                      # the target's chat answers
+    python -m mirror_core.train.distill --answers WORK/answers --work WORK --out assets/smollm2_pair
+
+Stages (each cached in WORK, so a run can be resumed or re-run with other draft settings):
+1. teacher pass: the target (bfloat16) reads every prompt + answer once; for each answer position it keeps the
+   next-token top-k logits and the hidden state after each candidate exit layer.
+2. draft vocabulary: the V_d most frequent tokens of the answers and prompts (FR-Spec: a small draft's cost is
+   mostly its head), mapped to target ids (vocab_map.py).
+3. exit heads, one per candidate layer (exit_head.py), trained to put the target's next token in their top-κ;
+   the one kept is `--exit-layer` (its top-k coverage for every candidate is in the card).
+4. the draft: a Llama of the target's width whose layers start as copies of chosen target layers (`--init-layers`),
+   embedding and head the target's rows of the subset, trained with forward KL to the target's top-k plus CE on
+   the target's greedy token, at answer positions only (the draft's job is to predict the target's answers).
+
+Every stage prints its wall time; the summary (model_card.json) records them with the machine's CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import json
+import math
+import os
+import shutil
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    answers: str                                  # chat_data shards
+    work: str                                     # cache of the teacher pass
+    out: str                                      # the pair folder: draft/ (with its exit head) and the card
+    target: str = "smollm2-135m-instruct"
+    draft_vocab: int = 8192                       # V_d
+    init_layers: tuple[int, ...] = (0, 1, 29)     # target layers the draft's layers start from (its depth)
+    exit_layers: tuple[int, ...] = (15, 20)       # candidate ℓ_e, one head each
+    exit_layer: int = 20                          # the head shipped
+    topk: int = 32                                # teacher logits kept per position
+    draft_minutes: float = 60.0
+    exit_epochs: float = 2.0
+    batch_sequences: int = 16
+    lr: float = 3e-4
+    exit_lr: float = 1e-3
+    val_share: float = 0.05
+    hard_weight: float = 0.5                      # CE on the target's greedy token, beside the KL
+    seed: int = 0
+    threads: int = 0
+
+    def __post_init__(self):
+        if self.exit_layer not in self.exit_layers:
+            raise ValueError(f"exit_layer {self.exit_layer} must be one of exit_layers {self.exit_layers}")
+
+
+# -- 1. teacher pass ------------------------------------------------------------------------------
+def load_sequences(folder: str) -> list[tuple[list[int], list[int]]]:
+    rows = []
+    for path in sorted(glob.glob(os.path.join(folder, "answers_*.pt"))):
+        rows += [(r["prompt"], r["answer"]) for r in torch.load(path)]
+    if not rows:
+        raise SystemExit(f"no answers_*.pt in {folder}: run python -m mirror_core.train.chat_data first")
+    return rows
+
+
+@torch.inference_mode()
+def teacher_pass(cfg: DistillConfig, seqs: list[tuple[list[int], list[int]]], target_dir: str) -> dict:
+    """Per answer position (the position before each answer token): top-k ids/logits of the target's next token,
+    and its hidden state after each exit layer. Flat over all sequences; `start[s]` indexes sequence s's rows."""
+    path = os.path.join(cfg.work, "teacher.pt")
+    if os.path.exists(path):
+        return torch.load(path)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
+    n_rows = sum(len(a) for _, a in seqs)
+    top_ids = torch.empty(n_rows, cfg.topk, dtype=torch.int32)
+    top_logits = torch.empty(n_rows, cfg.topk, dtype=torch.float16)
+    hidden = {layer: torch.empty(n_rows, model.config.hidden_size, dtype=torch.bfloat16) for layer in cfg.exit_layers}
+    start = [0] * len(seqs)
+    at = 0
+    for i in range(len(seqs)):
+        start[i] = at
+        at += len(seqs[i][1])
+    t0 = time.time()
+    for b in range(0, len(order), cfg.batch_sequences):
+        batch = order[b: b + cfg.batch_sequences]
+        width = max(len(seqs[i][0]) + len(seqs[i][1]) for i in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for r, i in enumerate(batch):
+            p, a = seqs[i]
+            ids[r, : len(p) + len(a)] = torch.tensor(p + a)
+            mask[r, : len(p) + len(a)] = 1
+        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        for r, i in enumerate(batch):
+            p, a = seqs[i]
+            rows = slice(len(p) - 1, len(p) + len(a) - 1)  # positions predicting the answer's tokens
+            top = out.logits[r, rows].float().topk(cfg.topk, dim=-1)                      # [A, k]
+            dst = slice(start[i], start[i] + len(a))
+            top_ids[dst], top_logits[dst] = top.indices.int(), top.values.half()
+            for layer in cfg.exit_layers:
+                hidden[layer][dst] = out.hidden_states[layer][r, rows]
+        if b // cfg.batch_sequences % 20 == 0:
+            print(f"teacher pass: {b + len(batch)}/{len(seqs)} sequences, {time.time() - t0:.0f} s", flush=True)
+    result = {"top_ids": top_ids, "top_logits": top_logits, "hidden": hidden, "start": start,
+              "seconds": time.time() - t0}
+    torch.save(result, path)
+    return result
+
+
+# -- 2. draft vocabulary --------------------------------------------------------------------------
+def draft_vocabulary(seqs, size: int, always: list[int]) -> list[int]:
+    """The `size` most frequent target ids in prompts and answers (ties by id), `always` included."""
+    counts = Counter(t for p, a in seqs for t in p + a)
+    ranked = [t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    keep = list(dict.fromkeys(always + ranked))[:size]
+    return keep
+
+
+def soft_targets(top_ids: torch.Tensor, top_logits: torch.Tensor, to_draft: torch.Tensor, other: int):
+    """The teacher's top-k distribution in draft ids: (ids [N, k], probs [N, k]); ids outside the subset get
+    probability 0 (the rest renormalised), their id set to `other` (masked out of the draft's softmax anyway)."""
+    ids = to_draft[top_ids.long()]                                                          # [N, k]
+    probs = torch.softmax(top_logits.float(), -1) * (ids != other)                          # [N, k]
+    return ids, probs / probs.sum(-1, keepdim=True).clamp(min=1e-9)
+
+
+# -- 3. exit heads --------------------------------------------------------------------------------
+def train_exit_head(cfg: DistillConfig, layer: int, teacher: dict, train_rows: torch.Tensor, val_rows: torch.Tensor,
+                    lm_head: torch.Tensor, norm: torch.Tensor, eps: float, ids: torch.Tensor, to_draft: torch.Tensor,
+                    g: torch.Generator):
+    """A, b, g for one exit layer (exit_head.py), and its top-1/2/4/8 coverage of the target's next token on the
+    held-out rows (raw: the logit lens over the whole vocabulary, for comparison)."""
+    h_all = teacher["hidden"][layer]
+    hsz = h_all.shape[1]
+    adapter = torch.eye(hsz).requires_grad_()
+    bias = torch.zeros(hsz).requires_grad_()
+    gain = norm.clone().float().requires_grad_()
+    w = lm_head[ids].t().float()                                                            # [H, V_e]
+    opt = torch.optim.Adam([adapter, bias, gain], lr=cfg.exit_lr)
+    other = ids.numel()
+    sid, sprob = soft_targets(teacher["top_ids"], teacher["top_logits"], to_draft, other)
+    batch = 2048
+    steps = int(cfg.exit_epochs * len(train_rows) / batch)
+    t0 = time.time()
+
+    def readout(h):
+        z = h.float() @ adapter + bias
+        z = z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + eps) * gain
+        return z @ w                                                                        # [n, V_e]
+
+    for step in range(steps):
+        lr = cfg.exit_lr * 0.5 * (1 + math.cos(math.pi * step / steps))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        rows = train_rows[torch.randint(len(train_rows), (batch,), generator=g)]
+        logp = F.log_softmax(readout(h_all[rows]), -1)
+        logp = torch.cat([logp, logp.new_full((batch, 1), -1e4)], 1)  # an "other" column for soft_targets' padding
+        loss = -(sprob[rows] * logp.gather(1, sid[rows])).sum(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        label = teacher["top_ids"][val_rows, 0].long()
+        trained = ids[readout(h_all[val_rows]).topk(8, -1).indices]                         # [n, 8] target ids
+        raw_logits = (h_all[val_rows].float() * torch.rsqrt(h_all[val_rows].float().pow(2).mean(-1, keepdim=True)
+                                                             + eps) * norm) @ lm_head.t().float()
+        raw = raw_logits.topk(8, -1).indices
+    cov = {k: {"trained": float((trained[:, :k] == label[:, None]).any(1).float().mean()),
+               "logit_lens": float((raw[:, :k] == label[:, None]).any(1).float().mean())} for k in (1, 2, 4, 8)}
+    print(f"exit head at layer {layer}: {steps} steps, {time.time() - t0:.0f} s, coverage {cov}", flush=True)
+    return (adapter.detach(), bias.detach(), gain.detach()), cov, time.time() - t0
+
+
+# -- 4. the draft ---------------------------------------------------------------------------------
+def build_draft(target, ids: torch.Tensor, init_layers: tuple[int, ...]):
+    """A Llama of the target's width: the target's layers `init_layers`, final norm, and its embedding rows of
+    `ids` plus one "other" row (their mean), tied as the head."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = target.config.to_dict()
+    c.update(vocab_size=ids.numel() + 1, num_hidden_layers=len(init_layers), tie_word_embeddings=True,
+             bos_token_id=None, pad_token_id=None)
+    c.pop("quantization_config", None)
+    draft = LlamaForCausalLM(LlamaConfig(**c))
+    with torch.no_grad():
+        emb = target.model.embed_tokens.weight.float()
+        draft.model.embed_tokens.weight.copy_(torch.cat([emb[ids], emb.mean(0, keepdim=True)]))
+        draft.model.norm.weight.copy_(target.model.norm.weight)
+        for mine, theirs in zip(draft.model.layers, init_layers):
+            mine.load_state_dict(target.model.layers[theirs].state_dict())
+    draft.tie_weights()
+    return draft.float()
+
+
+def draft_batches(seqs, order: list[int], teacher: dict, soft: tuple[torch.Tensor, torch.Tensor],
+                  to_draft: torch.Tensor, other: int, batch: int):
+    """Padded batches of whole sequences (draft ids) with the teacher's targets (soft_targets) at answer positions."""
+    sid, sprob = soft
+    for b in range(0, len(order), batch):
+        chunk = order[b: b + batch]
+        width = max(len(seqs[i][0]) + len(seqs[i][1]) for i in chunk)
+        x = torch.full((len(chunk), width), other, dtype=torch.long)
+        pos, rows = [], []
+        for r, i in enumerate(chunk):
+            p, a = seqs[i]
+            x[r, : len(p) + len(a)] = to_draft[torch.tensor(p + a)]
+            for j in range(len(a)):
+                pos.append((r, len(p) - 1 + j))
+            rows.append(torch.arange(teacher["start"][i], teacher["start"][i] + len(a)))
+        rows = torch.cat(rows)
+        yield x, torch.tensor(pos), sid[rows], sprob[rows], teacher["top_ids"][rows, 0].long()
+
+
+def draft_loss(draft, x, pos, sid, sprob, label_draft, other: int, hard_weight: float):
+    logits = draft(input_ids=x).logits                                                      # [B, T, V_d+1]
+    z = logits[pos[:, 0], pos[:, 1]].float()                                                # [N, V_d+1]
+    z[:, other] = -1e4                                                                      # never proposed
+    logp = F.log_softmax(z, -1)
+    kl = -(sprob * logp.gather(1, sid)).sum(-1).mean()
+    inside = label_draft != other
+    hard = F.nll_loss(logp[inside], label_draft[inside]) if inside.any() else logp.new_zeros(())
+    agree = (z.argmax(-1) == label_draft).float().mean()
+    return kl + hard_weight * hard, float(agree)
+
+
+def train_draft(cfg: DistillConfig, draft, seqs, train_idx, val_idx, teacher, to_draft, g):
+    other = draft.config.vocab_size - 1
+    soft = soft_targets(teacher["top_ids"], teacher["top_logits"], to_draft, other)
+    opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    budget = cfg.draft_minutes * 60
+    t0, step, log = time.time(), 0, []
+
+    def evaluate() -> float:
+        draft.eval()
+        agree, n = 0.0, 0
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            for x, pos, sid, sprob, label in draft_batches(seqs, val_idx, teacher, soft, to_draft, other,
+                                                                      cfg.batch_sequences):
+                _, a = draft_loss(draft, x, pos, sid, sprob, to_draft[label], other, cfg.hard_weight)
+                agree, n = agree + a * len(pos), n + len(pos)
+        draft.train()
+        return agree / max(n, 1)
+
+    log.append({"step": 0, "minutes": 0.0, "val_agreement": evaluate()})
+    print(f"draft: before training, held-out top-1 agreement {log[-1]['val_agreement']:.3f}", flush=True)
+    draft.train()
+    warmup = 50
+    while time.time() - t0 < budget:
+        perm = torch.randperm(len(train_idx), generator=g).tolist()
+        order = sorted([train_idx[i] for i in perm], key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
+        chunks = [order[b: b + cfg.batch_sequences] for b in range(0, len(order), cfg.batch_sequences)]
+        chunks = [chunks[i] for i in torch.randperm(len(chunks), generator=g).tolist()]  # similar lengths, random order
+        for chunk in chunks:
+            elapsed = time.time() - t0
+            if elapsed >= budget:
+                break
+            lr = cfg.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * elapsed / budget)))
+            for group in opt.param_groups:
+                group["lr"] = lr
+            x, pos, sid, sprob, label = next(draft_batches(seqs, chunk, teacher, soft, to_draft, other, len(chunk)))
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss, agree = draft_loss(draft, x, pos, sid, sprob, to_draft[label], other, cfg.hard_weight)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+            opt.step()
+            step += 1
+            if step % 50 == 0:
+                print(f"draft step {step}: loss {float(loss):.3f}, batch agreement {agree:.3f}, "
+                      f"{elapsed / 60:.1f} min", flush=True)
+            if step % 400 == 0:
+                log.append({"step": step, "minutes": round(elapsed / 60, 2), "val_agreement": evaluate()})
+                print(f"draft: held-out top-1 agreement {log[-1]['val_agreement']:.3f}", flush=True)
+    log.append({"step": step, "minutes": round((time.time() - t0) / 60, 2), "val_agreement": evaluate()})
+    print(f"draft: {step} steps, held-out top-1 agreement {log[-1]['val_agreement']:.3f}", flush=True)
+    return log
+
+
+# -- the whole run --------------------------------------------------------------------------------
+def distill(cfg: DistillConfig) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from mirror_core.exit_head import ExitHeadWeights
+    from mirror_core.machine import cpu_flags, cpu_model
+    from mirror_core.prepared import resolve_source
+    from mirror_core.vocab_map import VocabMap
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    os.makedirs(cfg.work, exist_ok=True)
+    g = torch.Generator().manual_seed(cfg.seed)
+    target_dir = resolve_source(cfg.target)
+    seqs = load_sequences(cfg.answers)
+    timings = {}
+    t = time.time()
+    teacher = teacher_pass(cfg, seqs, target_dir)
+    timings["teacher_pass_s"] = round(teacher.get("seconds", time.time() - t), 1)
+
+    n_val = max(1, int(len(seqs) * cfg.val_share))
+    perm = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+    val_idx, train_idx = sorted(perm[:n_val]), sorted(perm[n_val:])
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    eos = int(target.config.eos_token_id)
+    subset = draft_vocabulary([seqs[i] for i in train_idx], cfg.draft_vocab, [eos])
+    vmap = VocabMap.from_ids(subset, int(target.config.vocab_size))
+    ids, to_draft = vmap.target_ids, vmap.to_draft
+    answer_tokens = [t for _, a in seqs for t in a]
+    covered = sum(1 for t in answer_tokens if int(to_draft[t]) < vmap.size) / len(answer_tokens)
+    print(f"draft vocabulary: {vmap.size} tokens cover {covered:.4f} of answer tokens", flush=True)
+
+    def rows_of(idx):
+        return torch.cat([torch.arange(teacher["start"][i], teacher["start"][i] + len(seqs[i][1])) for i in idx])
+
+    train_rows, val_rows = rows_of(train_idx), rows_of(val_idx)
+    lm_head = target.lm_head.weight.detach()                                                # [V, H]
+    norm, eps = target.model.norm.weight.detach(), float(target.config.rms_norm_eps)
+    heads, coverage = {}, {}
+    t = time.time()
+    for layer in cfg.exit_layers:
+        heads[layer], coverage[layer], _ = train_exit_head(cfg, layer, teacher, train_rows, val_rows, lm_head, norm,
+                                                           eps, ids, to_draft, g)
+    timings["exit_heads_s"] = round(time.time() - t, 1)
+
+    draft = build_draft(target, ids, cfg.init_layers)
+    t = time.time()
+    log = train_draft(cfg, draft, seqs, train_idx, val_idx, teacher, to_draft, g)
+    timings["draft_s"] = round(time.time() - t, 1)
+
+    from transformers import AutoTokenizer, GenerationConfig
+
+    folder = os.path.join(cfg.out, "draft")
+    shutil.rmtree(folder, ignore_errors=True)
+    draft.generation_config = GenerationConfig(eos_token_id=eos)
+    draft.to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)  # loaded as float32 on a CPU
+    vmap.save(folder)
+    AutoTokenizer.from_pretrained(target_dir).save_pretrained(folder)
+    a, b, gain = heads[cfg.exit_layer]
+    ExitHeadWeights(cfg.exit_layer, int(target.config.hidden_size), int(target.config.num_hidden_layers),
+                    int(target.config.vocab_size), a, b, gain, ids).save(folder)
+    summary = {"config": asdict(cfg), "cpu": cpu_model(), "cpu_flags": " ".join(sorted(cpu_flags())),
+               "torch": torch.__version__, "threads": torch.get_num_threads(), "sequences": len(seqs),
+               "answer_tokens": len(answer_tokens), "held_out_sequences": n_val,
+               "draft_vocab_coverage": round(covered, 4), "exit_coverage": coverage, "draft_log": log,
+               "timings": timings, "draft_params": sum(p.numel() for p in draft.parameters())}
+    with open(os.path.join(cfg.out, "distill.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> dict:
+    fields = DistillConfig.__dataclass_fields__
+    parser = argparse.ArgumentParser(prog="python -m mirror_core.train.distill", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, f in fields.items():
+        flag = "--" + name.replace("_", "-")
+        if f.default is dataclasses.MISSING:  # required
+            parser.add_argument(flag, required=True)
+        elif isinstance(f.default, tuple):
+            parser.add_argument(flag, type=lambda s: tuple(int(v) for v in s.split(",")), default=f.default)
+        else:
+            parser.add_argument(flag, type=type(f.default), default=f.default)
+    return distill(DistillConfig(**vars(parser.parse_args(argv))))
+
+
+if __name__ == "__main__":
+    main()
