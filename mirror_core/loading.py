@@ -66,6 +66,16 @@ def load_model(spec: ModelSpec, draft: bool = False, spread: tuple[str, ...] = (
     return (model if spread else model.to(device)).eval()
 
 
+def load_draft_over_target_vocab(spec: ModelSpec):
+    """A draft as a plain Hugging Face model over the target's vocabulary, for peers that drive it themselves
+    (assisted generation): a reduced-vocabulary draft becomes its full-vocabulary copy (vocab_map.full_vocab_copy)."""
+    from .vocab_map import full_vocab_copy, load_vocab_map
+
+    model = load_model(spec, draft=True)
+    vmap = load_vocab_map(local_folder(spec.source))
+    return model if vmap is None else full_vocab_copy(model, vmap)
+
+
 def device_map_for(config, spread: tuple[str, ...]) -> dict[str, str]:
     """An accelerate device map over `spread`: with distinct accelerators, accelerate's infer_auto_device_map
     within 90 % of each one's free memory (decoder layers never split); otherwise (e.g. two entries for the same

