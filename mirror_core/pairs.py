@@ -47,3 +47,20 @@ def default_pair(progress: Callable[[str], None] | None = None) -> Pair:
     if os.path.isdir(TOY_TARGET) and os.path.isdir(TOY_DRAFT):
         return Pair(TOY_TARGET, TOY_DRAFT, f"{why}; using the embedded toy pair in {TOY_DIR}")
     raise MirrorError(f"{why}, and the embedded toy pair is not in {TOY_DIR}; pass --target and --draft")
+
+
+def describe_draft(folder: str) -> str:
+    """One line on a shipped draft folder, read from its files: depth, vocabulary, exit head."""
+    import json
+
+    from .exit_head import find_exit_head
+    from .vocab_map import load_vocab_map
+
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            layers = int(json.load(f)["num_hidden_layers"])
+        vmap, head = load_vocab_map(folder), find_exit_head(folder)
+    except (OSError, ValueError, KeyError, MirrorError):
+        return "a draft whose folder cannot be read"
+    text = f"a {layers}-layer draft" + (f" over the target's {vmap.size:,} most frequent tokens" if vmap else "")
+    return text + (f", with a trained early-exit head at layer {head.layer}" if head else "")

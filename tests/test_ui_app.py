@@ -101,9 +101,14 @@ def test_the_learn_tabs_what_if_answers_its_knobs_and_starts_from_a_run(app):
         c.predict(0, *WhatIf().values()[1:], api_name="/whatif")
     with pytest.raises(Exception, match="run AR and Mirror-SD on the Run tab first"):
         c.predict(api_name="/whatif_from_run")
+    with pytest.raises(Exception, match="run Mirror-SD on the Run tab first"):
+        c.predict(api_name="/tree_first_hit")
     run(c, *args(target, draft))
     knobs = c.predict(api_name="/whatif_from_run")
     assert knobs[-1].startswith("Started from your last run") and knobs[0] > 0 and knobs[6] >= 1  # T_AR, τ
+    step, tree = c.predict(api_name="/tree_first_hit")  # the branch tree of the run's first hit
+    assert step >= 1 and f"<b>Step {int(step)}</b>" in tree and "mirror-node-hit" in tree
+    assert c.predict(step, api_name="/tree") == tree
 
 
 def test_stop_ends_the_run_and_says_so(app):

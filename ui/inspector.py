@@ -6,7 +6,7 @@ import math
 
 from mirror_core import StepRecord
 
-from .session import DecoderRun
+from .session import DecoderRun, pick_step
 
 MAX_BRANCH_ROWS = 64
 
@@ -14,13 +14,9 @@ MAX_BRANCH_ROWS = 64
 def inspector_html(run: DecoderRun | None, step: float | None) -> str:
     if run is None or not run.steps:
         return "<p><i>Run SD or Mirror-SD, then pick a step to inspect.</i></p>"
-    try:
-        step = int(float(step or 1))
-    except (TypeError, ValueError, OverflowError):
-        return f"<p><i>The step must be a whole number (steps 1..{run.steps[-1].step}).</i></p>"
-    rec = next((r for r in run.steps if r.step == step), None)
-    if rec is None:
-        return f"<p><i>Step {step} is not in this run (steps 1..{run.steps[-1].step}).</i></p>"
+    rec = pick_step(run, step or 1, 1)
+    if isinstance(rec, str):
+        return rec
     name = run.namer.show
     bonus = rec.accepted == rec.drafted
     kind = "bonus" if bonus else "correction"

@@ -51,6 +51,15 @@ CSS = """
 .mirror-chip {display: inline-block; border-radius: 4px; padding: 0 4px; margin: 1px; background: #f1f5f9;}
 .mirror-chip-hit {background: #bbf7d0; outline: 1px solid #16a34a;}
 .mirror-reused td {background: #cffafe;}
+.mirror-tree-slot {display: flex; gap: 10px; padding: 4px 0; border-top: 1px solid #e5e7eb;}
+.mirror-tree-label {min-width: 9em;}
+.mirror-tree-dim {opacity: 0.45;}
+.mirror-branch {white-space: nowrap; margin: 2px 0;}
+.mirror-node {display: inline-block; border: 1px solid #cbd5e1; border-radius: 4px; padding: 0 4px; background: #fff;}
+.mirror-node-hit {background: #bbf7d0; border-color: #16a34a;}
+.mirror-node-reused {background: #cffafe; border-color: #0891b2;}
+.mirror-node-pruned {background: #f1f5f9; color: #94a3b8; border-style: dashed;}
+.mirror-edge {color: #94a3b8; margin: 0 3px;}
 .mirror-fast {color: #15803d; font-weight: 600;}
 .mirror-slow {color: #b91c1c; font-weight: 600;}
 .mirror-rejected {color: #b91c1c; opacity: 0.75;}
@@ -169,6 +178,9 @@ def _banner(presets: list[PairPreset], loader: EngineLoader, plan: tuple[str, ..
     text = (f"Lanes: target on `{lanes.target_device}`, draft on `{lanes.draft_device}` as a **{lanes.kind}** "
             f"lane{cores}." + (f" <details><summary>Why, on this machine</summary>{html.escape(devices.describe(lanes.target_device))}: "
                                f"{html.escape('; '.join(plan))}.</details>" if plan else ""))
+    about = [p.about for p in presets if p.available and p.about]
+    if about:
+        text = about[0] + "\n\n" + text
     policy = loader.policy
     if policy.trust_remote_code:
         text = ("⚠️ **trust_remote_code is ON** (`--trust-remote-code`): model folders and hub repos may run their "

@@ -11,6 +11,7 @@ from mirror_core import MirrorError
 
 from .numbers import latency_model
 from .session import Session
+from .tree import first_steps, tree_html
 from .whatif import KNOBS, PRESETS, WhatIf, whatif_html
 
 # (knob, label, lowest, highest, step, one-line help)
@@ -52,6 +53,40 @@ GLOSSARY = (
 
 
 def build(state: gr.State) -> None:
+    _tree(state)
+    _whatif(state)
+
+
+def _tree(state: gr.State) -> None:
+    gr.Markdown("## One step's branch tree\nPick a step of your last Mirror-SD run (the Run tab). Each row is a "
+                "window slot; its roots are the early exit's candidates, each with the branch the draft rolled out "
+                "for it while the target finished its layers. The highlighted root is the target's correction on a "
+                "hit, and its branch (cyan) became the next window.")
+    with gr.Row():
+        step = gr.Number(value=None, label="Step", precision=0, minimum=1, elem_id="mirror-tree-step", min_width=120)
+        hit = gr.Button("First hit", elem_id="mirror-tree-hit")
+        miss = gr.Button("First miss", elem_id="mirror-tree-miss")
+        show = gr.Button("Show", elem_id="mirror-tree-show")
+    tree = gr.HTML(tree_html(None, None), elem_id="mirror-tree")
+
+    def pick(which: int):
+        def handler(session: Session):
+            run = session.runs.get("mirror")
+            found = first_steps(run)[which]
+            if found is None:
+                raise gr.Error("run Mirror-SD on the Run tab first" if run is None else
+                               f"your last Mirror-SD run has no {'hit' if which == 0 else 'miss'}",
+                               print_exception=False)
+            return found, tree_html(run, found)
+        return handler
+
+    hit.click(pick(0), state, [step, tree], api_name="tree_first_hit", queue=False)
+    miss.click(pick(1), state, [step, tree], api_name="tree_first_miss", queue=False)
+    show.click(lambda session, s: tree_html(session.runs.get("mirror"), s), [state, step], tree, api_name="tree",
+               queue=False)
+
+
+def _whatif(state: gr.State) -> None:
     gr.Markdown("## What if the hardware were different? *(modelled)*\n"
                 "The latency model of the Run tab's numbers, with its terms as knobs. Start from this machine, "
                 "from your last run, or from the paper's illustrative accelerator, then move a knob and watch the "

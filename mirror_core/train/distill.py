@@ -275,7 +275,7 @@ def train_draft(cfg: DistillConfig, draft, seqs, train_idx, val_idx, teacher, to
             opt.step()
             step += 1
             if step % 50 == 0:
-                print(f"draft step {step}: loss {float(loss):.3f}, batch agreement {agree:.3f}, "
+                print(f"draft step {step}: loss {float(loss.detach()):.3f}, batch agreement {agree:.3f}, "
                       f"{elapsed / 60:.1f} min", flush=True)
             if step % 400 == 0:
                 log.append({"step": step, "minutes": round(elapsed / 60, 2), "val_agreement": evaluate()})
