@@ -106,9 +106,16 @@ def test_the_learn_tabs_what_if_answers_its_knobs_and_starts_from_a_run(app):
     run(c, *args(target, draft))
     knobs = c.predict(api_name="/whatif_from_run")
     assert knobs[-1].startswith("Started from your last run") and knobs[0] > 0 and knobs[6] >= 1  # T_AR, τ
-    step, tree = c.predict(api_name="/tree_first_hit")  # the branch tree of the run's first hit
-    assert step >= 1 and f"<b>Step {int(step)}</b>" in tree and "mirror-node-hit" in tree
-    assert c.predict(step, api_name="/tree") == tree
+    step, phase, player, tree = c.predict(api_name="/tree_first_hit")  # the run's first hit: player and tree
+    assert step >= 1 and phase == 1 and f"<b>Step {int(step)}</b>" in tree and "mirror-node-hit" in tree
+    assert "phase 1 of 6" in player and "The target reads the window" in player
+    texts = []
+    for k in range(1, 6):  # every phase, each with its own sentence and measured milliseconds
+        phase, player, again, _ = c.predict(step, k, api_name="/player_next")
+        assert phase == k + 1 and f"phase {k + 1} of 6" in player and again == tree
+        texts.append(re.search(r"<p id='mirror-player-text'>(.*)</p>", player).group(1))
+    assert " ms" in texts[0] and texts[-1].startswith("Hit: c = ") and len(set(texts)) == 5
+    assert c.predict(step, 6, api_name="/tree") == (player, tree)
 
 
 def test_stop_ends_the_run_and_says_so(app):

@@ -11,6 +11,7 @@ from mirror_core import MirrorError
 
 from .numbers import latency_model
 from .session import Session
+from .player import player_html
 from .tree import first_steps, tree_html
 from .whatif import KNOBS, PRESETS, WhatIf, whatif_html
 
@@ -30,6 +31,8 @@ SLIDERS = (
     ("gamma", "γ (draft tokens per window)", 1, 16, 1, "Window length."),
 )
 assert tuple(s[0] for s in SLIDERS) == KNOBS
+PHASES = 6  # ui/player.py: window in, layers 1..ℓ_e, early exit → M_t, suffix ∥ branches, acceptance, hit or miss
+SPEEDS = {"0.5 s": 0.5, "1 s": 1.0, "2 s": 2.0, "4 s": 4.0}  # wall time per phase when playing
 
 GLOSSARY = (
     ("window", "The γ draft tokens d1..dγ the target verifies in one forward, after the last committed token w0."),
@@ -53,21 +56,36 @@ GLOSSARY = (
 
 
 def build(state: gr.State) -> None:
-    _tree(state)
+    _step(state)
     _whatif(state)
 
 
-def _tree(state: gr.State) -> None:
-    gr.Markdown("## One step's branch tree\nPick a step of your last Mirror-SD run (the Run tab). Each row is a "
-                "window slot; its roots are the early exit's candidates, each with the branch the draft rolled out "
-                "for it while the target finished its layers. The highlighted root is the target's correction on a "
-                "hit, and its branch (cyan) became the next window.")
+def _step(state: gr.State) -> None:
+    gr.Markdown("## One step, slowed down\nPick a step of your last Mirror-SD run (the Run tab; **First hit** and "
+                "**First miss** find one of each) and play it phase by phase on its measured time axis: the window "
+                "enters the target, the early exit sends its candidates, the draft lane rolls out a branch per "
+                "candidate while the target finishes its layers, acceptance decides, and a hit reuses a branch. "
+                "Below, the same step's branch tree: each slot's candidates as roots with the branch rolled out for "
+                "each; the highlighted root is the correction on a hit, and its branch (cyan) became the next window.")
     with gr.Row():
         step = gr.Number(value=None, label="Step", precision=0, minimum=1, elem_id="mirror-tree-step", min_width=120)
         hit = gr.Button("First hit", elem_id="mirror-tree-hit")
         miss = gr.Button("First miss", elem_id="mirror-tree-miss")
         show = gr.Button("Show", elem_id="mirror-tree-show")
+    with gr.Row():
+        phase = gr.Slider(1, PHASES, value=1, step=1, label="Phase", elem_id="mirror-player-phase", min_width=220)
+        back = gr.Button("◀ Back", elem_id="mirror-player-back")
+        forward = gr.Button("Next ▶", elem_id="mirror-player-next")
+        play = gr.Button("Play", elem_id="mirror-player-play")
+        pause = gr.Button("Pause", elem_id="mirror-player-pause")
+        speed = gr.Radio(list(SPEEDS), value="1 s", label="Per phase", elem_id="mirror-player-speed", min_width=200)
+    timer = gr.Timer(SPEEDS["1 s"], active=False)
+    player = gr.HTML(player_html(None, None, 0), elem_id="mirror-player")
     tree = gr.HTML(tree_html(None, None), elem_id="mirror-tree")
+
+    def views(session: Session, s, k):
+        run = session.runs.get("mirror")
+        return player_html(run, s, int(k) - 1), tree_html(run, s)
 
     def pick(which: int):
         def handler(session: Session):
@@ -77,13 +95,25 @@ def _tree(state: gr.State) -> None:
                 raise gr.Error("run Mirror-SD on the Run tab first" if run is None else
                                f"your last Mirror-SD run has no {'hit' if which == 0 else 'miss'}",
                                print_exception=False)
-            return found, tree_html(run, found)
+            return (found, 1) + views(session, found, 1)
         return handler
 
-    hit.click(pick(0), state, [step, tree], api_name="tree_first_hit", queue=False)
-    miss.click(pick(1), state, [step, tree], api_name="tree_first_miss", queue=False)
-    show.click(lambda session, s: tree_html(session.runs.get("mirror"), s), [state, step], tree, api_name="tree",
-               queue=False)
+    def tick(session: Session, s, k):
+        k = min(int(k) + 1, PHASES)
+        return (k,) + views(session, s, k) + (gr.Timer(active=k < PHASES),)
+
+    hit.click(pick(0), state, [step, phase, player, tree], api_name="tree_first_hit", queue=False)
+    miss.click(pick(1), state, [step, phase, player, tree], api_name="tree_first_miss", queue=False)
+    show.click(views, [state, step, phase], [player, tree], api_name="tree", queue=False)
+    phase.release(views, [state, step, phase], [player, tree], api_name=False, queue=False)
+    back.click(lambda session, s, k: (max(int(k) - 1, 1),) + views(session, s, max(int(k) - 1, 1)),
+               [state, step, phase], [phase, player, tree], api_name=False, queue=False)
+    forward.click(tick, [state, step, phase], [phase, player, tree, timer], api_name="player_next", queue=False)
+    play.click(lambda k, v: (1 if int(k) >= PHASES else k, gr.Timer(SPEEDS[v], active=True)), [phase, speed],
+               [phase, timer], api_name=False, queue=False)
+    pause.click(lambda: gr.Timer(active=False), None, timer, api_name=False, queue=False)
+    speed.change(lambda v: gr.Timer(SPEEDS[v]), speed, timer, api_name=False, queue=False)
+    timer.tick(tick, [state, step, phase], [phase, player, tree, timer], api_name=False, queue=False)
 
 
 def _whatif(state: gr.State) -> None:
