@@ -103,12 +103,13 @@ def test_the_learn_tabs_what_if_answers_its_knobs_and_starts_from_a_run(app):
         c.predict(api_name="/whatif_from_run")
     with pytest.raises(Exception, match="run Mirror-SD on the Run tab first"):
         c.predict(api_name="/tree_first_hit")
-    run(c, *args(target, draft))
+    run(c, *args(target, draft, decoders=("ar", "sd", "mirror")))
     knobs = c.predict(api_name="/whatif_from_run")
     assert knobs[-1].startswith("Started from your last run") and knobs[0] > 0 and knobs[6] >= 1  # T_AR, τ
     step, phase, player, tree = c.predict(api_name="/tree_first_hit")  # the run's first hit: player and tree
     assert step >= 1 and phase == 1 and f"<b>Step {int(step)}</b>" in tree and "mirror-node-hit" in tree
     assert "phase 1 of 6" in player and "The target reads the window" in player
+    assert "Vanilla SD on the same step</b> (the SD run's median spans)" in player
     texts = []
     for k in range(1, 6):  # every phase, each with its own sentence and measured milliseconds
         phase, player, again, _ = c.predict(step, k, api_name="/player_next")

@@ -85,7 +85,7 @@ def _step(state: gr.State) -> None:
 
     def views(session: Session, s, k):
         run = session.runs.get("mirror")
-        return player_html(run, s, int(k) - 1), tree_html(run, s)
+        return player_html(run, s, int(k) - 1, session.runs.get("sd")), tree_html(run, s)
 
     def pick(which: int):
         def handler(session: Session):

@@ -21,6 +21,7 @@ from mirror_core.events import (
     STAGE_SELECT_BRANCH,
     STAGE_TARGET_PREFIX,
     STAGE_TARGET_SUFFIX,
+    STAGE_TARGET_VERIFY,
     STAGE_WAIT,
 )
 
@@ -94,7 +95,34 @@ def phases(run: DecoderRun, rec: StepRecord) -> tuple[list[Phase], list[SpanEven
     return out, spans
 
 
-def player_html(run: DecoderRun | None, step, phase) -> str:
+def _median(values: list[float]) -> float | None:
+    values = sorted(values)
+    return None if not values else values[len(values) // 2]
+
+
+def sd_beside(run: DecoderRun, rec: StepRecord, spans: list[SpanEvent], sd: DecoderRun | None) -> str:
+    """The same step's time under vanilla SD, from measured spans: SD verifies without an early exit, then drafts
+    its next window serially (medians of the SD run's spans when one ran, else of this run's fresh rollouts)."""
+    mirror_ms = (max(s.t1 for s in spans) - spans[0].t0) * 1e3
+    pool = sd.spans if sd is not None and sd.spans else run.spans
+    verify = _median([(s.t1 - s.t0) * 1e3 for s in pool if s.stage == STAGE_TARGET_VERIFY])
+    if verify is None:  # no SD run: this step's own pass, prefix + readout + suffix
+        verify = sum(_ms(spans, st) for st in (STAGE_TARGET_PREFIX, STAGE_EXIT_READOUT, STAGE_TARGET_SUFFIX))
+    draft = _median([(s.t1 - s.t0) * 1e3 for s in pool if s.stage == STAGE_DRAFT_ROLLOUT and s.step > 0])
+    if draft is None:
+        return ("<p class='mirror-def'>Vanilla SD beside it: run SD too (or a Mirror-SD run with a miss) to have a "
+                "measured serial rollout to compare with.</p>")
+    source = "the SD run's median spans" if pool is not run.spans else "this run's verification and fresh rollouts"
+    sd_ms = verify + draft
+    scale = 300 / max(sd_ms, mirror_ms)
+    bar = lambda ms, colour: f"<span class='mirror-bar' style='display:inline-block;width:{ms * scale:.0f}px;background:{colour}'></span>"  # noqa: E731
+    return (f"<p><b>Vanilla SD on the same step</b> ({source}): verify {verify:.1f} ms, then draft the next "
+            f"{rec.drafted} tokens serially, {draft:.1f} ms: {sd_ms:.1f} ms "
+            f"{bar(sd_ms, '#f97316')}<br>Mirror-SD, this step as measured: {mirror_ms:.1f} ms "
+            f"{bar(mirror_ms, '#6366f1')} (its draft works during the target's last layers).</p>")
+
+
+def player_html(run: DecoderRun | None, step, phase, sd: DecoderRun | None = None) -> str:
     if run is None or run.decoder != "mirror" or not run.steps:
         return "<p><i>Run Mirror-SD on the Run tab, then pick a step to play.</i></p>"
     rec = pick_step(run, step, run.steps[0].step)
@@ -129,7 +157,7 @@ def player_html(run: DecoderRun | None, step, phase) -> str:
     trail = " → ".join(f"<b>{html.escape(p.title)}</b>" if i == k else html.escape(p.title)
                        for i, p in enumerate(steps))
     return (f"<p class='mirror-def'>Step {rec.step}, phase {k + 1} of {len(steps)}: {trail}</p>{svg}"
-            f"<p id='mirror-player-text'>{current.text}</p>")
+            f"<p id='mirror-player-text'>{current.text}</p>" + sd_beside(run, rec, spans, sd))
 
 
 def phase_count(run: DecoderRun | None, step) -> int:
