@@ -310,8 +310,9 @@ def distill(cfg: DistillConfig) -> dict:
     val_idx, train_idx = sorted(perm[:n_val]), sorted(perm[n_val:])
 
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    eos = int(target.config.eos_token_id)
-    subset = draft_vocabulary([seqs[i] for i in train_idx], cfg.draft_vocab, [eos])
+    eos = target.config.eos_token_id
+    always = [eos] if isinstance(eos, int) else list(eos or [])  # the end of an answer is always proposable
+    subset = draft_vocabulary([seqs[i] for i in train_idx], cfg.draft_vocab, always)
     vmap = VocabMap.from_ids(subset, int(target.config.vocab_size))
     ids, to_draft = vmap.target_ids, vmap.to_draft
     answer_tokens = [t for _, a in seqs for t in a]
