@@ -53,6 +53,7 @@ class DistillConfig:
     hard_weight: float = 0.5                      # CE on the target's greedy token, beside the KL
     seed: int = 0
     threads: int = 0
+    init_draft: str = ""                          # continue training this saved draft folder (its vocabulary kept)
 
     def __post_init__(self):
         if self.exit_layer not in self.exit_layers:
@@ -312,8 +313,13 @@ def distill(cfg: DistillConfig) -> dict:
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     eos = target.config.eos_token_id
     always = [eos] if isinstance(eos, int) else list(eos or [])  # the end of an answer is always proposable
-    subset = draft_vocabulary([seqs[i] for i in train_idx], cfg.draft_vocab, always)
-    vmap = VocabMap.from_ids(subset, int(target.config.vocab_size))
+    if cfg.init_draft:
+        from mirror_core.vocab_map import load_vocab_map
+
+        vmap = load_vocab_map(cfg.init_draft)
+    else:
+        subset = draft_vocabulary([seqs[i] for i in train_idx], cfg.draft_vocab, always)
+        vmap = VocabMap.from_ids(subset, int(target.config.vocab_size))
     ids, to_draft = vmap.target_ids, vmap.to_draft
     answer_tokens = [t for _, a in seqs for t in a]
     covered = sum(1 for t in answer_tokens if int(to_draft[t]) < vmap.size) / len(answer_tokens)
@@ -332,7 +338,10 @@ def distill(cfg: DistillConfig) -> dict:
                                                            eps, ids, to_draft, g)
     timings["exit_heads_s"] = round(time.time() - t, 1)
 
-    draft = build_draft(target, ids, cfg.init_layers)
+    if cfg.init_draft:  # resume: the saved weights, in float32 for training
+        draft = AutoModelForCausalLM.from_pretrained(cfg.init_draft, dtype=torch.float32)
+    else:
+        draft = build_draft(target, ids, cfg.init_layers)
     t = time.time()
     log = train_draft(cfg, draft, seqs, train_idx, val_idx, teacher, to_draft, g)
     timings["draft_s"] = round(time.time() - t, 1)
