@@ -38,6 +38,62 @@ def test_page_runs_a_generation_and_shows_tokens_and_plots(pair_root, tmp_path):
         loader.close()
 
 
+PLAYER_JS = """(() => {
+  const tab = [...document.querySelectorAll("button[role=tab]")].find(b => b.textContent.trim() === "Learn");
+  if (tab && tab.getAttribute("aria-selected") !== "true") tab.click();
+  const click = %s;
+  if (click) { const b = document.getElementById(click); if (b) b.click(); }
+  const player = document.querySelector("#mirror-player"), tree = document.querySelector("#mirror-tree");
+  return JSON.stringify({player: player ? player.innerText : "", hit: tree ? tree.querySelectorAll(".mirror-node-hit").length : 0,
+                         bars: player ? player.querySelectorAll("svg rect").length : 0});
+})()"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_the_learn_tab_plays_a_step_of_the_last_run_and_shows_its_tree(pair_root, tmp_path):
+    """Run on the Run tab, then on the Learn tab: First hit, Play through the six phases (each its own sentence,
+    the timeline growing), and the step's branch tree with the hit highlighted."""
+    import json
+    import time
+
+    from mirror_core import LaneConfig
+    from testing.browser import press_run, wait_for
+    from testing.toy_models import build_pair
+    from ui import LAUNCH, EngineLoader, build_demo, default_presets
+
+    target, draft = build_pair(pair_root, "llama")
+    loader = EngineLoader(LaneConfig(kind="inline", target_threads=1, draft_threads=1))
+    demo = build_demo(loader, default_presets(str(tmp_path), target, draft), ["1, 2, 3"])
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, **LAUNCH)
+    browser = Chromium(CHROMIUM, tempfile.mkdtemp(prefix="mirror-chromium-"))
+    try:
+        loader.get(target, draft)
+        open_page(browser, url)
+        press_run(browser)
+        wait_for(browser, lambda s: "Done" in s["status"] and s["tokens"] > 0, 60)
+        state = lambda click=None: json.loads(browser.evaluate(PLAYER_JS % json.dumps(click)) or "{}")  # noqa: E731
+        seen, deadline = [], time.monotonic() + 20
+        while time.monotonic() < deadline and "phase 1 of 6" not in (seen[-1]["player"] if seen else ""):
+            seen.append(state("mirror-tree-hit"))  # again until it lands (a click before the tab is wired is lost)
+            time.sleep(0.5)
+        assert "phase 1 of 6" in seen[-1]["player"] and seen[-1]["hit"] >= 1, seen[-1]
+        state("mirror-player-play")
+        texts, deadline = {}, time.monotonic() + 30
+        while time.monotonic() < deadline and "phase 6 of 6" not in texts:
+            now = state()
+            phase = next((f"phase {k} of 6" for k in range(1, 7) if f"phase {k} of 6" in now["player"]), None)
+            texts.setdefault(phase, now)
+            time.sleep(0.1)
+        assert {f"phase {k} of 6" for k in range(2, 7)} <= set(texts), list(texts)  # played through, phase by phase
+        assert texts["phase 6 of 6"]["bars"] > texts["phase 2 of 6"]["bars"] >= 1   # the timeline grew
+        assert "Hit: c = " in texts["phase 6 of 6"]["player"]
+        browser.screenshot(str(tmp_path / "player.png"))
+    finally:
+        browser.close()
+        demo.close()
+        loader.close()
+
+
 LEARN_JS = """(() => {
   const tab = [...document.querySelectorAll("button[role=tab]")].find(b => b.textContent.trim() === "Learn");
   if (tab) tab.click();
