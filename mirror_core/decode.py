@@ -184,7 +184,7 @@ def step_record(*, step: int, w: list[int], result: AcceptResult, committed: int
     return StepRecord(
         step=step, window=tuple(w), drafted=len(w) - 1, accepted=result.accepted, token=result.token,
         committed=committed, from_branch=reused, hit=hit,
-        topk_ids=readout.topk_ids if readout else (), topk_logprobs=readout.topk_logprobs if readout else (),
+        topk_ids=readout.ranked if readout else (), topk_logprobs=readout.topk_logprobs if readout else (),
         target_tokens=result.target_tokens, branches=branches,
         branch_rows=tuple(branch_rows(readout.topk_ids)) if readout and branches else (),
         branch_row=following.branch_row if following else None, t_end=time.perf_counter())

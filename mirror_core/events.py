@@ -103,7 +103,8 @@ class StepRecord:
     committed: int                 # n_t (A_t + 1 unless EOS or the token budget cut the step)
     from_branch: bool              # this window was a reused branch (hit at the previous step)
     hit: bool | None               # c ∈ TopK_τ (None: no branches were prepared this step)
-    topk_ids: tuple[tuple[int, ...], ...] = ()        # per slot 1..γ+1: early-exit candidates (-1 = none)
+    topk_ids: tuple[tuple[int, ...], ...] = ()        # per slot 1..γ+1: early-exit top-κ by rank, before the branch
+                                                      # budget pruned any (-1 = none); rolled out: branch_rows
     topk_logprobs: tuple[tuple[float, ...], ...] = ()  # matching log p_exit
     target_tokens: tuple[int, ...] = ()               # argmax p_target per slot (for Ω̂_κ)
     branches: tuple[tuple[int, ...], ...] = ()        # precomputed branch tokens, one row per branch_rows entry

@@ -114,6 +114,7 @@ def test_branch_budget_keeps_output_and_caps_rows(arch, pairs, engines):
     """A branch budget only prunes which windows are precomputed: output stays exact, rows ≤ budget."""
     from mirror_core import StepRecord
     from mirror_core.config import AUTO_BRANCH_BUDGET
+    from ui.inspector import _topk_cells
 
     target, _ = pairs[arch]
     for i, prompt in enumerate(prompts(4, seed=5)):
@@ -124,5 +125,9 @@ def test_branch_budget_keeps_output_and_caps_rows(arch, pairs, engines):
             assert list(events[-1].token_ids) == ref, (arch, prompt, budget)
             cap = budget if budget > 0 else (spec.gamma + 1) * spec.kappa
             for r in (e for e in events if isinstance(e, StepRecord)):
-                assert sum(v >= 0 for row in r.topk_ids for v in row) <= cap
-                assert len(r.branches) <= cap
+                assert len(r.branch_rows) <= cap and len(r.branches) <= cap
+                assert all(v in r.topk_ids[j] for j, v in r.branch_rows)  # topk_ids: every candidate, pruned too
+                if budget == 1 and r.branches:  # the rest are shown as pruned, not dropped (ui/inspector.py)
+                    assert sum(v >= 0 for row in r.topk_ids for v in row) > 1 or spec.kappa * (spec.gamma + 1) == 1
+                    cells = "".join(_topk_cells(r, j, str, None) for j in range(len(r.topk_ids)))
+                    assert cells.count("pruned (budget)") == sum(v >= 0 for row in r.topk_ids for v in row) - 1

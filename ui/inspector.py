@@ -74,11 +74,14 @@ def _topk_cells(rec: StepRecord, slot: int, name, highlight: int | None) -> str:
     if slot >= len(rec.topk_ids):
         return "<i>none (no early exit)</i>"
     chips = []
+    rolled = {(j, v) for j, v in rec.branch_rows}
     for token, logp in zip(rec.topk_ids[slot], rec.topk_logprobs[slot]):
         if token < 0:
             continue
-        cls = "mirror-chip mirror-chip-hit" if token == highlight else "mirror-chip"
-        chips.append(f"<span class='{cls}'><code>{html.escape(name(token))}</code> {math.exp(logp):.3f}</span>")
+        pruned = bool(rolled) and (slot, token) not in rolled  # the branch budget left it without a rollout
+        cls = "mirror-chip" + (" mirror-chip-hit" if token == highlight else "") + (" mirror-chip-pruned" if pruned else "")
+        chips.append(f"<span class='{cls}'><code>{html.escape(name(token))}</code> {math.exp(logp):.3f}"
+                     + (" <i>pruned (budget)</i>" if pruned else "") + "</span>")
     return " ".join(chips) or "<i>none</i>"
 
 

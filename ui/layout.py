@@ -50,6 +50,7 @@ CSS = """
 #mirror-whatif-table td:nth-child(2) {width: 40%; min-width: 8em;}
 .mirror-chip {display: inline-block; border-radius: 4px; padding: 0 4px; margin: 1px; background: #f1f5f9;}
 .mirror-chip-hit {background: #bbf7d0; outline: 1px solid #16a34a;}
+.mirror-chip-pruned {color: #94a3b8; background: #f8fafc; outline: 1px dashed #cbd5e1;}
 .mirror-reused td {background: #cffafe;}
 .mirror-tree-slot {display: flex; gap: 10px; padding: 4px 0; border-top: 1px solid #e5e7eb;}
 .mirror-tree-label {min-width: 9em;}

@@ -54,6 +54,7 @@ def _caption(rec: StepRecord, name) -> str:
 
 def _slot(rec: StepRecord, s: int, name) -> str:
     rows = {cand: r for r, (slot, cand) in enumerate(rec.branch_rows) if slot == s}
+    rows_any = bool(rec.branch_rows)  # no rows at all: nothing was rolled out this step (not a budget's choice)
     reachable = s <= rec.accepted
     label = "after w0" if s == 0 else f"after d1..d{s}"
     roots = []
@@ -63,14 +64,15 @@ def _slot(rec: StepRecord, s: int, name) -> str:
         p = f"{math.exp(logp):.3f}"
         r = rows.get(token)
         chosen = s == rec.accepted and token == rec.token
-        cls = "mirror-node" + (" mirror-node-hit" if chosen else "") + ("" if r is not None else " mirror-node-pruned")
+        cls = ("mirror-node" + (" mirror-node-hit" if chosen else "")
+               + ("" if r is not None or not rows_any else " mirror-node-pruned"))
         chain = ""
         if r is not None and r < len(rec.branches):
             reused = r == rec.branch_row
             chain = "".join(f"<span class='mirror-edge'>→</span><span class='mirror-node"
                             f"{' mirror-node-reused' if reused else ''}'><code>{html.escape(name(t))}</code></span>"
                             for t in rec.branches[r])
-        note = "" if r is not None else " <i>pruned (budget)</i>"
+        note = "" if r is not None or not rows_any else " <i>pruned (budget)</i>"
         roots.append(f"<div class='mirror-branch'><span class='{cls}' title='p_exit {p}'><code>"
                      f"{html.escape(name(token))}</code> {p}{note}</span>{chain}</div>")
     body = "".join(roots) or "<i>no candidates</i>"
