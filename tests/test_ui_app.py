@@ -117,6 +117,9 @@ def test_the_learn_tabs_what_if_answers_its_knobs_and_starts_from_a_run(app):
         texts.append(re.search(r"<p id='mirror-player-text'>(.*)</p>", player).group(1))
     assert " ms" in texts[0] and texts[-1].startswith("Hit: c = ") and len(set(texts)) == 5
     assert c.predict(step, 6, api_name="/tree") == (player, tree)
+    assert c.predict("mirror", 0, api_name="/inspect_next_hit") == step  # the Run tab's inspector finds it too
+    with pytest.raises(Exception, match="no hit after step 100000"):
+        c.predict("mirror", 100000, api_name="/inspect_next_hit")
 
 
 def test_stop_ends_the_run_and_says_so(app):

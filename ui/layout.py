@@ -149,6 +149,7 @@ class Controls:
 class Views:
     outputs: dict  # output name (OUTPUT_NAMES) → its component
     columns: dict  # decoder → gr.Column
+    seek: dict     # "hit" / "miss" → the inspector's Next hit / Next miss button
 
 
 def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[str] | None = None,
@@ -279,10 +280,27 @@ def _views(status: gr.Markdown) -> Views:
                                       value="mirror", label="Run", info="Which speculative run to inspect.")
         out["inspect_step"] = gr.Slider(1, 2, 1, step=1, label="Step",
                                         info="Verification step t (1 = first after prefill).")
+        seek = {kind: gr.Button(f"Next {kind} ▶", elem_id=f"mirror-next-{kind}", size="sm") for kind in ("hit", "miss")}
     out["inspector"] = gr.HTML(inspector.inspector_html(None, 1), elem_id="mirror-inspector")
     out["trace"] = gr.File(label="Run trace (JSON): every event of every decoder", interactive=False,
                            elem_id="mirror-trace")
-    return Views(out, columns)
+    return Views(out, columns, seek)
+
+
+def _next_step(hit: bool):
+    """The inspector's Next hit / Next miss: the first step after the shown one whose verdict was a hit (a miss)."""
+    def handler(session: Session, decoder, step):
+        run = session.runs.get(decoder) if isinstance(decoder, str) else None
+        try:
+            after = int(float(step or 0))
+        except (TypeError, ValueError, OverflowError):
+            after = 0
+        found = next((r.step for r in run.steps if r.step > after and r.hit is hit), None) if run else None
+        if found is None:
+            raise gr.Error(f"no {'hit' if hit else 'miss'} after step {after} in this run" if run else
+                           "run SD or Mirror-SD first", print_exception=False)
+        return found
+    return handler
 
 
 def _wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], state: gr.State, c: Controls,
@@ -350,6 +368,9 @@ def _wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], stat
     gr.on([inspect_run.change, inspect_step.change], on_inspect, [state, inspect_run, inspect_step],
           v.outputs["inspector"], api_name="inspect", show_progress="hidden",
           preprocess=False)  # a typed step out of range gets a line in the inspector, not a server traceback
+    for kind, button in v.seek.items():
+        button.click(_next_step(kind == "hit"), [state, inspect_run, inspect_step], inspect_step,
+                     api_name=f"inspect_next_{kind}", show_progress="hidden", preprocess=False)
     c.preset.change(lambda label: _pair_of(presets, label), [c.preset], [c.fields["target"], c.fields["draft"]],
                     api_visibility="private", show_progress="hidden")
     c.fields["decoders"].change(lambda ds: [gr.Column(visible=d in (ds or ())) for d in COLUMNS],
