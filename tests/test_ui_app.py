@@ -1,6 +1,8 @@
 """The launched app driven through gradio_client: a run streams tokens and plots, Stop works, users are separate."""
 from __future__ import annotations
 
+import html
+import json
 import os
 import re
 import socket
@@ -118,6 +120,11 @@ def test_the_learn_tabs_what_if_answers_its_knobs_and_starts_from_a_run(app):
     assert " ms" in texts[0] and texts[-1].startswith("Hit: c = ") and len(set(texts)) == 5
     assert c.predict(step, 6, api_name="/tree") == (player, tree)
     assert c.predict("mirror", 0, api_name="/inspect_next_hit") == step  # the Run tab's inspector finds it too
+    plot = c.predict("kappa", api_name="/experiment")  # a sweep over κ on the last run's pair and prompt
+    data = json.loads(html.unescape(re.search(r"id='mirror-experiment-data' data-points='([^']*)'", plot).group(1)))
+    assert [p["x"] for p in data] == ["κ = 1", "κ = 2", "κ = 4", "κ = 8"] and "Done: 5 runs" in plot  # one ar baseline + 4 mirror
+    assert all(0 <= p["hit rate"] <= 1 and p["speedup mirror"] > 0 for p in data)
+    assert "Kept from earlier" in c.predict("kappa", api_name="/experiment")
     with pytest.raises(Exception, match="no hit after step 100000"):
         c.predict("mirror", 100000, api_name="/inspect_next_hit")
 

@@ -166,7 +166,7 @@ def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[s
                 controls = _controls(presets, examples or [])
                 views = _views(controls.status)
             with gr.Tab("Learn", id="learn"):
-                learn.build(state)
+                learn.build(state, loader)
         _wire(demo, loader, presets, state, controls, views)
     demo.queue(max_size=QUEUE_MAX_SIZE, default_concurrency_limit=1)  # one run on the lanes at a time
     demo._queue.sleep_when_free = demo._queue.progress_update_sleep_when_free = QUEUE_POLL_S

@@ -5,12 +5,15 @@ reads the visitor's own session (the Run tab's last AR and Mirror-SD runs).
 """
 from __future__ import annotations
 
+import threading
+
 import gradio as gr
 
 from mirror_core import MirrorError
 
 from .numbers import latency_model
 from .session import Session
+from .experiments import EXPERIMENTS, NEW_TOKENS, plot_html, run_experiment
 from .player import player_html
 from .tree import first_steps, tree_html
 from .whatif import KNOBS, PRESETS, WhatIf, whatif_html
@@ -55,8 +58,9 @@ GLOSSARY = (
 )
 
 
-def build(state: gr.State) -> None:
+def build(state: gr.State, loader) -> None:
     _step(state)
+    _experiments(state, loader)
     _whatif(state)
 
 
@@ -114,6 +118,56 @@ def _step(state: gr.State) -> None:
     pause.click(lambda: gr.Timer(active=False), None, timer, api_name=False, queue=False)
     speed.change(lambda v: gr.Timer(SPEEDS[v]), speed, timer, api_name=False, queue=False)
     timer.tick(tick, [state, step, phase], [phase, player, tree, timer], api_name=False, queue=False)
+
+
+def _experiments(state: gr.State, loader) -> None:
+    gr.Markdown("## Experiments\nSmall sweeps on the pair and prompt of your last run on the Run tab, each a few "
+                f"dozen real runs of {NEW_TOKENS} tokens: measured points, and dashed the latency model's prediction "
+                "from the same runs (modelled). Each asks a question the plot answers. Results are kept for this "
+                "session; Stop ends a sweep within one run.")
+    first = next(iter(EXPERIMENTS))
+    with gr.Row():
+        pick = gr.Radio([(e.title, k) for k, e in EXPERIMENTS.items()], value=first, label="Experiment",
+                        elem_id="mirror-experiment-pick")
+        start = gr.Button("Run experiment", variant="primary", elem_id="mirror-experiment-run")
+        stop = gr.Button("Stop", elem_id="mirror-experiment-stop")
+    plot = gr.HTML(plot_html(EXPERIMENTS[first], []), elem_id="mirror-experiment")
+
+    def on_run(session: Session, key):
+        exp = EXPERIMENTS.get(key) if isinstance(key, str) else None
+        last = next((r for r in (session.runs.get(d) for d in ("mirror", "sd", "ar")) if r and r.start), None)
+        if exp is None or last is None or last.start.settings.draft is None:
+            raise gr.Error("run the Run tab with a draft first: the experiments use its pair and prompt"
+                           if exp else f"unknown experiment {key!r}", print_exception=False)
+        settings = last.start.settings
+        spec = settings.request.spec
+        cache_key = (key, settings.target, settings.draft, last.start.prompt_ids, spec)
+        if cache_key in session.experiments:
+            yield plot_html(exp, session.experiments[cache_key], "Kept from earlier in this session.")
+            return
+        try:
+            engine = loader.get(settings.target, settings.draft)
+        except MirrorError as exc:
+            raise gr.Error(str(exc), print_exception=False) from None
+        session.experiment_stop = stop_flag = threading.Event()
+        points, total = [], 0
+        try:
+            for done, total, points in run_experiment(engine, exp, last.start.prompt_ids, spec, stop_flag,
+                                                      encode=engine.encode):
+                if stop_flag.is_set():
+                    yield plot_html(exp, points, f"Stopped after {done} of {total} runs.")
+                    return
+                yield plot_html(exp, points, f"Running: {done} of {total} runs…")
+        except MirrorError as exc:
+            raise gr.Error(str(exc), print_exception=False) from None
+        session.experiments[cache_key] = points
+        yield plot_html(exp, points, f"Done: {total} runs of {NEW_TOKENS} new tokens on {settings.target} + "
+                                     f"{settings.draft}, γ {spec.gamma}, κ {spec.kappa} unless swept.")
+
+    start.click(on_run, [state, pick], plot, api_name="experiment", concurrency_id="lanes", concurrency_limit=1,
+                show_progress="hidden")
+    stop.click(lambda session: session.experiment_stop.set(), state, None, api_name=False, queue=False)
+    pick.change(lambda key: plot_html(EXPERIMENTS[key], []), pick, plot, api_name=False, queue=False)
 
 
 def _whatif(state: gr.State) -> None:
