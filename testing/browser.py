@@ -138,6 +138,12 @@ def wait_for(browser: Chromium, done, timeout: float, poll: float = 0.5) -> dict
     raise AssertionError(f"page did not reach the expected state in {timeout:.0f} s: {state}")
 
 
+# The first-visit tour (ui/tour.py) opens in a corner of a fresh profile's page; screenshots close it first.
+CLOSE_TOUR_JS = """(() => {
+  try { localStorage.setItem('mirror-tour-seen', '1'); } catch (e) {}
+  const b = document.querySelector("#mirror-tour-panel [data-go='0']");
+  if (b) b.click();
+})()"""
 SET_PROMPT_JS = """(() => {
   const box = document.querySelector("#mirror-prompt textarea");
   box.value = %s;
@@ -166,6 +172,8 @@ def run_once(url: str, screenshot: str | None = None, prompt: str | None = None,
             browser.open(url)
             first = wait_for(browser, lambda s: "press" in s.get("status", "")  # the page as it opens, rendered
                              and max(s["top"].values()) < 1e9, 45)
+            time.sleep(1.0)  # the tour opens 0.8 s after load
+            browser.evaluate(CLOSE_TOUR_JS)
             if prompt is not None:
                 browser.evaluate(SET_PROMPT_JS % json.dumps(prompt))
                 time.sleep(0.5)
@@ -285,6 +293,8 @@ def learn_screenshot(url: str, path: str, prompt: str | None = None, timeout: fl
         try:
             browser.open(url)
             wait_for(browser, lambda s: "press" in s.get("status", "") and max(s["top"].values()) < 1e9, 45)
+            time.sleep(1.0)
+            browser.evaluate(CLOSE_TOUR_JS)
             if prompt is not None:
                 browser.evaluate(SET_PROMPT_JS % json.dumps(prompt))
                 time.sleep(0.5)

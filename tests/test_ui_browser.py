@@ -6,6 +6,7 @@ Skipped when chromium is not installed (CI installs it: .ci/run).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -36,6 +37,56 @@ def test_page_runs_a_generation_and_shows_tokens_and_plots(pair_root, tmp_path):
     finally:
         demo.close()
         loader.close()
+
+
+@contextlib.contextmanager
+def page_without_models(tmp_path):
+    """The page with no pair loaded (the Learn tab's what-if and the tour need none) and a fresh browser on it."""
+    from mirror_core import LaneConfig
+    from ui import LAUNCH, EngineLoader, build_demo, default_presets
+
+    demo = build_demo(EngineLoader(LaneConfig(kind="inline")), default_presets(str(tmp_path)), [])
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, **LAUNCH)
+    browser = Chromium(CHROMIUM, tempfile.mkdtemp(prefix="mirror-chromium-"))
+    try:
+        yield url, browser
+    finally:
+        browser.close()
+        demo.close()
+
+
+TOUR_JS = """(() => {
+  const click = %s;
+  if (click) { const b = document.querySelector(click); if (b) b.click(); }
+  const p = document.querySelector("#mirror-tour-panel");
+  const mark = document.querySelector(".mirror-tour-mark");
+  return JSON.stringify({shown: !!p && !p.hidden, title: p ? p.querySelector(".mirror-tour-title").textContent : "",
+                         marked: mark ? (mark.id || mark.textContent.trim()) : ""});
+})()"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_the_first_visit_tour_opens_once_walks_six_stops_and_reopens(tmp_path):
+    import json
+    import time
+
+    with page_without_models(tmp_path) as (url, browser):
+        tour = lambda click=None: json.loads(browser.evaluate(TOUR_JS % json.dumps(click)) or "{}")  # noqa: E731
+        open_page(browser, url)
+        first, deadline = tour(), time.monotonic() + 20
+        while not first.get("shown") and time.monotonic() < deadline:  # it opens by itself on a first visit
+            time.sleep(0.2)
+            first = tour()
+        assert first["title"].startswith("1 ·") and first["marked"] == "mirror-prompt", first
+        titles = [first["title"]]
+        for _ in range(5):
+            titles.append(tour("#mirror-tour-panel [data-go='1']")["title"])
+        assert [t.split(" ·")[0] for t in titles] == ["1", "2", "3", "4", "5", "6"] and tour()["marked"] == "Learn"
+        assert not tour("#mirror-tour-panel [data-go='1']")["shown"]  # Done closes it
+        open_page(browser, url)  # a second visit: not again by itself
+        time.sleep(1.5)
+        assert not tour()["shown"]
+        assert tour("#mirror-tour-open")["title"].startswith("1 ·")  # reopened from the header
 
 
 PLAYER_JS = """(() => {
@@ -113,13 +164,7 @@ MOVE_KNOB_JS = """(() => {
 def test_the_learn_tab_redraws_the_what_if_when_a_knob_moves(tmp_path):
     import time
 
-    from mirror_core import LaneConfig
-    from ui import LAUNCH, EngineLoader, build_demo, default_presets
-
-    demo = build_demo(EngineLoader(LaneConfig(kind="inline")), default_presets(str(tmp_path)), [])
-    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, **LAUNCH)
-    browser = Chromium(CHROMIUM, tempfile.mkdtemp(prefix="mirror-chromium-"))
-    try:
+    with page_without_models(tmp_path) as (url, browser):
         open_page(browser, url)
         before = ""
         for _ in range(40):
@@ -137,9 +182,6 @@ def test_the_learn_tab_redraws_the_what_if_when_a_knob_moves(tmp_path):
             time.sleep(0.25)
         assert after != before and "Mirror-SD" in after, (before, after)  # a cheaper verification: a new prediction
         browser.screenshot(str(tmp_path / "learn.png"))
-    finally:
-        browser.close()
-        demo.close()
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,7 +12,7 @@ import gradio as gr
 from mirror_core import MirrorError, devices
 from mirror_core.config import MAX_PROMPT_CHARS
 
-from . import inspector, learn, numbers, plots, render
+from . import inspector, learn, numbers, plots, render, tour
 from .loader import EngineLoader, PairPreset
 from .session import Session
 from .settings import (
@@ -86,7 +86,7 @@ CSS = """
 # outputs in the browser's localStorage (up to 100 runs) and, while a generator streams, re-serialises that whole
 # history every 500 ms, so the page's CPU grew with every run (docs/BENCHMARKS.md, "The page's cost"); it would
 # also keep each user's prompts and outputs in their browser.
-LAUNCH = {"css": CSS, "run_history": False}
+LAUNCH = {"css": CSS + tour.CSS, "run_history": False}
 
 # The outputs of /run, /replay and /stop by name, in the endpoints' order (what gradio_client returns; the
 # per-user state follows them as one more output that clients never see). Tests read results with by_name().
@@ -161,6 +161,7 @@ def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[s
         gr.Markdown("# Mirror-SD Playground\nMirror speculative decoding (arXiv 2510.13161): the draft rolls out "
                     "branches for the target's early-exit candidates *while* the target finishes its layers. "
                     "New to it? The **Learn** tab.\n\n" + _banner(presets, loader, plan))
+        gr.HTML(tour.stops_json(), elem_id="mirror-tour", html_template=tour.TEMPLATE, js_on_load=tour.JS)
         with gr.Tabs():
             with gr.Tab("Run", id="run"):
                 controls = _controls(presets, examples or [])

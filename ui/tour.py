@@ -1,0 +1,80 @@
+"""A first-visit tour of the page: six stops, each pointing at a part of the page with one or two sentences. It opens
+by itself on a visitor's first visit (the browser remembers that it was seen) and reopens from the header's
+"Take the tour" button. The panel sits in a corner and blocks nothing: the page works while it is open.
+"""
+from __future__ import annotations
+
+import json
+
+STOPS = (
+    ("#mirror-prompt", "1 · Prompt and Run",
+     "Type a prompt or pick an example, then press Run: the target alone (AR) and Mirror-SD decode it one after "
+     "the other, each with the machine to itself."),
+    ("#mirror-tokens-mirror", "2 · The streams",
+     "Each decoder's text as it is committed, coloured by where each token came from: accepted draft tokens, tokens "
+     "from a reused branch, the target's corrections and bonus tokens; rejected drafts are struck through."),
+    ("#mirror-plots", "3 · Live plots",
+     "Per verification step: tokens committed (hit or miss), both lanes' busy spans on one clock (the draft working "
+     "while the target finishes its layers), the race against AR, and acceptance by position. Hover for numbers."),
+    ("#mirror-numbers", "4 · Numbers",
+     "τ (tokens per step), α (acceptance), hit rate, draft-hidden fraction, speedup: each with its definition, and "
+     "beside them the latency model computed from the same spans (labelled modelled)."),
+    ("#mirror-inspector", "5 · Step inspector",
+     "One verification step up close: the window, each slot's early-exit candidates, the branches the draft rolled "
+     "out, and whether the correction hit one."),
+    ("button[role=tab]", "6 · The Learn tab",
+     "Play one real step slowly, see its branch tree, run small experiments that redraw the paper's trade-offs, "
+     "and ask what other hardware would change. The glossary defines every term."),
+)
+
+TEMPLATE = ("<button id='mirror-tour-open' class='mirror-tour-open'>Take the tour</button>"
+            "<div id='mirror-tour-panel' class='mirror-tour' hidden><div class='mirror-tour-title'></div>"
+            "<div class='mirror-tour-text'></div><div class='mirror-tour-nav'><button data-go='-1'>Back</button>"
+            "<button data-go='1'>Next</button><button data-go='0'>Close</button></div></div>")
+
+JS = """
+const stops = JSON.parse(props.value || '[]');
+const panel = element.querySelector('#mirror-tour-panel');
+let at = 0, marked = null;
+function show(i) {
+  at = Math.max(0, Math.min(i, stops.length - 1));
+  const [sel, title, text] = stops[at];
+  panel.querySelector('.mirror-tour-title').textContent = title;
+  panel.querySelector('.mirror-tour-text').textContent = text;
+  panel.querySelector("[data-go='1']").textContent = at === stops.length - 1 ? 'Done' : 'Next';
+  panel.hidden = false;
+  if (marked) marked.classList.remove('mirror-tour-mark');
+  marked = sel === 'button[role=tab]'
+    ? [...document.querySelectorAll(sel)].find(b => b.textContent.trim() === 'Learn') : document.querySelector(sel);
+  if (marked) { marked.classList.add('mirror-tour-mark'); marked.scrollIntoView({block: 'center', behavior: 'smooth'}); }
+}
+function close() {
+  panel.hidden = true;
+  if (marked) marked.classList.remove('mirror-tour-mark');
+  try { localStorage.setItem('mirror-tour-seen', '1'); } catch (e) {}
+}
+panel.addEventListener('click', (e) => {
+  const go = e.target.getAttribute && e.target.getAttribute('data-go');
+  if (go === null) return;
+  if (go === '0' || (go === '1' && at === stops.length - 1)) close(); else show(at + Number(go));
+});
+element.querySelector('#mirror-tour-open').addEventListener('click', () => show(0));
+let seen = false;
+try { seen = localStorage.getItem('mirror-tour-seen') === '1'; } catch (e) {}
+if (!seen) setTimeout(() => show(0), 800);
+"""
+
+CSS = """
+.mirror-tour-open {font-size: 0.85em; padding: 2px 8px; border: 1px solid #cbd5e1; border-radius: 4px; background: #f8fafc;}
+.mirror-tour {position: fixed; right: 16px; bottom: 16px; width: 340px; z-index: 1000; background: #fff;
+  border: 1px solid #6366f1; border-radius: 8px; padding: 10px 12px; box-shadow: 0 4px 16px rgba(0,0,0,0.15);}
+.mirror-tour-title {font-weight: 600; margin-bottom: 4px;}
+.mirror-tour-text {font-size: 0.9em;}
+.mirror-tour-nav {margin-top: 8px; display: flex; gap: 6px; justify-content: flex-end;}
+.mirror-tour-nav button {border: 1px solid #cbd5e1; border-radius: 4px; padding: 1px 8px; background: #f8fafc;}
+.mirror-tour-mark {outline: 3px solid #6366f1 !important; outline-offset: 2px;}
+"""
+
+
+def stops_json() -> str:
+    return json.dumps([list(s) for s in STOPS])
