@@ -89,6 +89,8 @@ def test_a_full_run_streams_tokens_then_plots_and_exports_a_trace(app):
     replayed = [by_name(o) for o in c.submit(api_name="/replay")]  # the same session's runs, re-animated
     assert "Replay finished" in replayed[-1]["status"] and replayed[-1]["ar_text"] == final["ar_text"]
     assert len(replayed) >= 2 and "Replaying at measured speed" in replayed[0]["status"]
+    slow = [by_name(o) for o in c.submit("0.25×", api_name="/replay")]  # slow motion: 4x the ticks of the same runs
+    assert "Replaying at 0.25× measured speed" in slow[0]["status"] and len(slow) > 2 * len(replayed)
 
 
 def test_the_learn_tabs_what_if_answers_its_knobs_and_starts_from_a_run(app):

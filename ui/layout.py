@@ -94,6 +94,7 @@ TOKEN_VIEWS = ("tokens", "text")  # per column: the stream (HTML: prompt, colour
 OUTPUT_NAMES = ("status", *(f"{d}_{view}" for d in COLUMNS for view in TOKEN_VIEWS), "plots", "numbers", "latency",
                 "inspect_run", "inspect_step", "inspector", "trace")
 STATE = "session"  # the gr.State output's name in a tick's refresh
+REPLAY_SPEEDS = {"1×": 1.0, "0.5×": 0.5, "0.25×": 0.25, "0.1×": 0.1, "0.05×": 0.05}  # of the measured time
 
 # Each decoder's stream: the value is append-only HTML (render.stream_html). The template is only the box; the
 # script appends what the value gained since the last update (O(new) per update: re-rendering the whole stream,
@@ -139,6 +140,7 @@ class Controls:
     stop: gr.Button
     replay: gr.Button
     status: gr.Markdown  # right under Run/Stop: results and errors show where the eye is
+    replay_speed: gr.Dropdown  # REPLAY_SPEEDS: slow motion for the replay
 
     def inputs(self) -> list:
         """The /run endpoint's parameters, in CONTROLS order."""
@@ -211,6 +213,8 @@ def _controls(presets: list[PairPreset], examples: list[str]) -> Controls:
                 run = gr.Button("Run", variant="primary", elem_id="mirror-run")
                 stop = gr.Button("Stop", variant="stop", elem_id="mirror-stop")
                 replay_btn = gr.Button("Replay side by side", elem_id="mirror-replay")
+                replay_speed = gr.Dropdown(list(REPLAY_SPEEDS), value="1×", label="Replay speed", min_width=110,
+                                           elem_id="mirror-replay-speed", info="of the measured time (slow motion)")
             status = gr.Markdown("Pick a pair and press **Run**.", elem_id="mirror-status")
         with gr.Column(scale=2):
             preset = gr.Dropdown([p.label for p in presets] + [CUSTOM], label="Model pair", info=INFO["preset"],
@@ -240,7 +244,7 @@ def _controls(presets: list[PairPreset], examples: list[str]) -> Controls:
                                                  elem_id="mirror-live-plots"),
                        "raw_prompt": gr.Checkbox(DEFAULTS["raw_prompt"], label="Raw prompt", info=INFO["raw_prompt"],
                                                  elem_id="mirror-raw-prompt")}
-    return Controls(fields, preset, run, stop, replay_btn, status)
+    return Controls(fields, preset, run, stop, replay_btn, status, replay_speed)
 
 
 def _number(name: str, label: str, step: float = 1) -> gr.Number:
@@ -345,8 +349,8 @@ def _wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], stat
         session.idle.wait(timeout=60)  # the run's generator ends within one step (or is closed by `cancels`)
         return view(session, Tick(DONE, final_status(session) if running else "Nothing was running."))
 
-    def on_replay(session: Session):
-        for tick in replay(session):
+    def on_replay(session: Session, speed="1×"):
+        for tick in replay(session, speed=REPLAY_SPEEDS.get(speed, 1.0)):
             yield view(session, tick)
 
     def on_inspect(session: Session, decoder, step):
@@ -360,7 +364,7 @@ def _wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], stat
     run_evt = c.run.click(on_run, [state, *c.inputs()], outputs, api_name="run", concurrency_id="lanes",
                           concurrency_limit=1, show_progress="minimal", show_progress_on=[v.outputs["status"]],
                           scroll_to_output=True, preprocess=False)  # raw values: settings_from_ui checks every field with one message
-    replay_evt = c.replay.click(on_replay, [state], outputs, api_name="replay", concurrency_limit=8,
+    replay_evt = c.replay.click(on_replay, [state, c.replay_speed], outputs, api_name="replay", concurrency_limit=8,
                                 show_progress="hidden")
     c.stop.click(on_stop, [state], outputs, api_name="stop", cancels=[run_evt, replay_evt], concurrency_limit=None,
                  show_progress="hidden")

@@ -173,7 +173,8 @@ def replay(session: Session, *, speed: float = 1.0, fps: float = 20.0,
     end = max(r.token_times()[-1] for r in runs)
     t = 0.0
     while t < end and not session.replay_stop.is_set():
-        yield Tick(TEXT, f"Replaying at measured speed: t = {t * 1e3:.0f} ms of {end * 1e3:.0f} ms", replay_at=t)
+        pace = "measured speed" if speed == 1.0 else f"{speed:g}× measured speed"
+        yield Tick(TEXT, f"Replaying at {pace}: t = {t * 1e3:.0f} ms of {end * 1e3:.0f} ms", replay_at=t)
         sleep(1.0 / fps)
         t += speed / fps
     yield Tick(TEXT, f"Replay finished ({end * 1e3:.0f} ms of decoding, measured by the engine).", replay_at=None)
