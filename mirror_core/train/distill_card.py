@@ -132,6 +132,12 @@ def render(pair_dir: str, distill: dict, bench: dict | None, no_head: dict | Non
                   "over drafted tokens. Hit rate: steps whose correction was among the early-exit candidates (a "
                   "precomputed branch became the next window). × ar: wall-time ratio against `ar` on the same prompt "
                   "(equal outputs, so equally long).", ""]
+        if any(not m["all_equal_to_ar"] for d, m in per_decoder(bench).items() if d in ("hf", "hf_assisted")):
+            lines += ["`hf` and `hf_assisted` run transformers' own float32 model on every core. Where `--dtype auto` "
+                      "gave the target lane bfloat16 matmuls (as on this CPU), `ar` is a slightly different function "
+                      "from theirs and their text can differ from `ar`'s: a different model, not a lossy decoder. "
+                      "`sd` and `mirror` always equal `ar`; with `--dtype float32` all five do "
+                      "(`docs/bench/smollm2_chat_64_float32`).", ""]
     if no_head is not None:
         m = per_decoder(no_head).get("mirror")
         with_head = per_decoder(bench).get("mirror") if bench else None
