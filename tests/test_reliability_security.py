@@ -86,7 +86,8 @@ def test_request_sizes_are_bounded_on_the_page(tmp_path):
     props = {c.get("props", {}).get("elem_id"): c["props"] for c in config["components"]}
     assert props["mirror-prompt"]["max_length"] == MAX_PROMPT_CHARS
     sliders = {c["props"].get("label") for c in config["components"] if c.get("type") == "slider"
-               and not str(c["props"].get("elem_id")).startswith("mirror-whatif-")}  # the Learn tab's model knobs
+               and not str(c["props"].get("elem_id")).startswith(("mirror-whatif-", "mirror-player-"))}  # the Learn
+    # tab's model knobs and its step player's phase (1..6, nothing typed)
     assert sliders == {"Step"}  # only the inspector's; Run's knobs are number boxes (a slider clamps typed values)
     for name, value, needle in (("max_new_tokens", APP_MAX_NEW_TOKENS + 1, f"max new tokens must be in 1..{APP_MAX_NEW_TOKENS}"),
                                 ("gamma", 999, f"γ (gamma) must be in 1..{MAX_GAMMA} on this page, got 999"),

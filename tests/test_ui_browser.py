@@ -72,7 +72,7 @@ def test_the_first_visit_tour_opens_once_walks_six_stops_and_reopens(tmp_path):
 
     with page_without_models(tmp_path) as (url, browser):
         tour = lambda click=None: json.loads(browser.evaluate(TOUR_JS % json.dumps(click)) or "{}")  # noqa: E731
-        open_page(browser, url)
+        open_page(browser, url, close_tour=False)
         first, deadline = tour(), time.monotonic() + 20
         while not first.get("shown") and time.monotonic() < deadline:  # it opens by itself on a first visit
             time.sleep(0.2)
@@ -83,7 +83,7 @@ def test_the_first_visit_tour_opens_once_walks_six_stops_and_reopens(tmp_path):
             titles.append(tour("#mirror-tour-panel [data-go='1']")["title"])
         assert [t.split(" ·")[0] for t in titles] == ["1", "2", "3", "4", "5", "6"] and tour()["marked"] == "Learn"
         assert not tour("#mirror-tour-panel [data-go='1']")["shown"]  # Done closes it
-        open_page(browser, url)  # a second visit: not again by itself
+        open_page(browser, url, close_tour=False)  # a second visit: not again by itself
         time.sleep(1.5)
         assert not tour()["shown"]
         assert tour("#mirror-tour-open")["title"].startswith("1 ·")  # reopened from the header

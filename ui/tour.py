@@ -65,6 +65,7 @@ if (!seen) setTimeout(() => show(0), 800);
 """
 
 CSS = """
+#mirror-tour {position: absolute; top: 10px; right: 12px; width: auto; z-index: 10; padding: 0; border: 0; background: none;}
 .mirror-tour-open {font-size: 0.85em; padding: 2px 8px; border: 1px solid #cbd5e1; border-radius: 4px; background: #f8fafc;}
 .mirror-tour {position: fixed; right: 16px; bottom: 16px; width: 340px; z-index: 1000; background: #fff;
   border: 1px solid #6366f1; border-radius: 8px; padding: 10px 12px; box-shadow: 0 4px 16px rgba(0,0,0,0.15);}
