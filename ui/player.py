@@ -25,6 +25,8 @@ from mirror_core.events import (
     STAGE_WAIT,
 )
 
+from mirror_core.latency import stage_median
+
 from .session import DecoderRun, pick_step
 
 COLOURS = {STAGE_TARGET_PREFIX: "#6366f1", STAGE_EXIT_READOUT: "#f59e0b", STAGE_TARGET_SUFFIX: "#818cf8",
@@ -95,24 +97,20 @@ def phases(run: DecoderRun, rec: StepRecord) -> tuple[list[Phase], list[SpanEven
     return out, spans
 
 
-def _median(values: list[float]) -> float | None:
-    values = sorted(values)
-    return None if not values else values[len(values) // 2]
-
-
 def sd_beside(run: DecoderRun, rec: StepRecord, spans: list[SpanEvent], sd: DecoderRun | None) -> str:
     """The same step's time under vanilla SD, from measured spans: SD verifies without an early exit, then drafts
     its next window serially (medians of the SD run's spans when one ran, else of this run's fresh rollouts)."""
     mirror_ms = (max(s.t1 for s in spans) - spans[0].t0) * 1e3
     pool = sd.spans if sd is not None and sd.spans else run.spans
-    verify = _median([(s.t1 - s.t0) * 1e3 for s in pool if s.stage == STAGE_TARGET_VERIFY])
+    verify = stage_median(pool, (STAGE_TARGET_VERIFY,))                       # seconds, per step; None: no SD
     if verify is None:  # no SD run: this step's own pass, prefix + readout + suffix
-        verify = sum(_ms(spans, st) for st in (STAGE_TARGET_PREFIX, STAGE_EXIT_READOUT, STAGE_TARGET_SUFFIX))
-    draft = _median([(s.t1 - s.t0) * 1e3 for s in pool if s.stage == STAGE_DRAFT_ROLLOUT and s.step > 0])
+        verify = sum(_ms(spans, st) for st in (STAGE_TARGET_PREFIX, STAGE_EXIT_READOUT, STAGE_TARGET_SUFFIX)) / 1e3
+    draft = stage_median(pool, (STAGE_DRAFT_ROLLOUT,))                         # steps ≥ 1: not the first window's
     if draft is None:
         return ("<p class='mirror-def'>Vanilla SD beside it: run SD too (or a Mirror-SD run with a miss) to have a "
                 "measured serial rollout to compare with.</p>")
     source = "the SD run's median spans" if pool is not run.spans else "this run's verification and fresh rollouts"
+    verify, draft = verify * 1e3, draft * 1e3
     sd_ms = verify + draft
     scale = 300 / max(sd_ms, mirror_ms)
     bar = lambda ms, colour: f"<span class='mirror-bar' style='display:inline-block;width:{ms * scale:.0f}px;background:{colour}'></span>"  # noqa: E731

@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from mirror_core.ops import rms_norm
+
 
 @dataclass(frozen=True)
 class DistillConfig:
@@ -136,8 +138,8 @@ def soft_targets(top_ids: torch.Tensor, top_logits: torch.Tensor, to_draft: torc
 
 # -- 3. exit heads --------------------------------------------------------------------------------
 def train_exit_head(cfg: DistillConfig, layer: int, teacher: dict, train_rows: torch.Tensor, val_rows: torch.Tensor,
-                    lm_head: torch.Tensor, norm: torch.Tensor, eps: float, ids: torch.Tensor, to_draft: torch.Tensor,
-                    g: torch.Generator):
+                    lm_head: torch.Tensor, norm: torch.Tensor, eps: float, ids: torch.Tensor,
+                    soft: tuple[torch.Tensor, torch.Tensor], g: torch.Generator):
     """A, b, g for one exit layer (exit_head.py), and its top-1/2/4/8 coverage of the target's next token on the
     held-out rows (raw: the logit lens over the whole vocabulary, for comparison)."""
     h_all = teacher["hidden"][layer]
@@ -147,16 +149,13 @@ def train_exit_head(cfg: DistillConfig, layer: int, teacher: dict, train_rows: t
     gain = norm.clone().float().requires_grad_()
     w = lm_head[ids].t().float()                                                            # [H, V_e]
     opt = torch.optim.Adam([adapter, bias, gain], lr=cfg.exit_lr)
-    other = ids.numel()
-    sid, sprob = soft_targets(teacher["top_ids"], teacher["top_logits"], to_draft, other)
+    sid, sprob = soft
     batch = 2048
     steps = int(cfg.exit_epochs * len(train_rows) / batch)
     t0 = time.time()
 
-    def readout(h):
-        z = h.float() @ adapter + bias
-        z = z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + eps) * gain
-        return z @ w                                                                        # [n, V_e]
+    def readout(h):  # exit_head.ExitHead.readout's maths, trainable
+        return rms_norm(h.float() @ adapter + bias, gain, eps) @ w                          # [n, V_e]
 
     for step in range(steps):
         lr = cfg.exit_lr * 0.5 * (1 + math.cos(math.pi * step / steps))
@@ -172,13 +171,12 @@ def train_exit_head(cfg: DistillConfig, layer: int, teacher: dict, train_rows: t
     with torch.no_grad():
         label = teacher["top_ids"][val_rows, 0].long()
         trained = ids[readout(h_all[val_rows]).topk(8, -1).indices]                         # [n, 8] target ids
-        raw_logits = (h_all[val_rows].float() * torch.rsqrt(h_all[val_rows].float().pow(2).mean(-1, keepdim=True)
-                                                             + eps) * norm) @ lm_head.t().float()
+        raw_logits = rms_norm(h_all[val_rows].float(), norm.float(), eps) @ lm_head.t().float()  # the logit lens
         raw = raw_logits.topk(8, -1).indices
     cov = {k: {"trained": float((trained[:, :k] == label[:, None]).any(1).float().mean()),
                "logit_lens": float((raw[:, :k] == label[:, None]).any(1).float().mean())} for k in (1, 2, 4, 8)}
     print(f"exit head at layer {layer}: {steps} steps, {time.time() - t0:.0f} s, coverage {cov}", flush=True)
-    return (adapter.detach(), bias.detach(), gain.detach()), cov, time.time() - t0
+    return (adapter.detach(), bias.detach(), gain.detach()), cov
 
 
 # -- 4. the draft ---------------------------------------------------------------------------------
@@ -233,9 +231,8 @@ def draft_loss(draft, x, pos, sid, sprob, label_draft, other: int, hard_weight: 
     return kl + hard_weight * hard, float(agree)
 
 
-def train_draft(cfg: DistillConfig, draft, seqs, train_idx, val_idx, teacher, to_draft, g):
+def train_draft(cfg: DistillConfig, draft, seqs, train_idx, val_idx, teacher, to_draft, soft, g):
     other = draft.config.vocab_size - 1
-    soft = soft_targets(teacher["top_ids"], teacher["top_logits"], to_draft, other)
     opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     budget = cfg.draft_minutes * 60
     t0, step, log = time.time(), 0, []
@@ -286,6 +283,15 @@ def train_draft(cfg: DistillConfig, draft, seqs, train_idx, val_idx, teacher, to
     return log
 
 
+def _read_json(path: str) -> dict | None:
+    """A small JSON record (chat_data's generation.json), or None when there is none."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 # -- the whole run --------------------------------------------------------------------------------
 def distill(cfg: DistillConfig) -> dict:
     from transformers import AutoModelForCausalLM
@@ -331,11 +337,12 @@ def distill(cfg: DistillConfig) -> dict:
     train_rows, val_rows = rows_of(train_idx), rows_of(val_idx)
     lm_head = target.lm_head.weight.detach()                                                # [V, H]
     norm, eps = target.model.norm.weight.detach(), float(target.config.rms_norm_eps)
+    soft = soft_targets(teacher["top_ids"], teacher["top_logits"], to_draft, vmap.size)  # "other" = draft id V_d
     heads, coverage = {}, {}
     t = time.time()
     for layer in cfg.exit_layers:
-        heads[layer], coverage[layer], _ = train_exit_head(cfg, layer, teacher, train_rows, val_rows, lm_head, norm,
-                                                           eps, ids, to_draft, g)
+        heads[layer], coverage[layer] = train_exit_head(cfg, layer, teacher, train_rows, val_rows, lm_head, norm,
+                                                        eps, ids, soft, g)
     timings["exit_heads_s"] = round(time.time() - t, 1)
 
     if cfg.init_draft:  # resume: the saved weights, in float32 for training
@@ -343,7 +350,7 @@ def distill(cfg: DistillConfig) -> dict:
     else:
         draft = build_draft(target, ids, cfg.init_layers)
     t = time.time()
-    log = train_draft(cfg, draft, seqs, train_idx, val_idx, teacher, to_draft, g)
+    log = train_draft(cfg, draft, seqs, train_idx, val_idx, teacher, to_draft, soft, g)
     timings["draft_s"] = round(time.time() - t, 1)
 
     from transformers import AutoTokenizer, GenerationConfig
@@ -361,7 +368,8 @@ def distill(cfg: DistillConfig) -> dict:
                "torch": torch.__version__, "threads": torch.get_num_threads(), "sequences": len(seqs),
                "answer_tokens": len(answer_tokens), "held_out_sequences": n_val,
                "draft_vocab_coverage": round(covered, 4), "exit_coverage": coverage, "draft_log": log,
-               "timings": timings, "draft_params": sum(p.numel() for p in draft.parameters())}
+               "timings": timings, "draft_params": sum(p.numel() for p in draft.parameters()),
+               "generation": _read_json(os.path.join(cfg.answers, "generation.json"))}
     with open(os.path.join(cfg.out, "distill.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
     return summary

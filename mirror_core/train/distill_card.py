@@ -31,14 +31,11 @@ def per_decoder(bench: dict) -> dict:
     return out
 
 
-def _generation(answers: str) -> str:
-    """The answers' generation time, from chat_data's generation.json."""
-    try:
-        with open(os.path.join(answers, "generation.json"), encoding="utf-8") as f:
-            g = json.load(f)
-        return f"{g['seconds'] / 60:.1f} min for {g['answer_tokens']:,} tokens, batch {g['batch']}"
-    except (OSError, ValueError, KeyError):
+def _generation(g: dict | None) -> str:
+    """The answers' generation time, as distill.json recorded it from chat_data's generation.json."""
+    if not g:
         return "time not recorded"
+    return f"{g['seconds'] / 60:.1f} min for {g['answer_tokens']:,} tokens, batch {g['batch']}"
 
 
 def _f(v, digits=2) -> str:
@@ -106,7 +103,7 @@ def render(pair_dir: str, distill: dict, bench: dict | None, no_head: dict | Non
         f"## Training cost ({distill['cpu']}, {distill['threads']} threads, torch {distill['torch']})",
         f"Teacher pass {t['teacher_pass_s'] / 60:.1f} min, exit heads {t['exit_heads_s'] / 60:.1f} min, draft "
         f"{t['draft_s'] / 60:.1f} min: {minutes:.0f} min in all, plus the answers' generation "
-        f"({_generation(cfg['answers'])}). Commands:",
+        f"({_generation(distill.get('generation'))}). Commands:",
         "",
         "```bash",
         "python -m mirror_core.train.chat_data --out WORK/answers --threads 2",
