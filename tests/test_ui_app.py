@@ -127,6 +127,12 @@ def test_the_learn_tabs_what_if_answers_its_knobs_and_starts_from_a_run(app):
     assert [p["x"] for p in data] == ["κ = 1", "κ = 2", "κ = 4", "κ = 8"] and "Done: 5 runs" in plot  # one ar baseline + 4 mirror
     assert all(0 <= p["hit rate"] <= 1 and p["speedup mirror"] > 0 for p in data)
     assert "Kept from earlier" in c.predict("kappa", api_name="/experiment")
+    plot = c.predict("exit", api_name="/experiment")  # hit rate against the early-exit layer: N/4 .. 3N/4 of the target
+    data = json.loads(html.unescape(re.search(r"id='mirror-experiment-data' data-points='([^']*)'", plot).group(1)))
+    from ui.experiments import EXPERIMENTS, exit_layer
+    layers = list(dict.fromkeys(exit_layer(f, 4) for f in EXPERIMENTS["exit"].values))  # the toy target: 4 layers
+    assert [p["x"] for p in data] == [f"ℓ_e = {n}" for n in layers] and all(0 <= p["hit rate"] <= 1 for p in data)
+    assert exit_layer((1, 4), 30) == 8 and exit_layer((2, 3), 30) == 20 and exit_layer((3, 4), 2) == 1
     with pytest.raises(Exception, match="no hit after step 100000"):
         c.predict("mirror", 100000, api_name="/inspect_next_hit")
 

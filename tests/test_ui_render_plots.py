@@ -215,6 +215,10 @@ def test_inspector_shows_topk_probabilities_branches_and_fallback_reason():
     miss = inspector_html(run, 1)
     assert "Miss → fallback" in miss and "0.607" in miss                # exp(-0.5)
     assert "rejected → c = x" in miss
+    # branch rows grouped by slot: slot τ = 2's row reusable, slots 1 and 3 dimmed as unreachable
+    assert "slot 1 · 2 branch(es) · unreachable" in miss and "slot 3 · 2 branch(es) · unreachable" in miss
+    assert "slot 2 · 1 branch(es) · the correction's slot" in miss
+    assert miss.count("mirror-unreachable") == 2 + 4  # two slot headings and their four rows
     hit = inspector_html(run, 2)
     assert "Hit" in hit and "branch row 2" in hit and "mirror-reused" in hit and "bonus" in hit
     assert "not in this run" in inspector_html(run, 9)

@@ -25,8 +25,8 @@ class Experiment:
     title: str
     question: str          # what to answer from the plot
     look_for: str          # what the plot shows, in one line
-    axis: str              # "gamma", "kappa" or "prompt"
-    values: tuple          # the axis' values (prompts: texts)
+    axis: str              # "gamma", "kappa", "exit_layer" or "prompt"
+    values: tuple          # the axis' values (prompts: texts; exit layers: fractions (num, den) of the target's N)
     decoders: tuple[str, ...]
     series: tuple[str, ...]  # which measurements the plot draws
 
@@ -42,6 +42,12 @@ EXPERIMENTS = {
         "How many candidates per slot does it take before most steps reuse a branch?",
         "More candidates per slot: more corrections are among them (hits), fewer fresh rollouts (fallbacks).",
         "kappa", (1, 2, 4, 8), ("mirror",), ("hit rate", "fallback frequency", "speedup mirror")),
+    "exit": Experiment(
+        "exit", "Hit rate and fallback frequency against the exit layer ℓ_e",
+        "Does an earlier exit (more time for the branches) cost hits, and where is the balance?",
+        "An earlier ℓ_e leaves a longer suffix to hide the branch rollouts in, but its top-κ guesses the target's "
+        "final token less often (a trained exit head, if the draft ships one, is used only at its own layer).",
+        "exit_layer", ((1, 4), (1, 2), (2, 3), (3, 4)), ("mirror",), ("hit rate", "fallback frequency", "speedup mirror")),
     "prompts": Experiment(
         "prompts", "Acceptance on a predictable and a creative prompt",
         "Which prompt lets the draft run ahead, and what does that do to τ and the speedup?",
@@ -73,9 +79,12 @@ def run_experiment(engine, exp: Experiment, prompt_ids: tuple[int, ...], spec: S
                    encode=None) -> Iterator[tuple[int, int, list[Point]]]:
     """Yields (runs done, runs in all, points so far) after every run; the last yield has every point."""
     prompts = ([encode(p) for p in exp.values] if exp.axis == "prompt" else [prompt_ids])
-    total = len(exp.values) * len(exp.decoders) + len(prompts)
+    axis_values = exp.values
+    if exp.axis == "exit_layer":  # fractions of this target's depth; two that round to one layer run once
+        axis_values = tuple(dict.fromkeys(exit_layer(v, engine.info.num_layers) for v in exp.values))
+    total = len(axis_values) * len(exp.decoders) + len(prompts)
     done, points, ar_cache = 0, [], {}
-    for value in exp.values:
+    for value in axis_values:
         ids = encode(value) if exp.axis == "prompt" else prompt_ids
         if ids not in ar_cache:  # the baseline of this prompt: one ar run
             end, spans, _ = _run(engine, Request(ids, "ar", NEW_TOKENS), stop)
@@ -83,7 +92,7 @@ def run_experiment(engine, exp: Experiment, prompt_ids: tuple[int, ...], spec: S
             done += 1
             yield done, total, list(points)
         ar_wall, t_ar = ar_cache[ids]
-        s = replace(spec, **({exp.axis: value} if exp.axis in ("gamma", "kappa") else {}))
+        s = replace(spec, **({exp.axis: value} if exp.axis in ("gamma", "kappa", "exit_layer") else {}))
         values = {}
         for decoder in exp.decoders:
             end, spans, steps = _run(engine, Request(ids, decoder, NEW_TOKENS, spec=s), stop)
@@ -101,9 +110,17 @@ def run_experiment(engine, exp: Experiment, prompt_ids: tuple[int, ...], spec: S
     yield done, total, points
 
 
+def exit_layer(fraction: tuple[int, int], num_layers: int) -> int:
+    """The layer at this fraction of the target's depth N, kept inside 1..N-1 (an exit needs a suffix after it)."""
+    num, den = fraction
+    return min(max(1, round(num_layers * num / den)), max(1, num_layers - 1))
+
+
 def _label(exp: Experiment, value) -> str:
     if exp.axis == "prompt":
         return "predictable" if value == exp.values[0] else "creative"
+    if exp.axis == "exit_layer":
+        return f"ℓ_e = {value}" if isinstance(value, int) else f"ℓ_e = {'' if value[0] == 1 else value[0]}N/{value[1]}"
     return f"{'γ' if exp.axis == 'gamma' else 'κ'} = {value}"
 
 
@@ -131,7 +148,7 @@ def plot_html(exp: Experiment, points: list[Point], status: str = "") -> str:
                      "stroke-dasharray='2,3'/><text x='{0}' y='{1:.1f}' font-size='10' fill='#6b7280'>1× (ar)</text>"
                      .format(w - 40, y(1) - 3))
     for i, value in enumerate(exp.values):
-        parts.append(f"<text x='{x(i) - 20:.1f}' y='{h - 8}' font-size='11'>{html.escape(_label(exp, value))}</text>")
+        parts.append(f"<text x='{x(i) - 20:.1f}' y='{h - 8}' font-size='11'>{html.escape(points[i].x if i < len(points) else _label(exp, value))}</text>")
     legend = []
     for s_i, name in enumerate(exp.series):
         colour, dashed = COLOURS[s_i % len(COLOURS)], "modelled" in name

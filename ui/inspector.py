@@ -107,13 +107,21 @@ def _branches(decoder: str, rec: StepRecord, name, last: bool) -> str:
                    f"among slot τ = {slot}'s κ candidates, so no precomputed branch starts with it; the draft lane "
                    f"rolled out γ fresh tokens after verification.")
     body = []
-    for r, tokens in enumerate(rec.branches[:MAX_BRANCH_ROWS]):
-        j, cand = rows[r] if r < len(rows) else (None, None)
-        cls = " class='mirror-reused'" if r == rec.branch_row else ""
-        text = " ".join(f"<code>{html.escape(name(t))}</code>" for t in tokens)
-        body.append(f"<tr{cls}><td>{r}</td><td>{'?' if j is None else j + 1}</td>"
-                    f"<td><code>{'?' if cand is None else html.escape(name(cand))}</code></td><td>{text}</td></tr>")
+    for j in sorted({j for j, _ in rows[:len(rec.branches)]}):  # grouped by slot: only slot τ's rows can be reused
+        members = [r for r in range(min(len(rec.branches), MAX_BRANCH_ROWS)) if r < len(rows) and rows[r][0] == j]
+        reachable = j + 1 == slot
+        why = ("the correction's slot τ: the branch starting with c is reusable" if reachable else
+               f"unreachable this step: the target's correction landed at slot τ = {slot}, so no branch of slot "
+               f"{j + 1} can follow the committed text")
+        body.append(f"<tr class='mirror-slot-head{'' if reachable else ' mirror-unreachable'}'><th colspan='3'>"
+                    f"slot {j + 1} · {len(members)} branch(es) · {html.escape(why, quote=False)}</th></tr>")
+        for r in members:
+            cls = "mirror-reused" if r == rec.branch_row else ("" if reachable else "mirror-unreachable")
+            text = " ".join(f"<code>{html.escape(name(t))}</code>" for t in rec.branches[r])
+            body.append(f"<tr class='{cls}'><td>{r}</td><td><code>{html.escape(name(rows[r][1]))}</code></td>"
+                        f"<td>{text}</td></tr>")
     more = "" if len(rec.branches) <= MAX_BRANCH_ROWS else f"<p>… {len(rec.branches) - MAX_BRANCH_ROWS} more rows</p>"
     return (f"<p>{verdict}</p><p>Branches precomputed during this step (a γ-token continuation per candidate, "
-            f"rolled out while the target ran layers ℓ_e+1..N):</p><table class='mirror-table'><tr><th>row</th>"
-            f"<th>slot</th><th>candidate c</th><th>branch tokens</th></tr>{''.join(body)}</table>{more}")
+            f"rolled out while the target ran layers ℓ_e+1..N), grouped by the slot whose candidate starts them:</p>"
+            f"<table class='mirror-table'><tr><th>row</th><th>candidate c</th><th>branch tokens</th></tr>"
+            f"{''.join(body)}</table>{more}")

@@ -52,6 +52,8 @@ CSS = """
 .mirror-chip-hit {background: #bbf7d0; outline: 1px solid #16a34a;}
 .mirror-chip-pruned {color: #94a3b8; background: #f8fafc; outline: 1px dashed #cbd5e1;}
 .mirror-reused td {background: #cffafe;}
+.mirror-unreachable {opacity: 0.45;}
+.mirror-slot-head th {background: #f3f4f6; font-weight: 500;}
 .mirror-tree-slot {display: flex; gap: 10px; padding: 4px 0; border-top: 1px solid #e5e7eb;}
 .mirror-tree-label {min-width: 9em;}
 .mirror-tree-dim {opacity: 0.45;}
