@@ -65,7 +65,7 @@ def run(client, *values) -> list[dict]:
 
 def tokens(stream_html) -> list[str]:
     """The origin labels of the committed tokens in one decoder's stream view (one span per token)."""
-    return re.findall(r'<span class="mirror-tok" title="([^"]*)"', stream_html or "")
+    return re.findall(r'<span class="mirror-tok" title="([^"]*) · step \d+" data-step="\d+"', stream_html or "")
 
 
 def test_a_full_run_streams_tokens_then_plots_and_exports_a_trace(app):

@@ -145,6 +145,98 @@ def test_the_learn_tab_plays_a_step_of_the_last_run_and_shows_its_tree(pair_root
         loader.close()
 
 
+STEP_CLICK_JS = """(() => {
+  const what = %s;
+  const gantt = document.querySelector(".mirror-plot-gantt"), inspector = document.querySelector("#mirror-inspector");
+  const report = () => JSON.stringify({zoom: gantt.dataset.zoom || "", inspector: inspector.innerText.slice(0, 300),
+                                       cursors: window.__cursors || []});
+  if (what === "token") {  // a committed token of a later step of the Mirror-SD stream
+    const toks = [...document.querySelectorAll("#mirror-tokens-mirror .mirror-tok[data-step]")].filter(t => +t.dataset.step > 1);
+    toks[Math.floor(toks.length / 2)].click();
+    return JSON.stringify({step: +toks[Math.floor(toks.length / 2)].dataset.step});
+  }
+  if (what === "bar") {  // hover along the tokens-per-step plot until the tooltip names a step, then click there
+    const canvas = document.querySelector(".mirror-plot-steps canvas"), r = canvas.getBoundingClientRect();
+    const tip = document.querySelector(".mirror-plot-steps .mirror-plot-tip");
+    for (let x = r.width - 30; x > 70; x -= 2) {
+      const at = {clientX: r.left + x, clientY: r.top + 30 + 18 + 150 - 4, bubbles: true};
+      canvas.dispatchEvent(new MouseEvent("mousemove", at));
+      const m = /step (\d+):/.exec(tip.textContent);
+      if (tip.style.display === "block" && m) { canvas.dispatchEvent(new MouseEvent("click", at)); return JSON.stringify({step: +m[1]}); }
+    }
+    return JSON.stringify({step: 0});
+  }
+  if (what === "watch") {  // record every position of the replay's time cursor on the race
+    window.__cursors = [];
+    const race = document.querySelector(".mirror-plot-race");
+    new MutationObserver(() => window.__cursors.push(race.dataset.cursor)).observe(race, {attributes: true, attributeFilter: ["data-cursor"]});
+    return report();
+  }
+  return report();
+})()"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_a_token_or_a_step_bar_opens_its_step_replay_moves_a_cursor_and_the_inspector_teaches_sampling(pair_root,
+                                                                                                     tmp_path):
+    """After a run: a click on a token or a tokens-per-step bar opens that step in the inspector and zooms the lane
+    timeline to it; the replay moves a time cursor over the race; at T > 0 with a branch budget the inspector shows
+    what the target sampled and the candidates the budget pruned."""
+    import json
+    import time
+
+    from mirror_core import LaneConfig
+    from testing.browser import press_run, wait_for
+    from testing.toy_models import build_pair
+    from ui import LAUNCH, EngineLoader, build_demo, default_presets
+
+    target, draft = build_pair(pair_root, "llama")
+    loader = EngineLoader(LaneConfig(kind="inline", target_threads=1, draft_threads=1))
+    demo = build_demo(loader, default_presets(str(tmp_path), target, draft), ["1, 2, 3"])
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, **LAUNCH)
+    browser = Chromium(CHROMIUM, tempfile.mkdtemp(prefix="mirror-chromium-"))
+    act = lambda what="": json.loads(browser.evaluate(STEP_CLICK_JS % json.dumps(what)) or "{}")  # noqa: E731
+
+    def until(check, timeout=20):
+        deadline, now = time.monotonic() + timeout, act()
+        while not check(now) and time.monotonic() < deadline:
+            time.sleep(0.25)
+            now = act()
+        assert check(now), now
+        return now
+
+    try:
+        loader.get(target, draft)
+        open_page(browser, url)
+        press_run(browser)
+        wait_for(browser, lambda s: "Done" in s["status"] and s["tokens"] > 0, 60)
+        time.sleep(1.0)  # the plots' last draw (paced)
+        step = act("token")["step"]
+        until(lambda s: f"Step {step}:" in s["inspector"] and s["zoom"].startswith(f"{step} "))
+        bar = act("bar")["step"]
+        assert bar >= 1
+        if bar != step:
+            until(lambda s: f"Step {bar}:" in s["inspector"] and s["zoom"].startswith(f"{bar} "))
+        act("watch")
+        browser.evaluate('document.getElementById("mirror-replay").click()')
+        wait_for(browser, lambda s: "Replay finished" in s["status"], 30, poll=0.1)
+        cursors = until(lambda s: s["cursors"][-1:] == [""])["cursors"]
+        times = [float(c) for c in cursors if c]
+        assert times and times == sorted(times), cursors  # moved forward, then hidden when the replay ended
+        set_control(browser, "mirror-temperature", 0.8)
+        set_control(browser, "mirror-branch-budget", 2)
+        press_run(browser, before=json.loads(browser.evaluate("JSON.stringify({s: document.getElementById('mirror-status').innerText})"))["s"])
+        wait_for(browser, lambda s: "Done" in s["status"] and s["tokens"] > 0, 60)
+        page = until(lambda s: "target sampled (Rule E)" in s["inspector"], 20)
+        full = browser.evaluate("document.querySelector('#mirror-inspector').innerText")
+        assert "pruned (budget)" in full and "Step 1:" in page["inspector"], full
+        browser.screenshot(str(tmp_path / "inspector.png"))
+    finally:
+        browser.close()
+        demo.close()
+        loader.close()
+
+
 LEARN_JS = """(() => {
   const tab = [...document.querySelectorAll("button[role=tab]")].find(b => b.textContent.trim() === "Learn");
   if (tab) tab.click();

@@ -163,6 +163,9 @@ def test_replay_follows_measured_commit_times(pair, loader):
     ticks = list(replay(session, speed=1.0, fps=1000.0, sleep=lambda s: None))
     shown = [session.runs["ar"].count_until(t.replay_at) for t in ticks if t.replay_at is not None]
     assert shown == sorted(shown) and ticks[-1].replay_at is None
+    cursor = [line for line in session.feed.text().splitlines() if line.startswith("C ")]  # the plots' time cursor
+    assert len(cursor) == len(shown) + 1 and cursor[-1] == "C -" and cursor[0] == "C 0.0"
+    assert all(refreshed(session, t)["plots"] == session.feed.text() for t in ticks[-1:])  # sent with the ticks
     assert refreshed(session, ticks[-1])["ar_text"].split() == [str(t) for t in session.runs["ar"].end.token_ids]
     session.idle.clear()  # as while a comparison runs: the live run owns the views
     assert [t.kind for t in replay(session, sleep=lambda s: None)] == [STATUS]

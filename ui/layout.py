@@ -79,6 +79,9 @@ CSS = """
 .mirror-plot-tip {display: none; position: absolute; pointer-events: none; background: #111827; color: #fff;
   font-size: 12px; padding: 3px 6px; border-radius: 4px; white-space: nowrap; z-index: 5;}
 .mirror-plot-empty {color: #6b7280;}
+.mirror-plot-cursor {display: none; position: absolute; width: 2px; background: #111827; pointer-events: none; z-index: 4;}
+.mirror-plot-steps canvas {cursor: pointer;}
+.mirror-tokens [data-step] {cursor: pointer;}
 .mirror-prompt {color: #9ca3af;}
 .mirror-rejected-count, .mirror-notes {color: #6b7280; font-size: 0.85em;}
 .mirror-legend .mirror-chip, .mirror-legend del {margin-right: 6px;}
@@ -284,9 +287,12 @@ def _views(status: gr.Markdown) -> Views:
     gr.Markdown("### Step inspector")
     with gr.Row():
         out["inspect_run"] = gr.Radio([(DECODER_TITLES["mirror"], "mirror"), (DECODER_TITLES["sd"], "sd")],
-                                      value="mirror", label="Run", info="Which speculative run to inspect.")
+                                      value="mirror", label="Run", info="Which speculative run to inspect.",
+                                      elem_id="mirror-inspect-run")
         out["inspect_step"] = gr.Slider(1, 2, 1, step=1, label="Step",
-                                        info="Verification step t (1 = first after prefill).")
+                                        info="Verification step t (1 = first after prefill). Or click a token of "
+                                             "SD or Mirror-SD, or a bar of the tokens-per-step plot.",
+                                        elem_id="mirror-inspect-step")
         seek = {kind: gr.Button(f"Next {kind} ▶", elem_id=f"mirror-next-{kind}", size="sm") for kind in ("hit", "miss")}
     out["inspector"] = gr.HTML(inspector.inspector_html(None, 1), elem_id="mirror-inspector")
     out["trace"] = gr.File(label="Run trace (JSON): every event of every decoder", interactive=False,
@@ -405,7 +411,7 @@ def refreshed(session: Session, tick: Tick) -> dict[str, object]:
         upto = None if tick.replay_at is None or run is None else run.count_until(tick.replay_at)
         out |= {f"{d}_tokens": render.stream_html(run, upto, session.prompt),
                 f"{d}_text": render.plain_text(run, upto)}
-    if tick.replay_at is None and (tick.kind != TEXT or session.live_plots):
+    if tick.kind != TEXT or session.live_plots or tick.plots:
         out["plots"] = session.feed.text()
     if tick.kind in (DONE, RESET):
         out |= _summary(session)

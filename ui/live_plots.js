@@ -26,6 +26,7 @@ class Plot {
     const head = document.createElement("div");
     head.className = "mirror-plot-title";
     head.textContent = title;
+    this.head = head; this.title = title;
     this.canvas = document.createElement("canvas");
     this.tip = document.createElement("div");
     this.tip.className = "mirror-plot-tip";
@@ -47,6 +48,18 @@ class Plot {
     this.canvas.addEventListener("mouseleave", () => { this.tip.style.display = "none"; });
     this.size();
   }
+  cursor(t) {  // the replay's time cursor (ms since the runs' starts; null hides it): a line over this.panel
+    if (!this.cursorEl) { this.cursorEl = document.createElement("div"); this.cursorEl.className = "mirror-plot-cursor";
+                          this.el.append(this.cursorEl); }
+    this.cursorT = t;
+    const p = this.panel, show = t !== null && t >= p.xmin && t <= p.xmax;
+    this.cursorEl.style.display = show ? "block" : "none";
+    this.el.dataset.cursor = t === null ? "" : fmt(t);  // read by tests
+    if (!show) return;
+    this.cursorEl.style.left = (this.canvas.offsetLeft + p.px(t)) + "px";
+    this.cursorEl.style.top = (this.canvas.offsetTop + p.box.y) + "px";
+    this.cursorEl.style.height = p.box.h + "px";
+  }
   size() {
     const ratio = window.devicePixelRatio || 1;
     this.width = Math.max(this.el.clientWidth, 320);
@@ -61,9 +74,9 @@ class Plot {
 class Panel {
   // A rectangle of a plot with linear axes [0, xmax] x [0, ymax] (or fixed ones).
   constructor(ctx, box, xTitle, yTitle, xmax, ymax) {
-    Object.assign(this, {ctx, box, xTitle, yTitle, xmax, ymax});
+    Object.assign(this, {ctx, box, xTitle, yTitle, xmax, ymax, xmin: 0});
   }
-  px(x) { return this.box.x + (x / this.xmax) * this.box.w; }
+  px(x) { return this.box.x + ((x - this.xmin) / (this.xmax - this.xmin)) * this.box.w; }
   py(y) { return this.box.y + this.box.h - (y / this.ymax) * this.box.h; }
   fits(x, y) { return x <= this.xmax && y <= this.ymax; }
   axes(title, integerX) {
@@ -71,9 +84,9 @@ class Panel {
     c.clearRect(b.x - 56, b.y - 22, b.w + 64, b.h + 58);
     c.font = FONT; c.fillStyle = INK;
     if (title) { c.textAlign = "center"; c.textBaseline = "bottom"; c.fillText(title, b.x + b.w / 2, b.y - 6); }
-    const xs = Math.max(niceStep(this.xmax / 8), integerX ? 1 : 0), ys = niceStep(this.ymax / 5);
+    const xs = Math.max(niceStep((this.xmax - this.xmin) / 8), integerX ? 1 : 0), ys = niceStep(this.ymax / 5);
     c.textAlign = "center"; c.textBaseline = "top";
-    for (let x = 0; x <= this.xmax + 1e-9; x += xs) {
+    for (let x = Math.ceil(this.xmin / xs - 1e-9) * xs; x <= this.xmax + 1e-9; x += xs) {
       c.fillStyle = GRID; c.fillRect(this.px(x), b.y, 1, b.h);
       c.fillStyle = INK; c.fillText(fmt(x), this.px(x), b.y + b.h + 4);
     }
@@ -90,7 +103,7 @@ class Panel {
   at(px, py) {  // data coordinates of a canvas point, or null outside the panel
     const b = this.box;
     if (px < b.x || px > b.x + b.w || py < b.y || py > b.y + b.h) return null;
-    return [((px - b.x) / b.w) * this.xmax, ((b.y + b.h - py) / b.h) * this.ymax];
+    return [this.xmin + ((px - b.x) / b.w) * (this.xmax - this.xmin), ((b.y + b.h - py) / b.h) * this.ymax];
   }
 }
 
@@ -121,6 +134,7 @@ class Race extends Plot {
     this.panel.axes("");
     for (const d of this.decoders) this.painted[d] = 1;
     this.paint();
+    if (this.cursorEl) this.cursor(this.cursorT);
   }
   paint() {
     const c = this.ctx, p = this.panel;
@@ -166,6 +180,10 @@ class Steps extends Plot {
           [...cfg.series.map(([label, color]) => [label, color]), ...cfg.hits.map(([label, , color], i) =>
             [label, color, i === 0 ? "dot" : "cross"])]);
     this.spec = spec;
+    this.canvas.addEventListener("click", (e) => {  // a bar: that step in the inspector, the lane timeline zoomed to it
+      const r = this.canvas.getBoundingClientRect(), hit = this.at(e.clientX - r.left, e.clientY - r.top);
+      if (hit) openStep(hit[0], hit[1][0], false);
+    });
     this.rows = Object.fromEntries(spec.map((d) => [d, []]));
     this.painted = Object.fromEntries(spec.map((d) => [d, 0]));
     this.panels = Object.fromEntries(spec.map((d, i) => [d, new Panel(this.ctx, {
@@ -219,18 +237,23 @@ class Steps extends Plot {
     for (const d of this.spec) { const r = this.rows[d]; if (r.length) this.panels[d].xmax = r[r.length - 1][0] + 1; }
     this.repaint();
   }
-  describe(x, y) {
+  at(x, y) {  // [decoder, its step row] under a canvas point, or null
     for (const d of this.spec) {
       const at = this.panels[d].at(x, y);
       if (!at) continue;
       const row = this.rows[d].find(([step]) => Math.abs(step - at[0]) <= 0.5);
-      if (!row) return "";
-      const [step, reused, fresh, extra, hit] = row;
-      return `${cfg.short[d]} step ${step}: ${reused + fresh} accepted (${reused ? "reused branch" : "fresh window"}) + ` +
-             `${extra} correction/bonus` + (hit === "-" ? "" : hit === "1" ? "; hit: the next window is a reused branch"
-                                                                           : "; miss: the next window is rolled out afresh");
+      return row ? [d, row] : null;
     }
-    return "";
+    return null;
+  }
+  describe(x, y) {
+    const found = this.at(x, y);
+    if (!found) return "";
+    const [d, [step, reused, fresh, extra, hit]] = found;
+    return `${cfg.short[d]} step ${step}: ${reused + fresh} accepted (${reused ? "reused branch" : "fresh window"}) + ` +
+           `${extra} correction/bonus` + (hit === "-" ? "" : hit === "1" ? "; hit: the next window is a reused branch"
+                                                                         : "; miss: the next window is rolled out afresh") +
+           " · click: open it in the inspector";
   }
 }
 
@@ -289,9 +312,23 @@ class Timeline extends Plot {
     const ROW = 24;
     super("gantt", "Lane timeline: busy spans per stage (overlap = draft hidden under the target)",
           MARGIN.t + ROW * rows.length + MARGIN.b, cfg.stages.map(([, name, color]) => [name, color]));
-    this.rows = rows; this.ROW = ROW; this.spans = []; this.painted = 0;
+    this.rows = rows; this.ROW = ROW; this.spans = []; this.painted = 0; this.zoomed = null;
     this.panel = new Panel(this.ctx, {x: 130, y: MARGIN.t, w: this.width - 130 - MARGIN.r, h: ROW * rows.length},
                            "ms since run start", "", 10, rows.length);
+    this.canvas.addEventListener("dblclick", () => { if (this.zoomed) this.zoom(null); });
+    this.repaint();
+  }
+  zoom(rowIdx, step) {  // the time range of one step's spans on these rows (null: the whole run)
+    const spans = rowIdx ? this.spans.filter(([row, , , , s]) => s === step && rowIdx.includes(row)) : [];
+    if (!spans.length) {
+      this.zoomed = null; this.panel.xmin = 0; this.head.textContent = this.title; this.el.dataset.zoom = "";
+      this.fit();
+      return;
+    }
+    const t0 = Math.min(...spans.map((s) => s[2])), t1 = Math.max(...spans.map((s) => s[3])), pad = (t1 - t0) * 0.15 + 0.05;
+    this.zoomed = step; this.panel.xmin = Math.max(0, t0 - pad); this.panel.xmax = t1 + pad;
+    this.head.textContent = `${this.title} · zoomed to step ${step} (double-click: the whole run)`;
+    this.el.dataset.zoom = `${step} ${fmt(this.panel.xmin)} ${fmt(this.panel.xmax)}`;  // read by tests
     this.repaint();
   }
   add(row, stage, t0, t1, step) { this.spans.push([row, stage, t0, t1, step]); }
@@ -299,27 +336,33 @@ class Timeline extends Plot {
   draw() {
     let end = 0;
     for (const s of this.spans.slice(this.painted)) end = Math.max(end, s[3]);
-    if (end > this.panel.xmax) { this.panel.xmax = end * 1.5; this.repaint(); } else this.paint();
+    if (end > this.panel.xmax && this.zoomed === null) { this.panel.xmax = end * 1.5; this.repaint(); } else this.paint();
   }
   repaint() {
     const c = this.ctx, p = this.panel;
     p.axes("");
+    c.clearRect(p.box.x, p.box.y, p.box.w, p.box.h);
     c.clearRect(0, p.box.y - 2, p.box.x - 1, p.box.h + 4);  // row names instead of y ticks
     c.font = FONT; c.fillStyle = INK; c.textAlign = "right"; c.textBaseline = "middle";
     this.rows.forEach((name, i) => c.fillText(name, p.box.x - 8, p.box.y + this.ROW * (i + 0.5)));
     this.painted = 0;
     this.paint();
+    if (this.cursorEl) this.cursor(this.cursorT);
   }
   paint() {
     const c = this.ctx, p = this.panel;
+    c.save(); c.beginPath(); c.rect(p.box.x, p.box.y, p.box.w, p.box.h); c.clip();  // a zoomed range: spans cut at its edges
     for (const [row, stage, t0, t1] of this.spans.slice(this.painted)) {
+      if (t1 < p.xmin || t0 > p.xmax) continue;
       c.fillStyle = (STAGES[stage] || {color: "#a3a3a3"}).color;
       c.fillRect(p.px(t0), p.box.y + this.ROW * row + 4, Math.max(p.px(t1) - p.px(t0), 0.6), this.ROW - 8);
     }
+    c.restore();
     this.painted = this.spans.length;
     this.el.dataset.painted = this.painted;  // read by tests
   }
   fit() {
+    if (this.zoomed !== null) return;  // a zoom stays until a double-click
     this.panel.xmax = Math.max(...this.spans.map((s) => s[3]), 1) * 1.02;
     this.repaint();
   }
@@ -378,7 +421,36 @@ function record(f) {
     });
   }
   else if (f[0] === "E") { S.race.name(d, f.slice(2).join(" ")); S.dirty.add("fit"); }
+  else if (f[0] === "C") { const t = f[1] === "-" ? null : +f[1]; S.race.cursor(t); S.gantt.cursor(t); }
 }
+
+function openStep(decoder, step, scroll) {
+  // A token or a tokens-per-step bar was clicked: that step in the step inspector (its Run radio and Step slider,
+  // as if the visitor had set them), and the lane timeline zoomed to that step's spans of that decoder.
+  if (decoder !== "sd" && decoder !== "mirror") return;
+  const radio = document.querySelector(`#mirror-inspect-run input[value="${decoder}"]`);
+  if (radio && !radio.checked) radio.click();
+  const box = document.querySelector("#mirror-inspect-step input[type=number]");
+  if (box) {
+    box.value = String(step);
+    box.dispatchEvent(new Event("input", {bubbles: true}));
+    box.dispatchEvent(new Event("change", {bubbles: true}));
+    box.blur();
+  }
+  if (S) S.gantt.zoom(S.rows.map(([d], i) => (d === decoder ? i : -1)).filter((i) => i >= 0), step);
+  const inspector = document.querySelector("#mirror-inspector");
+  if (scroll && inspector) inspector.scrollIntoView({block: "nearest", behavior: "smooth"});
+}
+
+if (!window.__mirrorStepClicks) {  // a committed token of SD or Mirror-SD: open the step that committed it
+  window.__mirrorStepClicks = true;
+  document.addEventListener("click", (e) => {
+    const tok = e.target.closest && e.target.closest(".mirror-tok[data-step]");
+    const column = tok && tok.closest("[id^=mirror-tokens-]");
+    if (column && +tok.dataset.step > 0) window.__mirrorOpenStep(column.id.slice("mirror-tokens-".length), +tok.dataset.step);
+  });
+}
+window.__mirrorOpenStep = (decoder, step) => openStep(decoder, step, true);
 
 const nextTask = () => new Promise((resolve) => setTimeout(resolve, 0));
 

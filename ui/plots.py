@@ -1,7 +1,7 @@
 """The live plots' feed: engine events → short text records that the browser draws (ui/live_plots.js).
 
 The page does not receive figures. It receives one append-only text, a line per record, and draws the four
-plots itself with Plotly.js (`extendTraces` for the new points only). Between two page updates the feed
+plots itself on canvases (ui/live_plots.js paints only the new marks). Between two page updates the feed
 only grows at its end, so Gradio sends each update as an "append" diff of the new lines: bytes per
 comparison grow linearly with the tokens, and the server's work per update is proportional to the new
 events only (it shares the process, and the GIL, with the target lane). Every number in the feed comes
@@ -15,6 +15,7 @@ Records (space-separated fields; no field contains a space except the last field
     S <decoder> <step> <drafted> <accepted> <committed> <from_branch 0|1> <hit 1|0|->   one verification step
     P <decoder> <lane> <stage> <t0_ms> <t1_ms> <step>                                  one busy span
     E <decoder> <legend text>            the run ended; the race legend's name for it (with its speedup)
+    C <t_ms | ->                         the replay's time cursor on the race and the lane timeline (- hides it)
 """
 from __future__ import annotations
 
@@ -82,6 +83,11 @@ def event_line(decoder: str, t0: float, event) -> str:
         target = "+".join(lanes.target_devices) if lanes.target_devices else lanes.target_device
         return f"B {decoder} {event.settings.request.spec.gamma} {target} {lanes.draft_device}\n"
     return ""
+
+
+def cursor_line(t_s: float | None) -> str:
+    """The replay's time cursor at t_s seconds since the runs' starts (None: hidden)."""
+    return "C -\n" if t_s is None else f"C {t_s * 1e3:.1f}\n"
 
 
 def end_line(decoder: str, speedup: tuple[float | None, str]) -> str:

@@ -39,11 +39,12 @@ def token_label(event: TokenEvent) -> str:
     return _ORIGIN_LABELS.get(event.origin, event.origin)
 
 
-def _token_span(text: str, label: str) -> str:
+def _token_span(text: str, label: str, step: int) -> str:
+    """One committed token; data-step: the verification step that committed it (a click opens it in the inspector)."""
     if not text:
         return ""  # a token still waiting for the rest of a UTF-8 character
-    return (f'<span class="mirror-tok" title="{label}" style="background:{COLOR_MAP.get(label, "#e5e7eb")}55">'
-            f'{html.escape(text)}</span>')
+    return (f'<span class="mirror-tok" title="{label} · step {step}" data-step="{step}" '
+            f'style="background:{COLOR_MAP.get(label, "#e5e7eb")}55">{html.escape(text)}</span>')
 
 
 class AppendOnly:
@@ -76,11 +77,11 @@ class StreamHTML(AppendOnly):
     def __init__(self) -> None:
         super().__init__()
         self.marks: list[int] = []
-        self._held: tuple[str, str] | None = None  # (text, label) of the newest token, not yet emitted
+        self._held: tuple[str, str, int] | None = None  # (text, label, step) of the newest token, not yet emitted
 
-    def token(self, text: str, label: str) -> None:
+    def token(self, text: str, label: str, step: int) -> None:
         self.release()
-        self._held = (text, label)
+        self._held = (text, label, step)
 
     def rejected(self, struck: str, step: int, first_slot: int) -> None:
         self.parts.append(f'<del class="mirror-rejected" title="rejected at step {step}, slot {first_slot}">'
@@ -94,14 +95,14 @@ class StreamHTML(AppendOnly):
             self.marks.append(len(self.parts))
             self._held = None
 
-    def finish(self, rest: str, label: str) -> None:
+    def finish(self, rest: str, label: str, step: int) -> None:
         """The run ended: emit the held token, with the decoder's last bytes (a completed character) if any."""
         if self._held is not None:
-            text, held_label = self._held
-            self._held = (text + rest, held_label)
+            text, held_label, held_step = self._held
+            self._held = (text + rest, held_label, held_step)
             self.release()
         elif rest:
-            self.parts.append(_token_span(rest, label))
+            self.parts.append(_token_span(rest, label, step))
             if self.marks:
                 self.marks[-1] = len(self.parts)
 

@@ -66,7 +66,7 @@ class DecoderRun:
             self.tokens.append(event)
             self.pieces.append((piece, label))
             self.committed_text += piece
-            self.view.token(piece, label)
+            self.view.token(piece, label, event.step)
         elif isinstance(event, RejectedEvent):
             # The step's correction is its last committed token; the rejected drafts were in its place.
             self.rejected.append((max(0, len(self.tokens) - 1), event))
@@ -86,7 +86,7 @@ class DecoderRun:
                 text, label = self.pieces[-1]
                 self.pieces[-1] = (text + rest, label)
                 self.committed_text += rest
-            self.view.finish(rest, self.pieces[-1][1] if self.pieces else "")
+            self.view.finish(rest, self.pieces[-1][1] if self.pieces else "", self.tokens[-1].step if self.tokens else 0)
 
     @property
     def t0(self) -> float:

@@ -36,6 +36,7 @@ class Tick:
     status: str   # markdown for the status line
     replay_at: float | None = None  # replay: seconds since the runs' starts to show
     active: str | None = None       # the decoder running now: the other token views need no refresh
+    plots: bool = False             # a TEXT tick that also sends the plots' feed (the replay's time cursor)
 
 
 class Throttle:
@@ -174,7 +175,10 @@ def replay(session: Session, *, speed: float = 1.0, fps: float = 20.0,
     t = 0.0
     while t < end and not session.replay_stop.is_set():
         pace = "measured speed" if speed == 1.0 else f"{speed:g}× measured speed"
-        yield Tick(TEXT, f"Replaying at {pace}: t = {t * 1e3:.0f} ms of {end * 1e3:.0f} ms", replay_at=t)
+        session.feed.add(plots.cursor_line(t))  # the time cursor on the race and the lane timeline
+        yield Tick(TEXT, f"Replaying at {pace}: t = {t * 1e3:.0f} ms of {end * 1e3:.0f} ms", replay_at=t, plots=True)
         sleep(1.0 / fps)
         t += speed / fps
-    yield Tick(TEXT, f"Replay finished ({end * 1e3:.0f} ms of decoding, measured by the engine).", replay_at=None)
+    session.feed.add(plots.cursor_line(None))
+    yield Tick(TEXT, f"Replay finished ({end * 1e3:.0f} ms of decoding, measured by the engine).", replay_at=None,
+               plots=True)
