@@ -102,8 +102,9 @@ PLAYER_JS = """(() => {
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 def test_the_learn_tab_plays_a_step_of_the_last_run_and_shows_its_tree(pair_root, tmp_path):
-    """Run on the Run tab, then on the Learn tab: First hit, Play through the six phases (each its own sentence,
-    the timeline growing), and the step's branch tree with the hit highlighted."""
+    """Run on the Run tab, then on the Learn tab: First hit and First miss, each played through the six phases (each
+    its own sentence, the timeline growing) with the step's branch tree (the hit highlighted); then a preset
+    experiment (the γ sweep) run to completion and its plot's data read."""
     import json
     import time
 
@@ -123,21 +124,33 @@ def test_the_learn_tab_plays_a_step_of_the_last_run_and_shows_its_tree(pair_root
         press_run(browser)
         wait_for(browser, lambda s: "Done" in s["status"] and s["tokens"] > 0, 60)
         state = lambda click=None: json.loads(browser.evaluate(PLAYER_JS % json.dumps(click)) or "{}")  # noqa: E731
-        seen, deadline = [], time.monotonic() + 20
-        while time.monotonic() < deadline and "phase 1 of 6" not in (seen[-1]["player"] if seen else ""):
-            seen.append(state("mirror-tree-hit"))  # again until it lands (a click before the tab is wired is lost)
+        for first, verdict in (("mirror-tree-hit", "Hit: c = "), ("mirror-tree-miss", "Miss: no branch starts with c = ")):
+            seen, deadline = [], time.monotonic() + 20
+            while time.monotonic() < deadline and "phase 1 of 6" not in (seen[-1]["player"] if seen else ""):
+                seen.append(state(first))  # again until it lands (a click before the tab is wired is lost)
+                time.sleep(0.5)
+            assert "phase 1 of 6" in seen[-1]["player"], seen[-1]
+            assert seen[-1]["hit"] >= 1 if first.endswith("hit") else True, seen[-1]
+            state("mirror-player-play")
+            texts, deadline = {}, time.monotonic() + 30
+            while time.monotonic() < deadline and "phase 6 of 6" not in texts:
+                now = state()
+                phase = next((f"phase {k} of 6" for k in range(1, 7) if f"phase {k} of 6" in now["player"]), None)
+                texts.setdefault(phase, now)
+                time.sleep(0.1)
+            assert {f"phase {k} of 6" for k in range(2, 7)} <= set(texts), list(texts)  # played through, phase by phase
+            assert texts["phase 6 of 6"]["bars"] > texts["phase 2 of 6"]["bars"] >= 1   # the timeline grew
+            assert verdict in texts["phase 6 of 6"]["player"], texts["phase 6 of 6"]["player"]
+        browser.evaluate('document.getElementById("mirror-experiment-run").click()')  # the first preset: γ sweep
+        data, deadline = None, time.monotonic() + 120
+        while data is None and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert "phase 1 of 6" in seen[-1]["player"] and seen[-1]["hit"] >= 1, seen[-1]
-        state("mirror-player-play")
-        texts, deadline = {}, time.monotonic() + 30
-        while time.monotonic() < deadline and "phase 6 of 6" not in texts:
-            now = state()
-            phase = next((f"phase {k} of 6" for k in range(1, 7) if f"phase {k} of 6" in now["player"]), None)
-            texts.setdefault(phase, now)
-            time.sleep(0.1)
-        assert {f"phase {k} of 6" for k in range(2, 7)} <= set(texts), list(texts)  # played through, phase by phase
-        assert texts["phase 6 of 6"]["bars"] > texts["phase 2 of 6"]["bars"] >= 1   # the timeline grew
-        assert "Hit: c = " in texts["phase 6 of 6"]["player"]
+            data = browser.evaluate("(() => { const p = document.querySelector('#mirror-experiment');"
+                                    " const d = p && p.querySelector('#mirror-experiment-data');"
+                                    " return p && p.innerText.includes('Done:') && d ? d.dataset.points : null; })()")
+        points = json.loads(data or "[]")
+        assert [p["x"] for p in points] == ["γ = 1", "γ = 2", "γ = 4", "γ = 6", "γ = 8"], points
+        assert all(p["speedup sd"] > 0 and p["speedup mirror"] > 0 and p["τ mirror"] >= 1 for p in points)
         browser.screenshot(str(tmp_path / "player.png"))
     finally:
         browser.close()
