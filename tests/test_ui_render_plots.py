@@ -332,3 +332,22 @@ def test_the_what_if_reproduces_the_latency_model_and_moves_with_its_knobs():
     assert back.expected_step == pytest.approx(m.expected_step, rel=1e-3) and back.t_sd == pytest.approx(m.t_sd, rel=1e-3)
     page = whatif_html(cpu)
     assert "modelled" in page and "Table 1 means" in page and page.count("mirror-bar") == 3
+
+
+def test_at_t_above_zero_the_numbers_say_whether_texts_match_ar_and_why():
+    from dataclasses import replace as with_
+
+    from mirror_core import SamplingConfig
+    from ui.numbers import sampling_line
+
+    def sampled(run, rule):
+        request = with_(run.start.settings.request, sampling=SamplingConfig(temperature=0.8, rule=rule))
+        return with_(run, start=with_(run.start, settings=with_(run.start.settings, request=request)))
+
+    ar, mirror = ar_run(), mirror_run()  # different token ids
+    assert sampling_line([ar, mirror]) == ""  # greedy: nothing to explain
+    page = html.unescape(sampling_line([sampled(ar, "rejection"), sampled(mirror, "rejection")]))
+    assert "Rule R" in page and "Mirror-SD wrote a different text: different text, same distribution." in page
+    page = html.unescape(sampling_line([sampled(ar, "exact"), sampled(ar, "exact")]))
+    assert "Rule E" in page and "every decoder's text is AR's." in page
+    assert "Rule R" in html.unescape(numbers_html({"ar": sampled(ar, "rejection"), "mirror": sampled(mirror, "rejection")}))

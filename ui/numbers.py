@@ -71,7 +71,28 @@ def numbers_html(runs: dict[str, DecoderRun]) -> str:
     notes = "".join(f"<li><b>{html.escape(DECODER_TITLES[r.decoder])}</b>: {html.escape(n)}</li>"
                     for r in done for n in _run_notes(r))
     return (f"<table class='mirror-table'><tr><th>metric</th>{head}<th>definition</th></tr>{body}</table>"
-            + (f"<ul class='mirror-notes'>{notes}</ul>" if notes else "") + target_line(done[0]))
+            + (f"<ul class='mirror-notes'>{notes}</ul>" if notes else "") + sampling_line(done) + target_line(done[0]))
+
+
+def sampling_line(done: list[DecoderRun]) -> str:
+    """At T > 0: whether the speculative decoders' texts equal AR's, and why that is (or is not) expected."""
+    ar = next((r for r in done if r.decoder == "ar"), None)
+    sampling = done[0].start.settings.request.sampling if done[0].start else None
+    if ar is None or sampling is None or sampling.greedy:
+        return ""
+    differ = [DECODER_TITLES[r.decoder] for r in done if r is not ar and r.end.token_ids != ar.end.token_ids]
+    if sampling.rule == "exact":
+        text = ("Rule E (exact match): each slot is drawn from p_target with the target lane's generator, as AR draws "
+                "it, so with the same seed every decoder's text is AR's" + (
+                    "." if not differ else f"; here {', '.join(differ)} differed (a stop or a length cut earlier?)."))
+    else:
+        text = ("Rule R (rejection sampling): a draft token is kept with probability min(1, p_target / p_draft) and a "
+                "rejected one is replaced by a draw from the residual max(0, p_target − p_draft). Every decoder's text "
+                "is an exact sample of the target's distribution, but the random numbers are used differently from "
+                "AR's, so " + (f"{', '.join(differ)} wrote a different text: different text, same distribution."
+                               if differ else "the texts may differ from AR's (different text, same distribution); "
+                                              "this time they agree."))
+    return f"<p class='mirror-def'>{html.escape(text)}</p>"
 
 
 def target_line(run: DecoderRun) -> str:
