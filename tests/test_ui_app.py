@@ -122,6 +122,10 @@ def test_the_learn_tabs_what_if_answers_its_knobs_and_starts_from_a_run(app):
     assert " ms" in texts[0] and texts[-1].startswith("Hit: c = ") and len(set(texts)) == 5
     assert c.predict(step, 6, api_name="/tree") == (player, tree)
     assert c.predict("mirror", 0, api_name="/inspect_next_hit") == step  # the Run tab's inspector finds it too
+    s, k, linked, _ = c.predict("mirror", step, api_name="/inspect_learn")  # "Slow it down": the Learn tab (and it opens)
+    assert (s, k) == (step, 1) and "phase 1 of 6" in linked
+    with pytest.raises(Exception, match="the step player plays Mirror-SD steps"):
+        c.predict("sd", 1, api_name="/inspect_learn")
     plot = c.predict("kappa", api_name="/experiment")  # a sweep over κ on the last run's pair and prompt
     data = json.loads(html.unescape(re.search(r"id='mirror-experiment-data' data-points='([^']*)'", plot).group(1)))
     assert [p["x"] for p in data] == ["κ = 1", "κ = 2", "κ = 4", "κ = 8"] and "Done: 5 runs" in plot  # one ar baseline + 4 mirror

@@ -230,6 +230,16 @@ def test_a_token_or_a_step_bar_opens_its_step_replay_moves_a_cursor_and_the_insp
         assert bar >= 1
         if bar != step:
             until(lambda s: f"Step {bar}:" in s["inspector"] and s["zoom"].startswith(f"{bar} "))
+        learn = ("(() => { const b = document.getElementById('mirror-inspect-learn'); if (b && %s) b.click();"
+                 " const tab = [...document.querySelectorAll('button[role=tab]')].find(t => t.textContent.trim() === 'Learn');"
+                 " const p = document.querySelector('#mirror-player');"
+                 " return (tab && tab.getAttribute('aria-selected')) + ' ' + (p ? p.innerText.slice(0, 40) : ''); })()")
+        browser.evaluate(learn % "true")  # "Slow it down": the inspected step, in the Learn tab's step player
+        deadline = time.monotonic() + 15
+        while not (browser.evaluate(learn % "false") or "").startswith(f"true Step {bar}, phase 1 of 6"):
+            assert time.monotonic() < deadline, browser.evaluate(learn % "false")
+            time.sleep(0.25)
+        browser.evaluate("[...document.querySelectorAll('button[role=tab]')].find(t => t.textContent.trim() === 'Run').click()")
         act("watch")
         browser.evaluate('document.getElementById("mirror-replay").click()')
         wait_for(browser, lambda s: "Replay finished" in s["status"], 30, poll=0.1)

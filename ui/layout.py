@@ -157,7 +157,7 @@ class Controls:
 class Views:
     outputs: dict  # output name (OUTPUT_NAMES) → its component
     columns: dict  # decoder → gr.Column
-    seek: dict     # "hit" / "miss" → the inspector's Next hit / Next miss button
+    seek: dict     # "hit" / "miss" → Next hit / Next miss; "learn" → the step in the Learn tab's step player
 
 
 def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[str] | None = None,
@@ -170,13 +170,14 @@ def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[s
                     "branches for the target's early-exit candidates *while* the target finishes its layers. "
                     "New to it? The **Learn** tab.\n\n" + _banner(presets, loader, plan))
         gr.HTML(tour.stops_json(), elem_id="mirror-tour", html_template=tour.TEMPLATE, js_on_load=tour.JS)
-        with gr.Tabs():
+        with gr.Tabs() as tabs:
             with gr.Tab("Run", id="run"):
                 controls = _controls(presets, examples or [])
                 views = _views(controls.status)
             with gr.Tab("Learn", id="learn"):
-                learn.build(state, loader)
+                player = learn.build(state, loader)
         _wire(demo, loader, presets, state, controls, views)
+        _wire_learn_link(state, views, tabs, player)
     demo.queue(max_size=QUEUE_MAX_SIZE, default_concurrency_limit=1)  # one run on the lanes at a time
     demo._queue.sleep_when_free = demo._queue.progress_update_sleep_when_free = QUEUE_POLL_S
     return demo
@@ -299,6 +300,7 @@ def _views(status: gr.Markdown) -> Views:
                                              "SD or Mirror-SD, or a bar of the tokens-per-step plot.",
                                         elem_id="mirror-inspect-step")
         seek = {kind: gr.Button(f"Next {kind} ▶", elem_id=f"mirror-next-{kind}", size="sm") for kind in ("hit", "miss")}
+        seek["learn"] = gr.Button("Slow it down (Learn tab) ▶", elem_id="mirror-inspect-learn", size="sm")
     out["inspector"] = gr.HTML(inspector.inspector_html(None, 1), elem_id="mirror-inspector")
     out["trace"] = gr.File(label="Run trace (JSON): every event of every decoder", interactive=False,
                            elem_id="mirror-trace")
@@ -386,7 +388,7 @@ def _wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], stat
     gr.on([inspect_run.change, inspect_step.change], on_inspect, [state, inspect_run, inspect_step],
           v.outputs["inspector"], api_name="inspect", show_progress="hidden",
           preprocess=False)  # a typed step out of range gets a line in the inspector, not a server traceback
-    for kind, button in v.seek.items():
+    for kind, button in ((k, b) for k, b in v.seek.items() if k in ("hit", "miss")):
         button.click(_next_step(kind == "hit"), [state, inspect_run, inspect_step], inspect_step,
                      api_name=f"inspect_next_{kind}", show_progress="hidden", preprocess=False)
     c.preset.change(lambda label: _pair_of(presets, label), [c.preset], [c.fields["target"], c.fields["draft"]],
@@ -401,6 +403,21 @@ def _pair_of(presets: list[PairPreset], label: str):
         if p.label == label:
             return p.target, p.draft or ""
     return gr.skip(), gr.skip()
+
+
+def _wire_learn_link(state: gr.State, v: Views, tabs: gr.Tabs, player: learn.StepPlayer) -> None:
+    """The inspector's "Slow it down" button: the inspected Mirror-SD step in the Learn tab's step player."""
+    def open_in_learn(session: Session, decoder, step):
+        run = session.runs.get("mirror")
+        if decoder != "mirror" or run is None or not run.steps:
+            raise gr.Error("the step player plays Mirror-SD steps: run Mirror-SD and pick its run in the inspector",
+                           print_exception=False)
+        s = min(max(int(step or 1), 1), run.steps[-1].step)
+        return (gr.Tabs(selected="learn"), s, 1) + player.views(session, s, 1)
+
+    v.seek["learn"].click(open_in_learn, [state, v.outputs["inspect_run"], v.outputs["inspect_step"]],
+                          [tabs, player.step, player.phase, player.player, player.tree], api_name="inspect_learn",
+                          show_progress="hidden", queue=False)
 
 
 def refreshed(session: Session, tick: Tick) -> dict[str, object]:

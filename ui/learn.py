@@ -6,6 +6,8 @@ reads the visitor's own session (the Run tab's last AR and Mirror-SD runs).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import gradio as gr
 
@@ -58,13 +60,25 @@ GLOSSARY = (
 )
 
 
-def build(state: gr.State, loader) -> None:
-    _step(state)
+@dataclass(frozen=True)
+class StepPlayer:
+    """The step player's components, for the Run tab's "slow this step down" link."""
+
+    step: gr.Number
+    phase: gr.Slider
+    player: gr.HTML
+    tree: gr.HTML
+    views: Callable  # (session, step, phase) → (player HTML, tree HTML)
+
+
+def build(state: gr.State, loader) -> StepPlayer:
+    player = _step(state)
     _experiments(state, loader)
     _whatif(state)
+    return player
 
 
-def _step(state: gr.State) -> None:
+def _step(state: gr.State) -> StepPlayer:
     gr.Markdown("## One step, slowed down\nPick a step of your last Mirror-SD run (the Run tab; **First hit** and "
                 "**First miss** find one of each) and play it phase by phase on its measured time axis: the window "
                 "enters the target, the early exit sends its candidates, the draft lane rolls out a branch per "
@@ -118,6 +132,7 @@ def _step(state: gr.State) -> None:
     pause.click(lambda: gr.Timer(active=False), None, timer, api_name=False, queue=False)
     speed.change(lambda v: gr.Timer(SPEEDS[v]), speed, timer, api_name=False, queue=False)
     timer.tick(tick, [state, step, phase], [phase, player, tree, timer], api_name=False, queue=False)
+    return StepPlayer(step, phase, player, tree, views)
 
 
 def _experiments(state: gr.State, loader) -> None:
