@@ -49,14 +49,15 @@ def main(argv: list[str] | None = None) -> int:
     from dataclasses import replace
 
     from mirror_core import MirrorError
-    from mirror_core.lanes.placement import plan_lanes
     from mirror_core.pairs import default_pair
     from mirror_core import devices
-    from ui import LAUNCH, EngineLoader, ModelPolicy, build_demo, default_presets, load_examples
+    from ui import LAUNCH, ModelPolicy, build_demo, default_presets, load_examples
+    from ui.zerogpu import detect
 
     try:
-        plan = plan_lanes(target_device=args.target_device, draft_device=args.draft_device, kind=args.lane,
-                          dtype=args.dtype)
+        mode = detect(os.environ)  # a ZeroGPU Space: imports `spaces` now, before anything touches CUDA
+        plan = mode.plan(target_device=args.target_device, draft_device=args.draft_device, kind=args.lane,
+                         dtype=args.dtype)
         lanes = replace(plan.lanes, exit_head=args.exit_head)
         devices.check(lanes.target_device)
         devices.check(lanes.draft_device)
@@ -77,14 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     policy = ModelPolicy.from_env(os.environ, presets, args.trust_remote_code)
     if args.trust_remote_code:
         print("warning: --trust-remote-code: loaded models may run their own Python code on this machine", flush=True)
-    loader = EngineLoader(lanes, policy=policy)
+    loader = mode.loader(lanes, policy)  # on ZeroGPU: every run is a GPU call, the pair loads in its worker
     demo = build_demo(loader, presets, load_examples(EXAMPLES), plan.reasons)  # its queue: one run at a time, bounded wait
     _, url, share_url = demo.launch(server_name=args.host, server_port=args.port, share=args.share,
                                     prevent_thread_lock=True, quiet=True, **LAUNCH)
     print(f"Mirror-SD Playground: {url}" + (f"  (public: {share_url})" if share_url else ""), flush=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `docker stop` / kill: shut down like Ctrl-C
     try:
-        _preload(loader, presets)
+        if mode.zero_gpu:
+            print("ZeroGPU: a pair loads in the GPU worker on its first Run", flush=True)
+        else:
+            _preload(loader, presets)
         demo.block_thread()
     finally:
         loader.close()  # ends the draft lane's process and frees the token channel's shared memory
