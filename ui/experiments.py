@@ -41,19 +41,19 @@ EXPERIMENTS = {
         "kappa", "Hit rate and fallback frequency against κ",
         "How many candidates per slot does it take before most steps reuse a branch?",
         "More candidates per slot: more corrections are among them (hits), fewer fresh rollouts (fallbacks).",
-        "kappa", (1, 2, 4, 8), ("mirror",), ("hit rate", "fallback frequency", "speedup mirror")),
+        "kappa", (1, 2, 4, 8), ("mirror",), ("hit rate", "fallback frequency", "speedup mirror", "modelled mirror")),
     "exit": Experiment(
         "exit", "Hit rate and fallback frequency against the exit layer ℓ_e",
         "Does an earlier exit (more time for the branches) cost hits, and where is the balance?",
         "An earlier ℓ_e leaves a longer suffix to hide the branch rollouts in, but its top-κ guesses the target's "
         "final token less often (a trained exit head, if the draft ships one, is used only at its own layer).",
-        "exit_layer", ((1, 4), (1, 2), (2, 3), (3, 4)), ("mirror",), ("hit rate", "fallback frequency", "speedup mirror")),
+        "exit_layer", ((1, 4), (1, 2), (2, 3), (3, 4)), ("mirror",), ("hit rate", "fallback frequency", "speedup mirror", "modelled mirror")),
     "prompts": Experiment(
         "prompts", "Acceptance on a predictable and a creative prompt",
         "Which prompt lets the draft run ahead, and what does that do to τ and the speedup?",
         "The same decoder and settings on two prompts chosen to differ: a list the draft can predict, and a poem.",
         "prompt", ("List the numbers from 1 to 30, separated by commas.", "Write a short poem about a lighthouse."),
-        ("mirror",), ("acceptance α", "τ mirror", "speedup mirror")),
+        ("mirror",), ("acceptance α", "τ mirror", "speedup mirror", "modelled mirror")),
 }
 
 
@@ -124,7 +124,10 @@ def _label(exp: Experiment, value) -> str:
     return f"{'γ' if exp.axis == 'gamma' else 'κ'} = {value}"
 
 
-COLOURS = ("#f97316", "#6366f1", "#6366f1", "#10b981", "#ef4444")
+# one colour per quantity, the page's decoder colours for speedups (ui/plots.py); the modelled line is dashed in its
+# decoder's colour
+COLOURS = {"speedup sd": "#3b82f6", "speedup mirror": "#ef4444", "modelled mirror": "#ef4444", "τ mirror": "#10b981",
+           "hit rate": "#0891b2", "fallback frequency": "#a855f7", "acceptance α": "#f97316"}
 
 
 def plot_html(exp: Experiment, points: list[Point], status: str = "") -> str:
@@ -150,8 +153,8 @@ def plot_html(exp: Experiment, points: list[Point], status: str = "") -> str:
     for i, value in enumerate(exp.values):
         parts.append(f"<text x='{x(i) - 20:.1f}' y='{h - 8}' font-size='11'>{html.escape(points[i].x if i < len(points) else _label(exp, value))}</text>")
     legend = []
-    for s_i, name in enumerate(exp.series):
-        colour, dashed = COLOURS[s_i % len(COLOURS)], "modelled" in name
+    for name in exp.series:
+        colour, dashed = COLOURS.get(name, "#6b7280"), "modelled" in name
         pts = [(x(i), y(p.values[name])) for i, p in enumerate(points) if p.values.get(name) is not None]
         if len(pts) > 1:
             parts.append(f"<polyline fill='none' stroke='{colour}' stroke-width='2'"
