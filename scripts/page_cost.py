@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python scripts/page_cost.py [--pairs 3] [--tokens 300] [--port 7912]
 
-Starts `python app.py` (the embedded pair, the app's own lanes), then alternates, `--pairs` times: one
+Starts `python app.py` on the embedded toy pair (`--target/--draft`, the app's own lanes), then alternates, `--pairs` times: one
 AR + Mirror-SD comparison through gradio_client with no page open ("closed"), and the same comparison
 pressed in headless Chromium on this machine, live plots on ("open"). Each speedup is the engine's own
 (AR wall time / Mirror-SD wall time, from the page's numbers table); nothing is timed by the page.
@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     if CHROMIUM is None:
         print("needs chromium (apt-get install -y chromium)")
         return 2
-    app = subprocess.Popen([sys.executable, "app.py", "--port", str(args.port)], cwd=ROOT, text=True,
+    pair = os.path.join(ROOT, "assets", "default_pair")  # the embedded toy pair: the page's first preset, as typed below
+    app = subprocess.Popen([sys.executable, "app.py", "--port", str(args.port), "--target", os.path.join(pair, "target"),
+                            "--draft", os.path.join(pair, "draft_ar")], cwd=ROOT, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     browser = None
     closed, opened = [], []
@@ -52,7 +54,6 @@ def main(argv: list[str] | None = None) -> int:
             if line.startswith(("loaded", "note:")):
                 break
         url = f"http://127.0.0.1:{args.port}/"
-        pair = os.path.join(ROOT, "assets", "default_pair")
         prompt = load_examples(os.path.join(ROOT, "assets", "examples.json"))[0]  # the page's default prompt
         values = page_values(prompt=prompt, target=os.path.join(pair, "target"), draft=os.path.join(pair, "draft_ar"),
                              decoders=["ar", "mirror"], max_new_tokens=args.tokens)
