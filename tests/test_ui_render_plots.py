@@ -351,3 +351,13 @@ def test_at_t_above_zero_the_numbers_say_whether_texts_match_ar_and_why():
     page = html.unescape(sampling_line([sampled(ar, "exact"), sampled(ar, "exact")]))
     assert "Rule E" in page and "every decoder's text is AR's." in page
     assert "Rule R" in html.unescape(numbers_html({"ar": sampled(ar, "rejection"), "mirror": sampled(mirror, "rejection")}))
+
+
+def test_a_special_token_shows_in_the_stream_but_not_in_the_copyable_text():
+    class ChatTokenizer(ByteTokenizer):
+        all_special_ids = [ord("!")]  # as <|im_end|> ends a chat turn
+
+    run = mirror_run(ChatTokenizer())
+    assert plain_text(run) == "éxyz" and plain_text(run, upto=len(run.pieces)) == "éxyz"
+    stream = stream_html(run)
+    assert stream.count("mirror-special") == 1 and "not part of the text" in stream and ">!</span>" in stream

@@ -83,6 +83,7 @@ CSS = """
 .mirror-plot-cursor {display: none; position: absolute; width: 2px; background: #111827; pointer-events: none; z-index: 4;}
 .mirror-plot-steps canvas {cursor: pointer;}
 .mirror-tokens [data-step] {cursor: pointer;}
+.mirror-special {font-style: italic; opacity: 0.6;}
 .mirror-prompt {color: #9ca3af;}
 .mirror-rejected-count, .mirror-notes {color: #6b7280; font-size: 0.85em;}
 .mirror-legend .mirror-chip, .mirror-legend del {margin-right: 6px;}

@@ -39,12 +39,14 @@ def token_label(event: TokenEvent) -> str:
     return _ORIGIN_LABELS.get(event.origin, event.origin)
 
 
-def _token_span(text: str, label: str, step: int) -> str:
-    """One committed token; data-step: the verification step that committed it (a click opens it in the inspector)."""
+def _token_span(text: str, label: str, step: int, special: bool = False) -> str:
+    """One committed token; data-step: the verification step that committed it (a click opens it in the inspector).
+    A special token (e.g. the end of a chat turn) is marked as such: it is not part of the copyable text."""
     if not text:
         return ""  # a token still waiting for the rest of a UTF-8 character
-    return (f'<span class="mirror-tok" title="{label} · step {step}" data-step="{step}" '
-            f'style="background:{COLOR_MAP.get(label, "#e5e7eb")}55">{html.escape(text)}</span>')
+    note = " · a special token: not part of the text" if special else ""
+    return (f'<span class="mirror-tok{" mirror-special" if special else ""}" title="{label} · step {step}{note}" '
+            f'data-step="{step}" style="background:{COLOR_MAP.get(label, "#e5e7eb")}55">{html.escape(text)}</span>')
 
 
 class AppendOnly:
@@ -77,11 +79,11 @@ class StreamHTML(AppendOnly):
     def __init__(self) -> None:
         super().__init__()
         self.marks: list[int] = []
-        self._held: tuple[str, str, int] | None = None  # (text, label, step) of the newest token, not yet emitted
+        self._held: tuple[str, str, int, bool] | None = None  # (text, label, step, special) of the newest token
 
-    def token(self, text: str, label: str, step: int) -> None:
+    def token(self, text: str, label: str, step: int, special: bool = False) -> None:
         self.release()
-        self._held = (text, label, step)
+        self._held = (text, label, step, special)
 
     def rejected(self, struck: str, step: int, first_slot: int) -> None:
         self.parts.append(f'<del class="mirror-rejected" title="rejected at step {step}, slot {first_slot}">'
@@ -98,8 +100,8 @@ class StreamHTML(AppendOnly):
     def finish(self, rest: str, label: str, step: int) -> None:
         """The run ended: emit the held token, with the decoder's last bytes (a completed character) if any."""
         if self._held is not None:
-            text, held_label, held_step = self._held
-            self._held = (text + rest, held_label, held_step)
+            text, held_label, held_step, held_special = self._held
+            self._held = (text + rest, held_label, held_step, held_special)
             self.release()
         elif rest:
             self.parts.append(_token_span(rest, label, step))
@@ -114,12 +116,12 @@ class StreamHTML(AppendOnly):
 
 
 def plain_text(run: DecoderRun | None, upto: int | None = None) -> str:
-    """The committed text only (what a user copies); rejected drafts are never part of it."""
+    """The committed text only (what a user copies); rejected drafts and special tokens are never part of it."""
     if run is None:
         return ""
     if upto is None:
         return run.committed_text
-    return "".join(text for text, _ in run.pieces[:upto])
+    return "".join(text for i, (text, _) in enumerate(run.pieces[:upto]) if i not in run.special_at)
 
 
 def stream_html(run: DecoderRun | None, upto: int | None = None, prompt: str = "") -> str:

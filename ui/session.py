@@ -56,17 +56,25 @@ class DecoderRun:
     def __post_init__(self) -> None:
         tok = self.namer.tokenizer
         self._text = IncrementalText(tok) if tok is not None else None
-        self.committed_text = ""  # every committed piece, in order (what plain_text returns)
+        # the tokenizer's special tokens (e.g. <|im_end|>, which ends a chat turn): committed tokens like any other,
+        # shown in the stream, but not part of the copyable text
+        self._special = frozenset(getattr(tok, "all_special_ids", None) or ())
+        self.special_at: set[int] = set()  # indices into pieces/tokens of special tokens
+        self.committed_text = ""  # every committed piece but the special tokens, in order (what plain_text returns)
 
     def add(self, event) -> None:
         self.events.append(event)
         if isinstance(event, TokenEvent):
             piece = self._text.push(event.token_id) if self._text else f"{event.token_id} "
             label = token_label(event)
+            special = event.token_id in self._special
+            if special:
+                self.special_at.add(len(self.pieces))
+            else:
+                self.committed_text += piece
             self.tokens.append(event)
             self.pieces.append((piece, label))
-            self.committed_text += piece
-            self.view.token(piece, label, event.step)
+            self.view.token(piece, label, event.step, special)
         elif isinstance(event, RejectedEvent):
             # The step's correction is its last committed token; the rejected drafts were in its place.
             self.rejected.append((max(0, len(self.tokens) - 1), event))
