@@ -106,9 +106,11 @@ def _branches(decoder: str, rec: StepRecord, name, last: bool) -> str:
         verdict = (f"<b class='mirror-slow'>Miss → fallback</b>: c = <code>{html.escape(name(rec.token))}</code> is not "
                    f"among slot τ = {slot}'s κ candidates, so no precomputed branch starts with it; the draft lane "
                    f"rolled out γ fresh tokens after verification.")
+    by_slot: dict[int, list[int]] = {}  # the shown rows, grouped by slot: only slot τ's rows can be reused
+    for r in range(min(len(rec.branches), len(rows), MAX_BRANCH_ROWS)):
+        by_slot.setdefault(rows[r][0], []).append(r)
     body = []
-    for j in sorted({j for j, _ in rows[:len(rec.branches)]}):  # grouped by slot: only slot τ's rows can be reused
-        members = [r for r in range(min(len(rec.branches), MAX_BRANCH_ROWS)) if r < len(rows) and rows[r][0] == j]
+    for j, members in sorted(by_slot.items()):
         reachable = j + 1 == slot
         why = ("the correction's slot τ: the branch starting with c is reusable" if reachable else
                f"unreachable this step: the target's correction landed at slot τ = {slot}, so no branch of slot "

@@ -158,7 +158,8 @@ class Controls:
 class Views:
     outputs: dict  # output name (OUTPUT_NAMES) → its component
     columns: dict  # decoder → gr.Column
-    seek: dict     # "hit" / "miss" → Next hit / Next miss; "learn" → the step in the Learn tab's step player
+    seek: dict     # "hit" / "miss" → the inspector's Next hit / Next miss button
+    learn: gr.Button  # the inspector's "Slow it down": the inspected step in the Learn tab's step player
 
 
 def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[str] | None = None,
@@ -301,11 +302,11 @@ def _views(status: gr.Markdown) -> Views:
                                              "SD or Mirror-SD, or a bar of the tokens-per-step plot.",
                                         elem_id="mirror-inspect-step")
         seek = {kind: gr.Button(f"Next {kind} ▶", elem_id=f"mirror-next-{kind}", size="sm") for kind in ("hit", "miss")}
-        seek["learn"] = gr.Button("Slow it down (Learn tab) ▶", elem_id="mirror-inspect-learn", size="sm")
+        learn_link = gr.Button("Slow it down (Learn tab) ▶", elem_id="mirror-inspect-learn", size="sm")
     out["inspector"] = gr.HTML(inspector.inspector_html(None, 1), elem_id="mirror-inspector")
     out["trace"] = gr.File(label="Run trace (JSON): every event of every decoder", interactive=False,
                            elem_id="mirror-trace")
-    return Views(out, columns, seek)
+    return Views(out, columns, seek, learn_link)
 
 
 def _next_step(hit: bool):
@@ -389,7 +390,7 @@ def _wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], stat
     gr.on([inspect_run.change, inspect_step.change], on_inspect, [state, inspect_run, inspect_step],
           v.outputs["inspector"], api_name="inspect", show_progress="hidden",
           preprocess=False)  # a typed step out of range gets a line in the inspector, not a server traceback
-    for kind, button in ((k, b) for k, b in v.seek.items() if k in ("hit", "miss")):
+    for kind, button in v.seek.items():
         button.click(_next_step(kind == "hit"), [state, inspect_run, inspect_step], inspect_step,
                      api_name=f"inspect_next_{kind}", show_progress="hidden", preprocess=False)
     c.preset.change(lambda label: _pair_of(presets, label), [c.preset], [c.fields["target"], c.fields["draft"]],
@@ -416,9 +417,9 @@ def _wire_learn_link(state: gr.State, v: Views, tabs: gr.Tabs, player: learn.Ste
         s = min(max(int(step or 1), 1), run.steps[-1].step)
         return (gr.Tabs(selected="learn"), s, 1) + player.views(session, s, 1)
 
-    v.seek["learn"].click(open_in_learn, [state, v.outputs["inspect_run"], v.outputs["inspect_step"]],
-                          [tabs, player.step, player.phase, player.player, player.tree], api_name="inspect_learn",
-                          show_progress="hidden", queue=False)
+    v.learn.click(open_in_learn, [state, v.outputs["inspect_run"], v.outputs["inspect_step"]],
+                  [tabs, player.step, player.phase, player.player, player.tree], api_name="inspect_learn",
+                  show_progress="hidden", queue=False)
 
 
 def refreshed(session: Session, tick: Tick) -> dict[str, object]:

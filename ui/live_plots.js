@@ -315,7 +315,7 @@ class Timeline extends Plot {
     this.rows = rows; this.ROW = ROW; this.spans = []; this.painted = 0; this.zoomed = null;
     this.panel = new Panel(this.ctx, {x: 130, y: MARGIN.t, w: this.width - 130 - MARGIN.r, h: ROW * rows.length},
                            "ms since run start", "", 10, rows.length);
-    this.canvas.addEventListener("dblclick", () => { if (this.zoomed) this.zoom(null); });
+    this.canvas.addEventListener("dblclick", () => { if (this.zoomed !== null) this.zoom(null); });
     this.repaint();
   }
   zoom(rowIdx, step) {  // the time range of one step's spans on these rows (null: the whole run)
