@@ -174,13 +174,18 @@ def generate(args) -> int:
             out = {"decoder": request.decoder, "prompt_ids": list(prompt_ids), "token_ids": list(end.token_ids),
                    "text": engine.tokenizer.decode(list(end.token_ids)) if engine.tokenizer is not None else None,
                    "stats": end.summary.to_dict(), "fallback": end.fallback, "stopped": end.stopped, "error": end.error,
-                   "target_rows": asdict(engine.info.target_rows), **dtype_fields(engine.info),
+                   "target_rows": rows_fields(engine.info.target_rows), **dtype_fields(engine.info),
                    "pair": engine.info.describe()}
             print(json.dumps(out))
         else:
             print((text.flush() if text else "") + "\n")
-            print(_summary_line(end))
+            print(_summary_line(end, engine.info.target_rows))
         return 1 if end.error else 0
+
+
+def rows_fields(rows) -> dict:
+    """The --json and bench.json view of the target's call-shape check: its fields and its one-line description."""
+    return {**asdict(rows), "note": rows.describe}
 
 
 def dtype_fields(info) -> dict:
@@ -232,7 +237,7 @@ def bench(args) -> int:
                                   on_run=lambda what: (bar.set_postfix_str(what), bar.update()))
             info = loaded[dtype] = pair.engine.info
     report = build_report(rows, config, {"target": info.target, "draft": info.draft, "lanes": asdict(info.lanes),
-                                         "target_runner": info.target_runner, "target_rows": asdict(info.target_rows),
+                                         "target_runner": info.target_runner, "target_rows": rows_fields(info.target_rows),
                                          "dtypes": {d: dtype_fields(i) for d, i in loaded.items()},
                                          "cpu": cpu_model(), "prompts_file": args.prompts})
     print(format_table(report))
@@ -268,13 +273,15 @@ def show_devices(args) -> int:
     return 0
 
 
-def _summary_line(end: RunEnd) -> str:
+def _summary_line(end: RunEnd, rows=None) -> str:
     parts = []
     for key in SUMMARY_KEYS:
         v = getattr(end.summary, key)
         if v is not None:
             parts.append(f"{key}={v:.3f}" if isinstance(v, float) else f"{key}={v}")
     line = "-- " + " ".join(parts)
+    if rows is not None and not rows.invariant:
+        line += f"\n-- target: {rows.describe}"
     if end.fallback:
         line += f"\n-- fallback: {end.fallback}"
     if end.error:

@@ -26,8 +26,9 @@ from .lanes import DraftLaneSpec, auto_lanes, make_draft_lane, pinned
 from .lanes.faults import fault_plan_from_env
 from .loading import ModelSpec, encode_text, load_config, load_model, load_tokenizer, local_folder, shared_vocab_size
 from .metrics import RunSummary
-from .runners import RowCheck, build_runner
+from .runners import build_runner
 from .runners.calibrate import Calibration, calibrate_target
+from .runners.rows import UNCHECKED, RowCheck
 from .vocab_map import load_vocab_map
 
 
@@ -40,7 +41,7 @@ class PairInfo:
     max_context: int | None  # tokens both models can attend over (prompt + new + window)
     lanes: LaneConfig
     target_runner: str = ""  # which runner executes the target (FastLlamaRunner, HFRunner)
-    target_rows: RowCheck = RowCheck(1, False, False, 0, checked=False)  # the target call-shape check (runners.check_rows)
+    target_rows: RowCheck = UNCHECKED        # the target's call-shape check and row plan (runners/rows.py)
     target_dtype: Calibration | None = None  # the target lane's dtype and its timings (runners/calibrate.py)
     draft_dtype: Calibration | None = None   # the draft lane's, per shape
     draft_runner: str = ""                   # which runner executes the draft ("" without a draft)
@@ -122,12 +123,15 @@ class MirrorEngine:
                                                         lanes.draft_cpus, trust_remote_code, lanes.runner, lanes.dtype,
                                                         lanes.fault))
         known = [c for c in contexts if c]
-        info = PairInfo(target, draft, runner.num_layers, vocab, min(known) if known else None, lanes,
-                        type(runner).__name__, rows, dtype, None if lane is None else lane.calibration,
-                        "" if lane is None else lane.runner_name, None if head is None else {
+        info = PairInfo(target=target, draft=draft, num_layers=runner.num_layers, vocab_size=vocab,
+                        max_context=min(known) if known else None, lanes=lanes, target_runner=type(runner).__name__,
+                        target_rows=rows, target_dtype=dtype,
+                        draft_dtype=None if lane is None else lane.calibration,
+                        draft_runner="" if lane is None else lane.runner_name,
+                        exit_head=None if head is None else {
                             "layer": head.layer, "readout_tokens": int(head.ids.numel()),
                             "source": lanes.exit_head if lanes.exit_head != "auto" else local_folder(draft)},
-                        None if draft is None or vmap is None else vmap.size)
+                        draft_vocab=None if draft is None or vmap is None else vmap.size)
         return cls(runner, lane, info, tokenizer, eos_ids)
 
     # -- requests --------------------------------------------------------------------------
@@ -198,11 +202,12 @@ class MirrorEngine:
                 if job is None:
                     return
                 request, exit_layer, stop, out = job
-                rows = self.info.target_rows
-                settings = RunSettings(request, lanes, exit_layer, self.info.target, self.info.draft,
-                                       self.info.target_runner, rows.min_rows, rows.invariant if rows.checked else None,
-                                       self.info.target_dtype, self.info.draft_dtype,
-                                       self.info.exit_readout(exit_layer), self.info.draft_vocab)
+                info = self.info
+                settings = RunSettings(request=request, lanes=lanes, exit_layer=exit_layer, target=info.target,
+                                       draft=info.draft, target_runner=info.target_runner,
+                                       target_rows=info.target_rows, target_dtype=info.target_dtype,
+                                       draft_dtype=info.draft_dtype, exit_readout=info.exit_readout(exit_layer),
+                                       draft_vocab=info.draft_vocab)
                 try:
                     run = DecodeState(request, self.target, exit_layer, self.eos_ids, stop, settings)
                     for batch in decode_events(run, self.lane):

@@ -11,9 +11,10 @@ from transformers import AutoModelForCausalLM
 
 from mirror_core import LaneConfig, MirrorEngine, MirrorError, Request, SpecConfig
 from mirror_core.cli import main
-from mirror_core.runners import build_runner, check_rows
+from mirror_core.runners import build_runner
 from mirror_core.runners import calibrate as cal_mod
 from mirror_core.runners.calibrate import Calibration, calibrate_draft, calibrate_target, candidates
+from mirror_core.runners.rows import check_rows
 from testing.toy_models import prompts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,7 +27,9 @@ def _runner(path: str):
 
 
 def _expected(cal: Calibration, names: list[str], shape: str) -> str:
-    """The fastest dtype for the shape, taken over float32 only when at least 5 % faster (timing noise otherwise)."""
+    """The fastest timed dtype for the shape, taken over float32 only when at least 5 % faster (timing noise
+    otherwise)."""
+    names = cal.timed(names)
     fastest = min(names, key=lambda n: cal.ms(n, shape))
     return fastest if cal.ms(fastest, shape) < 0.95 * cal.ms("float32", shape) else "float32"
 
@@ -37,16 +40,19 @@ def test_the_target_takes_its_fastest_window_and_the_next_load_reads_the_cache(p
     cal, rows = calibrate_target(runner, runner.vocab_size, "auto", model.config)
     names = candidates(runner)
     assert names[:2] == ["float32", "bfloat16"]
-    assert {(t.dtype, t.shape) for t in cal.table} == {(n, s) for n in names for s in ("step", "window")}
+    assert "float32" not in cal.screened and set(cal.screened) < set(names)  # the screen may drop a slow dtype
+    assert {(t.dtype, t.shape) for t in cal.table} == {(n, s) for n in cal.timed(names) for s in ("step", "window")}
+    assert {n for n, _ in cal.exact} == set(cal.timed(names))  # each timed dtype's row check is kept with it
     assert all(t.ms > 0 for t in cal.table) and not cal.cached and cal.seconds > 0
     assert cal.sequence == cal.rows == _expected(cal, names, "window")
     assert runner.sequence_dtype == runner.rows_dtype == cal_mod.DTYPES[cal.sequence]
-    assert rows.checked and rows.invariant and runner.row_exact == rows.row_exact
+    assert rows.checked and rows.invariant and runner.row_plan == rows.plan
     assert len(os.listdir(os.path.join(tmp_path, "calibration"))) == 1
 
     model2, runner2 = _runner(pairs["llama"][0])
-    again, _ = calibrate_target(runner2, runner2.vocab_size, "auto", model2.config)
+    again, rows2 = calibrate_target(runner2, runner2.vocab_size, "auto", model2.config)
     assert again.cached and again.seconds == 0 and again.table == cal.table and again.sequence == cal.sequence
+    assert rows2.source == "cached" and rows2.plan == rows.plan and rows2.invariant
 
     (path,) = [os.path.join(tmp_path, "calibration", f) for f in os.listdir(os.path.join(tmp_path, "calibration"))]
     with open(path, "w") as f:

@@ -6,6 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
+from mirror_core.lanes import pinned
 from mirror_core.runners.fast import FastLlamaRunner
 from mirror_core.runners.hf import HFRunner
 from testing.toy_models import hf_greedy, prompts
@@ -66,7 +67,7 @@ TARGETS = ["llama", "qwen2", "qwen3", "mistral", "shipped"]
 def test_a_positions_logits_do_not_depend_on_how_many_rows_share_the_call(pairs, arch):
     """Lossless needs the target to be one function: AR computes each token in a one-row call, SD and Mirror-SD
     inside windows. After the engine's load-time check, a position's logits are bit-identical alone and inside
-    windows of 2..16, with the earlier slots' keys and values from either path (runners.check_rows)."""
+    windows of 2..16, with the earlier slots' keys and values from either path (runners/rows.py: check_rows)."""
     import os
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,22 +75,28 @@ def test_a_positions_logits_do_not_depend_on_how_many_rows_share_the_call(pairs,
     lanes = LaneConfig(dtype="float32", kind="inline", runner="fast", target_threads=1)
     with MirrorEngine.load(target, None, lanes) as engine:
         runner, rows = engine.target, engine.info.target_rows
-        assert rows.checked and rows.invariant and rows.min_rows == runner.min_rows in (1, 2)
-        assert rows.min_rows == (2 if rows.differing else 1) and rows.row_exact == runner.row_exact == bool(rows.differing)
+        assert rows.checked and rows.invariant and runner.row_plan == rows.plan
+        assert (rows.plan is None) == (rows.differing == 0)  # a plan only where the logits needed one here
         prefix = [(5 * i + 1) % 90 for i in range(56)]  # the window crosses a key bucket (runners/fast.py)
         window = [(3 * i + 2) % 90 for i in range(16)]
-        cache = runner.new_cache()
-        runner.forward(cache, prefix)
-        for at in (0, 3, 9):  # the first and later slots of the window (9: past the bucket boundary)
-            alone_cache = runner.new_cache()  # AR's path: the prompt in one call, then one token per call
-            runner.forward(alone_cache, prefix)
-            for token in window[:at]:
-                runner.forward(alone_cache, [token])
-            exits: list = []
-            alone = runner.forward(alone_cache, window[at: at + 1], engine.info.num_layers // 2, exits.append)
-            assert alone.shape[0] == 1 and exits[0].shape[0] == 1                   # the dummy rows never leave
-            assert runner.cache_len(alone_cache) == len(prefix) + at + 1            # nor stay in the cache
-            for rows_in_call in range(at + 1, 17):
-                logits = runner.forward(cache, window[:rows_in_call])
-                runner.truncate(cache, len(prefix))
-                assert torch.equal(logits[at], alone[0]), (arch, at, rows_in_call)
+        with pinned((), 1):  # the target lane's threads: the plan holds for the kernels it was measured with
+            _check_positions(runner, engine.info.num_layers, prefix, window, arch)
+
+
+def _check_positions(runner, num_layers, prefix, window, arch):
+    """Each slot of the window: its logits alone (AR's path) equal its logits in every longer window, bitwise."""
+    cache = runner.new_cache()
+    runner.forward(cache, prefix)
+    for at in (0, 3, 9):  # the first and later slots of the window (9: past the bucket boundary)
+        alone_cache = runner.new_cache()  # AR's path: the prompt in one call, then one token per call
+        runner.forward(alone_cache, prefix)
+        for token in window[:at]:
+            runner.forward(alone_cache, [token])
+        exits: list = []
+        alone = runner.forward(alone_cache, window[at: at + 1], num_layers // 2, exits.append)
+        assert alone.shape[0] == 1 and exits[0].shape[0] == 1                   # padded rows never leave
+        assert runner.cache_len(alone_cache) == len(prefix) + at + 1            # nor stay in the cache
+        for rows_in_call in range(at + 1, 17):
+            logits = runner.forward(cache, window[:rows_in_call])
+            runner.truncate(cache, len(prefix))
+            assert torch.equal(logits[at], alone[0]), (arch, at, rows_in_call)

@@ -100,14 +100,15 @@ def target_line(run: DecoderRun) -> str:
     settings = run.start.settings if run.start else None
     if settings is None:
         return ""
-    if settings.target_row_invariant is None:
-        how = "not checked for call-shape rounding (this runner has no row-exact mode)"
-    elif settings.target_min_rows > 1:
-        how = ("row-exact: on this machine a position's logits differed between one-token and window calls, so "
-               f"one-token steps run as {settings.target_min_rows} rows and attention uses fixed key buckets; "
-               + ("bit-identical now" if settings.target_row_invariant else "still NOT bit-identical"))
+    rows = settings.target_rows
+    if rows is None or not rows.checked:
+        how = "not checked for call-shape rounding: outputs may differ from AR at near-ties"
+    elif rows.plan is not None and rows.invariant:
+        how = (f"one function by measured call shapes: on this machine a position's logits differed between "
+               f"one-token and window calls ({rows.differing:,} logits over 16 window sizes), so the target runs "
+               f"{rows.plan.label}; bit-identical now")
     else:
-        how = "a position's logits are bit-identical in one-token and window calls on this machine, as they are"
+        how = rows.describe
     spread = settings.lanes.target_devices
     ran = (f"Ran: target {settings.target} on {'+'.join(spread) if spread else settings.lanes.target_device}"
            + (f", draft {settings.draft} on {settings.lanes.draft_device} ({settings.lanes.kind} lane)"

@@ -9,8 +9,13 @@ cannot split a model like that: it runs the whole model in the dtype it was load
 
 The target lane does one kind of work in a speculative run, a window of γ + 1 rows, and it must stay one
 function (every decoder emits what AR emits), so it gets one dtype: the one whose window is fastest, after
-runners.check_rows has made that dtype's logits independent of the call's shape. The draft lane's numerics never
-change the output, so it gets a dtype per shape: one for one-sequence forwards (a step), one for branch batches.
+runners/rows.py (check_rows) has made that dtype's logits independent of the call's shape. The row plan found for
+each dtype is cached with its timings and checked again at every load. The draft lane's numerics never change the
+output, so it gets a dtype per shape: one for one-sequence forwards (a step), one for branch batches.
+
+Before anything is timed, a dtype whose matmul is far slower than the loaded one's on this device (bfloat16 on a
+CPU without bf16 units: about 40x here) is screened out by one timed product of the model's widest layer, so no
+load spends seconds timing and checking a dtype that cannot win.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import torch
 from .. import devices
 from ..config import SpecConfig
 from ..machine import cache_dir, cpu_flags, cpu_model
-from . import RowCheck, check_rows
+from .rows import RowCheck, check_rows, probe_ids
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PREFIX = 96                                              # tokens in the cache before each timed forward
@@ -34,7 +39,8 @@ WINDOW = SpecConfig.gamma + 1                            # the target's window a
 BRANCH_ROWS = SpecConfig.kappa * (SpecConfig.gamma + 1)  # the draft's branch batch at the default κ, γ
 MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 15, 1.5            # timed rounds per dtype: at least 3, then until the budget
 MARGIN = 0.05  # a lower precision than the loaded one is chosen only when it is this much faster (else: timing noise)
-CACHE_VERSION = 2
+SCREEN = 2.0   # a dtype whose widest matmul takes this many times the loaded dtype's is not timed further
+CACHE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,12 @@ class Calibration:
     note: str = ""               # why this choice, in a few words
     cached: bool = False         # the table came from the cache folder (no forward was timed at this load)
     seconds: float = 0.0         # wall time spent timing at this load
+    screened: tuple[str, ...] = ()  # dtypes dropped before timing: their widest matmul was SCREEN times slower
+    exact: tuple[tuple[str, RowCheck], ...] = ()  # the target: each timed dtype's call-shape check and row plan
+
+    def timed(self, names: list[str]) -> list[str]:
+        """The names that were timed (the screen dropped the others)."""
+        return [n for n in names if n not in self.screened]
 
     def ms(self, dtype: str, shape: str) -> float | None:
         return next((t.ms for t in self.table if t.dtype == dtype and t.shape == shape), None)
@@ -78,6 +90,8 @@ class Calibration:
     def from_json(cls, text: str) -> Calibration:
         d = json.loads(text)
         d["table"] = tuple(Timing(**t) for t in d.get("table", ()))
+        d["screened"] = tuple(d.get("screened", ()))
+        d["exact"] = tuple((name, RowCheck.from_dict(check)) for name, check in d.get("exact", ()))
         return cls(**d)
 
 
@@ -95,26 +109,31 @@ def candidates(runner) -> list[str]:
 
 
 def calibrate_target(runner, vocab_size: int, requested: str, config) -> tuple[Calibration, RowCheck]:
-    """Choose the target's dtype (the fastest window of γ + 1, each dtype made row-exact first if it needs it),
+    """Choose the target's dtype (the fastest window of γ + 1, each dtype made one function first by its row plan),
     set it on the runner, and return the calibration and the call-shape check at that dtype."""
     if not hasattr(runner, "set_dtypes"):
         return _generic(runner, "target", requested), check_rows(runner, vocab_size)
     names = candidates(runner) if requested == "auto" else [requested]
+    prefix, ids = _probe(runner, WINDOW)
+    shapes = {"step": lambda c: runner.forward(c, ids[:1]), "window": lambda c: runner.forward(c, ids)}
+    cal = _cached(runner, "target", names, list(shapes), config)
+    known = dict(cal.exact) if cal is not None else {}
     checks: dict[str, RowCheck] = {}
 
     def prepare(name: str) -> None:
         runner.set_dtypes(DTYPES[name])
         if name not in checks:
-            runner.row_exact = False
-            checks[name] = check_rows(runner, vocab_size)
-        runner.row_exact = checks[name].row_exact
+            checks[name] = check_rows(runner, vocab_size, known.get(name))
+        runner.row_plan = checks[name].plan
 
-    shapes = {"step": lambda c: runner.forward(c, [5]), "window": lambda c: runner.forward(c, list(range(5, 5 + WINDOW)))}
-    cal = _calibrate(runner, "target", requested, names, shapes, prepare, config)
-    choice = _fastest(cal, names, "window") if requested == "auto" else requested
-    cal = replace(cal, sequence=choice, rows=choice,
-                  note="forced by --dtype" if requested != "auto" else f"fastest window of {WINDOW} tokens")
+    if cal is None:
+        cal = _time(runner, "target", requested, names, WINDOW, shapes, prepare, prefix)
+    choice = _fastest(cal, cal.timed(names), "window") if requested == "auto" else requested
     prepare(choice)
+    cal = replace(cal, requested=requested, sequence=choice, rows=choice, exact=tuple({**known, **checks}.items()),
+                  note="forced by --dtype" if requested != "auto" else f"fastest window of {WINDOW} tokens")
+    if not cal.cached or checks[choice].source == "measured":  # new timings, or a cached plan that failed its check
+        _write(_cache_path(runner, "target", names, list(shapes), config), cal)
     runner.drop_unused_dtypes()
     return cal, checks[choice]
 
@@ -125,23 +144,60 @@ def calibrate_draft(runner, requested: str, config) -> Calibration:
         return _generic(runner, "draft", requested)
     names = candidates(runner) if requested == "auto" else [requested]
     width = 1 + runner.num_streams  # an SS draft feeds its token and its lookahead together
+    prefix, ids = _probe(runner, width + WINDOW)
 
     def rows(c):  # one branch rollout: κ(γ + 1) rows, γ tokens deep
-        ids = torch.full((BRANCH_ROWS, width), 7, dtype=torch.long)                         # [R, 1 + n]
-        branches = runner.fork(c, [PREFIX - r % 4 for r in range(BRANCH_ROWS)])
+        tokens = torch.full((BRANCH_ROWS, width), ids[-1], dtype=torch.long)               # [R, 1 + n]
+        branches = runner.fork(c, [max(1, len(prefix) - r % 4) for r in range(BRANCH_ROWS)])
         for _ in range(WINDOW - 1):
-            runner.forward_rows(branches, ids)
+            runner.forward_rows(branches, tokens)
 
-    shapes = {"step": lambda c: runner.forward(c, list(range(5, 5 + width))), "rows": rows}
-    cal = _calibrate(runner, "draft", requested, names, shapes, lambda n: runner.set_dtypes(DTYPES[n]), config)
+    shapes = {"step": lambda c: runner.forward(c, ids[:width]), "rows": rows}
+    cal = _cached(runner, "draft", names, list(shapes), config)
+    if cal is None:
+        cal = _time(runner, "draft", requested, names, BRANCH_ROWS, shapes, lambda n: runner.set_dtypes(DTYPES[n]),
+                    prefix)
+        _write(_cache_path(runner, "draft", names, list(shapes), config), cal)
     if requested == "auto":
-        best = {s: _fastest(cal, names, s) for s in shapes}
+        best = {s: _fastest(cal, cal.timed(names), s) for s in shapes}
         cal = replace(cal, sequence=best["step"], rows=best["rows"], note="fastest step and fastest branch rollout")
     else:
         cal = replace(cal, sequence=requested, rows=requested, note="forced by --dtype")
     runner.set_dtypes(DTYPES[cal.sequence], DTYPES[cal.rows])
     runner.drop_unused_dtypes()
-    return cal
+    return replace(cal, requested=requested)
+
+
+def _probe(runner, new: int) -> tuple[list[int], list[int]]:
+    """A cached prefix (PREFIX tokens, fewer where the context is short) and `new` token ids after it, all inside
+    the model's vocabulary and context."""
+    context = getattr(runner, "max_positions", None) or PREFIX + 2 * new
+    length = max(1, min(PREFIX, context - 2 * new))
+    return probe_ids(runner.vocab_size, length, 7, 3), probe_ids(runner.vocab_size, new, 1, 5)
+
+
+def _screen(runner, names: list[str], rows: int) -> list[str]:
+    """The dtypes worth timing: the loaded one, and each other whose product of `rows` rows with the model's widest
+    linear map takes less than SCREEN times the loaded dtype's (median of 3, after a warm-up)."""
+    if len(names) == 1:
+        return names
+    w = runner.layers[0].w_gate_up                                                        # [H, 2·I]
+    x = torch.randn(rows, w.shape[0], generator=torch.Generator().manual_seed(0)).to(w.device)
+
+    def ms(name: str) -> float:
+        wd, xd = w.to(DTYPES[name]), x.to(DTYPES[name])
+        samples = []
+        for r in range(4):
+            devices.synchronize(runner.device)
+            t0 = time.perf_counter()
+            xd @ wd
+            devices.synchronize(runner.device)
+            if r:
+                samples.append(time.perf_counter() - t0)
+        return statistics.median(samples)
+
+    base = ms(names[0])
+    return [names[0]] + [n for n in names[1:] if ms(n) < SCREEN * base]
 
 
 def _fastest(cal: Calibration, names: list[str], shape: str) -> str:
@@ -159,16 +215,19 @@ def _generic(runner, lane: str, requested: str) -> Calibration:
                        note="forced by --dtype" if requested != "auto" else "generic runner: the loaded dtype, not timed")
 
 
-def _calibrate(runner, lane: str, requested: str, names: list[str], shapes: dict, prepare, config) -> Calibration:
-    """The timing table for names × shapes, from the cache when this machine has timed this model shape before."""
-    key = _cache_key(runner, lane, names, list(shapes), config)
-    path = os.path.join(cache_dir("calibration"), key + ".json")
-    cached = _read(path, lane, names, list(shapes))
-    if cached is not None:
-        return replace(cached, requested=requested)
+def _cached(runner, lane: str, names: list[str], shapes: list[str], config) -> Calibration | None:
+    """The timing table this machine measured for this model shape before, if the cache folder has it."""
+    return _read(_cache_path(runner, lane, names, shapes, config), lane, names, shapes)
+
+
+def _time(runner, lane: str, requested: str, candidates: list[str], rows: int, shapes: dict, prepare,
+          prefix: list[int]) -> Calibration:
+    """Screen the candidates (_screen, with `rows` rows), then time the rest × shapes on this runner: rounds of
+    every (dtype, shape), at least MIN_ROUNDS, then until the budget; each forward after the same cached prefix."""
     t0 = time.perf_counter()
+    names = _screen(runner, candidates, rows)
     cache = runner.new_cache()
-    runner.forward(cache, [(7 * i + 3) % runner.vocab_size for i in range(PREFIX)])
+    runner.forward(cache, prefix)
     samples: dict[tuple[str, str], list[float]] = {(n, s): [] for n in names for s in shapes}
     for rnd in range(MAX_ROUNDS + 1):  # round 0 warms every kernel up and is not kept
         for name in names:
@@ -180,13 +239,16 @@ def _calibrate(runner, lane: str, requested: str, names: list[str], shapes: dict
                 devices.synchronize(runner.device)
                 if rnd:
                     samples[name, shape].append(time.perf_counter() - start)
-                runner.truncate(cache, PREFIX)
+                runner.truncate(cache, len(prefix))
         if rnd >= MIN_ROUNDS and time.perf_counter() - t0 > BUDGET_S:
             break
     table = tuple(Timing(n, s, round(1e3 * statistics.median(v), 3)) for (n, s), v in samples.items())
-    cal = Calibration(lane, requested, names[0], names[0], table, seconds=round(time.perf_counter() - t0, 2))
-    _write(path, cal)
-    return cal
+    return Calibration(lane, requested, names[0], names[0], table, seconds=round(time.perf_counter() - t0, 2),
+                       screened=tuple(n for n in candidates if n not in names))
+
+
+def _cache_path(runner, lane: str, names: list[str], shapes: list[str], config) -> str:
+    return os.path.join(cache_dir("calibration"), _cache_key(runner, lane, names, shapes, config) + ".json")
 
 
 def _cache_key(runner, lane: str, names: list[str], shapes: list[str], config) -> str:
@@ -207,7 +269,7 @@ def _read(path: str, lane: str, names: list[str], shapes: list[str]) -> Calibrat
             cal = Calibration.from_json(f.read())
     except (OSError, ValueError, TypeError, KeyError):
         return None
-    if cal.lane != lane or any(cal.ms(n, s) is None for n in names for s in shapes):
+    if cal.lane != lane or any(cal.ms(n, s) is None for n in cal.timed(names) for s in shapes):
         return None
     return replace(cal, cached=True, seconds=0.0)
 

@@ -14,17 +14,11 @@ import torch.nn.functional as F
 
 from ..ops import apply_rope, attend, attend_blocks, rms_norm, rope_tables
 from .protocol import ExitCallback
+from .rows import EXACT_ROWS, RowBand, RowOp, RowPlan, pad_rows
 
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
-
-EXACT_ROWS = 17  # calls of up to γ + 1 rows (config.MAX_GAMMA = 16) use row-exact attention in row-exact mode
-KEY_BUCKET = 64  # row-exact attention reduces over key axes of a multiple of this length
-
-
-def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x @ w in the weights' dtype, the product back in x's dtype (a no-op cast when they agree)."""
-    return x @ w if x.dtype == w.dtype else (x.to(w.dtype) @ w).to(x.dtype)
+KEY_BUCKET = 64  # with a row plan, attention reduces over key axes of a multiple of this length
 
 
 @dataclass
@@ -97,12 +91,7 @@ class FastLlamaRunner:
         self.inv_freq = rotary.inv_freq.to(self.device, torch.float32)                 # [D/2]
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self.capacity = capacity
-        # Row-exact mode (set by runners.check_rows for a target whose logits otherwise depend on how many rows
-        # share a call): every forward computes at least min_rows rows (dummy rows after the real ones, dropped:
-        # CPU matmuls take a matrix-vector kernel for one row, which rounds differently), and in calls of up to
-        # EXACT_ROWS rows each row attends over a key axis that depends only on its own position (_key_buckets:
-        # a key axis of another length blocks the softmax-weighted sum of values differently, and so rounds it).
-        self.row_exact = False
+        self.max_positions = getattr(cfg, "max_position_embeddings", None)
         self.exit_head = None  # an exit_head.ExitHead: the layer-ℓ_e readout instead of the final norm and LM head
         with torch.no_grad():
             self.embed = model.model.embed_tokens.weight.detach()                          # [V, H]
@@ -124,6 +113,12 @@ class FastLlamaRunner:
                       m.down_proj.weight.detach().t().contiguous())
 
     # -- matmul dtypes (chosen per lane and per shape by runners/calibrate.py) --------------
+    # A row plan (runners/rows.py, set by check_rows for a target whose logits otherwise depend on how many rows
+    # share a call): in calls of up to EXACT_ROWS rows every matmul runs in its measured row band (chunked, zero
+    # rows padded) and each row attends over a key axis that depends only on its own position (_key_buckets: a key
+    # axis of another length blocks the softmax-weighted sum of values differently, and so rounds it).
+    row_plan: RowPlan | None = None
+
     def _keep_layers(self, layers: list[_Layer]) -> None:
         """The layers as loaded; set_dtypes may add copies whose linear-map weights are in another dtype."""
         self._layers_by_dtype = {self.dtype: layers}
@@ -162,20 +157,45 @@ class FastLlamaRunner:
     def devices(self) -> tuple[torch.device, ...]:
         return (self.device,)
 
-    @property
-    def min_rows(self) -> int:
-        """Rows every forward computes (dummy rows after the real ones): 2 in row-exact mode, else 1."""
-        return 2 if self.row_exact else 1
-
     # -- building blocks (the maths is mirror_core/ops.py; these bind this model's weights) ----
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [..., T, D] at positions [..., T], in this model's frequencies, scaling and dtype."""
         return rope_tables(positions, self.inv_freq, self.rope_scale, self.dtype)
 
-    def _qkv(self, layer: _Layer, x: torch.Tensor, cos, sin):
+    def _kernel(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x [..., K] @ w [K, N] in the weights' dtype, the product back in x's dtype (a no-op cast when they agree).
+        The one place a linear map's kernel runs (a test runner overrides it to round like another CPU)."""
+        return x @ w if x.dtype == w.dtype else (x.to(w.dtype) @ w).to(x.dtype)
+
+    def _matmul(self, x: torch.Tensor, w: torch.Tensor, band: RowBand | None = None) -> torch.Tensor:
+        """x [..., K] @ w, with a row band: the rows (all leading axes) in the band's chunks, each padded with zero
+        rows to the band's floor, so every row's product comes from the same kernel in any call."""
+        if band is None:
+            return self._kernel(x, w)
+        rows = x.reshape(-1, x.shape[-1])                                                 # [M, K]
+        parts = [self._kernel(pad_rows(rows[a:b], n), w)[: b - a] for a, b, n in band.spans(rows.shape[0])]
+        return torch.cat(parts).view(*x.shape[:-1], w.shape[1])                           # [..., N]
+
+    def _attend(self, q, keys, values, may_attend) -> torch.Tensor:
+        """ops.attend with this model's scale (the one place sequence attention runs; a test runner overrides it)."""
+        return attend(q, keys, values, may_attend, self.scale)
+
+    def _attend_rows(self, q, keys, values, may_attend, band: RowBand | None) -> torch.Tensor:
+        """q [1, Hq, L, D] over one key axis in the band's chunks of query rows (padded rows attend like the last
+        real one and are dropped) → [1, L, Hq·D]."""
+        if band is None:
+            return self._attend(q, keys, values, may_attend)
+        parts = []
+        for a, b, n in band.spans(q.shape[2]):
+            ok = may_attend[:, a:b]
+            ok = torch.cat([ok, ok[:, -1:].expand(-1, n - (b - a), -1)], 1) if n > b - a else ok  # [1, n, S]
+            parts.append(self._attend(pad_rows(q[:, :, a:b], n, dim=2), keys, values, ok)[:, : b - a])
+        return torch.cat(parts, 1)
+
+    def _qkv(self, layer: _Layer, x: torch.Tensor, cos, sin, plan: RowPlan | None = None):
         """x [B, T, H] → q [B, Hq, T, D], k and v [B, Hkv, T, D] with RoPE applied."""
         b, t, _ = x.shape
-        qkv = _mm(rms_norm(x, layer.ln1, self.eps), layer.w_qkv)                          # [B, T, (Hq+2Hkv)·D]
+        qkv = self._matmul(rms_norm(x, layer.ln1, self.eps), layer.w_qkv, plan and plan.band("qkv"))  # [B, T, (Hq+2Hkv)·D]
         if layer.b_qkv is not None:
             qkv = qkv + layer.b_qkv
         d = self.head_dim
@@ -188,18 +208,44 @@ class FastLlamaRunner:
         k = apply_rope(k.transpose(1, 2), cos, sin)                                       # [B, Hkv, T, D]
         return q, k, v.view(b, t, self.h_kv, d).transpose(1, 2)
 
-    def _mlp_residual(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        x = x + _mm(attn, layer.w_o)                                                      # [B, T, H]
-        gate, up = _mm(rms_norm(x, layer.ln2, self.eps), layer.w_gate_up).chunk(2, -1)   # [B, T, I] each
-        return x + _mm(F.silu(gate) * up, layer.w_down)
+    def _mlp_residual(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor, plan: RowPlan | None = None):
+        band = (lambda op: plan.band(op)) if plan is not None else (lambda op: None)  # noqa: E731
+        x = x + self._matmul(attn, layer.w_o, band("o"))                                  # [B, T, H]
+        gate, up = self._matmul(rms_norm(x, layer.ln2, self.eps), layer.w_gate_up, band("gate_up")).chunk(2, -1)
+        return x + self._matmul(F.silu(gate) * up, layer.w_down, band("down"))            # [B, T, H]
 
-    def _head(self, x: torch.Tensor) -> torch.Tensor:
-        return (rms_norm(x, self.norm, self.eps) @ self.lm_head).float()                 # [..., V]
+    def _head(self, x: torch.Tensor, plan: RowPlan | None = None) -> torch.Tensor:
+        return self._matmul(rms_norm(x, self.norm, self.eps), self.lm_head, plan and plan.band("head")).float()  # [..., V]
 
-    def _exit_readout(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+    def _exit_readout(self, x: torch.Tensor, layer: int, plan: RowPlan | None = None) -> torch.Tensor:
         """The layer-ℓ_e readout: the trained exit head when it was trained for this layer, else the logit lens."""
         head = self.exit_head
-        return head.readout(x) if head is not None and head.layer == layer else self._head(x)  # [..., V]
+        return head.readout(x) if head is not None and head.layer == layer else self._head(x, plan)  # [..., V]
+
+    # -- the row-shape-dependent operations, bound to this model's weights (runners/rows.py measures them) ------
+    def row_ops(self) -> list[RowOp]:
+        """Each linear map (at the current matmul dtype), the LM head, and attention over every key-axis length a
+        row plan uses (multiples of KEY_BUCKET up to the context) as operations on rows."""
+        layer = self.layers[0]  # every layer has these shapes; a kernel is chosen by shape, not by values
+        ops = [RowOp(name, w.shape[0], lambda x, band, w=w: self._matmul(x, w, band))
+               for name, w in (("qkv", layer.w_qkv), ("o", layer.w_o), ("gate_up", layer.w_gate_up),
+                               ("down", layer.w_down), ("head", self.lm_head))]
+        gen = torch.Generator().manual_seed(2)
+        lengths, n = [], KEY_BUCKET
+        while n < 2 * (self.max_positions or 4096) and len(lengths) < 9:  # the bucket above the context too
+            lengths.append(n)
+            n *= 2
+        kv = [tuple(torch.randn(1, self.h_kv, s, self.head_dim, generator=gen).to(self.device, self.dtype)
+                    for _ in range(2)) for s in lengths or [KEY_BUCKET]]                  # keys, values [1, Hkv, S, D]
+
+        def attention(x: torch.Tensor, band: RowBand | None) -> torch.Tensor:  # query rows [M, Hq·D] → [M, n·Hq·D]
+            m = x.shape[0]
+            q = x.to(self.dtype).view(1, m, self.h_q, self.head_dim).transpose(1, 2)      # [1, Hq, M, D]
+            outs = [self._attend_rows(q, k, v, torch.ones(1, m, k.shape[2], dtype=torch.bool, device=self.device),
+                                      band)[0] for k, v in kv]
+            return torch.cat(outs, -1)
+
+        return ops + [RowOp("attention", self.h_q * self.head_dim, attention)]
 
     # -- sequences -------------------------------------------------------------------------
     def new_cache(self) -> FastCache:
@@ -219,47 +265,35 @@ class FastLlamaRunner:
     @torch.inference_mode()
     def forward(self, cache: FastCache, ids: list[int], exit_layer: int | None = None,
                 on_exit: ExitCallback | None = None) -> torch.Tensor:
-        t = len(ids)
-        if t >= self.min_rows:
-            return self._forward(cache, ids, exit_layer, on_exit)
-        # Too few rows: the same call with dummy rows after the real ones (the causal mask keeps them out of the
-        # real rows); their cache entries lie past the new length, where the next call overwrites them.
-        pad = self.min_rows - t
-        exit_rows = None if on_exit is None else (lambda logits: on_exit(logits[:t]))
-        logits = self._forward(cache, ids + [ids[-1]] * pad, exit_layer, exit_rows, real_rows=t)
-        cache.length -= pad
-        return logits[:t]                                                                 # [T, V]
-
-    def _forward(self, cache: FastCache, ids: list[int], exit_layer: int | None, on_exit: ExitCallback | None,
-                 real_rows: int | None = None) -> torch.Tensor:
         t, start = len(ids), cache.length
-        real = t if real_rows is None else real_rows  # rows after these are dummies: no attention of their own
         end = start + t
         self._reserve(cache, end)
         x = self.embed[torch.tensor(ids, device=self.device)].unsqueeze(0)               # [1, T, H]
         cos, sin = self._rope(torch.arange(start, end, device=self.device))               # [T, D]
-        groups = self._key_buckets(cache, start, real) if self.row_exact and t <= EXACT_ROWS else None
+        plan = self.row_plan if t <= EXACT_ROWS else None  # longer calls (prefills) are the same in every decoder
+        groups = None if plan is None else self._key_buckets(cache, start, t)
+        band = None if plan is None else plan.band("attention")
         mask = None
         if t > 1 and groups is None:  # causal among the new tokens; the cached prefix is visible to all
             mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(start).unsqueeze(0)  # [1, T, S]
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
+            q, k, v = self._qkv(layer, x, cos, sin, plan)
             cache.k[i, :, start:end] = k[0]
             cache.v[i, :, start:end] = v[0]
             if groups is not None:  # each row over its bucket's keys, masked to its own: the same call shape as alone
-                parts = [attend(q[:, :, lo:hi], cache.k[i, :, :keys].unsqueeze(0), cache.v[i, :, :keys].unsqueeze(0),
-                                ok, self.scale) for lo, hi, keys, ok in groups]
-                attn = torch.cat(parts + [parts[0].new_zeros(1, t - real, parts[0].shape[-1])], 1)  # [1, T, Hq·D]
+                attn = torch.cat([self._attend_rows(q[:, :, lo:hi], cache.k[i, :, :keys].unsqueeze(0),
+                                                    cache.v[i, :, :keys].unsqueeze(0), ok, band)
+                                  for lo, hi, keys, ok in groups], 1)                     # [1, T, Hq·D]
             else:
-                attn = attend(q, cache.k[i, :, :end].unsqueeze(0), cache.v[i, :, :end].unsqueeze(0), mask, self.scale)
-            x = self._mlp_residual(layer, x, attn)
+                attn = self._attend(q, cache.k[i, :, :end].unsqueeze(0), cache.v[i, :, :end].unsqueeze(0), mask)
+            x = self._mlp_residual(layer, x, attn, plan)
             if on_exit is not None and i + 1 == exit_layer:
-                on_exit(self._exit_readout(x, exit_layer)[0])                             # [T, V]
+                on_exit(self._exit_readout(x, exit_layer, plan)[0])                       # [T, V]
         cache.length = end
-        return self._head(x)[0]                                                           # [T, V]
+        return self._head(x, plan)[0]                                                     # [T, V]
 
     def _key_buckets(self, cache: FastCache, start: int, rows: int) -> list[tuple[int, int, int, torch.Tensor]]:
-        """Row-exact attention: rows grouped by their key bucket (own length rounded up to KEY_BUCKET), each group
+        """Attention under a row plan: rows grouped by their key bucket (own length rounded up to KEY_BUCKET), each group
         as (first row, end row, keys, may-attend [1, rows, keys]). A row then reduces over the same key axis
         whether it is alone (AR) or in a window, so its rounding cannot depend on the call. Entries past a row's
         length are masked (probability exactly 0); the cache is zero-initialised so 0 × value stays 0."""

@@ -58,6 +58,8 @@ class HFRunner:
         self.num_layers = len(self.layers)
         self.num_streams = 0  # plain next-token model: one token per forward
         self.vocab_size = int(vocab_size or model.config.vocab_size)
+        limits = [getattr(model.config, n, None) for n in ("max_position_embeddings", "n_positions")]
+        self.max_positions = next((v for v in limits if isinstance(v, int) and v > 0), None)  # probes stay inside
         self.exit_head = None  # an exit_head.ExitHead: the layer-ℓ_e readout instead of the logit lens
         self.device = next(model.parameters()).device
         # a model spread over devices by an accelerate device map: each synchronised after a forward

@@ -1,0 +1,257 @@
+"""One target function on every machine: make a position's logits independent of how many rows share the call.
+
+Lossless decoding needs the target to compute the same logits for a position whether AR feeds it alone (a
+one-row call) or SD and Mirror-SD feed it inside a window of γ + 1 rows. Floating point does not promise that:
+a CPU's matmul library picks its kernel by the number of rows M, and kernels round differently. Where it
+switches is a property of the CPU, the library, the dtype, the threads and the matrix's shape (measured here:
+M = 2 on an Intel Xeon with AMX, M = 4 on AMD EPYCs with AVX2 and with AVX-512, for every linear map of two
+models; docs/BENCHMARKS.md), so no constant is right everywhere. This module measures it where the target runs.
+
+The mechanism, per operation whose kernel depends on the row count (each linear map, the LM head, attention):
+a **row band** [lo, hi] of call sizes inside which the operation's kernel gives every row the same result
+whatever the call's size and the row's place in it. A call of M rows is then computed as chunks of at most hi
+rows, each padded with zero rows to at least lo (`RowBand.spans`). Rows never interact in these operations, so
+the padding and the chunking change no real row's value; the band only fixes which kernel computes it.
+A band always exists: [1, 1] (every row alone, exactly AR's call) is exact by construction.
+
+How a band is found (`search_plan`): the operation is run on P identical rows for every P = 1..EXACT_ROWS; the
+sizes whose rows all equal each other form runs of consecutive P with one value, and every maximal run [a, b]
+is an exact band (b = EXACT_ROWS: no upper bound). Of these, the one with the cheapest AR step plus window
+(1 row + γ + 1 rows at the default γ, timed with the operation's real weights and the lane's threads) is
+taken. The whole forward is then checked end to end (`check_rows`: 17 positions one at a time against windows of
+2..17 rows, bitwise) and, only if that fails, every band falls back to [1, 1]. Where even that is not exact,
+the run says so: "not bit-exact on this CPU" (`RowCheck.describe`), never a silent pass.
+
+Attention has a second call-shape dependence, the key axis: a longer axis blocks the weighted sum of values
+differently. A runner with a plan reduces each row over a key axis fixed by its own position
+(runners/fast.py, `_key_buckets`); its band is in query rows.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .. import devices
+from ..config import SpecConfig
+
+EXACT_ROWS = 17                  # calls of up to γ + 1 rows (config.MAX_GAMMA = 16) are made exact; longer ones
+                                 # (prefills) are the same call in every decoder and run as they are
+WINDOW = SpecConfig.gamma + 1    # the window the band choice is timed on (with one AR step)
+TIMING_ROUNDS = 5
+NOT_EXACT = "not bit-exact on this CPU: outputs may differ from AR at near-ties"
+
+
+@dataclass(frozen=True)
+class RowBand:
+    """Call sizes an operation's kernel treats alike: every call computes at least lo rows (zero rows after the
+    real ones) and at most hi (a longer call is split into chunks of hi); hi None: no upper bound."""
+
+    lo: int = 1
+    hi: int | None = None
+
+    def spans(self, m: int) -> list[tuple[int, int, int]]:
+        """The chunks of a call of m rows: (first row, end row, rows computed ≥ end − first)."""
+        step = m if self.hi is None else self.hi
+        return [(a, min(a + step, m), max(min(a + step, m) - a, self.lo)) for a in range(0, m, step)]
+
+    @property
+    def plain(self) -> bool:
+        return self.lo == 1 and self.hi is None
+
+    @property
+    def label(self) -> str:
+        if self.hi is None:
+            return "any rows" if self.lo == 1 else f"≥ {self.lo} rows"
+        return f"{self.lo} row" if self.lo == self.hi == 1 else f"{self.lo}–{self.hi} rows"
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """The band of every row-shape-dependent operation of one runner (and, being a plan at all, fixed key axes)."""
+
+    bands: tuple[tuple[str, RowBand], ...]
+
+    def band(self, op: str) -> RowBand | None:
+        """The op's band, or None where it runs as one plain call."""
+        found = next((b for name, b in self.bands if name == op), None)
+        return None if found is None or found.plain else found
+
+    @property
+    def label(self) -> str:
+        """'every matmul in calls of 1–3 rows; …', or each operation's band where they differ."""
+        labels = {b.label for _, b in self.bands}
+        if len(labels) == 1:
+            return f"every matmul in calls of {labels.pop()}; attention over key axes fixed per position"
+        return ", ".join(f"{name} {b.label}" for name, b in self.bands if name != "attention") + (
+            f"; attention in calls of {self.band('attention').label if self.band('attention') else 'any rows'}"
+            " (query rows) over key axes fixed per position")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RowPlan:
+        return cls(tuple((name, RowBand(**band)) for name, band in d["bands"]))
+
+
+@dataclass(frozen=True)
+class RowOp:
+    """One operation whose kernel may depend on the row count, bound to its real weights by its runner."""
+
+    name: str
+    width: int                                              # K: features per input row
+    run: Callable[[torch.Tensor, RowBand | None], torch.Tensor]  # rows [M, K] → [M, N], called as the band says
+
+
+@dataclass(frozen=True)
+class RowCheck:
+    """Whether the target computes each position's logits bit for bit the same one token at a time (AR) and inside
+    windows of 2..17 rows (SD, Mirror-SD), measured when the pair was loaded, and what made it so."""
+
+    plan: RowPlan | None   # the row bands in use (None: every operation as it is, no fixed key axes)
+    invariant: bool        # with that plan, every window's logits equal the one-at-a-time logits, bitwise
+    differing: int         # logits (of the V per position) that differed without a plan, summed over window sizes
+    checked: bool = True   # False: nothing was measured (a runner that cannot run the probe)
+    source: str = ""       # "measured": at this load; "cached": from the calibration cache
+    seconds: float = 0.0   # wall time of the search and the checks at this load
+
+    @property
+    def describe(self) -> str:
+        """One line for every place the run is described (CLI, numbers panel, bench)."""
+        if not self.checked:
+            return "not checked for call-shape rounding: " + NOT_EXACT.split(": ", 1)[1]
+        if not self.invariant:
+            return NOT_EXACT + (f" (tried: {self.plan.label})" if self.plan else "")
+        if self.plan is None:
+            return "bit-exact as it is: a position's logits are the same in one-token and window calls here"
+        return f"bit-exact by measured call shapes: {self.plan.label}"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RowCheck:
+        plan = None if d.get("plan") is None else RowPlan.from_dict(d["plan"])
+        return cls(plan, bool(d["invariant"]), int(d["differing"]), bool(d.get("checked", True)),
+                   str(d.get("source", "")), float(d.get("seconds", 0.0)))
+
+
+UNCHECKED = RowCheck(None, False, 0, checked=False)
+
+
+# -- the search -------------------------------------------------------------------------------
+def exact_bands(op: RowOp, device: torch.device, max_rows: int = EXACT_ROWS) -> list[RowBand]:
+    """Every maximal band of sizes 1..max_rows in which P identical rows all get one and the same result."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, op.width, generator=gen).to(device)                               # two probe rows
+    values: list[torch.Tensor | None] = []
+    for p in range(1, max_rows + 1):
+        out = torch.cat([op.run(row.expand(p, -1).contiguous(), None) for row in x], -1)  # [P, 2N]
+        values.append(out[0] if bool((out == out[0]).all()) else None)
+    bands, a = [], 0
+    while a < max_rows:
+        if values[a] is None:
+            a += 1
+            continue
+        b = a
+        while b + 1 < max_rows and values[b + 1] is not None and torch.equal(values[b + 1], values[a]):
+            b += 1
+        bands.append(RowBand(a + 1, None if b + 1 == max_rows else b + 1))
+        a = b + 1
+    return bands
+
+
+def band_cost(op: RowOp, band: RowBand, device: torch.device, window: int = WINDOW) -> float:
+    """Median seconds of one AR row plus one window of `window` rows, called as the band says."""
+    x = torch.randn(window, op.width, generator=torch.Generator().manual_seed(1)).to(device)
+    samples = []
+    for r in range(TIMING_ROUNDS + 1):  # round 0 warms the kernels up
+        devices.synchronize(device)
+        t0 = time.perf_counter()
+        op.run(x[:1], band)
+        op.run(x, band)
+        devices.synchronize(device)
+        if r:
+            samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def search_plan(ops: list[RowOp], device: torch.device) -> RowPlan:
+    """Each operation's cheapest exact band (see the module's docstring)."""
+    chosen = []
+    for op in ops:
+        bands = exact_bands(op, device)
+        best = bands[0] if len(bands) == 1 else min(bands, key=lambda b: band_cost(op, b, device))
+        chosen.append((op.name, best))
+    return RowPlan(tuple(chosen))
+
+
+def row_by_row(ops: list[RowOp]) -> RowPlan:
+    """Every operation one row per call: AR's own call for every row of a window (exact by construction)."""
+    return RowPlan(tuple((op.name, RowBand(1, 1)) for op in ops))
+
+
+# -- the end-to-end check ---------------------------------------------------------------------
+def probe_ids(vocab_size: int, n: int, a: int, b: int) -> list[int]:
+    """n token ids inside the vocabulary (any fixed sequence: the check needs no meaning)."""
+    return [(a * i + b) % vocab_size for i in range(n)]
+
+
+@torch.inference_mode()
+def differing_logits(runner, vocab_size: int) -> int:
+    """Logits that differ between 17 positions computed one token at a time (AR's path) and the same positions
+    inside windows of 2..17 rows, summed over the window sizes; positions stay inside the model's context."""
+    context = getattr(runner, "max_positions", None) or 4096
+    rows = min(EXACT_ROWS, max(2, context // 2))
+    prefix = probe_ids(vocab_size, max(1, min(56, context - rows)), 7, 3)  # the window crosses a key bucket (64)
+    probe = probe_ids(vocab_size, rows, 11, 5)
+    cache = runner.new_cache()
+    runner.forward(cache, prefix)
+    one_at_a_time = torch.cat([runner.forward(cache, [token]) for token in probe])         # [rows, V], AR's path
+    runner.truncate(cache, len(prefix))
+    total = 0
+    for m in range(2, rows + 1):
+        total += int((runner.forward(cache, probe[:m]) != one_at_a_time[:m]).sum())
+        runner.truncate(cache, len(prefix))
+    return total
+
+
+def check_rows(runner, vocab_size: int, known: RowCheck | None = None) -> RowCheck:
+    """Make the target one function on this machine, with the calling thread's settings, and say how.
+
+    A runner that takes a plan (runners/fast.py: `row_plan`, `row_ops`) gets one: the known one (the calibration
+    cache's) if it still checks out, else none if the logits are already invariant, else the searched one, else
+    row by row. A runner without plans (HFRunner) is measured and reported as it is."""
+    t0 = time.perf_counter()
+    done = lambda check: replace(check, seconds=round(time.perf_counter() - t0, 2))  # noqa: E731
+    if not hasattr(runner, "row_plan"):
+        before = differing_logits(runner, vocab_size)
+        return done(RowCheck(None, before == 0, before, source="measured"))
+    if known is not None and known.checked and known.invariant:
+        runner.row_plan = known.plan
+        if differing_logits(runner, vocab_size) == 0:
+            return done(replace(known, source="cached"))
+    runner.row_plan = None
+    before = differing_logits(runner, vocab_size)
+    if before == 0:
+        return done(RowCheck(None, True, 0, source="measured"))
+    ops = runner.row_ops()
+    tried = []
+    for plan in (search_plan(ops, runner.device), row_by_row(ops)):
+        runner.row_plan = plan
+        after = differing_logits(runner, vocab_size)
+        if after == 0:
+            return done(RowCheck(plan, True, before, source="measured"))
+        tried.append((after, plan))
+    after, plan = min(tried, key=lambda t: t[0])  # nothing exact: keep the plan that differs least, and say so
+    runner.row_plan = plan
+    return done(RowCheck(plan, False, before, source="measured"))
+
+
+def pad_rows(x: torch.Tensor, rows: int, dim: int = 0) -> torch.Tensor:
+    """x with zero rows appended along dim up to `rows` (x itself when it has them)."""
+    extra = rows - x.shape[dim]
+    if extra <= 0:
+        return x
+    pad = [0, 0] * (x.dim() - 1 - dim % x.dim()) + [0, extra]
+    return F.pad(x, pad)
+

@@ -1,0 +1,101 @@
+"""What making the target one function costs here: the row plan the load chose, and AR with and without it.
+
+    PYTHONPATH=. python scripts/exactness_cost.py [--target T] [--prompts assets/chat_prompts.jsonl]
+        [--limit 6] [--max-new-tokens 64] [--rounds 3] [--dtype auto]
+
+Loads the target alone on the target lane (the CLI's automatic lane plan: its cores and threads), prints the CPU,
+the chosen dtype and the row plan (runners/rows.py) with the check's numbers, then runs `ar` on each prompt with
+the plan and with the target's plain calls (row_plan = None), alternating in every round so drift hits both
+alike, and prints the median tokens/s of each and their ratio. Also the runner's own step and window times
+(1 and γ + 1 rows after a cached prefix) both ways. Timings are the engine's spans (RunSummary), decoding only.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", default=None, help="default: the CLI's default target")
+    p.add_argument("--prompts", default=os.path.join(ROOT, "assets", "chat_prompts.jsonl"))
+    p.add_argument("--limit", type=int, default=6)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--dtype", default="auto")
+    args = p.parse_args(argv)
+
+    import torch
+
+    from mirror_core import MirrorEngine, Request
+    from mirror_core.bench.harness import load_prompts
+    from mirror_core.cli import resolve_pair
+    from mirror_core.lanes import auto_lanes
+    from mirror_core.machine import cpu_model
+    from mirror_core.runners.rows import WINDOW
+
+    ns = argparse.Namespace(target=args.target, draft=None)
+    resolve_pair(ns)
+    from dataclasses import replace
+
+    lanes = replace(auto_lanes(), dtype=args.dtype)
+    t0 = time.perf_counter()
+    with MirrorEngine.load(ns.target, None, lanes) as engine:
+        load_s = time.perf_counter() - t0
+        info, runner = engine.info, engine.target
+        rows = info.target_rows
+        print(f"cpu: {cpu_model()}; torch {torch.__version__}; target lane threads {lanes.target_threads}")
+        print(f"target: {ns.target} ({info.target_runner}), dtype {info.target_dtype.label} "
+              f"(screened out: {', '.join(info.target_dtype.screened) or 'none'}); load {load_s:.1f} s")
+        print(f"row check: {rows.describe}; differing without a plan: {rows.differing:,}; "
+              f"source {rows.source}, {rows.seconds:.1f} s")
+        plan = rows.plan
+        prompts = load_prompts(args.prompts, engine.tokenizer, args.limit)
+        tps: dict[str, list[float]] = {"plan": [], "plain": []}
+        engine.generate(Request(prompts[0].prompt_ids, "ar", 4))  # warm-up
+        for rnd in range(args.rounds):
+            order = ("plan", "plain") if rnd % 2 == 0 else ("plain", "plan")
+            for prompt in prompts:
+                for mode in order:
+                    runner.row_plan = plan if mode == "plan" else None
+                    end = engine.generate(Request(prompt.prompt_ids, "ar", args.max_new_tokens))
+                    tps[mode].append(end.summary.tokens_per_s)
+        runner.row_plan = plan
+        med = {m: statistics.median(v) for m, v in tps.items()}
+        print(f"ar tokens/s, median of {len(tps['plan'])} runs: with the plan {med['plan']:.1f}, "
+              f"plain {med['plain']:.1f}, ratio {med['plan'] / med['plain']:.3f}")
+
+        # the runner's own forwards, on the target lane's thread (the engine's calibration did the same)
+        def forward_ms(mode: str, n: int) -> float:
+            def job():
+                runner.row_plan = plan if mode == "plan" else None
+                cache = runner.new_cache()
+                runner.forward(cache, list(prompts[0].prompt_ids))
+                start = runner.cache_len(cache)
+                samples = []
+                for r in range(12):
+                    t = time.perf_counter()
+                    runner.forward(cache, [(7 * i + 3) % info.vocab_size for i in range(n)])
+                    if r >= 2:
+                        samples.append(time.perf_counter() - t)
+                    runner.truncate(cache, start)
+                return 1e3 * statistics.median(samples)
+            from mirror_core.lanes import pinned
+            with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads):
+                return job()
+
+        for n in (1, WINDOW):
+            a, b = forward_ms("plan", n), forward_ms("plain", n)
+            print(f"target forward of {n} row(s): with the plan {a:.1f} ms, plain {b:.1f} ms, ratio {a / b:.3f}")
+        runner.row_plan = plan
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
