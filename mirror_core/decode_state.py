@@ -11,6 +11,7 @@ from .config import Request
 from .events import (
     LANE_DRAFT,
     LANE_TARGET,
+    TARGET_BUSY_STAGES,
     ORIGIN_TARGET,
     STAGE_PREFILL,
     STAGE_TARGET_STEP,
@@ -23,7 +24,7 @@ from .events import (
     TokenEvent,
 )
 from .messages import DraftWindow
-from .metrics import summarize
+from .metrics import RunSummary, interval_length, interval_overlap
 from .runners.protocol import Runner
 from .sampling import target_token
 
@@ -148,3 +149,56 @@ class DecodeState:
                             draft_forwards=self.draft_forwards, draft_produced=self.draft_produced,
                             single_steps=self.single_steps)
         return RunEnd(tuple(self.new_tokens), summary, self.fallback, stopped, error)
+
+
+# -- the run's summary: its step records and spans counted into RunSummary (metrics.py) -------------------
+def summarize(records: list[StepRecord], spans: list[SpanEvent], gamma: int, *, new_tokens: int,
+              t_start: float, t_first: float | None, t_end: float, draft_forwards: int = 0,
+              draft_produced: int = 0, single_steps: int = 0) -> RunSummary:
+    """Count a run's step records and spans into a RunSummary."""
+    hist, pos_acc, pos_dr = [0] * (gamma + 1), [0] * gamma, [0] * gamma
+    branched, hits = [0, 0, 0], [0, 0, 0]
+    committed = drafted = accepted = slots = in_topk = 0
+    for r in records:
+        committed += r.committed
+        drafted += r.drafted
+        accepted += r.accepted
+        hist[min(r.accepted, gamma)] += 1
+        for i in range(1, gamma + 1):
+            pos_dr[i - 1] += r.drafted >= i
+            pos_acc[i - 1] += r.accepted >= i
+        if r.hit is not None:
+            kind = 2 if r.accepted == r.drafted else (0 if r.accepted == 0 else 1)
+            branched[kind] += 1
+            hits[kind] += bool(r.hit)
+        s, k = _overlap(r)
+        slots += s
+        in_topk += k
+    draft_busy, target_busy = busy_intervals(spans, LANE_DRAFT), busy_intervals(spans, LANE_TARGET)
+    return RunSummary(
+        gamma=gamma, new_tokens=new_tokens, steps=len(records), single_steps=single_steps, committed=committed, drafted=drafted,
+        accepted=accepted, hist=tuple(hist), pos_accepted=tuple(pos_acc), pos_drafted=tuple(pos_dr),
+        branched_steps=sum(branched), hits=sum(hits), branched_by_kind=tuple(branched), hits_by_kind=tuple(hits),
+        overlap_slots=slots, overlap_in_topk=in_topk, draft_forwards=draft_forwards, draft_produced=draft_produced,
+        draft_busy_s=interval_length(draft_busy), target_busy_s=interval_length(target_busy),
+        hidden_s=interval_overlap(draft_busy, target_busy), wall_s=max(0.0, t_end - t_start),
+        ttft_s=None if t_first is None else t_first - t_start)
+
+
+def _overlap(r: StepRecord) -> tuple[int, int]:
+    """(slots counted for Ω̂_κ, slots whose target token was in TopK) of one step."""
+    if not r.topk_ids or not r.target_tokens:
+        return 0, 0
+    drafts, slots, in_topk = r.window[1:], 0, 0
+    for j, (y, topk) in enumerate(zip(r.target_tokens, r.topk_ids)):
+        if j < len(drafts) and drafts[j] == y:
+            continue
+        slots += 1
+        in_topk += y in topk
+    return slots, in_topk
+
+
+def busy_intervals(spans: list[SpanEvent], lane: str) -> list[tuple[float, float]]:
+    if lane == LANE_TARGET:
+        return [(s.t0, s.t1) for s in spans if s.lane == LANE_TARGET and s.stage in TARGET_BUSY_STAGES]
+    return [(s.t0, s.t1) for s in spans if s.lane == LANE_DRAFT]

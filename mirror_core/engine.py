@@ -110,10 +110,8 @@ class MirrorEngine:
         if lanes.target_devices and lanes.runner == "fast":
             raise MirrorError("the fast runner keeps a model on one device; a target spread over "
                               f"{', '.join(lanes.target_devices)} runs on the generic runner (--runner auto or hf)")
-        runner = build_runner(target_model, vocab, "hf" if lanes.target_devices else lanes.runner)
         head = _exit_head(lanes.exit_head, draft, target_model)
-        if head is not None:
-            runner.exit_head = head
+        runner = build_runner(target_model, vocab, "hf" if lanes.target_devices else lanes.runner, exit_head=head)
         with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads):
             # with the target lane's threads: the kernels it will run; the dtype first, then its call-shape check
             dtype, rows = calibrate_target(runner, vocab, lanes.dtype, target_model.config)

@@ -6,7 +6,8 @@
 Loads the target alone on the target lane (the CLI's automatic lane plan: its cores and threads), prints the CPU,
 the chosen dtype and the row plan (runners/rows.py) with the check's numbers, then runs `ar` on each prompt with
 the plan and with the target's plain calls (row_plan = None), alternating in every round so drift hits both
-alike, and prints the median tokens/s of each and their ratio. Also the runner's own step and window times
+alike, and prints the median tokens/s of each and their ratio. Then each row-shape-dependent operation's exact
+bands (runners/rows.py: exact_bands, i.e. where its kernel switches) and the runner's own step and window times
 (1 and γ + 1 rows after a cached prefix) both ways. Timings are the engine's spans (RunSummary), decoding only.
 """
 from __future__ import annotations
@@ -86,10 +87,17 @@ def main(argv: list[str] | None = None) -> int:
                         samples.append(time.perf_counter() - t)
                     runner.truncate(cache, start)
                 return 1e3 * statistics.median(samples)
-            from mirror_core.lanes import pinned
             with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads):
                 return job()
 
+        from mirror_core.lanes import pinned
+        from mirror_core.runners.rows import exact_bands
+
+        with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads):
+            for op in runner.row_ops():  # where each operation's kernel treats rows alike, at the chosen dtype
+                bands = exact_bands(op, runner.device)
+                print(f"  {op.name}: exact bands {', '.join(b.label for b in bands)}; chosen "
+                      f"{dict(plan.bands)[op.name].label if plan else 'none needed'}")
         for n in (1, WINDOW):
             a, b = forward_ms("plan", n), forward_ms("plain", n)
             print(f"target forward of {n} row(s): with the plan {a:.1f} ms, plain {b:.1f} ms, ratio {a / b:.3f}")

@@ -10,10 +10,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "mirror_core")
 
 
-def _modules() -> dict[str, str]:
-    """Module name (mirror_core.x.y) → file path, for every module of the engine package."""
+def _modules(package: str = PACKAGE) -> dict[str, str]:
+    """Module name (mirror_core.x.y) → file path, for every module of a package (the engine's by default)."""
     out = {}
-    for folder, _, files in os.walk(PACKAGE):
+    for folder, _, files in os.walk(package):
         for name in files:
             if name.endswith(".py"):
                 rel = os.path.relpath(os.path.join(folder, name), ROOT)[:-3].replace(os.sep, ".")
@@ -22,14 +22,17 @@ def _modules() -> dict[str, str]:
 
 
 MODULES = _modules()
+UI_MODULES = _modules(os.path.join(ROOT, "ui"))
+EVERY_MODULE = {**MODULES, **UI_MODULES}
 
 
-def _imports(module: str, top_level_only: bool) -> set[str]:
-    """Absolute names this module imports (relative imports resolved; `from X import Y` → X.Y when Y is a module)."""
-    path = MODULES[module]
+def _imports(module: str, top_level_only: bool, type_only: bool = False) -> set[str]:
+    """Absolute names this module imports (relative imports resolved; `from X import Y` → X.Y when Y is a module);
+    with type_only, the imports under `if TYPE_CHECKING:` too."""
+    path = EVERY_MODULE[module]
     tree = ast.parse(open(path, encoding="utf-8").read())
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
-    nodes = tree.body if top_level_only else list(_walk_runtime(tree))
+    nodes = tree.body if top_level_only else list(ast.walk(tree) if type_only else _walk_runtime(tree))
     out = set()
     for node in nodes:
         if isinstance(node, ast.Import):
@@ -40,7 +43,7 @@ def _imports(module: str, top_level_only: bool) -> set[str]:
                 parts = package.split(".")
                 parts = parts[: len(parts) - node.level + 1]
                 base = ".".join(parts + ([base] if base else []))
-            submodules = {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES}
+            submodules = {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in EVERY_MODULE}
             out |= submodules if submodules else {base}
     return out
 
@@ -95,8 +98,10 @@ def test_training_and_test_helpers_are_never_imported_at_run_time():
 
 
 def test_no_import_circles_between_modules():
-    """Imports (lazy ones included) form no circle; a package's __init__ importing its own modules is not one."""
-    graph = {m: {i for i in _imports(m, top_level_only=False) if i in MODULES and i != m} for m in MODULES}
+    """Imports of the engine and the UI (lazy and type-only ones included) form no circle; a package's __init__
+    importing its own modules is not one."""
+    graph = {m: {i for i in _imports(m, top_level_only=False, type_only=True) if i in EVERY_MODULE and i != m}
+             for m in EVERY_MODULE}
     state: dict[str, int] = {}
 
     def visit(node: str, path: list[str]) -> None:

@@ -185,6 +185,7 @@ def _gpu_script():
     return module
 
 
+@pytest.mark.slow
 def test_gpu_script_dry_run_on_cpu_writes_json_and_markdown(tmp_path):
     gpu = _gpu_script()
     assert gpu.main(["--device", "cpu", "--tiny", "--max-new-tokens", "4", "--prompts", "1", "--repeats", "1",

@@ -102,8 +102,9 @@ def test_the_generic_runner_keeps_its_loaded_dtype_or_takes_the_forced_one(pairs
     assert cal.sequence == "bfloat16" and next(model.parameters()).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("dtype", ["auto", "bfloat16"])
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "shipped"])
+@pytest.mark.parametrize("arch,dtype", [("llama", "auto"), ("qwen3", "bfloat16")] + [  # the rest: the slow tier
+    pytest.param(a, d, marks=pytest.mark.slow) for a, d in (("llama", "bfloat16"), ("qwen3", "auto"), ("shipped", "auto"),
+                                                            ("shipped", "bfloat16"))])
 def test_every_decoder_equals_ar_at_the_chosen_dtype(pairs, arch, dtype):
     target, draft = ((os.path.join(SHIPPED, "target"), os.path.join(SHIPPED, "draft_ar")) if arch == "shipped"
                      else pairs[arch])

@@ -142,7 +142,7 @@ def test_lanes_plan_and_pin_without_linux_calls(foreign_os):
     channel.wait_until(lambda: next(calls), lambda: True, 5.0)  # spins with sleep(0) instead of sched_yield
 
 
-@pytest.mark.parametrize("kind", ["thread", "process"])
+@pytest.mark.parametrize("kind", ["thread", pytest.param("process", marks=pytest.mark.slow)])
 def test_a_full_cpu_cpu_generation_without_linux_calls(pairs, foreign_os, kind, monkeypatch):
     if kind == "process" and foreign_os == "win32":  # multiprocessing reads sys.platform itself to pass Windows
         monkeypatch.setattr(sys, "platform", "linux")  # handles, which this host cannot; the calls stay removed

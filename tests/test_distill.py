@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
@@ -12,6 +13,8 @@ from mirror_core.train import distill as D
 from mirror_core.train.distill_card import render
 from testing.reliability import _save_tokenizer
 from testing.toy_models import VOCAB, build_pair
+
+pytestmark = pytest.mark.slow  # training runs (the slow tier)
 
 
 def test_distill_writes_a_pair_the_engine_runs_losslessly(tmp_path):

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the Dockerfile check (the slow tier; its build also needs MIRROR_SD_SLOW_TESTS=1)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("dockerfile_check", os.path.join(ROOT, "scripts", "dockerfile_check.py"))
 check = sys.modules["dockerfile_check"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up

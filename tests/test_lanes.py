@@ -97,7 +97,9 @@ def _assert_lane_idle(engine):
     assert box.idle() and engine.lane.outstanding == 0
 
 
-@pytest.mark.parametrize("kind,mode", [("inline", "raise"), ("thread", "raise"), ("process", "raise"), ("process", "exit")])
+@pytest.mark.parametrize("kind,mode", [("inline", "raise"), ("thread", "raise"),
+                                       pytest.param("process", "raise", marks=pytest.mark.slow),  # a respawn: slow tier
+                                       pytest.param("process", "exit", marks=pytest.mark.slow)])
 def test_draft_fault_finishes_on_the_target_alone(pairs, kind, mode):
     target, draft = pairs["llama"]
     ref = hf_greedy(target, (7, 8, 9), 40)

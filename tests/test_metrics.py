@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from mirror_core.events import SpanEvent, StepRecord
-from mirror_core.metrics import interval_overlap, summarize
+from mirror_core.decode_state import summarize
+from mirror_core.metrics import interval_overlap
 
 
 def rec(step, accepted, committed=None, hit=None, drafted=4, window=(0, 1, 2, 3, 4), topk=(), target=()):

@@ -13,6 +13,8 @@ from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
 from mirror_core.config import MirrorError
 from mirror_core.pairs import REAL_DRAFT, REAL_TARGET
 
+pytestmark = pytest.mark.slow  # the real default pair (SmolLM2-135M) loads for about a minute (the slow tier)
+
 PROMPTS = ("What is the capital of France?", "Write a Python function that reverses a string.")
 
 

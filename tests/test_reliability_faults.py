@@ -22,6 +22,8 @@ from testing.reliability import (
 )
 from testing.toy_models import build_pair
 
+pytestmark = pytest.mark.slow  # fault injection and process respawns (the slow tier)
+
 N_FAULTS = 54          # seeded trials on inline/thread lanes (injected raises)
 
 

@@ -63,6 +63,7 @@ def app(models, tmp_path_factory):
         loader.close()
 
 
+@pytest.mark.slow
 def test_app_rows_each_give_one_readable_error_and_the_app_keeps_serving(app, models):
     from ui.layout import by_name
 

@@ -7,6 +7,8 @@ import pytest
 from testing.reliability import INLINE, back_to_back, concurrent_clients, free_port
 from testing.toy_models import build_pair
 
+pytestmark = pytest.mark.slow  # concurrency and soak checks (the slow tier)
+
 N_CLIENTS = 8
 N_RUNS, N_WARMUP = 40, 10     # scripts/soak.py --long runs 200
 

@@ -53,8 +53,8 @@ class Unfixable(FastLlamaRunner):
 
 
 def _load(monkeypatch, runner_cls, target, draft=None, **attrs):
-    def build(model, vocab, choice="auto"):
-        runner = runner_cls(model, vocab)
+    def build(model, vocab, choice="auto", exit_head=None):
+        runner = runner_cls(model, vocab, exit_head=exit_head)
         for k, v in attrs.items():
             setattr(runner, k, v)
         return runner
@@ -127,12 +127,19 @@ def test_the_plan_is_cached_with_the_calibration_and_checked_again(pairs, tmp_pa
     with _load(monkeypatch, SwitchAt, target, matmul=6) as second:
         assert second.info.target_rows.source == "cached" and second.info.target_rows.plan == rows.plan
         assert second.info.target_rows.invariant
-    # the same cache on a "CPU" that switches elsewhere: the cached plan fails its check and a new one is found
-    with _load(monkeypatch, SwitchAt, target, matmul=9) as third:
-        assert third.info.target_rows.source == "measured" and third.info.target_rows.invariant
+    # a cached plan that no longer holds (here: one that ignores the switch at 6) fails its check at the next
+    # load, and a new one is searched, used and cached
     (path,) = list((tmp_path / "calibration").glob("*.json"))
-    saved = json.loads(path.read_text())["exact"]
-    assert RowCheck.from_dict(dict(saved)["float32"]).plan == third.info.target_rows.plan
+    saved = json.loads(path.read_text())
+    wrong = RowPlan(tuple((name, RowBand(1, None)) for name, _ in rows.plan.bands))
+    saved["exact"] = [[name, {**check, "plan": {"bands": [[n, vars(b)] for n, b in wrong.bands]}}]
+                      for name, check in saved["exact"]]
+    path.write_text(json.dumps(saved))
+    with _load(monkeypatch, SwitchAt, target, matmul=6) as third:
+        assert third.info.target_rows.source == "measured" and third.info.target_rows.invariant
+        assert third.info.target_rows.plan != wrong
+    saved = dict(json.loads(path.read_text())["exact"])
+    assert RowCheck.from_dict(saved["float32"]).plan == third.info.target_rows.plan
 
 
 def test_row_bands_cut_calls_into_chunks_the_kernel_treats_alike():
@@ -142,7 +149,8 @@ def test_row_bands_cut_calls_into_chunks_the_kernel_treats_alike():
     plan = RowPlan((("qkv", RowBand(4, None)), ("head", RowBand(1, 3)), ("attention", RowBand())))
     assert plan.band("attention") is None and plan.band("head") == RowBand(1, 3)
     assert RowPlan.from_dict(json.loads(json.dumps({"bands": [[n, vars(b)] for n, b in plan.bands]}))) == plan
-    assert "qkv ≥ 4 rows" in plan.label and "head 1–3 rows" in plan.label
+    assert plan.label == ("qkv in calls of ≥ 4 rows; head in calls of 1–3 rows; attention in calls of any rows "
+                          "(query rows) over key axes fixed per position")
 
 
 def test_probes_fit_a_model_with_a_tiny_vocabulary_and_context(tmp_path, capsys):

@@ -104,6 +104,7 @@ def _exact_marginals(path: str, prompt: tuple[int, ...], cfg: SamplingConfig):
     return joint12.sum(0), (joint12[:, :, None] * p3).sum((0, 1))
 
 
+@pytest.mark.slow  # a statistical test of many seeded runs (Rule E's exact tests above stay in the default tier)
 def test_rule_r_matches_the_target_distribution(pair_root):
     target, draft = build_pair(pair_root, "llama", target_layers=2, hidden=32, seed=4, vocab=V, draft_noise=0.6)
     cfg = SamplingConfig(temperature=1.0, rule="rejection")

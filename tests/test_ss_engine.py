@@ -30,7 +30,8 @@ def ss_pair(pair_root):
     return target, path
 
 
-@pytest.mark.parametrize("kind,runner", [("inline", "auto"), ("process", "auto"), ("inline", "hf")])
+@pytest.mark.parametrize("kind,runner", [("inline", "auto"), pytest.param("process", "auto", marks=pytest.mark.slow),
+                                         ("inline", "hf")])
 def test_ss_draft_is_lossless_for_every_decoder(ss_pair, kind, runner):
     """auto: the lean FastSSRunner; hf: the SS model's own forward (SSRunner)."""
     target, draft = ss_pair

@@ -15,6 +15,8 @@ from mirror_core.modeling_ss_draft import SSDraftForCausalLM
 from mirror_core.train import build, cli, data, evaluate, losses, trainer
 from mirror_core.train.config import TrainConfig
 
+pytestmark = pytest.mark.slow  # training runs (the slow tier)
+
 STDLIB = sysconfig.get_paths()["stdlib"]
 TINY_FLAGS = ["--budget-minutes", "0.05", "--max-steps", "15", "--vocab-size", "320", "--context", "32",
               "--hidden-size", "32", "--intermediate-size", "64", "--num-heads", "4", "--num-kv-heads", "2",

@@ -15,6 +15,8 @@ import pytest
 
 from testing.browser import CHROMIUM, Chromium, measured_run, open_page, run_once, set_control
 
+pytestmark = pytest.mark.slow  # headless Chromium drives the page (the slow tier)
+
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 def test_page_runs_a_generation_and_shows_tokens_and_plots(pair_root, tmp_path):
     from mirror_core import LaneConfig

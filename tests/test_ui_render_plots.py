@@ -24,7 +24,8 @@ from mirror_core import (
 from ui import plots
 from ui.inspector import inspector_html
 from ui.numbers import latency_model, numbers_html, speedup
-from ui.render import COLOR_MAP, plain_text, stream_html
+from ui.render import COLOR_MAP
+from ui.session import plain_text, stream_html
 from ui.session import DecoderRun, Session, TokenNamer
 from ui.settings import (
     BOUNDS,
@@ -50,7 +51,8 @@ class ByteTokenizer:
 
 def _settings(decoder: str, gamma: int) -> RunSettings:
     request = Request((1,), decoder, spec=SpecConfig(gamma=gamma))
-    return RunSettings(request, LaneConfig(kind="inline"), 1, "target", "draft", "FastLlamaRunner")
+    return RunSettings(request=request, lanes=LaneConfig(kind="inline"), exit_layer=1, target="target", draft="draft",
+                       target_runner="FastLlamaRunner")
 
 
 def mirror_run(tokenizer=None) -> DecoderRun:
@@ -291,6 +293,14 @@ def test_session_copies_start_fresh_and_examples_load():
     assert copied.runs == {} and copied.stop is not session.stop
     examples = load_examples("assets/examples.json")
     assert examples and all(isinstance(e, str) and e for e in examples)
+
+
+def test_closing_a_session_stops_every_kind_of_work():
+    session = Session()
+    flags = (session.stop, session.replay_stop, session.experiment_stop)  # a run, a replay, a Learn-tab experiment
+    assert not any(f.is_set() for f in flags)
+    session.close()
+    assert all(f.is_set() for f in flags)
 
 
 def test_the_numbers_name_each_lanes_dtype_and_say_when_ar_alone_would_be_faster_elsewhere():

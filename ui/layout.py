@@ -15,7 +15,7 @@ from mirror_core.config import MAX_PROMPT_CHARS
 
 from . import inspector, learn, numbers, plots, render, tour
 from .loader import EngineLoader, PairPreset
-from .session import Session
+from .session import Session, plain_text, stream_html
 from .settings import (
     CONTROLS,
     DECODER_ORDER,
@@ -103,7 +103,7 @@ OUTPUT_NAMES = ("status", *(f"{d}_{view}" for d in COLUMNS for view in TOKEN_VIE
 STATE = "session"  # the gr.State output's name in a tick's refresh
 REPLAY_SPEEDS = {"1×": 1.0, "0.5×": 0.5, "0.25×": 0.25, "0.1×": 0.1, "0.05×": 0.05}  # of the measured time
 
-# Each decoder's stream: the value is append-only HTML (render.stream_html). The template is only the box; the
+# Each decoder's stream: the value is append-only HTML (session.stream_html). The template is only the box; the
 # script appends what the value gained since the last update (O(new) per update: re-rendering the whole stream,
 # as a template with ${value} does, cost the page tens of ms per update at 900 tokens), and the box follows the
 # newest token unless the reader scrolled up.
@@ -354,10 +354,10 @@ def _wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], stat
             in_flight.pop(request.session_hash, None)
 
     def on_unload(request: gr.Request):
-        """The tab was closed or reloaded (Gradio's heartbeat dropped): stop its run within one step."""
+        """The tab was closed or reloaded (Gradio's heartbeat dropped): stop its work within one step."""
         session = in_flight.pop(request.session_hash, None)
         if session is not None:
-            session.stop.set()
+            session.cancel()
 
     def on_stop(session: Session):
         running = not session.idle.is_set()
@@ -433,8 +433,8 @@ def refreshed(session: Session, tick: Tick) -> dict[str, object]:
     for d in COLUMNS:
         run = session.runs.get(d)
         upto = None if tick.replay_at is None or run is None else run.count_until(tick.replay_at)
-        out |= {f"{d}_tokens": render.stream_html(run, upto, session.prompt),
-                f"{d}_text": render.plain_text(run, upto)}
+        out |= {f"{d}_tokens": stream_html(run, upto, session.prompt),
+                f"{d}_text": plain_text(run, upto)}
     if tick.kind != TEXT or session.live_plots or tick.plots:
         out["plots"] = session.feed.text()
     if tick.kind in (DONE, RESET):

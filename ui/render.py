@@ -8,12 +8,9 @@ bytes per comparison grow linearly with the tokens (docs/BENCHMARKS.md, "Bytes p
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
 
 from mirror_core import TokenEvent
 
-if TYPE_CHECKING:
-    from .session import DecoderRun
 
 # A committed token's origin, as the stream's colours and tooltips name it.
 LABEL_TARGET = "target"
@@ -113,25 +110,6 @@ class StreamHTML(AppendOnly):
         if upto is not None and upto <= len(self.marks):
             return "".join(self.parts[: self.marks[upto - 1]]) if upto > 0 else ""
         return self.text()
-
-
-def plain_text(run: DecoderRun | None, upto: int | None = None) -> str:
-    """The committed text only (what a user copies); rejected drafts and special tokens are never part of it."""
-    if run is None:
-        return ""
-    if upto is None:
-        return run.committed_text
-    return "".join(text for i, (text, _) in enumerate(run.pieces[:upto]) if i not in run.special_at)
-
-
-def stream_html(run: DecoderRun | None, upto: int | None = None, prompt: str = "") -> str:
-    """One decoder's stream: the prompt greyed, then the committed text coloured by origin (one span per token,
-    class mirror-tok), each step's rejected drafts struck through before its correction. Append-only while the
-    run streams; the page's template wraps it in the scrolling monospace box (layout.TOKENS_TEMPLATE)."""
-    if run is None:
-        return ""
-    head = f'<span class="mirror-prompt" title="prompt">{html.escape(prompt)}</span>' if prompt else ""
-    return head + run.view.html(upto)
 
 
 def legend_html() -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import os
 import threading
@@ -51,7 +52,7 @@ class DecoderRun:
     steps: list[StepRecord] = field(default_factory=list)
     end: RunEnd | None = None
     events: list = field(default_factory=list)
-    view: StreamHTML = field(default_factory=StreamHTML)  # the stream's HTML, append-only (render.stream_html)
+    view: StreamHTML = field(default_factory=StreamHTML)  # the stream's HTML, append-only (stream_html below)
 
     def __post_init__(self) -> None:
         tok = self.namer.tokenizer
@@ -144,10 +145,15 @@ class Session:
     def __deepcopy__(self, memo) -> Session:  # gr.State copies its default per visitor: start fresh
         return Session()
 
-    def close(self) -> None:
-        """The visitor left (Gradio deletes the state): stop a run in flight, remove the trace copy."""
+    def cancel(self) -> None:
+        """Stop every kind of work this visitor has in flight: a comparison, a replay, a Learn-tab experiment."""
         self.stop.set()
         self.replay_stop.set()
+        self.experiment_stop.set()
+
+    def close(self) -> None:
+        """The visitor left (Gradio deletes the state): stop whatever is in flight, remove the trace copy."""
+        self.cancel()
         if self.trace_path:
             with contextlib.suppress(OSError):
                 os.remove(self.trace_path)
@@ -195,3 +201,22 @@ def pick_step(run: DecoderRun, step, default: int) -> StepRecord | str:
         return f"<p><i>The step must be a whole number (steps 1..{run.steps[-1].step}).</i></p>"
     rec = next((r for r in run.steps if r.step == step), None)
     return rec if rec is not None else f"<p><i>Step {step} is not in this run (steps 1..{run.steps[-1].step}).</i></p>"
+
+
+def plain_text(run: DecoderRun | None, upto: int | None = None) -> str:
+    """The committed text only (what a user copies); rejected drafts and special tokens are never part of it."""
+    if run is None:
+        return ""
+    if upto is None:
+        return run.committed_text
+    return "".join(text for i, (text, _) in enumerate(run.pieces[:upto]) if i not in run.special_at)
+
+
+def stream_html(run: DecoderRun | None, upto: int | None = None, prompt: str = "") -> str:
+    """One decoder's stream: the prompt greyed, then the committed text coloured by origin (one span per token,
+    class mirror-tok), each step's rejected drafts struck through before its correction. Append-only while the
+    run streams; the page's template wraps it in the scrolling monospace box (layout.TOKENS_TEMPLATE)."""
+    if run is None:
+        return ""
+    head = f'<span class="mirror-prompt" title="prompt">{html.escape(prompt)}</span>' if prompt else ""
+    return head + run.view.html(upto)

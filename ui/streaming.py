@@ -18,8 +18,7 @@ from mirror_core.trace import write_trace
 
 from . import plots
 from .numbers import speedup
-from .render import plain_text
-from .session import Session, TokenNamer
+from .session import Session, TokenNamer, plain_text
 from .settings import DECODER_TITLES, ComparisonSettings, encode_prompt
 
 TEXT, STATUS, DONE, RESET = "text", "status", "done", "reset"

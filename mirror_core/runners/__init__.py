@@ -10,9 +10,10 @@ from __future__ import annotations
 from ..config import MirrorError
 
 
-def build_runner(model, vocab_size: int, choice: str = "auto"):
+def build_runner(model, vocab_size: int, choice: str = "auto", exit_head=None):
     """The runner for a loaded model: Llama-family weights and our SS drafts get the fast runners
-    (unless choice is "hf": the generic Hugging Face runner, or the SS model's own forward)."""
+    (unless choice is "hf": the generic Hugging Face runner, or the SS model's own forward). A target's trained
+    exit head (exit_head.ExitHead, or None: the logit lens) is given to its runner here."""
     from ..modeling_ss_draft import SSDraftForCausalLM
     from .fast import FAST_MODEL_TYPES, FastLlamaRunner
     from .fast_ss import FastSSRunner
@@ -23,10 +24,10 @@ def build_runner(model, vocab_size: int, choice: str = "auto"):
         return SSRunner(model, vocab_size) if choice == "hf" else FastSSRunner(model, vocab_size)
     if choice != "hf" and model.config.model_type in FAST_MODEL_TYPES:
         try:
-            return FastLlamaRunner(model, vocab_size)
+            return FastLlamaRunner(model, vocab_size, exit_head=exit_head)
         except ValueError as exc:  # e.g. sequence-length-dependent RoPE: the generic runner handles it
             if choice == "fast":
                 raise MirrorError(str(exc)) from None
     if choice == "fast" and model.config.model_type not in FAST_MODEL_TYPES:
         raise MirrorError(f"the fast runner supports {', '.join(FAST_MODEL_TYPES)}, not {model.config.model_type!r}")
-    return HFRunner(model, vocab_size)
+    return HFRunner(model, vocab_size, exit_head=exit_head)

@@ -40,7 +40,7 @@ BRANCH_ROWS = SpecConfig.kappa * (SpecConfig.gamma + 1)  # the draft's branch ba
 MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 15, 1.5            # timed rounds per dtype: at least 3, then until the budget
 MARGIN = 0.05  # a lower precision than the loaded one is chosen only when it is this much faster (else: timing noise)
 SCREEN = 2.0   # a dtype whose widest matmul takes this many times the loaded dtype's is not timed further
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 
 
 @dataclass(frozen=True)

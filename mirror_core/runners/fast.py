@@ -72,7 +72,7 @@ class FastLlamaRunner:
     (an integer) and adopting a branch is `select_row`; no position moves except by the engine's calls.
     """
 
-    def __init__(self, model, vocab_size: int | None = None, capacity: int = 512):
+    def __init__(self, model, vocab_size: int | None = None, capacity: int = 512, exit_head=None):
         cfg = model.config
         if cfg.model_type not in FAST_MODEL_TYPES:
             raise ValueError(f"fast runner supports {FAST_MODEL_TYPES}, not {cfg.model_type!r}")
@@ -92,7 +92,7 @@ class FastLlamaRunner:
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self.capacity = capacity
         self.max_positions = getattr(cfg, "max_position_embeddings", None)
-        self.exit_head = None  # an exit_head.ExitHead: the layer-ℓ_e readout instead of the final norm and LM head
+        self.exit_head = exit_head  # an exit_head.ExitHead: the layer-ℓ_e readout instead of the final norm + LM head
         with torch.no_grad():
             self.embed = model.model.embed_tokens.weight.detach()                          # [V, H]
             self.norm = model.model.norm.weight.detach()                                   # [H]
@@ -170,7 +170,7 @@ class FastLlamaRunner:
     def _matmul(self, x: torch.Tensor, w: torch.Tensor, band: RowBand | None = None) -> torch.Tensor:
         """x [..., K] @ w, with a row band: the rows (all leading axes) in the band's chunks, each padded with zero
         rows to the band's floor, so every row's product comes from the same kernel in any call."""
-        if band is None:
+        if band is None or band.holds(x.numel() // x.shape[-1]):
             return self._kernel(x, w)
         rows = x.reshape(-1, x.shape[-1])                                                 # [M, K]
         parts = [self._kernel(pad_rows(rows[a:b], n), w)[: b - a] for a, b, n in band.spans(rows.shape[0])]
@@ -183,7 +183,7 @@ class FastLlamaRunner:
     def _attend_rows(self, q, keys, values, may_attend, band: RowBand | None) -> torch.Tensor:
         """q [1, Hq, L, D] over one key axis in the band's chunks of query rows (padded rows attend like the last
         real one and are dropped) → [1, L, Hq·D]."""
-        if band is None:
+        if band is None or band.holds(q.shape[2]):
             return self._attend(q, keys, values, may_attend)
         parts = []
         for a, b, n in band.spans(q.shape[2]):

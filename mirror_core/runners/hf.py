@@ -49,7 +49,7 @@ class HFBranches:
 class HFRunner:
     """Runner over a loaded Hugging Face model; inference only."""
 
-    def __init__(self, model: PreTrainedModel, vocab_size: int | None = None):
+    def __init__(self, model: PreTrainedModel, vocab_size: int | None = None, exit_head=None):
         layers_path, norm_path = layout(getattr(model.config, "model_type", "?"))
         self.model = model.eval()
         self.layers = _attr_path(model, layers_path)
@@ -60,7 +60,7 @@ class HFRunner:
         self.vocab_size = int(vocab_size or model.config.vocab_size)
         limits = [getattr(model.config, n, None) for n in ("max_position_embeddings", "n_positions")]
         self.max_positions = next((v for v in limits if isinstance(v, int) and v > 0), None)  # probes stay inside
-        self.exit_head = None  # an exit_head.ExitHead: the layer-ℓ_e readout instead of the logit lens
+        self.exit_head = exit_head  # an exit_head.ExitHead: the layer-ℓ_e readout instead of the logit lens
         self.device = next(model.parameters()).device
         # a model spread over devices by an accelerate device map: each synchronised after a forward
         self.devices = tuple(dict.fromkeys(p.device for p in model.parameters()))

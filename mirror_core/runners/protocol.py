@@ -20,6 +20,8 @@ class Runner(Protocol):
     vocab_size: int   # V: logits are sliced to this width
     device: torch.device               # where inputs go (the embedding's device)
     devices: tuple[torch.device, ...]  # every device the model's weights are on (several: a spread target)
+    exit_head: Any                     # a target's trained exit head (exit_head.ExitHead), given when the runner is
+                                       # built (runners.build_runner); None: the logit lens
 
     def new_cache(self) -> Any:
         """An empty sequence cache (batch of one)."""

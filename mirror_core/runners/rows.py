@@ -16,9 +16,9 @@ A band always exists: [1, 1] (every row alone, exactly AR's call) is exact by co
 
 How a band is found (`search_plan`): the operation is run on P identical rows for every P = 1..EXACT_ROWS; the
 sizes whose rows all equal each other form runs of consecutive P with one value, and every maximal run [a, b]
-is an exact band (b = EXACT_ROWS: no upper bound). Of these, the one with the cheapest AR step plus window
-(1 row + γ + 1 rows at the default γ, timed with the operation's real weights and the lane's threads) is
-taken. The whole forward is then checked end to end (`check_rows`: 17 positions one at a time against windows of
+is an exact band (b = EXACT_ROWS: no upper bound). Of these, the one with the least summed slowdown of its AR
+step (1 row) and its window (γ + 1 rows at the default γ) against the fastest band at each is taken, timed with
+the operation's real weights and the lane's threads (`cheapest`). The whole forward is then checked end to end (`check_rows`: 17 positions one at a time against windows of
 2..17 rows, bitwise) and, only if that fails, every band falls back to [1, 1]. Where even that is not exact,
 the run says so: "not bit-exact on this CPU" (`RowCheck.describe`), never a silent pass.
 
@@ -59,6 +59,10 @@ class RowBand:
         step = m if self.hi is None else self.hi
         return [(a, min(a + step, m), max(min(a + step, m) - a, self.lo)) for a in range(0, m, step)]
 
+    def holds(self, m: int) -> bool:
+        """A call of m rows is already inside the band (one plain call)."""
+        return self.lo <= m and (self.hi is None or m <= self.hi)
+
     @property
     def plain(self) -> bool:
         return self.lo == 1 and self.hi is None
@@ -87,9 +91,13 @@ class RowPlan:
         labels = {b.label for _, b in self.bands}
         if len(labels) == 1:
             return f"every matmul in calls of {labels.pop()}; attention over key axes fixed per position"
-        return ", ".join(f"{name} {b.label}" for name, b in self.bands if name != "attention") + (
-            f"; attention in calls of {self.band('attention').label if self.band('attention') else 'any rows'}"
-            " (query rows) over key axes fixed per position")
+        groups: dict[str, list[str]] = {}
+        for name, band in self.bands:
+            if name != "attention":
+                groups.setdefault(band.label, []).append(name)
+        attention = next((b.label for name, b in self.bands if name == "attention"), "any rows")
+        return ("; ".join(f"{', '.join(names)} in calls of {label}" for label, names in groups.items())
+                + f"; attention in calls of {attention} (query rows) over key axes fixed per position")
 
     @classmethod
     def from_dict(cls, d: dict) -> RowPlan:
@@ -160,19 +168,27 @@ def exact_bands(op: RowOp, device: torch.device, max_rows: int = EXACT_ROWS) -> 
     return bands
 
 
-def band_cost(op: RowOp, band: RowBand, device: torch.device, window: int = WINDOW) -> float:
-    """Median seconds of one AR row plus one window of `window` rows, called as the band says."""
+def band_costs(op: RowOp, band: RowBand, device: torch.device, window: int = WINDOW) -> tuple[float, float]:
+    """Median seconds of one AR row and of one window of `window` rows, called as the band says."""
     x = torch.randn(window, op.width, generator=torch.Generator().manual_seed(1)).to(device)
-    samples = []
+    samples: tuple[list[float], list[float]] = ([], [])
     for r in range(TIMING_ROUNDS + 1):  # round 0 warms the kernels up
-        devices.synchronize(device)
-        t0 = time.perf_counter()
-        op.run(x[:1], band)
-        op.run(x, band)
-        devices.synchronize(device)
-        if r:
-            samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+        for rows, kept in zip((x[:1], x), samples):
+            devices.synchronize(device)
+            t0 = time.perf_counter()
+            op.run(rows, band)
+            devices.synchronize(device)
+            if r:
+                kept.append(time.perf_counter() - t0)
+    return statistics.median(samples[0]), statistics.median(samples[1])
+
+
+def cheapest(costs: dict[RowBand, tuple[float, float]]) -> RowBand:
+    """The band with the least summed slowdown of its AR step and its window against the fastest band at each:
+    AR (the baseline, one row a call) and the speculative decoders (windows) weigh alike."""
+    best_step = min(c[0] for c in costs.values())
+    best_window = min(c[1] for c in costs.values())
+    return min(costs, key=lambda b: costs[b][0] / best_step + costs[b][1] / best_window)
 
 
 def search_plan(ops: list[RowOp], device: torch.device) -> RowPlan:
@@ -180,7 +196,7 @@ def search_plan(ops: list[RowOp], device: torch.device) -> RowPlan:
     chosen = []
     for op in ops:
         bands = exact_bands(op, device)
-        best = bands[0] if len(bands) == 1 else min(bands, key=lambda b: band_cost(op, b, device))
+        best = bands[0] if len(bands) == 1 else cheapest({b: band_costs(op, b, device) for b in bands})
         chosen.append((op.name, best))
     return RowPlan(tuple(chosen))
 
