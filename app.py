@@ -11,7 +11,7 @@ import signal
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PAIR_DIR = os.path.join(HERE, "assets", "default_pair")  # the embedded toy pair (mirror_core/pairs.py)
+PAIR_DIR = os.path.join(HERE, "assets", "default_pair")  # the embedded toy pair (mirror_core/models/pairs.py)
 EXAMPLES = os.path.join(HERE, "assets", "examples.json")
 
 
@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     from dataclasses import replace
 
     from mirror_core import MirrorError
-    from mirror_core.pairs import default_pair
-    from mirror_core import devices
+    from mirror_core.models.pairs import default_pair
+    from mirror_core import machine
     from ui import LAUNCH, ModelPolicy, build_demo, default_presets, load_examples
     from ui.zerogpu import detect
 
@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = mode.plan(target_device=args.target_device, draft_device=args.draft_device, kind=args.lane,
                          dtype=args.dtype)
         lanes = replace(plan.lanes, exit_head=args.exit_head)
-        devices.check(lanes.target_device)
-        devices.check(lanes.draft_device)
+        machine.check(lanes.target_device)
+        machine.check(lanes.draft_device)
     except MirrorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

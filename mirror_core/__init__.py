@@ -2,11 +2,11 @@
 from .config import DECODER_NAMES, FaultPlan, LaneConfig, MirrorError, Request, SamplingConfig, SpecConfig
 from .decode import DECODERS
 from .engine import MirrorEngine, PairInfo
-from .events import Event, RejectedEvent, RunEnd, RunSettings, RunStart, SpanEvent, StepRecord, TokenEvent
+from .events import (Event, RejectedEvent, RunEnd, RunSettings, RunStart, SpanEvent, StepRecord, TokenEvent,
+                     event_to_dict, write_trace)
 from .lanes.placement import auto_lanes
 from .metrics import RunSummary
-from .textstream import IncrementalText
-from .trace import event_to_dict, write_trace
+from .models.textstream import IncrementalText
 
 __all__ = ["MirrorEngine", "PairInfo", "auto_lanes", "DECODER_NAMES", "DECODERS", "FaultPlan", "LaneConfig",
            "MirrorError", "Request", "SamplingConfig", "SpecConfig", "Event", "RejectedEvent", "RunEnd", "RunSettings",

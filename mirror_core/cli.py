@@ -110,7 +110,7 @@ def lanes_from_args(args) -> LaneConfig:
 def resolve_pair(args) -> None:
     """--target/--draft left out → the default pair (pairs.default_pair: the real one, or the toy one with a
     one-line note on stderr); a --draft without --target is refused (a draft only fits its own target)."""
-    from .pairs import default_pair
+    from .models.pairs import default_pair
 
     if args.target is None:
         if args.draft is not None:
@@ -139,8 +139,8 @@ def parse_prompt_ids(text: str) -> tuple[int, ...]:
 
 def generate(args) -> int:
     from .engine import MirrorEngine
-    from .textstream import IncrementalText
-    from .trace import write_trace
+    from .events import write_trace
+    from .models.textstream import IncrementalText
 
     if args.prompt is not None:
         check_prompt_text(args.prompt)
@@ -248,16 +248,16 @@ def bench(args) -> int:
 
 def show_devices(args) -> int:
     """`python -m mirror_core devices`: what this machine has, and the lane plan for it, with the reasons."""
-    from . import devices
+    from . import machine
     from .lanes.placement import plan_lanes
     from .machine import can_pin
 
     for given in (args.target_device, args.draft_device):
         for name in ([] if given in (None, "auto") else given.split(",")):
-            devices.check(name.strip())  # a named device must exist here (one line listing what does)
+            machine.check(name.strip())  # a named device must exist here (one line listing what does)
     plan = plan_lanes(args.target_device, args.draft_device, args.lane)
     lanes = plan.lanes
-    found = [{"device": d, "name": devices.describe(d)} for d in devices.available()]
+    found = [{"device": d, "name": machine.describe(d)} for d in machine.available()]
     if args.json:
         print(json.dumps({"devices": found, "lanes": asdict(lanes), "reasons": list(plan.reasons),
                           "platform": sys.platform, "can_pin": can_pin()}))
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "devices":
             return show_devices(args)
         if args.command == "prepare":
-            from .prepared import REGISTRY, prepare
+            from .models.prepared import REGISTRY, prepare
 
             if args.name not in REGISTRY:
                 raise MirrorError(f"unknown model {args.name!r}; registry: {', '.join(REGISTRY)}")

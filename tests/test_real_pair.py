@@ -11,7 +11,7 @@ import pytest
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
 from mirror_core.config import MirrorError
-from mirror_core.pairs import REAL_DRAFT, REAL_TARGET
+from mirror_core.models.pairs import REAL_DRAFT, REAL_TARGET
 
 pytestmark = pytest.mark.slow  # the real default pair (SmolLM2-135M) loads for about a minute (the slow tier)
 
@@ -20,7 +20,7 @@ PROMPTS = ("What is the capital of France?", "Write a Python function that rever
 
 @pytest.fixture(scope="module")
 def engine():
-    from mirror_core.prepared import resolve_source
+    from mirror_core.models.prepared import resolve_source
 
     if not os.path.isdir(REAL_DRAFT):
         pytest.fail(f"the distilled draft is missing from {REAL_DRAFT}")

@@ -1,4 +1,4 @@
-"""A reduced-vocabulary draft (vocab_map.py) and a trained early-exit head (exit_head.py) never change the output:
+"""A reduced-vocabulary draft (models/vocab.py) and a trained early-exit head (exit_head.py) never change the output:
 every decoder still emits transformers' greedy tokens, with the head and without it, on both runners."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
 from mirror_core.config import MirrorError
-from mirror_core.exit_head import find_exit_head
-from mirror_core.vocab_map import VocabMap, load_vocab_map
+from mirror_core.models.exit_head import find_exit_head
+from mirror_core.models.vocab import VocabMap, load_vocab_map
 from testing.toy_models import VOCAB, build_pair, hf_greedy, prompts, random_exit_head, reduce_draft
 
 N_NEW = 20
@@ -89,11 +89,11 @@ def test_exit_head_choices(reduced, tmp_path):
 
 
 def test_full_vocab_copy_proposes_what_the_reduced_draft_proposes(reduced):
-    """hf_assisted drives a full-vocabulary copy of a reduced draft (vocab_map.full_vocab_copy)."""
+    """hf_assisted drives a full-vocabulary copy of a reduced draft (models/vocab.full_vocab_copy)."""
     from transformers import AutoModelForCausalLM
 
     from mirror_core.lanes.draft_lanes import DraftLaneSpec, make_runner
-    from mirror_core.vocab_map import full_vocab_copy
+    from mirror_core.models.vocab import full_vocab_copy
 
     _, draft = reduced
     full = full_vocab_copy(AutoModelForCausalLM.from_pretrained(draft).eval(), load_vocab_map(draft))

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from mirror_core.modeling_ss_draft import SSDraftConfig, SSDraftForCausalLM, ss_draft_from_llama, truncate_cache
+from mirror_core.models.ss_draft import SSDraftConfig, SSDraftForCausalLM, ss_draft_from_llama, truncate_cache
 from mirror_core.train.evaluate import ss_greedy_generate
 from mirror_core.train.losses import speculative_streaming_loss
 from testing.toy_models import main_greedy_generate

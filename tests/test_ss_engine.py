@@ -11,7 +11,7 @@ from mirror_core import LaneConfig, MirrorEngine, Request, SamplingConfig, SpecC
 from mirror_core.config import SamplingConfig as SC
 from mirror_core.draft_worker import DraftWorker
 from mirror_core.messages import BranchRequest, DraftStart, ResolveRequest
-from mirror_core.modeling_ss_draft import ss_draft_from_llama
+from mirror_core.models.ss_draft import ss_draft_from_llama
 from mirror_core.runners.fast_ss import FastSSRunner
 from mirror_core.runners.ss_reference import SSRunner
 from testing.toy_models import build_pair, hf_greedy, main_greedy_generate, prompts

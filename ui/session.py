@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from mirror_core import RejectedEvent, RunEnd, RunStart, SpanEvent, StepRecord, TokenEvent
 from mirror_core.metrics import RunSummary
-from mirror_core.textstream import IncrementalText
+from mirror_core.models.textstream import IncrementalText
 
 from .plots import Feed, event_line
 from .render import StreamHTML, token_label

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from mirror_core import MirrorError, Request, SamplingConfig, SpecConfig
 from mirror_core.config import AUTO_BRANCH_BUDGET, MAX_GAMMA, MAX_KAPPA, MAX_NEW_TOKENS_CAP, check_prompt_text
-from mirror_core.loading import encode_text
+from mirror_core.models.loading import encode_text
 
 # Decoder keys in the order they run (baseline first) and the names the page shows.
 DECODER_ORDER = ("ar", "mirror", "sd")  # the order they run in, and left to right on the page

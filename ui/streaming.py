@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from mirror_core import MirrorError, RunEnd, StepRecord, TokenEvent
-from mirror_core.trace import write_trace
+from mirror_core.events import write_trace
 
 from . import plots
 from .numbers import speedup

@@ -22,7 +22,7 @@ import torch
 
 from mirror_core import LaneConfig, MirrorEngine, MirrorError, Request
 from mirror_core.lanes.placement import LanePlan, plan_lanes
-from mirror_core.loading import load_tokenizer
+from mirror_core.models.loading import load_tokenizer
 
 from .loader import EngineLoader, ModelPolicy
 

@@ -14,11 +14,11 @@ import time
 
 import torch
 
-from .. import devices
+from .. import machine
 from ..config import MirrorError
 from ..machine import usable_cpus
 from ..lanes.placement import pinned
-from ..loading import ModelSpec, load_draft_over_target_vocab, load_model
+from ..models.loading import ModelSpec, load_draft_over_target_vocab, load_model
 
 
 class HFPeers:
@@ -56,4 +56,4 @@ class HFPeers:
         return tuple(out[0, len(prompt_ids):].tolist()), wall
 
     def _sync(self) -> None:
-        devices.synchronize(self.target.device)
+        machine.synchronize(self.target.device)

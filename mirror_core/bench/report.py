@@ -5,7 +5,6 @@ import csv
 import json
 import os
 
-from .html_report import write_html
 from .rows import BenchRow
 from .summary import BenchReport
 
@@ -78,6 +77,8 @@ def write_outputs(report: BenchReport, out: str | None, out_dir: str | None) -> 
         paths = [os.path.join(out_dir, n) for n in ("bench.json", "bench.csv", "bench.html")]
         write_json(paths[0], report)
         write_csv(paths[1], report.rows)
+        from .html_report import write_html  # plotly is imported only when an HTML report is written
+
         write_html(paths[2], report)
         written += paths
     return written

@@ -5,7 +5,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, fields
 
-from .harness import BenchConfig
+from .config import BenchConfig
 from .rows import BenchRow, baseline_decoder, derive, entries
 
 FORMAT = "mirror-sd-bench/3"  # /3: rows carry the --dtype they ran at

@@ -12,14 +12,14 @@ import queue
 import threading
 from dataclasses import dataclass
 
-from .. import devices
+from .. import machine
 from ..config import FaultPlan, LaneConfig, MirrorError
 from ..draft_worker import DraftWorker
 from ..messages import DraftStart, DraftWindow, ResolveRequest
 from ..runners.calibrate import Calibration
 from .channel import Channel, ChannelClosed, ChannelHandle, wait_until
 from .codec import LaneError, LaneFailed, LaneReady, LaneShutdown, decode, encode
-from ..vocab_map import runner_name
+from ..runners.mapped import runner_name
 from .placement import pinned
 
 
@@ -40,10 +40,11 @@ class DraftLaneSpec:
 def make_runner(spec: DraftLaneSpec):
     """The draft's runner, loaded on the lane that runs it, in the dtypes calibrated (or forced) there;
     returns the runner and its runners.calibrate.Calibration."""
-    from ..loading import ModelSpec, load_model, local_folder
+    from ..models.loading import ModelSpec, load_model, local_folder
     from ..runners import build_runner
     from ..runners.calibrate import calibrate_draft
-    from ..vocab_map import MappedRunner, load_vocab_map
+    from ..models.vocab import load_vocab_map
+    from ..runners.mapped import MappedRunner
 
     model = load_model(ModelSpec(spec.source, spec.device, spec.trust_remote_code), draft=True)
     vmap = load_vocab_map(local_folder(spec.source))
@@ -119,7 +120,7 @@ class ThreadLane:
         self.thread.start()
 
     def _loop(self) -> None:
-        with devices.own_stream(self.device):
+        with machine.own_stream(self.device):
             while True:
                 cmd = self.inbox.get()
                 try:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import devices
+from .. import machine
 from ..config import LaneConfig, MirrorError
 from ..machine import can_pin, set_affinity, usable_cpus
 
@@ -29,7 +29,7 @@ def plan_lanes(target_device: str | None = None, draft_device: str | None = None
                runner: str = "auto", dtype: str = "auto") -> LanePlan:
     """The lane mapping for this machine, for the devices given (None = choose), and why."""
     reasons = []
-    accels = [d for d in devices.available() if d != "cpu"]
+    accels = [d for d in machine.available() if d != "cpu"]
     families = {}
     for d in accels:
         families.setdefault(d.split(":")[0], []).append(d)
@@ -46,7 +46,7 @@ def plan_lanes(target_device: str | None = None, draft_device: str | None = None
                        "device(s)" if family else "no accelerator found"))
     else:
         reasons.append(f"target on {target_device}: as asked")
-    target_device = devices.canonical(target_device)
+    target_device = machine.canonical(target_device)
     if draft_device is None:
         if spread and family:
             draft_device = family[0]
@@ -63,7 +63,7 @@ def plan_lanes(target_device: str | None = None, draft_device: str | None = None
                            "the CPU cores the draft" if target_device != "cpu" else "CPU-only machine"))
     else:
         reasons.append(f"draft on {draft_device}: as asked")
-    draft_device = devices.canonical(draft_device)
+    draft_device = machine.canonical(draft_device)
     cpus = usable_cpus()
     both_cpu = target_device == draft_device == "cpu"
     if kind is None:
@@ -99,9 +99,9 @@ def target_spread(spec: str, accelerators: list[str]) -> tuple[str, ...]:
     if spec == "auto":
         if len(accelerators) < 2:
             raise MirrorError("--target-device auto spreads the target over two or more accelerators; this machine "
-                              f"has {len(accelerators)}: {', '.join(devices.available())}")
+                              f"has {len(accelerators)}: {', '.join(machine.available())}")
         return tuple(accelerators)
-    spread = tuple(devices.canonical(d.strip()) for d in spec.split(",") if d.strip())
+    spread = tuple(machine.canonical(d.strip()) for d in spec.split(",") if d.strip())
     if len(spread) < 2:
         raise MirrorError(f"a target device list needs two or more devices, got {spec!r}")
     return spread

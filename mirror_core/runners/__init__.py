@@ -14,7 +14,7 @@ def build_runner(model, vocab_size: int, choice: str = "auto", exit_head=None):
     """The runner for a loaded model: Llama-family weights and our SS drafts get the fast runners
     (unless choice is "hf": the generic Hugging Face runner, or the SS model's own forward). A target's trained
     exit head (exit_head.ExitHead, or None: the logit lens) is given to its runner here."""
-    from ..modeling_ss_draft import SSDraftForCausalLM
+    from ..models.ss_draft import SSDraftForCausalLM
     from .fast import FAST_MODEL_TYPES, FastLlamaRunner
     from .fast_ss import FastSSRunner
     from .hf import HFRunner

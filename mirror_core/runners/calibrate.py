@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from .. import devices
+from .. import machine
 from ..config import SpecConfig
 from ..machine import cache_dir, cpu_flags, cpu_model
 from .rows import RowCheck, check_rows, probe_ids
@@ -188,10 +188,10 @@ def _screen(runner, names: list[str], rows: int) -> list[str]:
         wd, xd = w.to(DTYPES[name]), x.to(DTYPES[name])
         samples = []
         for r in range(4):
-            devices.synchronize(runner.device)
+            machine.synchronize(runner.device)
             t0 = time.perf_counter()
             xd @ wd
-            devices.synchronize(runner.device)
+            machine.synchronize(runner.device)
             if r:
                 samples.append(time.perf_counter() - t0)
         return statistics.median(samples)
@@ -233,10 +233,10 @@ def _time(runner, lane: str, requested: str, candidates: list[str], rows: int, s
         for name in names:
             prepare(name)
             for shape, run in shapes.items():
-                devices.synchronize(runner.device)
+                machine.synchronize(runner.device)
                 start = time.perf_counter()
                 run(cache)
-                devices.synchronize(runner.device)
+                machine.synchronize(runner.device)
                 if rnd:
                     samples[name, shape].append(time.perf_counter() - start)
                 runner.truncate(cache, len(prefix))
@@ -254,7 +254,7 @@ def _cache_path(runner, lane: str, names: list[str], shapes: list[str], config) 
 def _cache_key(runner, lane: str, names: list[str], shapes: list[str], config) -> str:
     """What the timings depend on: the machine, torch, the device, the lane's threads, the runner and the
     model's shapes (its config; the weights' values do not change a forward's time)."""
-    device = str(runner.device) + ("" if runner.device.type == "cpu" else " " + devices.describe(str(runner.device)))
+    device = str(runner.device) + ("" if runner.device.type == "cpu" else " " + machine.describe(str(runner.device)))
     ident = {"v": CACHE_VERSION, "cpu": cpu_model(), "torch": torch.__version__, "device": device,
              "threads": torch.get_num_threads(), "runner": type(runner).__name__, "lane": lane, "dtypes": names,
              "shapes": shapes, "prefix": PREFIX, "window": WINDOW, "branch_rows": BRANCH_ROWS,

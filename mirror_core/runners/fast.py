@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from ..ops import apply_rope, attend, attend_blocks, rms_norm, rope_tables
+from .ops import apply_rope, attend, attend_blocks, rms_norm, rope_tables
 from .protocol import ExitCallback
 from .rows import EXACT_ROWS, RowBand, RowOp, RowPlan, pad_rows
 
@@ -65,7 +65,7 @@ class FastLlamaRunner:
     Why it is fast: weights stored transposed and fused (q|k|v, gate|up), so single-row matmuls
     stream them at full bandwidth; attention reads the preallocated buffers in place (no cache
     objects; one causal mask per call, none for one new token); branch rows attend to the shared
-    prefix once ("cascade" attention) instead of copying it per row. The maths is mirror_core/ops.py.
+    prefix once ("cascade" attention) instead of copying it per row. The maths is mirror_core/runners/ops.py.
 
     Positions come from the caller: `forward` appends at the cache's `length`, `fork` takes each
     row's valid length and `forward_rows` feeds at valid[r] + own. Rolling back is `truncate`
@@ -157,7 +157,7 @@ class FastLlamaRunner:
     def devices(self) -> tuple[torch.device, ...]:
         return (self.device,)
 
-    # -- building blocks (the maths is mirror_core/ops.py; these bind this model's weights) ----
+    # -- building blocks (the maths is mirror_core/runners/ops.py; these bind this model's weights) ----
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [..., T, D] at positions [..., T], in this model's frequencies, scaling and dtype."""
         return rope_tables(positions, self.inv_freq, self.rope_scale, self.dtype)

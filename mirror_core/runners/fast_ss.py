@@ -1,4 +1,4 @@
-"""A lean runner for our speculative-streaming draft (mirror_core.modeling_ss_draft): SSRunner's interface, fast.
+"""A lean runner for our speculative-streaming draft (mirror_core.models.ss_draft): SSRunner's interface, fast.
 
 It is FastLlamaRunner's machinery (fused, transposed weights; a KV cache preallocated and indexed by
 position; branch rows over a shared prefix read once) plus the lookahead streams:
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..modeling_ss_draft import SSDraftForCausalLM
-from ..ops import attend_blocks, default_inv_freq, rms_norm, t_major_rows
+from ..models.ss_draft import SSDraftForCausalLM
+from .ops import attend_blocks, default_inv_freq, rms_norm, t_major_rows
 from .fast import FastCache, FastLlamaRunner
 
 

@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .. import devices
+from .. import machine
 from ..config import SpecConfig
 
 EXACT_ROWS = 17                  # calls of up to γ + 1 rows (config.MAX_GAMMA = 16) are made exact; longer ones
@@ -174,10 +174,10 @@ def band_costs(op: RowOp, band: RowBand, device: torch.device, window: int = WIN
     samples: tuple[list[float], list[float]] = ([], [])
     for r in range(TIMING_ROUNDS + 1):  # round 0 warms the kernels up
         for rows, kept in zip((x[:1], x), samples):
-            devices.synchronize(device)
+            machine.synchronize(device)
             t0 = time.perf_counter()
             op.run(rows, band)
-            devices.synchronize(device)
+            machine.synchronize(device)
             if r:
                 kept.append(time.perf_counter() - t0)
     return statistics.median(samples[0]), statistics.median(samples[1])

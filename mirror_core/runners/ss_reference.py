@@ -1,4 +1,4 @@
-"""Runner over our speculative-streaming draft (mirror_core.modeling_ss_draft) through the model's own forward.
+"""Runner over our speculative-streaming draft (mirror_core.models.ss_draft) through the model's own forward.
 
 The reference (runner choice "hf"); the default is the lean `fast_ss_runner.FastSSRunner`, tested
 against this one.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..modeling_ss_draft import KVCache, SSDraftForCausalLM, cache_length, truncate_cache
+from ..models.ss_draft import KVCache, SSDraftForCausalLM, cache_length, truncate_cache
 
 
 @dataclass

@@ -25,7 +25,7 @@ import os
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-from mirror_core.modeling_ss_draft import SSDraftForCausalLM, ss_draft_from_llama
+from mirror_core.models.ss_draft import SSDraftForCausalLM, ss_draft_from_llama
 
 
 def llama_config(vocab_size: int, eot_id: int, hidden_size: int, intermediate_size: int, num_layers: int,

@@ -19,7 +19,7 @@ def generate(target: str, out: str, batch: int = 128, new_tokens: int = 160, thr
              limit: int = 0) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mirror_core.prepared import resolve_source
+    from mirror_core.models.prepared import resolve_source
     from mirror_core.train.chat_prompts import prompts
 
     if threads:

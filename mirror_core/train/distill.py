@@ -7,7 +7,7 @@ Stages (each cached in WORK, so a run can be resumed or re-run with other draft 
 1. teacher pass: the target (bfloat16) reads every prompt + answer once; for each answer position it keeps the
    next-token top-k logits and the hidden state after each candidate exit layer.
 2. draft vocabulary: the V_d most frequent tokens of the answers and prompts (FR-Spec: a small draft's cost is
-   mostly its head), mapped to target ids (vocab_map.py).
+   mostly its head), mapped to target ids (models/vocab.py).
 3. exit heads, one per candidate layer (exit_head.py), trained to put the target's next token in their top-κ;
    the one kept is `--exit-layer` (its top-k coverage for every candidate is in the card).
 4. the draft: a Llama of the target's width whose layers start as copies of chosen target layers (`--init-layers`),
@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from mirror_core.ops import rms_norm
+from mirror_core.runners.ops import rms_norm
 
 
 @dataclass(frozen=True)
@@ -296,10 +296,10 @@ def _read_json(path: str) -> dict | None:
 def distill(cfg: DistillConfig) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from mirror_core.exit_head import ExitHeadWeights
+    from mirror_core.models.exit_head import ExitHeadWeights
     from mirror_core.machine import cpu_flags, cpu_model
-    from mirror_core.prepared import resolve_source
-    from mirror_core.vocab_map import VocabMap
+    from mirror_core.models.prepared import resolve_source
+    from mirror_core.models.vocab import VocabMap
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -320,7 +320,7 @@ def distill(cfg: DistillConfig) -> dict:
     eos = target.config.eos_token_id
     always = [eos] if isinstance(eos, int) else list(eos or [])  # the end of an answer is always proposable
     if cfg.init_draft:
-        from mirror_core.vocab_map import load_vocab_map
+        from mirror_core.models.vocab import load_vocab_map
 
         vmap = load_vocab_map(cfg.init_draft)
     else:

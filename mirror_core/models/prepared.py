@@ -21,8 +21,8 @@ import zipfile
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from .config import MirrorError
-from .machine import cache_dir
+from ..config import MirrorError
+from ..machine import cache_dir
 
 MARKER = "mirror_sd_prepared.json"  # written last: a folder without it is an unfinished preparation
 PIP_TIMEOUT_S = 600

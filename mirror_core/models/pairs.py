@@ -13,9 +13,9 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from .config import MirrorError
+from ..config import MirrorError
 
-ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
+ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "assets")
 REAL_TARGET = "smollm2-135m-instruct"
 REAL_DRAFT = os.path.join(ASSETS, "smollm2_pair", "draft")
 TOY_DIR = os.path.join(ASSETS, "default_pair")
@@ -54,7 +54,7 @@ def describe_draft(folder: str) -> str:
     import json
 
     from .exit_head import find_exit_head
-    from .vocab_map import load_vocab_map
+    from .vocab import load_vocab_map
 
     try:
         with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:

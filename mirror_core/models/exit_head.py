@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import MirrorError
-from .ops import rms_norm
+from ..config import MirrorError
+from ..runners.ops import rms_norm
 
 FILES = ("exit_head.json", "exit_head.safetensors")
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import devices
-from .config import MirrorError
+from .. import machine
+from ..config import MirrorError
 from .prepared import REGISTRY, resolve_source
 
 
@@ -23,8 +23,8 @@ def load_config(spec: ModelSpec, draft: bool = False):
     """The model's config, checked to be an architecture a runner supports (SS drafts only as drafts)."""
     from transformers import AutoConfig
 
-    from . import modeling_ss_draft as ss_draft  # noqa: F401  (registers our speculative-streaming draft with the Auto classes)
-    from .runners.hf import SUPPORTED_MODEL_TYPES
+    from . import ss_draft  # noqa: F401  (registers our speculative-streaming draft with the Auto classes)
+    from ..runners.hf import SUPPORTED_MODEL_TYPES
 
     supported = SUPPORTED_MODEL_TYPES + ((ss_draft.SSDraftConfig.model_type,) if draft else ())
     spec = replace(spec, source=resolve_source(spec.source))
@@ -47,9 +47,9 @@ def load_model(spec: ModelSpec, draft: bool = False, spread: tuple[str, ...] = (
     by an accelerate device map (device_map_for), the embedding on the first."""
     from transformers import AutoModelForCausalLM
 
-    device = devices.check(spec.device)
+    device = machine.check(spec.device)
     for other in spread:
-        devices.check(other)
+        machine.check(other)
     config = load_config(spec, draft)
     spec = replace(spec, source=resolve_source(spec.source))
     dtype = torch.float32
@@ -68,8 +68,8 @@ def load_model(spec: ModelSpec, draft: bool = False, spread: tuple[str, ...] = (
 
 def load_draft_over_target_vocab(spec: ModelSpec):
     """A draft as a plain Hugging Face model over the target's vocabulary, for peers that drive it themselves
-    (assisted generation): a reduced-vocabulary draft becomes its full-vocabulary copy (vocab_map.full_vocab_copy)."""
-    from .vocab_map import full_vocab_copy, load_vocab_map
+    (assisted generation): a reduced-vocabulary draft becomes its full-vocabulary copy (models/vocab.full_vocab_copy)."""
+    from .vocab import full_vocab_copy, load_vocab_map
 
     model = load_model(spec, draft=True)
     vmap = load_vocab_map(local_folder(spec.source))
@@ -81,7 +81,7 @@ def device_map_for(config, spread: tuple[str, ...]) -> dict[str, str]:
     within 90 % of each one's free memory (decoder layers never split); otherwise (e.g. two entries for the same
     device, as the CPU test uses) the decoder layers in equal consecutive shares, the embedding with the first
     share, the final norm and LM head with the last."""
-    from .runners.hf import layout
+    from ..runners.hf import layout
 
     layers_path, norm_path = layout(config.model_type)
     n = int(config.num_hidden_layers if hasattr(config, "num_hidden_layers") else config.n_layer)
@@ -139,7 +139,7 @@ def shared_vocab_size(target_config, draft_config, tok_target, tok_draft, draft_
 
     Padded embedding tables may differ in size (e.g. 151936 vs 152064); then the tokenizers
     must be identical and the logits are sliced to the tokenizer's length. A reduced-vocabulary
-    draft (vocab_map.py) speaks the target vocabulary of `draft_maps_to` tokens through its map.
+    draft (models/vocab.py) speaks the target vocabulary of `draft_maps_to` tokens through its map.
     """
     vt, vd = int(target_config.vocab_size), int(draft_maps_to or draft_config.vocab_size)
     if tok_target is not None and tok_draft is not None:

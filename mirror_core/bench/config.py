@@ -1,0 +1,44 @@
+"""What a bench runs: its decoders and settings (BenchConfig), checked when it is made."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import MirrorError, SamplingConfig, SpecConfig
+
+ENGINE_DECODERS = {"ar": "ar", "ar_all": "ar", "sd": "sd", "mirror": "mirror"}  # bench name → engine decoder
+PEER_DECODERS = ("hf", "hf_assisted")
+BENCH_DECODERS = tuple(ENGINE_DECODERS) + PEER_DECODERS
+SWEEP_AXES = {"gamma": "gamma", "kappa": "kappa", "exit": "exit_layer",  # --sweep name → SpecConfig field
+              "budget": "branch_budget"}
+_USES_GAMMA = ("sd", "mirror", "hf_assisted")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to run: decoders at `spec`, and `mirror` at every sweep setting instead when a sweep is given."""
+
+    decoders: tuple[str, ...]               # bench decoder names from BENCH_DECODERS, each once
+    max_new_tokens: int                     # token budget of every run
+    sampling: SamplingConfig                # the same for every decoder (greedy when the peers run)
+    spec: SpecConfig                        # γ, κ, ℓ_e, branch budget of every speculative decoder
+    sweep: tuple[SpecConfig, ...] = ()      # mirror's settings instead of `spec` (parse_sweep's grid)
+    repeats: int = 3                        # timed runs per prompt and cell (the row keeps the median)
+    warmup: int = 1                         # untimed runs of every cell first, on the first prompt
+
+    def __post_init__(self) -> None:
+        unknown = [d for d in self.decoders if d not in BENCH_DECODERS]
+        if unknown:
+            raise MirrorError(f"unknown decoder {unknown[0]!r}; choose from {', '.join(BENCH_DECODERS)}")
+        if not self.decoders or len(set(self.decoders)) != len(self.decoders):
+            raise MirrorError("--decoders must name each decoder once")
+        if self.repeats < 1 or self.warmup < 0:
+            raise MirrorError("--repeats must be >= 1 and --warmup >= 0")
+        if self.sweep and "mirror" not in self.decoders:
+            raise MirrorError("--sweep varies mirror's settings; add mirror to --decoders")
+        if set(PEER_DECODERS) & set(self.decoders) and not self.sampling.greedy:
+            raise MirrorError("the Hugging Face peers are compared greedily; "
+                              "use --temperature 0 or drop hf, hf_assisted")
+
+    @property
+    def needs_draft(self) -> bool:
+        return any(d in _USES_GAMMA for d in self.decoders)
