@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
@@ -37,30 +37,33 @@ from .planner import BranchPlanner
 from .sampling import warp_logits
 from .verify import AcceptResult, accept
 
+if TYPE_CHECKING:
+    from .lanes.draft_lanes import DraftLane
 
-def autoregressive_decode(state: DecodeState, lane) -> Iterator[list[Event]]:
+
+def autoregressive_decode(state: DecodeState, lane: DraftLane) -> Iterator[list[Event]]:
     """ar: the target alone, one token per forward (the baseline)."""
     state.prefill()
     yield state.flush()
     yield from state.target_only(step=0)
 
 
-def vanilla_sd_decode(state: DecodeState, lane) -> Iterator[list[Event]]:
+def vanilla_sd_decode(state: DecodeState, lane: DraftLane) -> Iterator[list[Event]]:
     return speculative_decode(state, lane, mirror=False)
 
 
-def mirror_sd_decode(state: DecodeState, lane) -> Iterator[list[Event]]:
+def mirror_sd_decode(state: DecodeState, lane: DraftLane) -> Iterator[list[Event]]:
     return speculative_decode(state, lane, mirror=True)
 
 
-def speculative_decode(state: DecodeState, lane, mirror: bool) -> Iterator[list[Event]]:
+def speculative_decode(state: DecodeState, lane: DraftLane, mirror: bool) -> Iterator[list[Event]]:
     """sd and mirror: verify a draft window in one target pass, commit A_t drafts and c, get the next window."""
     lane_ok = start_draft_lane(state, lane)                            # the draft prefills while the target does
     c0 = state.prefill()
     yield state.flush()
     window = next_window(state, lane, 0, AcceptResult(0, c0, ()), hit=False) if lane_ok and not state.done else None
     # an inline lane rolls the branches out only when the next window is asked for: nothing to fit, so auto keeps all
-    planner = BranchPlanner(state.req.spec.branch_budget, state.req.spec.kappa, parallel=lane.kind != "inline")
+    planner = BranchPlanner(state.req.spec.branch_budget, state.req.spec.kappa, parallel=lane.parallel)
     step, reused = 0, False                                            # reused: this window is an adopted branch
     while window is not None and not state.done:
         state.check_stop()
@@ -82,7 +85,7 @@ def speculative_decode(state: DecodeState, lane, mirror: bool) -> Iterator[list[
         yield from state.target_only(step)
 
 
-def start_draft_lane(state: DecodeState, lane) -> bool:
+def start_draft_lane(state: DecodeState, lane: DraftLane) -> bool:
     """Send DraftStart; False (and a recorded fallback) when the draft lane cannot start."""
     try:
         lane.start(DraftStart(state.req.prompt_ids, state.req.spec.gamma, state.cfg))
@@ -108,7 +111,7 @@ def verify(state: DecodeState, w: list[int], step: int, send=None) -> tuple[torc
     return logits, readout
 
 
-def send_candidates(state: DecodeState, lane, planner: BranchPlanner, w: list[int], step: int,
+def send_candidates(state: DecodeState, lane: DraftLane, planner: BranchPlanner, w: list[int], step: int,
                     logits_exit: torch.Tensor) -> ExitReadout:
     """The early exit, inside the target pass after layer ℓ_e: top-κ per slot (d_j excluded) → M_t → draft lane."""
     t0 = state.now()
@@ -157,7 +160,7 @@ def commit_step(state: DecodeState, w: list[int], result: AcceptResult, reused: 
     return committed
 
 
-def next_window(state: DecodeState, lane, step: int, result: AcceptResult, hit: bool) -> DraftWindow | None:
+def next_window(state: DecodeState, lane: DraftLane, step: int, result: AcceptResult, hit: bool) -> DraftWindow | None:
     """Tell the draft lane (A_t, c) and the verdict; its reply is the next window (None: the lane failed)."""
     t0 = state.now()
     try:
@@ -193,7 +196,7 @@ def step_record(*, step: int, w: list[int], result: AcceptResult, committed: int
 DECODERS = {"ar": autoregressive_decode, "sd": vanilla_sd_decode, "mirror": mirror_sd_decode}
 
 
-def decode_events(state: DecodeState, lane) -> Iterator[list[Event]]:
+def decode_events(state: DecodeState, lane: DraftLane) -> Iterator[list[Event]]:
     """Run the request's decoder, yielding a batch of events per step; the last batch ends with RunEnd."""
     try:
         yield from DECODERS[state.req.decoder](state, lane)

@@ -33,7 +33,8 @@ def test_model_card_reports_the_engine_measured_quality():
         assert card["speculation"][key]["runs_that_fell_back_to_the_target"] == 0
 
 
-@pytest.mark.parametrize("draft", [DRAFT_AR, pytest.param(DRAFT_SS, marks=pytest.mark.slow)])
+@pytest.mark.slow  # the toy architectures' equality is in the default tier (test_equivalence.py)
+@pytest.mark.parametrize("draft", [DRAFT_AR, DRAFT_SS])
 def test_every_decoder_equals_transformers_greedy_on_the_shipped_pair(draft, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with MirrorEngine.load(TARGET, draft, LaneConfig(dtype="float32", kind="inline")) as engine:

@@ -219,6 +219,7 @@ def test_page_explains_a_missing_default_pair(tmp_path):
     assert any("No model pair available yet" in t and "--target" in t for t in texts)
 
 
+@pytest.mark.slow  # a subprocess start (the in-process app above serves the default tier's page tests)
 def test_app_py_starts_without_models_prints_its_url_and_serves(tmp_path):
     """`python app.py` with no usable pair still serves the page (the banner/Run say what to do)."""
     port = _free_port()

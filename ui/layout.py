@@ -28,6 +28,14 @@ from .settings import (
 )
 from .streaming import DONE, RESET, STATUS, TEXT, Tick, final_status, replay, run_comparison
 
+
+
+def _asset(name: str) -> str:
+    """A file of the page beside this module (CSS, JS): plain files, so editors and linters read them as such."""
+    with open(os.path.join(os.path.dirname(__file__), name), encoding="utf-8") as f:
+        return f.read()
+
+
 COLUMNS = DECODER_ORDER  # left to right on the page: the order they run in
 QUEUE_MAX_SIZE = 32                # waiting requests beyond this are turned away ("queue is full")
 # Gradio's queue loops poll every 1 ms (jobs) and 10 ms (progress) on Linux (`Queue.sleep_when_free`,
@@ -43,51 +51,7 @@ HONESTY = ("Decoders run **one after another**, each with both lanes to itself, 
            "draws the plots itself. If this browser runs on the machine that runs the lanes, drawing still takes "
            "some CPU from them: untick *Live plots* (under *Speculation and sampling*) to measure first and draw at "
            "the end, and use *Repeats* to see the spread.")
-CSS = """
-.mirror-table {border-collapse: collapse; font-size: 0.9em; margin: 0.4em 0; display: block; max-width: 100%; overflow-x: auto;}
-.mirror-table th, .mirror-table td {border: 1px solid #e5e7eb; padding: 3px 8px; text-align: left; vertical-align: top;}
-.mirror-def {color: #6b7280; font-size: 0.9em;}
-.mirror-bar {height: 0.9em; min-width: 2px; background: #6366f1; border-radius: 2px;}
-#mirror-whatif-table td:nth-child(2) {width: 40%; min-width: 8em;}
-.mirror-chip {display: inline-block; border-radius: 4px; padding: 0 4px; margin: 1px; background: #f1f5f9;}
-.mirror-chip-hit {background: #bbf7d0; outline: 1px solid #16a34a;}
-.mirror-chip-pruned {color: #94a3b8; background: #f8fafc; outline: 1px dashed #cbd5e1;}
-.mirror-reused td {background: #cffafe;}
-.mirror-unreachable {opacity: 0.45;}
-.mirror-slot-head th {background: #f3f4f6; font-weight: 500;}
-.mirror-tree-slot {display: flex; gap: 10px; padding: 4px 0; border-top: 1px solid #e5e7eb;}
-.mirror-tree-label {min-width: 9em;}
-.mirror-tree-dim {opacity: 0.45;}
-.mirror-branch {white-space: nowrap; margin: 2px 0;}
-.mirror-node {display: inline-block; border: 1px solid #cbd5e1; border-radius: 4px; padding: 0 4px; background: #fff;}
-.mirror-node-hit {background: #bbf7d0; border-color: #16a34a;}
-.mirror-node-reused {background: #cffafe; border-color: #0891b2;}
-.mirror-node-pruned {background: #f1f5f9; color: #94a3b8; border-style: dashed;}
-.mirror-edge {color: #94a3b8; margin: 0 3px;}
-.mirror-fast {color: #15803d; font-weight: 600;}
-.mirror-slow {color: #b91c1c; font-weight: 600;}
-.mirror-rejected {color: #b91c1c; opacity: 0.75;}
-.mirror-tokens {margin-top: 1.4em; white-space: pre-wrap; font-family: ui-monospace, monospace; line-height: 1.5; height: 24em; max-height: 24em; overflow-y: auto;}
-.mirror-plot {position: relative; margin: 10px 0;}
-.mirror-plot-title {font-size: 15px; margin: 4px 0 2px 16px;}
-.mirror-plot-legend {font-size: 12px; margin: 2px 0 6px 16px;}
-.mirror-plot-legend span {margin-right: 12px; white-space: nowrap; display: inline-block;}
-.mirror-plot-legend i {display: inline-block; width: 10px; height: 10px; margin-right: 4px; vertical-align: middle; background: var(--c);}
-.mirror-plot-legend i.line {height: 3px;}
-.mirror-plot-legend i.dot {border-radius: 50%; width: 7px; height: 7px;}
-.mirror-plot-legend i.cross {background: none; color: var(--c); width: auto; height: auto; font-style: normal;}
-.mirror-plot-legend i.cross::before {content: "✕";}
-.mirror-plot-tip {display: none; position: absolute; pointer-events: none; background: #111827; color: #fff;
-  font-size: 12px; padding: 3px 6px; border-radius: 4px; white-space: nowrap; z-index: 5;}
-.mirror-plot-empty {color: #6b7280;}
-.mirror-plot-cursor {display: none; position: absolute; width: 2px; background: #111827; pointer-events: none; z-index: 4;}
-.mirror-plot-steps canvas {cursor: pointer;}
-.mirror-tokens [data-step] {cursor: pointer;}
-.mirror-special {font-style: italic; opacity: 0.6;}
-.mirror-prompt {color: #9ca3af;}
-.mirror-rejected-count, .mirror-notes {color: #6b7280; font-size: 0.85em;}
-.mirror-legend .mirror-chip, .mirror-legend del {margin-right: 6px;}
-"""
+CSS = _asset("page.css")  # the page's styles (ui/page.css)
 
 # demo.launch(**LAUNCH) everywhere the page is served. Gradio's run history is off: it keeps every run's inputs and
 # outputs in the browser's localStorage (up to 100 runs) and, while a generator streams, re-serialises that whole
@@ -108,23 +72,7 @@ REPLAY_SPEEDS = {"1×": 1.0, "0.5×": 0.5, "0.25×": 0.25, "0.1×": 0.1, "0.05×
 # as a template with ${value} does, cost the page tens of ms per update at 900 tokens), and the box follows the
 # newest token unless the reader scrolled up.
 TOKENS_TEMPLATE = '<div class="mirror-tokens"></div>'
-TOKENS_JS = """
-let shown = "", follow = true;
-element.addEventListener('scroll', (e) => {
-  const b = e.target;
-  if (b.classList && b.classList.contains('mirror-tokens')) follow = b.scrollTop + b.clientHeight >= b.scrollHeight - 8;
-}, true);
-function sync() {
-  const box = element.querySelector('.mirror-tokens'), value = props.value || '';
-  if (!box || value === shown) return;
-  if (shown && value.startsWith(shown)) box.insertAdjacentHTML('beforeend', value.slice(shown.length));
-  else box.innerHTML = value;
-  shown = value;
-  if (follow) box.scrollTop = box.scrollHeight;
-}
-watch('value', sync);
-sync();
-"""
+TOKENS_JS = _asset("tokens.js")  # the stream boxes' append-only script (ui/tokens.js)
 # The four live plots: the value is the feed (ui/plots.py), drawn on canvases in the browser by ui/live_plots.js.
 PLOTS_TEMPLATE = "".join(f'<div class="mirror-plot mirror-plot-{name}"></div>' for name in ("race", "steps", "gantt",
                                                                                           "accept"))

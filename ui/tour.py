@@ -5,6 +5,7 @@ by itself on a visitor's first visit (the browser remembers that it was seen) an
 from __future__ import annotations
 
 import json
+import os
 
 STOPS = (
     ("#mirror-prompt", "1 · Prompt and Run",
@@ -64,17 +65,8 @@ try { seen = localStorage.getItem('mirror-tour-seen') === '1'; } catch (e) {}
 if (!seen) setTimeout(() => show(0), 800);
 """
 
-CSS = """
-#mirror-tour {position: absolute; top: 10px; right: 12px; width: auto; z-index: 10; padding: 0; border: 0; background: none;}
-.mirror-tour-open {font-size: 0.85em; padding: 2px 8px; border: 1px solid #cbd5e1; border-radius: 4px; background: #f8fafc;}
-.mirror-tour {position: fixed; right: 16px; bottom: 16px; width: 340px; z-index: 1000; background: #fff;
-  border: 1px solid #6366f1; border-radius: 8px; padding: 10px 12px; box-shadow: 0 4px 16px rgba(0,0,0,0.15);}
-.mirror-tour-title {font-weight: 600; margin-bottom: 4px;}
-.mirror-tour-text {font-size: 0.9em;}
-.mirror-tour-nav {margin-top: 8px; display: flex; gap: 6px; justify-content: flex-end;}
-.mirror-tour-nav button {border: 1px solid #cbd5e1; border-radius: 4px; padding: 1px 8px; background: #f8fafc;}
-.mirror-tour-mark {outline: 3px solid #6366f1 !important; outline-offset: 2px;}
-"""
+with open(os.path.join(os.path.dirname(__file__), "tour.css"), encoding="utf-8") as _f:
+    CSS = _f.read()  # the tour panel's styles (ui/tour.css)
 
 
 def stops_json() -> str:

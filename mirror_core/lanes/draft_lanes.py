@@ -11,16 +11,32 @@ import os
 import queue
 import threading
 from dataclasses import dataclass
+from typing import Protocol
 
 from .. import machine
 from ..config import FaultPlan, LaneConfig, MirrorError
 from ..draft_worker import DraftWorker
 from ..messages import DraftStart, DraftWindow, ResolveRequest
 from ..runners.calibrate import Calibration
+from ..runners.mapped import runner_name
 from .channel import Channel, ChannelClosed, ChannelHandle, wait_until
 from .codec import LaneError, LaneFailed, LaneReady, LaneShutdown, decode, encode
-from ..runners.mapped import runner_name
 from .placement import pinned
+
+
+class DraftLane(Protocol):
+    """What the decode loops ask of a draft lane, whatever runs it (InlineLane, ThreadLane, ProcessLane)."""
+
+    kind: str                 # "inline", "thread" or "process" (what the run settings and the page say)
+    parallel: bool            # the draft works while the target does (False: inline, served when a window is asked)
+    calibration: Calibration  # the draft's dtype per shape, timed where it runs
+    runner_name: str          # which runner executes the draft
+
+    def start(self, cmd: DraftStart) -> None: ...            # a request's prefill and first rollout, sent
+    def branch(self, cmd) -> None: ...                       # M_t (BranchRequest), sent
+    def resolve(self, cmd: ResolveRequest) -> DraftWindow: ...  # (A_t, c) → the next window
+    def drain(self) -> None: ...                             # forget what a finished request left in flight
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -81,6 +97,7 @@ class InlineLane:
     """Serial: the draft runs on the caller's thread while the target waits (no overlap; tests, 1-core machines)."""
 
     kind = "inline"
+    parallel = False
 
     def __init__(self, worker: DraftWorker, calibration: Calibration):
         self.serve, self.calibration = _Serve(worker), calibration
@@ -109,6 +126,7 @@ class ThreadLane:
     """A thread of this process (on one CUDA device it gets its own stream); shares the GIL."""
 
     kind = "thread"
+    parallel = True
 
     def __init__(self, worker: DraftWorker, calibration: Calibration):
         self.serve, self.calibration = _Serve(worker), calibration
@@ -155,6 +173,7 @@ class ProcessLane:
     """The draft model in its own spawned process, pinned to its cores, talking through shared memory."""
 
     kind = "process"
+    parallel = True
 
     def __init__(self, spec: DraftLaneSpec, timeout_s: float):
         self.spec, self.timeout_s = spec, timeout_s

@@ -195,7 +195,8 @@ class FastLlamaRunner:
     def _qkv(self, layer: _Layer, x: torch.Tensor, cos, sin, plan: RowPlan | None = None):
         """x [B, T, H] → q [B, Hq, T, D], k and v [B, Hkv, T, D] with RoPE applied."""
         b, t, _ = x.shape
-        qkv = self._matmul(rms_norm(x, layer.ln1, self.eps), layer.w_qkv, plan and plan.band("qkv"))  # [B, T, (Hq+2Hkv)·D]
+        band = plan and plan.band("qkv")
+        qkv = self._matmul(rms_norm(x, layer.ln1, self.eps), layer.w_qkv, band)            # [B, T, (Hq+2Hkv)·D]
         if layer.b_qkv is not None:
             qkv = qkv + layer.b_qkv
         d = self.head_dim
@@ -215,7 +216,8 @@ class FastLlamaRunner:
         return x + self._matmul(F.silu(gate) * up, layer.w_down, band("down"))            # [B, T, H]
 
     def _head(self, x: torch.Tensor, plan: RowPlan | None = None) -> torch.Tensor:
-        return self._matmul(rms_norm(x, self.norm, self.eps), self.lm_head, plan and plan.band("head")).float()  # [..., V]
+        band = plan and plan.band("head")
+        return self._matmul(rms_norm(x, self.norm, self.eps), self.lm_head, band).float()  # [..., V]
 
     def _exit_readout(self, x: torch.Tensor, layer: int, plan: RowPlan | None = None) -> torch.Tensor:
         """The layer-ℓ_e readout: the trained exit head when it was trained for this layer, else the logit lens."""
@@ -293,8 +295,8 @@ class FastLlamaRunner:
         return self._head(x, plan)[0]                                                     # [T, V]
 
     def _key_buckets(self, cache: FastCache, start: int, rows: int) -> list[tuple[int, int, int, torch.Tensor]]:
-        """Attention under a row plan: rows grouped by their key bucket (own length rounded up to KEY_BUCKET), each group
-        as (first row, end row, keys, may-attend [1, rows, keys]). A row then reduces over the same key axis
+        """Attention under a row plan: rows grouped by their key bucket (own length rounded up to KEY_BUCKET), each
+        group as (first row, end row, keys, may-attend [1, rows, keys]). A row then reduces over the same key axis
         whether it is alone (AR) or in a window, so its rounding cannot depend on the call. Entries past a row's
         length are masked (probability exactly 0); the cache is zero-initialised so 0 × value stays 0."""
         groups, lo = [], 0

@@ -1,4 +1,5 @@
-"""A reduced-vocabulary draft's runner (models/vocab.py) in the target's token ids: ids mapped in, logits scattered out."""
+"""A reduced-vocabulary draft's runner (models/vocab.py) in the target's token ids: ids mapped in, logits
+scattered out."""
 from __future__ import annotations
 
 import torch

@@ -18,8 +18,9 @@ How a band is found (`search_plan`): the operation is run on P identical rows fo
 sizes whose rows all equal each other form runs of consecutive P with one value, and every maximal run [a, b]
 is an exact band (b = EXACT_ROWS: no upper bound). Of these, the one with the least summed slowdown of its AR
 step (1 row) and its window (γ + 1 rows at the default γ) against the fastest band at each is taken, timed with
-the operation's real weights and the lane's threads (`cheapest`). The whole forward is then checked end to end (`check_rows`: 17 positions one at a time against windows of
-2..17 rows, bitwise) and, only if that fails, every band falls back to [1, 1]. Where even that is not exact,
+the operation's real weights and the lane's threads (`cheapest`). The whole forward is then checked end to end
+(`check_rows`: 17 positions one at a time against windows of 2..17 rows, bitwise) and, only if that fails,
+every band falls back to [1, 1]. Where even that is not exact,
 the run says so: "not bit-exact on this CPU" (`RowCheck.describe`), never a silent pass.
 
 Attention has a second call-shape dependence, the key axis: a longer axis blocks the weighted sum of values
