@@ -21,10 +21,12 @@ from .events import (
     ORIGIN_ACCEPTED,
     ORIGIN_BONUS,
     ORIGIN_CORRECTION,
+    ORIGIN_TARGET,
     STAGE_ACCEPT,
     STAGE_DRAFT_BRANCHES,
     STAGE_EXIT_READOUT,
     STAGE_TARGET_PREFIX,
+    STAGE_TARGET_STEP,
     STAGE_TARGET_SUFFIX,
     STAGE_TARGET_VERIFY,
     STAGE_WAIT,
@@ -34,7 +36,7 @@ from .events import (
 from .lanes.codec import LaneError
 from .messages import BranchRequest, DraftStart, DraftWindow, ExitReadout, ResolveRequest, branch_rows
 from .planner import BranchPlanner
-from .sampling import warp_logits
+from .sampling import target_token, warp_logits
 from .verify import AcceptResult, accept
 
 if TYPE_CHECKING:
@@ -45,7 +47,21 @@ def autoregressive_decode(state: DecodeState, lane: DraftLane) -> Iterator[list[
     """ar: the target alone, one token per forward (the baseline)."""
     state.prefill()
     yield state.flush()
-    yield from state.target_only(step=0)
+    yield from target_steps(state, step=0)
+
+
+def target_steps(state: DecodeState, step: int) -> Iterator[list[Event]]:
+    """Plain autoregressive steps until the run ends (the ar decoder, and the draft-failure fallback)."""
+    while not state.done:
+        state.check_stop()
+        step += 1
+        t0 = state.now()
+        logits = state.target.forward(state.cache, state.ids[-1:])                          # [1, V]
+        token = target_token(logits[-1], state.cfg, len(state.ids))
+        state.span(STAGE_TARGET_STEP, t0, state.now(), step)
+        state.single_steps += 1
+        state.commit([(token, ORIGIN_TARGET, False)], step)
+        yield state.flush()
 
 
 def vanilla_sd_decode(state: DecodeState, lane: DraftLane) -> Iterator[list[Event]]:
@@ -82,7 +98,7 @@ def speculative_decode(state: DecodeState, lane: DraftLane, mirror: bool) -> Ite
         yield state.flush()
         window, reused = following, bool(hit)
     if not state.done:  # the draft lane failed: finish on the target alone, same output
-        yield from state.target_only(step)
+        yield from target_steps(state, step)
 
 
 def start_draft_lane(state: DecodeState, lane: DraftLane) -> bool:

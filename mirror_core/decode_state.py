@@ -14,7 +14,6 @@ from .events import (
     TARGET_BUSY_STAGES,
     ORIGIN_TARGET,
     STAGE_PREFILL,
-    STAGE_TARGET_STEP,
     RejectedEvent,
     RunEnd,
     RunSettings,
@@ -96,19 +95,6 @@ class DecodeState:
         self.span(STAGE_PREFILL, t0, self.now(), 0)
         self.commit([(token, ORIGIN_TARGET, False)], 0)
         return token
-
-    def target_only(self, step: int):
-        """Plain autoregressive steps until the run ends (the ar decoder, and the draft-failure fallback)."""
-        while not self.done:
-            self.check_stop()
-            step += 1
-            t0 = self.now()
-            logits = self.target.forward(self.cache, self.ids[-1:])  # [1, V]
-            token = target_token(logits[-1], self.cfg, len(self.ids))
-            self.span(STAGE_TARGET_STEP, t0, self.now(), step)
-            self.single_steps += 1
-            self.commit([(token, ORIGIN_TARGET, False)], step)
-            yield self.flush()
 
     def keep_accepted(self, accepted: int) -> None:
         """After acceptance: the target cache keeps w0 and d1..d_A; the rejected drafts' entries are dropped."""

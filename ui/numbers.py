@@ -96,7 +96,7 @@ def sampling_line(done: list[DecoderRun]) -> str:
 
 
 def target_line(run: DecoderRun) -> str:
-    """How the target computed its logits (runners.check_rows at load): what makes every decoder's tokens AR's."""
+    """How the target computed its logits (runners/rows.py, checked at load): what makes every decoder's tokens AR's."""
     settings = run.start.settings if run.start else None
     if settings is None:
         return ""
