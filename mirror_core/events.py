@@ -7,11 +7,11 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Union
 
 from .config import LaneConfig, Request
+from .runners.rows import UNCHECKED, RowCheck
 
 if TYPE_CHECKING:
     from .metrics import RunSummary
     from .runners.calibrate import Calibration
-    from .runners.rows import RowCheck
 
 # Where a committed token came from.
 ORIGIN_TARGET = "target"          # produced by the target alone (prefill token, AR step, target-only fallback)
@@ -49,7 +49,7 @@ class RunSettings:
     target: str            # the target's source (hub id or folder)
     draft: str | None      # the draft's source (None: target only)
     target_runner: str     # which runner executes the target (FastLlamaRunner, HFRunner)
-    target_rows: RowCheck | None = None       # whether the target is one function here, and how (runners/rows.py)
+    target_rows: RowCheck = UNCHECKED         # whether the target is one function here, and how (runners/rows.py)
     target_dtype: Calibration | None = None   # the target lane's dtype and the timings behind it
     draft_dtype: Calibration | None = None    # the draft lane's dtype per shape (step, branch rows)
     exit_readout: str = "logit lens"          # how the layer-ℓ_e candidates were read out (PairInfo.exit_readout)

@@ -5,7 +5,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import html
-import os
 import re
 
 import gradio as gr
@@ -30,12 +29,6 @@ from .streaming import DONE, RESET, STATUS, TEXT, Tick, final_status, replay, ru
 
 
 
-def _asset(name: str) -> str:
-    """A file of the page beside this module (CSS, JS): plain files, so editors and linters read them as such."""
-    with open(os.path.join(os.path.dirname(__file__), name), encoding="utf-8") as f:
-        return f.read()
-
-
 COLUMNS = DECODER_ORDER  # left to right on the page: the order they run in
 QUEUE_MAX_SIZE = 32                # waiting requests beyond this are turned away ("queue is full")
 # Gradio's queue loops poll every 1 ms (jobs) and 10 ms (progress) on Linux (`Queue.sleep_when_free`,
@@ -51,7 +44,7 @@ HONESTY = ("Decoders run **one after another**, each with both lanes to itself, 
            "draws the plots itself. If this browser runs on the machine that runs the lanes, drawing still takes "
            "some CPU from them: untick *Live plots* (under *Speculation and sampling*) to measure first and draw at "
            "the end, and use *Repeats* to see the spread.")
-CSS = _asset("page.css")  # the page's styles (ui/page.css)
+CSS = render.asset("page.css")  # the page's styles (ui/page.css)
 
 # demo.launch(**LAUNCH) everywhere the page is served. Gradio's run history is off: it keeps every run's inputs and
 # outputs in the browser's localStorage (up to 100 runs) and, while a generator streams, re-serialises that whole
@@ -72,11 +65,11 @@ REPLAY_SPEEDS = {"1×": 1.0, "0.5×": 0.5, "0.25×": 0.25, "0.1×": 0.1, "0.05×
 # as a template with ${value} does, cost the page tens of ms per update at 900 tokens), and the box follows the
 # newest token unless the reader scrolled up.
 TOKENS_TEMPLATE = '<div class="mirror-tokens"></div>'
-TOKENS_JS = _asset("tokens.js")  # the stream boxes' append-only script (ui/tokens.js)
+TOKENS_JS = render.asset("tokens.js")  # the stream boxes' append-only script (ui/tokens.js)
 # The four live plots: the value is the feed (ui/plots.py), drawn on canvases in the browser by ui/live_plots.js.
 PLOTS_TEMPLATE = "".join(f'<div class="mirror-plot mirror-plot-{name}"></div>' for name in ("race", "steps", "gantt",
                                                                                           "accept"))
-PLOTS_JS = os.path.join(os.path.dirname(__file__), "live_plots.js")  # read when the page is built
+PLOTS_JS = "live_plots.js"  # beside this module, read when the page is built
 
 
 def by_name(outputs: Sequence) -> dict[str, object]:
@@ -229,9 +222,8 @@ def _views(status: gr.Markdown) -> Views:
                     out[f"{d}_text"] = gr.Textbox(label="Committed text", lines=3, interactive=False,
                                                   buttons=["copy"], elem_id=f"mirror-text-{d}")
     gr.Markdown(HONESTY)  # below the streams: the first screen shows the prompt, Run, the status and the streams
-    with open(PLOTS_JS, encoding="utf-8") as f:
-        plots_js = f.read()
-    out["plots"] = gr.HTML("", elem_id="mirror-plots", html_template=PLOTS_TEMPLATE, js_on_load=plots_js,
+    out["plots"] = gr.HTML("", elem_id="mirror-plots", html_template=PLOTS_TEMPLATE,
+                           js_on_load=render.asset(PLOTS_JS),
                            config=plots.config_json())
     with gr.Row():
         with gr.Column():

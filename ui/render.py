@@ -8,8 +8,15 @@ bytes per comparison grow linearly with the tokens (docs/BENCHMARKS.md, "Bytes p
 from __future__ import annotations
 
 import html
+import os
 
 from mirror_core import TokenEvent
+
+
+def asset(name: str) -> str:
+    """A file of the page beside these modules (CSS, JS): plain files, so editors and linters read them as such."""
+    with open(os.path.join(os.path.dirname(__file__), name), encoding="utf-8") as f:
+        return f.read()
 
 
 # A committed token's origin, as the stream's colours and tooltips name it.

@@ -5,7 +5,8 @@ by itself on a visitor's first visit (the browser remembers that it was seen) an
 from __future__ import annotations
 
 import json
-import os
+
+from .render import asset
 
 STOPS = (
     ("#mirror-prompt", "1 · Prompt and Run",
@@ -65,8 +66,7 @@ try { seen = localStorage.getItem('mirror-tour-seen') === '1'; } catch (e) {}
 if (!seen) setTimeout(() => show(0), 800);
 """
 
-with open(os.path.join(os.path.dirname(__file__), "tour.css"), encoding="utf-8") as _f:
-    CSS = _f.read()  # the tour panel's styles (ui/tour.css)
+CSS = asset("tour.css")  # the tour panel's styles (ui/tour.css)
 
 
 def stops_json() -> str:

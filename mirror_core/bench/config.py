@@ -10,7 +10,7 @@ PEER_DECODERS = ("hf", "hf_assisted")
 BENCH_DECODERS = tuple(ENGINE_DECODERS) + PEER_DECODERS
 SWEEP_AXES = {"gamma": "gamma", "kappa": "kappa", "exit": "exit_layer",  # --sweep name → SpecConfig field
               "budget": "branch_budget"}
-_USES_GAMMA = ("sd", "mirror", "hf_assisted")
+DRAFTING_DECODERS = ("sd", "mirror", "hf_assisted")  # the decoders a γ applies to
 
 
 @dataclass(frozen=True)
@@ -41,4 +41,4 @@ class BenchConfig:
 
     @property
     def needs_draft(self) -> bool:
-        return any(d in _USES_GAMMA for d in self.decoders)
+        return any(d in DRAFTING_DECODERS for d in self.decoders)

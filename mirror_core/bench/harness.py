@@ -30,7 +30,7 @@ from ..latency import LatencyModel, ar_step_time, hidden_draft_bound, latency_mo
 from ..machine import usable_cpus
 from ..metrics import RunSummary
 from ..models.loading import encode_text
-from .config import _USES_GAMMA, BENCH_DECODERS, ENGINE_DECODERS, PEER_DECODERS, SWEEP_AXES, BenchConfig
+from .config import BENCH_DECODERS, DRAFTING_DECODERS, ENGINE_DECODERS, PEER_DECODERS, SWEEP_AXES, BenchConfig
 from .rows import BenchRow, ModelMs, run_metrics
 
 
@@ -171,7 +171,7 @@ def plan(engine: MirrorEngine, config: BenchConfig, probe: tuple[int, ...]) -> l
             exit_layer = engine.validate(Request(probe, ENGINE_DECODERS.get(decoder, "ar"), config.max_new_tokens,
                                                  config.sampling, spec))
             spec = replace(spec, exit_layer=exit_layer)
-            cells.append(Cell(decoder, spec, spec.gamma if decoder in _USES_GAMMA else None,
+            cells.append(Cell(decoder, spec, spec.gamma if decoder in DRAFTING_DECODERS else None,
                               spec.kappa if decoder == "mirror" else None, exit_layer if decoder == "mirror" else None,
                               spec.branch_budget if decoder == "mirror" else None))
     return cells

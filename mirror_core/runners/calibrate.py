@@ -116,7 +116,8 @@ def calibrate_target(runner, vocab_size: int, requested: str, config) -> tuple[C
     names = candidates(runner) if requested == "auto" else [requested]
     prefix, ids = _probe(runner, WINDOW)
     shapes = {"step": lambda c: runner.forward(c, ids[:1]), "window": lambda c: runner.forward(c, ids)}
-    cal = _cached(runner, "target", names, list(shapes), config)
+    path = _cache_path(runner, "target", names, list(shapes), config)
+    cal = _read(path, "target", names, list(shapes))
     known = dict(cal.exact) if cal is not None else {}
     checks: dict[str, RowCheck] = {}
 
@@ -133,7 +134,7 @@ def calibrate_target(runner, vocab_size: int, requested: str, config) -> tuple[C
     cal = replace(cal, requested=requested, sequence=choice, rows=choice, exact=tuple({**known, **checks}.items()),
                   note="forced by --dtype" if requested != "auto" else f"fastest window of {WINDOW} tokens")
     if not cal.cached or checks[choice].source == "measured":  # new timings, or a cached plan that failed its check
-        _write(_cache_path(runner, "target", names, list(shapes), config), cal)
+        _write(path, cal)
     runner.drop_unused_dtypes()
     return cal, checks[choice]
 
@@ -153,11 +154,12 @@ def calibrate_draft(runner, requested: str, config) -> Calibration:
             runner.forward_rows(branches, tokens)
 
     shapes = {"step": lambda c: runner.forward(c, ids[:width]), "rows": rows}
-    cal = _cached(runner, "draft", names, list(shapes), config)
+    path = _cache_path(runner, "draft", names, list(shapes), config)
+    cal = _read(path, "draft", names, list(shapes))
     if cal is None:
         cal = _time(runner, "draft", requested, names, BRANCH_ROWS, shapes, lambda n: runner.set_dtypes(DTYPES[n]),
                     prefix)
-        _write(_cache_path(runner, "draft", names, list(shapes), config), cal)
+        _write(path, cal)
     if requested == "auto":
         best = {s: _fastest(cal, cal.timed(names), s) for s in shapes}
         cal = replace(cal, sequence=best["step"], rows=best["rows"], note="fastest step and fastest branch rollout")
@@ -215,11 +217,6 @@ def _generic(runner, lane: str, requested: str) -> Calibration:
                        note="forced by --dtype" if requested != "auto" else "generic runner: the loaded dtype, not timed")
 
 
-def _cached(runner, lane: str, names: list[str], shapes: list[str], config) -> Calibration | None:
-    """The timing table this machine measured for this model shape before, if the cache folder has it."""
-    return _read(_cache_path(runner, lane, names, shapes, config), lane, names, shapes)
-
-
 def _time(runner, lane: str, requested: str, candidates: list[str], rows: int, shapes: dict, prepare,
           prefix: list[int]) -> Calibration:
     """Screen the candidates (_screen, with `rows` rows), then time the rest × shapes on this runner: rounds of
@@ -248,6 +245,7 @@ def _time(runner, lane: str, requested: str, candidates: list[str], rows: int, s
 
 
 def _cache_path(runner, lane: str, names: list[str], shapes: list[str], config) -> str:
+    """Where this machine keeps the timing table (and row plans) for this model shape, lane and dtypes."""
     return os.path.join(cache_dir("calibration"), _cache_key(runner, lane, names, shapes, config) + ".json")
 
 

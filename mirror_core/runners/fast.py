@@ -210,10 +210,10 @@ class FastLlamaRunner:
         return q, k, v.view(b, t, self.h_kv, d).transpose(1, 2)
 
     def _mlp_residual(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor, plan: RowPlan | None = None):
-        band = (lambda op: plan.band(op)) if plan is not None else (lambda op: None)  # noqa: E731
-        x = x + self._matmul(attn, layer.w_o, band("o"))                                  # [B, T, H]
-        gate, up = self._matmul(rms_norm(x, layer.ln2, self.eps), layer.w_gate_up, band("gate_up")).chunk(2, -1)
-        return x + self._matmul(F.silu(gate) * up, layer.w_down, band("down"))            # [B, T, H]
+        x = x + self._matmul(attn, layer.w_o, plan and plan.band("o"))                    # [B, T, H]
+        gate, up = self._matmul(rms_norm(x, layer.ln2, self.eps), layer.w_gate_up,
+                                plan and plan.band("gate_up")).chunk(2, -1)               # [B, T, I] each
+        return x + self._matmul(F.silu(gate) * up, layer.w_down, plan and plan.band("down"))  # [B, T, H]
 
     def _head(self, x: torch.Tensor, plan: RowPlan | None = None) -> torch.Tensor:
         band = plan and plan.band("head")
