@@ -7,6 +7,9 @@ Mirror-SD, one step (docs/ALGORITHM.md §2.3), for the window W = [w0, d1..dγ]:
   adopts branch(τ, c), else it rolls out afresh → next window.
 Vanilla SD is the same loop without the readout: no branches, so every next window is a fresh
 rollout after verification (serial).
+A feature-reading draft (models/feature_draft.py) also gets the target's hidden states h^(ℓ_e): the prompt's with
+the first ResolveRequest, the window slots' with M_t, and those of w0, d1..d_{A_t} with each ResolveRequest (vanilla
+SD takes them from the same layer of its verification pass), so SD and Mirror-SD differ only in scheduling.
 """
 from __future__ import annotations
 
@@ -75,9 +78,10 @@ def mirror_sd_decode(state: DecodeState, lane: DraftLane) -> Iterator[list[Event
 def speculative_decode(state: DecodeState, lane: DraftLane, mirror: bool) -> Iterator[list[Event]]:
     """sd and mirror: verify a draft window in one target pass, commit A_t drafts and c, get the next window."""
     lane_ok = start_draft_lane(state, lane)                            # the draft prefills while the target does
-    c0 = state.prefill()
+    c0, h_prompt = state.prefill()                                     # h_prompt: [P, H] for a feature draft, else None
     yield state.flush()
-    window = next_window(state, lane, 0, AcceptResult(0, c0, ()), hit=False) if lane_ok and not state.done else None
+    window = next_window(state, lane, 0, AcceptResult(0, c0, ()), False, h_prompt) if lane_ok and not state.done \
+        else None
     # an inline lane rolls the branches out only when the next window is asked for: nothing to fit, so auto keeps all
     planner = BranchPlanner(state.req.spec.branch_budget, state.req.spec.kappa, parallel=lane.parallel)
     step, reused = 0, False                                            # reused: this window is an adopted branch
@@ -85,12 +89,13 @@ def speculative_decode(state: DecodeState, lane: DraftLane, mirror: bool) -> Ite
         state.check_stop()
         step += 1
         w = [state.ids[-1], *window.tokens]                            # [w0, d1..dγ]
-        send = (lambda logits_exit: send_candidates(state, lane, planner, w, step, logits_exit)) if mirror else None
-        logits, readout = verify(state, w, step, send)                 # [γ+1, V]; M_t went out after layer ℓ_e
+        send = (lambda h: send_candidates(state, lane, planner, w, step, h)) if mirror else None
+        logits, readout, h = verify(state, w, step, send)              # [γ+1, V]; M_t went out after layer ℓ_e
         result = accept_window(state, logits, window, step)            # (A_t, c)
         hit = verdict(readout, result)                                 # c ∈ TopK_τ (None: no branches this step)
         committed = commit_step(state, w, result, reused, step)        # d1..d_{A_t}, then c
-        following = None if state.done else next_window(state, lane, step, result, bool(hit))
+        h_kept = None if h is None else h[: result.accepted + 1]      # [A_t+1, H]: w0, d1..d_{A_t}
+        following = None if state.done else next_window(state, lane, step, result, bool(hit), h_kept)
         if readout is not None:
             planner.after_step(readout, result.accepted, result.token, *branch_work(following))
         state.record(step_record(step=step, w=w, result=result, committed=committed, reused=reused,
@@ -111,26 +116,38 @@ def start_draft_lane(state: DecodeState, lane: DraftLane) -> bool:
         return False
 
 
-def verify(state: DecodeState, w: list[int], step: int, send=None) -> tuple[torch.Tensor, ExitReadout | None]:
-    """One target pass over the window → logits [γ+1, V]; with `send`, it gets the layer-ℓ_e readout mid-pass."""
+def verify(state: DecodeState, w: list[int], step: int, send=None
+           ) -> tuple[torch.Tensor, ExitReadout | None, torch.Tensor | None]:
+    """One target pass over the window → logits [γ+1, V]; with `send`, it gets the layer-ℓ_e hidden state mid-pass
+    (and sends M_t). Also returns h^(ℓ_e) [γ+1, H] (CPU) when the draft reads features, else None."""
     t0 = state.now()
-    if send is None:
-        logits = state.target.forward(state.cache, w)
-        state.span(STAGE_TARGET_VERIFY, t0, state.now(), step)
-        return logits, None
+    seen: list[torch.Tensor] = []
     sent: list[ExitReadout] = []
-    logits = state.target.forward(state.cache, w, state.exit_layer, lambda logits_exit: sent.append(send(logits_exit)))
+
+    def at_exit(h: torch.Tensor) -> None:                                      # h^(ℓ_e) [γ+1, H]
+        seen.append(h.cpu() if state.features else h)
+        if send is not None:
+            sent.append(send(h))
+
+    tap = send is not None or state.features
+    logits = state.target.forward(state.cache, w, state.exit_layer if tap else None, at_exit if tap else None)
+    h = seen[0] if state.features else None
+    if send is None:
+        state.span(STAGE_TARGET_VERIFY, t0, state.now(), step)
+        return logits, None, h
     readout = replace(sent[0], t_verified=state.now())
     state.span(STAGE_TARGET_PREFIX, t0, readout.t_readout, step)
     state.span(STAGE_EXIT_READOUT, readout.t_readout, readout.t_sent, step)
     state.span(STAGE_TARGET_SUFFIX, readout.t_sent, readout.t_verified, step)
-    return logits, readout
+    return logits, readout, h
 
 
 def send_candidates(state: DecodeState, lane: DraftLane, planner: BranchPlanner, w: list[int], step: int,
-                    logits_exit: torch.Tensor) -> ExitReadout:
-    """The early exit, inside the target pass after layer ℓ_e: top-κ per slot (d_j excluded) → M_t → draft lane."""
+                    h: torch.Tensor) -> ExitReadout:
+    """The early exit, inside the target pass after layer ℓ_e: top-κ per slot (d_j excluded) → M_t → draft lane
+    (with the slots' features h [γ+1, H] when the draft reads them)."""
     t0 = state.now()
+    logits_exit = state.target.exit_readout(h, state.exit_layer)              # [γ+1, V]
     slots = logits_exit.shape[0]                                               # γ+1
     x = logits_exit if state.cfg.greedy else warp_logits(logits_exit, state.cfg)  # same support as p_target
     drafts = torch.tensor(w[1:], device=x.device).unsqueeze(1)                 # [γ, 1]
@@ -142,7 +159,7 @@ def send_candidates(state: DecodeState, lane: DraftLane, planner: BranchPlanner,
     ids = torch.where(torch.isfinite(top.values), top.indices, -1)             # [γ+1, κ]
     topk_ids = tuple(tuple(r) for r in planner.select(ids, draft_is_top1).tolist())
     try:
-        lane.branch(BranchRequest(step, topk_ids))
+        lane.branch(BranchRequest(step, topk_ids, h.cpu() if state.features else None))
         delivered = True
     except LaneError:
         delivered = False
@@ -176,11 +193,13 @@ def commit_step(state: DecodeState, w: list[int], result: AcceptResult, reused: 
     return committed
 
 
-def next_window(state: DecodeState, lane: DraftLane, step: int, result: AcceptResult, hit: bool) -> DraftWindow | None:
-    """Tell the draft lane (A_t, c) and the verdict; its reply is the next window (None: the lane failed)."""
+def next_window(state: DecodeState, lane: DraftLane, step: int, result: AcceptResult, hit: bool,
+                features: torch.Tensor | None = None) -> DraftWindow | None:
+    """Tell the draft lane (A_t, c), the verdict and (a feature draft) the new positions' h^(ℓ_e); its reply is the
+    next window (None: the lane failed)."""
     t0 = state.now()
     try:
-        window = lane.resolve(ResolveRequest(step, result.accepted, result.token, hit))
+        window = lane.resolve(ResolveRequest(step, result.accepted, result.token, hit, features))
     except LaneError as exc:
         state.fallback = f"draft lane failed at step {step} ({exc}); finished on the target alone"
         return None

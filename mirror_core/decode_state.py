@@ -41,8 +41,9 @@ class DecodeState:
     """
 
     def __init__(self, request: Request, target: Runner, exit_layer: int, eos_ids: frozenset[int],
-                 stop: threading.Event | None, settings: RunSettings):
+                 stop: threading.Event | None, settings: RunSettings, features: bool = False):
         self.req, self.target, self.exit_layer = request, target, exit_layer
+        self.features = features  # the draft reads the target's h^(ℓ_e) (a feature-reading draft; ℓ_e is its layer)
         self.cfg = request.sampling
         self.eos_ids = eos_ids if request.stop_at_eos else frozenset()
         self.stop = stop
@@ -87,14 +88,17 @@ class DecodeState:
             raise StopRun()
 
     # -- target steps ----------------------------------------------------------------------
-    def prefill(self) -> int:
-        """Target prefill of the whole prompt; commits the first new token c0."""
+    def prefill(self) -> tuple[int, torch.Tensor | None]:
+        """Target prefill of the whole prompt; commits the first new token c0. Returns c0 and, for a feature-reading
+        draft, the prompt's h^(ℓ_e) [P, H] (on the CPU, for the draft lane)."""
         t0 = self.now()
-        logits = self.target.forward(self.cache, self.ids)  # [T, V]
+        seen: list[torch.Tensor] = []
+        layer = self.exit_layer if self.features else None
+        logits = self.target.forward(self.cache, self.ids, layer, seen.append if layer else None)  # [T, V]
         token = target_token(logits[-1], self.cfg, len(self.ids))
         self.span(STAGE_PREFILL, t0, self.now(), 0)
         self.commit([(token, ORIGIN_TARGET, False)], 0)
-        return token
+        return token, seen[0].cpu() if seen else None
 
     def keep_accepted(self, accepted: int) -> None:
         """After acceptance: the target cache keeps w0 and d1..d_A; the rejected drafts' entries are dropped."""

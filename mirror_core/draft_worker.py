@@ -228,3 +228,98 @@ class _Span:
         machine.synchronize(self.worker.runner.device)  # the draft lane's own stream only
         self.worker.spans.append((self.stage, self.t0, time.perf_counter()))
         return False
+
+
+class FeatureDraftWorker(DraftWorker):
+    """The draft lane's work for a feature-reading draft (models/feature_draft.py, runners/feature.py).
+
+    Its cache entry i is (x_{i+1}, f_i): it holds one entry fewer than the committed tokens, and an entry is exact
+    only once the target has computed f_i. So the prefill waits for the prompt's features (they come with
+    ResolveRequest step 0), and every ResolveRequest carries the features of w0, d1..d_{A_t}: the draft drops its
+    guessed entries back to `known` (entries from true features) and feeds (d1, f_w0) .. (c, f_{d_A}) before it
+    rolls out γ tokens on its own predicted features. M_t carries all γ+1 slots' features: the branch batch first
+    feeds (d1, f_w0) .. (d_γ, f_{d_{γ−1}}) once (the rows' shared prefix), then each row (j, v) starts at
+    (v, f_{slot j}), so an adopted branch's entries up to c are exact and a fallback reuses the first A_t.
+    """
+
+    def _start(self, req: DraftStart) -> None:
+        self.req = req
+        self.gen = torch.Generator().manual_seed(req.sampling.seed + 1)
+        self.cache = self.runner.new_cache()
+        self.tokens: list[int] = list(req.prompt_ids)   # committed tokens (the window's drafts are not)
+        self.known = 0                                  # cache entries built from the target's own features
+        self.prefix = 0                                 # entries past `known` fed with true features (M_t's)
+        self.window, self.p_window = [], None
+        self.branch_set = None
+        self.spans, self.forwards, self.produced = [], 0, 0
+
+    def _branch(self, cmd: BranchRequest) -> None:
+        with self._span(STAGE_DRAFT_BRANCHES):
+            gamma = self.req.gamma
+            self.runner.truncate(self.cache, self.known)
+            self.runner.forward(self.cache, self.window[:gamma], cmd.features[:gamma])  # (d_{j+1}, f_j), j < γ
+            self.prefix = gamma
+            self._count(0, 1)
+            rows = branch_rows(cmd.topk_ids)
+            if not rows:
+                self.branch_set = None
+                return
+            bcache = self.runner.fork(self.cache, [self.known + j for j, _ in rows])
+            ids = torch.tensor([v for _, v in rows], dtype=torch.long)                   # [R]
+            feats = cmd.features[torch.tensor([j for j, _ in rows])]                     # [R, H]
+            tokens, ps = [], []
+            for _ in range(gamma):
+                logits, feats = self.runner.forward_rows(bcache, ids, feats)             # [R, V], [R, H]
+                ids, p = draft_sample(logits, self.req.sampling, self.gen)
+                ids = ids.cpu()
+                tokens.append(ids)
+                ps.append(p)
+                self._count(len(rows), len(rows))
+            self.branch_set = _BranchSet(rows, torch.stack(tokens, 1),
+                                         None if ps[0] is None else torch.stack(ps, 1), bcache)
+
+    def _resolve(self, cmd: ResolveRequest) -> DraftWindow:
+        bs, self.branch_set = self.branch_set, None
+        branches = () if bs is None else tuple(tuple(r) for r in bs.tokens.tolist())
+        new = list(self.window[: cmd.accepted]) + [cmd.token]
+        row = None
+        if cmd.hit:
+            row = bs.rows.index((cmd.accepted, cmd.token))
+            with self._span(STAGE_SELECT_BRANCH):
+                self.cache = self.runner.select_row(bs.cache, row)
+            self.window = bs.tokens[row].tolist()
+            self.p_window = None if bs.p_draft is None else bs.p_draft[row]
+        else:
+            with self._span(STAGE_PREFILL if self.known == 0 else STAGE_DRAFT_ROLLOUT):
+                self._fresh_rollout_from(new, cmd.features)
+        self.tokens += new
+        self.known = len(self.tokens) - 1
+        self.prefix = 0
+        reply = DraftWindow(tuple(self.window), self.p_window, row, branches, self.spans, self.forwards, self.produced)
+        self.spans, self.forwards, self.produced = [], 0, 0
+        return reply
+
+    def _fresh_rollout_from(self, new: list[int], features: torch.Tensor) -> None:
+        """Feed the entries the new features complete, then draft γ tokens on predicted features."""
+        keep = self.known + min(self.prefix, len(new) - 1)   # entries (d_{j+1}, f_j) already fed for accepted d's
+        self.runner.truncate(self.cache, keep)
+        tokens = self.tokens + new
+        feed = tokens[keep + 1: len(tokens)]                 # x_{i+1} for entries keep..len(tokens)−2
+        logits, g = self.runner.forward(self.cache, feed, features[keep - self.known:])  # [T, V], [T, H]
+        window, ps = [], []
+        logits, g = logits[-1:], g[-1:]                                                   # [1, V], [1, H]
+        while True:
+            ids, p = draft_sample(logits, self.req.sampling, self.gen)
+            window.append(int(ids[0]))
+            ps += [] if p is None else list(p)
+            self._count(1, 1)                                 # one pass, one token
+            if len(window) == self.req.gamma:
+                break
+            logits, g = self.runner.forward(self.cache, window[-1:], g)
+        self.window = window
+        self.p_window = torch.stack(ps) if ps else None                                  # [γ, V]
+
+
+def worker_for(runner: Runner, fault: FaultPlan = FaultPlan()) -> DraftWorker:
+    """The draft lane's worker for this runner: a feature-reading draft's own, else the token-only one."""
+    return (FeatureDraftWorker if getattr(runner, "reads_features", False) else DraftWorker)(runner, fault)

@@ -29,6 +29,7 @@ from .metrics import RunSummary
 from .runners import build_runner
 from .runners.calibrate import Calibration, calibrate_target
 from .runners.rows import UNCHECKED, RowCheck
+from .models.feature_draft import feature_draft_config, is_feature_draft
 from .models.vocab import load_vocab_map
 
 
@@ -47,6 +48,7 @@ class PairInfo:
     draft_runner: str = ""                   # which runner executes the draft ("" without a draft)
     exit_head: dict | None = None            # the trained exit head in use (exit_head.py), None: the logit lens
     draft_vocab: int | None = None           # V_d of a reduced-vocabulary draft (models/vocab.py), None: all of V
+    draft_features: int | None = None        # ℓ_e whose hidden states a feature-reading draft reads, None: ids only
 
     def describe(self) -> dict:
         """What ran: the CLI's --json `pair` object (the numbers panel's "Ran:" line says the same from the run
@@ -59,7 +61,8 @@ class PairInfo:
         draft = None if self.draft is None else {
             "source": self.draft, "device": lanes.draft_device, "runner": self.draft_runner, "lane": lanes.kind,
             "dtype": None if self.draft_dtype is None else self.draft_dtype.label,
-            **({"vocab": self.draft_vocab} if self.draft_vocab else {})}
+            **({"vocab": self.draft_vocab} if self.draft_vocab else {}),
+            **({"reads_features_of_layer": self.draft_features} if self.draft_features else {})}
         return {"target": target, "draft": draft, "exit_head": self.exit_head}  # None: the target's own norm + LM head
 
     def exit_readout(self, layer: int) -> str:
@@ -99,7 +102,13 @@ class MirrorEngine:
         tokenizer = load_tokenizer(target)
         vocab = int(target_cfg.vocab_size)
         contexts = [_context_of(target_cfg)]
-        if draft is not None:
+        features = None  # a feature-reading draft's FeatureDraftConfig
+        if draft is not None and is_feature_draft(local_folder(draft)):
+            features = feature_draft_config(local_folder(draft))
+            vmap = load_vocab_map(local_folder(draft))
+            _check_feature_draft(features, target_cfg, vmap)
+            contexts.append(features.max_positions)
+        elif draft is not None:
             draft_cfg = load_config(ModelSpec(draft, lanes.draft_device, trust_remote_code), draft=True)
             vmap = load_vocab_map(local_folder(draft))
             vocab = shared_vocab_size(target_cfg, draft_cfg, tokenizer, load_tokenizer(draft),
@@ -116,11 +125,12 @@ class MirrorEngine:
             # with the target lane's threads: the kernels it will run; the dtype first, then its call-shape check
             dtype, rows = calibrate_target(runner, vocab, lanes.dtype, target_model.config)
         lane = None
+        known = [c for c in contexts if c]
         if draft is not None:
+            feature_floats = 0 if features is None else (min(known) + 2) * features.hidden_size  # the prompt's, at most
             lane = make_draft_lane(lanes, DraftLaneSpec(draft, lanes.draft_device, vocab, lanes.draft_threads,
                                                         lanes.draft_cpus, trust_remote_code, lanes.runner, lanes.dtype,
-                                                        lanes.fault))
-        known = [c for c in contexts if c]
+                                                        lanes.fault, feature_floats))
         info = PairInfo(target=target, draft=draft, num_layers=runner.num_layers, vocab_size=vocab,
                         max_context=min(known) if known else None, lanes=lanes, target_runner=type(runner).__name__,
                         target_rows=rows, target_dtype=dtype,
@@ -129,7 +139,8 @@ class MirrorEngine:
                         exit_head=None if head is None else {
                             "layer": head.layer, "readout_tokens": int(head.ids.numel()),
                             "source": lanes.exit_head if lanes.exit_head != "auto" else local_folder(draft)},
-                        draft_vocab=None if draft is None or vmap is None else vmap.size)
+                        draft_vocab=None if draft is None or vmap is None else vmap.size,
+                        draft_features=None if features is None else features.feature_layer)
         return cls(runner, lane, info, tokenizer, eos_ids)
 
     # -- requests --------------------------------------------------------------------------
@@ -141,6 +152,10 @@ class MirrorEngine:
         exit_layer = request.spec.exit_layer if request.spec.exit_layer is not None else default
         if not 1 <= exit_layer <= n - 1:
             raise MirrorError(f"exit layer must be in 1..{n - 1} for this {n}-layer target, got {exit_layer}")
+        reads = self.info.draft_features
+        if reads is not None and request.decoder != "ar" and exit_layer != reads:
+            raise MirrorError(f"this draft reads the target's hidden states after layer {reads}, so the exit layer is "
+                              f"{reads} (got {exit_layer}); load a token-only draft to vary it")
         if request.decoder != "ar" and self.lane is None:
             raise MirrorError(f"decoder {request.decoder!r} needs a draft model; load one or use 'ar'")
         bad = [t for t in request.prompt_ids if t >= self.info.vocab_size]
@@ -207,7 +222,8 @@ class MirrorEngine:
                                        draft_dtype=info.draft_dtype, exit_readout=info.exit_readout(exit_layer),
                                        draft_vocab=info.draft_vocab)
                 try:
-                    run = DecodeState(request, self.target, exit_layer, self.eos_ids, stop, settings)
+                    run = DecodeState(request, self.target, exit_layer, self.eos_ids, stop, settings,
+                                      features=info.draft_features is not None and request.decoder != "ar")
                     for batch in decode_events(run, self.lane):
                         out.put(batch)
                 except Exception as exc:  # never leave a consumer without a RunEnd
@@ -250,6 +266,17 @@ def _exit_head(choice: str, draft: str | None, target_model) -> ExitHead | None:
         return None
     lm_head = target_model.get_output_embeddings().weight                                # [V, H]
     return ExitHead(weights, lm_head, float(target_model.config.rms_norm_eps))
+
+
+def _check_feature_draft(cfg, target_cfg, vmap) -> None:
+    """A feature-reading draft fits a target of its hidden size, depth and vocabulary (it reads its features)."""
+    mine = (cfg.hidden_size, cfg.target_layers, cfg.target_vocab_size)
+    theirs = (int(target_cfg.hidden_size), int(target_cfg.num_hidden_layers), int(target_cfg.vocab_size))
+    if mine != theirs:
+        raise MirrorError(f"the feature-reading draft was trained for a target with hidden size, layers, vocabulary "
+                          f"{mine}, not {theirs}")
+    if vmap is None or vmap.target_vocab_size != theirs[2]:
+        raise MirrorError("a feature-reading draft needs its draft_vocab.json for this target's vocabulary")
 
 
 def _context_of(config) -> int | None:

@@ -1,4 +1,5 @@
-"""The token channel's messages between the target lane and the draft lane (ids and spans only, no hidden states).
+"""The token channel's messages between the target lane and the draft lane: token ids and spans, and for a
+feature-reading draft (models/feature_draft.py) the target's hidden states after layer ℓ_e.
 
 Target → draft: DraftStart (a request begins), BranchRequest (M_t: the early-exit candidates), ResolveRequest
 ((A_t, c) and the target lane's hit/miss verdict). Draft → target: DraftWindow (the next window, with the
@@ -28,6 +29,7 @@ class BranchRequest:
     """M_t: early-exit candidate ids per slot 1..γ+1 (−1 = no candidate); ids only, log-probs stay with the target."""
     step: int
     topk_ids: tuple[tuple[int, ...], ...]
+    features: torch.Tensor | None = None   # [γ+1, H] h^(ℓ_e) of the window slots (a feature-reading draft only)
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class ResolveRequest:
     accepted: int
     token: int
     hit: bool   # c ∈ TopK_τ of the candidates sent: adopt branch (τ, c); else roll out afresh
+    features: torch.Tensor | None = None   # h^(ℓ_e) of w0, d1..d_{A_t} ([A_t+1, H]; at step 0 the prompt's [P, H]),
+                                           # a feature-reading draft only
 
 
 @dataclass

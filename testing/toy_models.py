@@ -160,3 +160,41 @@ def random_exit_head(target_dir: str, layer: int, ids: list[int] | None, out: st
                     torch.eye(h) + noise * torch.randn(h, h, generator=g) / h ** 0.5, torch.zeros(h),
                     target.model.norm.weight.detach().clone(), torch.tensor(ids)).save(out)
     return out
+
+
+def feature_draft(target_dir: str, out: str, layer: int = 2, ids: list[int] | None = None, num_layers: int = 1,
+                  steps: int = 150, seed: int = 0) -> str:
+    """A feature-reading draft (mirror_core/models/feature_draft.py) for a Llama toy target, reading h^(layer), with
+    an exit head at that layer in the same folder; fitted for `steps` Adam steps (training-time test, depth 3) to
+    the target's greedy continuations of random prompts, so that it agrees with the target often but not always."""
+    import torch.nn.functional as F
+
+    from mirror_core.models.feature_draft import from_target, train_step_outputs
+    from mirror_core.models.vocab import VocabMap
+
+    target = LlamaForCausalLM.from_pretrained(target_dir).eval()
+    v = target.config.vocab_size
+    ids = list(range(v)) if ids is None else ids
+    vmap = VocabMap.from_ids(ids, v)
+    torch.manual_seed(seed)
+    model = from_target(target, vmap.target_ids, num_layers, layer).train()
+    seqs = [list(p) + hf_greedy(target_dir, p, 24) for p in prompts(32, seed=seed + 11)]
+    width = min(len(q) for q in seqs)
+    x = torch.tensor([q[:width] for q in seqs])                                             # [B, L]
+    with torch.no_grad():
+        feats = target(input_ids=x, output_hidden_states=True).hidden_states[layer]        # [B, L, H]
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    depths = 3
+    for _ in range(steps):
+        outs = train_step_outputs(model, vmap.to_draft[x[:, 1:]], feats[:, :-1], depths)
+        loss = 0.0
+        for d, g in enumerate(outs, 1):
+            z = model.logits(g[:, : x.shape[1] - 1 - d])                                    # predicts x_{p+d+1}
+            loss = loss + F.cross_entropy(z.reshape(-1, z.shape[-1]), vmap.to_draft[x[:, d + 1:]].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval().save(out)
+    vmap.save(out)
+    random_exit_head(target_dir, layer, ids, out, noise=0.1, seed=seed)
+    return out

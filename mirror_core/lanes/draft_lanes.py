@@ -15,7 +15,7 @@ from typing import Protocol
 
 from .. import machine
 from ..config import FaultPlan, LaneConfig, MirrorError
-from ..draft_worker import DraftWorker
+from ..draft_worker import DraftWorker, worker_for
 from ..messages import DraftStart, DraftWindow, ResolveRequest
 from ..runners.calibrate import Calibration
 from ..runners.mapped import runner_name
@@ -51,6 +51,7 @@ class DraftLaneSpec:
     runner: str = "auto"
     dtype: str = "auto"  # config.DTYPE_CHOICES (runners/calibrate.py)
     fault: FaultPlan = FaultPlan()  # test hook: fail on purpose at a step (config.FaultPlan)
+    feature_floats: int = 0         # a feature-reading draft: the largest features message (context × H floats)
 
 
 def make_runner(spec: DraftLaneSpec):
@@ -62,8 +63,15 @@ def make_runner(spec: DraftLaneSpec):
     from ..models.vocab import load_vocab_map
     from ..runners.mapped import MappedRunner
 
-    model = load_model(ModelSpec(spec.source, spec.device, spec.trust_remote_code), draft=True)
+    from ..models.feature_draft import is_feature_draft, load_feature_draft
+    from ..runners.calibrate import calibrate_generic
+    from ..runners.feature import FeatureRunner
+
     vmap = load_vocab_map(local_folder(spec.source))
+    if is_feature_draft(local_folder(spec.source)):
+        runner = FeatureRunner(load_feature_draft(local_folder(spec.source)), vmap, spec.device)
+        return runner, calibrate_generic(runner, "draft", spec.dtype)
+    model = load_model(ModelSpec(spec.source, spec.device, spec.trust_remote_code), draft=True)
     if vmap is None:
         runner = build_runner(model, spec.vocab_size, spec.runner)
     else:  # a reduced-vocabulary draft: its own ids inside, the target's outside
@@ -181,7 +189,8 @@ class ProcessLane:
         self._spawn()
 
     def _spawn(self) -> None:
-        self.channel = Channel(cap_i64=1 << 18, cap_f32=_f32_capacity(self.spec.vocab_size))
+        self.channel = Channel(cap_i64=1 << 18, cap_f32=max(_f32_capacity(self.spec.vocab_size),
+                                                             self.spec.feature_floats))
         self.proc = mp.get_context("spawn").Process(target=_process_main, args=(self.spec, self.channel.handle),
                                                     name="mirror-draft-lane", daemon=True)
         self.proc.start()
@@ -282,7 +291,7 @@ def _process_main(spec: DraftLaneSpec, channel: ChannelHandle) -> None:
 
             hf_logging.disable_progress_bar()
             runner, calibration = make_runner(spec)
-            serve = _Serve(DraftWorker(runner, spec.fault))
+            serve = _Serve(worker_for(runner, spec.fault))
         except Exception as exc:
             ch.to_target.send(encode(LaneFailed.of(exc)), alive, 60)
             return
@@ -311,4 +320,4 @@ def make_draft_lane(lanes: LaneConfig, spec: DraftLaneSpec):
     if lanes.kind == "process":
         return ProcessLane(spec, lanes.reply_timeout_s)
     runner, calibration = make_runner(spec)
-    return (ThreadLane if lanes.kind == "thread" else InlineLane)(DraftWorker(runner, spec.fault), calibration)
+    return (ThreadLane if lanes.kind == "thread" else InlineLane)(worker_for(runner, spec.fault), calibration)

@@ -112,7 +112,7 @@ def calibrate_target(runner, vocab_size: int, requested: str, config) -> tuple[C
     """Choose the target's dtype (the fastest window of γ + 1, each dtype made one function first by its row plan),
     set it on the runner, and return the calibration and the call-shape check at that dtype."""
     if not hasattr(runner, "set_dtypes"):
-        return _generic(runner, "target", requested), check_rows(runner, vocab_size)
+        return calibrate_generic(runner, "target", requested), check_rows(runner, vocab_size)
     names = candidates(runner) if requested == "auto" else [requested]
     prefix, ids = _probe(runner, WINDOW)
     shapes = {"step": lambda c: runner.forward(c, ids[:1]), "window": lambda c: runner.forward(c, ids)}
@@ -142,7 +142,7 @@ def calibrate_target(runner, vocab_size: int, requested: str, config) -> tuple[C
 def calibrate_draft(runner, requested: str, config) -> Calibration:
     """Choose the draft's dtype per shape (its fastest step and its fastest branch rollout) and set them."""
     if not hasattr(runner, "set_dtypes"):
-        return _generic(runner, "draft", requested)
+        return calibrate_generic(runner, "draft", requested)
     names = candidates(runner) if requested == "auto" else [requested]
     width = 1 + runner.num_streams  # an SS draft feeds its token and its lookahead together
     prefix, ids = _probe(runner, width + WINDOW)
@@ -208,7 +208,7 @@ def _fastest(cal: Calibration, names: list[str], shape: str) -> str:
     return best if cal.ms(best, shape) < (1 - MARGIN) * cal.ms(names[0], shape) else names[0]
 
 
-def _generic(runner, lane: str, requested: str) -> Calibration:
+def calibrate_generic(runner, lane: str, requested: str) -> Calibration:
     """The generic runner: the whole model in one dtype (forced ones are applied here, auto keeps the loaded)."""
     if requested != "auto":
         runner.model.to(DTYPES[requested])

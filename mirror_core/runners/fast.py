@@ -219,10 +219,10 @@ class FastLlamaRunner:
         band = plan and plan.band("head")
         return self._matmul(rms_norm(x, self.norm, self.eps), self.lm_head, band).float()  # [..., V]
 
-    def _exit_readout(self, x: torch.Tensor, layer: int, plan: RowPlan | None = None) -> torch.Tensor:
+    def exit_readout(self, h: torch.Tensor, layer: int) -> torch.Tensor:
         """The layer-ℓ_e readout: the trained exit head when it was trained for this layer, else the logit lens."""
         head = self.exit_head
-        return head.readout(x) if head is not None and head.layer == layer else self._head(x, plan)  # [..., V]
+        return head.readout(h) if head is not None and head.layer == layer else self._head(h.to(self.dtype))  # [T, V]
 
     # -- the row-shape-dependent operations, bound to this model's weights (runners/rows.py measures them) ------
     def row_ops(self) -> list[RowOp]:
@@ -290,7 +290,7 @@ class FastLlamaRunner:
                 attn = self._attend(q, cache.k[i, :, :end].unsqueeze(0), cache.v[i, :, :end].unsqueeze(0), mask)
             x = self._mlp_residual(layer, x, attn, plan)
             if on_exit is not None and i + 1 == exit_layer:
-                on_exit(self._exit_readout(x, exit_layer, plan)[0])                       # [T, V]
+                on_exit(x[0].float())                                                      # [T, H]
         cache.length = end
         return self._head(x, plan)[0]                                                     # [T, V]
 

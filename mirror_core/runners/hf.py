@@ -92,11 +92,15 @@ class HFRunner:
     def _exit_hook(self, on_exit: ExitCallback, layer: int):
         def hook(_module, _args, output):
             h = output[0] if isinstance(output, tuple) else output                        # [1, T, H]
-            if self.exit_head is not None and self.exit_head.layer == layer:
-                on_exit(self.exit_head.readout(h.to(self.exit_head.w.device))[0])         # [T, V]
-            else:
-                on_exit(self.lm_head(self.final_norm(h))[0, :, : self.vocab_size].float())  # [T, V]
+            on_exit(h[0].float())                                                          # [T, H]
         return hook
+
+    @torch.inference_mode()
+    def exit_readout(self, h: torch.Tensor, layer: int) -> torch.Tensor:
+        if self.exit_head is not None and self.exit_head.layer == layer:
+            return self.exit_head.readout(h.to(self.exit_head.w.device))                   # [T, V]
+        h = h.to(self.final_norm.weight.device, self.final_norm.weight.dtype)
+        return self.lm_head(self.final_norm(h))[:, : self.vocab_size].float()             # [T, V]
 
     def truncate(self, cache: DynamicCache, length: int) -> None:
         drop = self.cache_len(cache) - length

@@ -11,7 +11,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-ExitCallback = Callable[[torch.Tensor], None]  # receives p_exit logits [T, V] mid-forward
+ExitCallback = Callable[[torch.Tensor], None]  # receives h^(ℓ_e) [T, H] (float32) mid-forward
 
 
 class Runner(Protocol):
@@ -33,9 +33,14 @@ class Runner(Protocol):
                 on_exit: ExitCallback | None = None) -> torch.Tensor:
         """Append ids at positions cache_len.. and return logits [T, V] (float32).
 
-        With exit_layer ℓ_e, on_exit is called with the readout final_norm(h^(ℓ_e)) · W_LM [T, V]
-        after layer ℓ_e and before layers ℓ_e+1..N run, so another lane can start meanwhile.
+        With exit_layer ℓ_e, on_exit is called with the hidden state after layer ℓ_e [T, H] before
+        layers ℓ_e+1..N run, so another lane can start meanwhile (exit_readout turns it into candidates'
+        logits; a feature-reading draft reads it as it is).
         """
+
+    def exit_readout(self, h: torch.Tensor, layer: int) -> torch.Tensor:
+        """The layer-ℓ_e readout of h [T, H]: the trained exit head when it reads this layer, else the logit
+        lens final_norm(h) · W_LM → logits [T, V] (float32)."""
 
     def truncate(self, cache: Any, length: int) -> None:
         """Keep the first `length` tokens."""

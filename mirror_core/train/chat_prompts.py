@@ -24,6 +24,30 @@ FORMS = (
     "Write a tweet about {t}.",
 )
 
+# More varied forms (issue 28: the first draft plateaued on FORMS alone): other registers, lengths and tasks.
+MORE_FORMS = (
+    "Can you tell me about {t}?",
+    "I am curious about {t}. Where should I start?",
+    "Describe {t} in two sentences.",
+    "How does {t} work?",
+    "Write a limerick about {t}.",
+    "Compare {t} with something from everyday life.",
+    "What would happen if there were no {t}?",
+    "Give me a quiz of three questions about {t}, with answers.",
+    "Write an email to a friend recommending that they learn about {t}.",
+    "What is the most surprising fact about {t}?",
+    "Explain {t} step by step.",
+    "Write a dialogue between a student and a teacher about {t}.",
+    "Summarize {t} as a bulleted list.",
+    "What questions do scientists still ask about {t}?",
+    "Write a product description inspired by {t}.",
+    "Tell me a joke about {t}.",
+    "Explain {t} using an analogy.",
+    "Write the opening paragraph of an essay on {t}.",
+    "What careers are related to {t}?",
+    "Give me a fun fact about {t} and explain why it is true.",
+)
+
 CODE_FORMS = (
     "Write a Python function that {t}.",
     "Write a Python function that {t}, with a docstring.",
@@ -80,9 +104,11 @@ HELD_OUT_CODE = (
 )
 
 
-def prompts(held_out: bool = False, seed: int = 0) -> list[str]:
-    """Every form × topic (train) or the held-out topics' prompts, in a fixed shuffled order."""
+def prompts(held_out: bool = False, seed: int = 0, more: bool = False) -> list[str]:
+    """Every form × topic (train) or the held-out topics' prompts, in a fixed shuffled order; `more` adds
+    MORE_FORMS (the feature draft's wider data)."""
     topics, code = (HELD_OUT_TOPICS, HELD_OUT_CODE) if held_out else (TOPICS, CODE_TOPICS)
-    out = [f.format(t=t) for t in topics for f in FORMS] + [f.format(t=t) for t in code for f in CODE_FORMS]
+    forms = FORMS + MORE_FORMS if more else FORMS
+    out = [f.format(t=t) for t in topics for f in forms] + [f.format(t=t) for t in code for f in CODE_FORMS]
     random.Random(seed).shuffle(out)
     return out

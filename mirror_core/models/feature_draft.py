@@ -1,0 +1,209 @@
+"""The feature-reading draft (EAGLE-style): a one- or two-layer decoder that reads the target's exit-layer features.
+
+Mirror-SD computes the target's hidden state after layer ℓ_e for every window slot before the draft starts its
+branches (it is what the early-exit candidates are read from). This draft takes that state as an input. At position
+i it reads the next token x_{i+1} and a feature f_i [H]: the target's h^(ℓ_e)_i where the target has computed it
+(committed positions, and the window slots that M_t carries), else its own prediction of it:
+
+    u_i      = W_fc · [embed(x_{i+1}); f_i]                                              # [H]
+    g_i      = decoder layers(u_≤i)   (Llama layers, RoPE at position i)                 # [H] ≈ f_{i+1}
+    logits_i = rms_norm(g_i · A + b, g_o) · Eᵀ                                           # [V_d + 1] → x_{i+2}
+
+g_i is trained to be the target's next feature f_{i+1}, so a rollout feeds it back as the next input's feature;
+the head reads it the way the target's trained exit head reads h^(ℓ_e) (models/exit_head.py, same A, b, g_o shapes,
+started from that head). E is the draft's (reduced) vocabulary's embedding, tied as the head (models/vocab.py).
+
+Stored as `feature_draft.json` (shape) + `feature_draft.safetensors` + `draft_vocab.json` in the draft's folder.
+Training: mirror_core/train/feature_distill.py. Running it in the engine: runners/feature.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import MirrorError
+from ..runners.ops import apply_rope, default_inv_freq, rms_norm, rope_tables
+
+CONFIG_FILE, WEIGHTS_FILE = "feature_draft.json", "feature_draft.safetensors"
+
+
+@dataclass(frozen=True)
+class FeatureDraftConfig:
+    hidden_size: int            # H (the target's: features are read as they are)
+    num_layers: int             # decoder layers of the draft (1–2)
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int             # V_d + 1 (the reduced vocabulary plus "other")
+    feature_layer: int          # ℓ_e: the target layer whose output it reads
+    target_layers: int          # N of the target it was trained for
+    target_vocab_size: int      # V of the target
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_positions: int = 8192
+
+
+def is_feature_draft(folder: str | None) -> bool:
+    return bool(folder) and os.path.isfile(os.path.join(folder, CONFIG_FILE))
+
+
+class FeatureDraft(nn.Module):
+    """The model's weights and maths; `step` is one pass over given positions (training and inference both)."""
+
+    def __init__(self, cfg: FeatureDraftConfig):
+        super().__init__()
+        self.cfg = cfg
+        h, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
+        self.embed = nn.Parameter(torch.zeros(cfg.vocab_size, h))                         # E [V_d+1, H]
+        self.fc = nn.Parameter(torch.zeros(h, 2 * h))                                     # W_fc [H, 2H]
+        self.layers = nn.ModuleList()
+        for _ in range(cfg.num_layers):
+            layer = nn.ParameterDict({
+                "in_norm": nn.Parameter(torch.ones(h)), "q": nn.Parameter(torch.zeros(cfg.num_heads * cfg.head_dim, h)),
+                "k": nn.Parameter(torch.zeros(kv, h)), "v": nn.Parameter(torch.zeros(kv, h)),
+                "o": nn.Parameter(torch.zeros(h, cfg.num_heads * cfg.head_dim)), "post_norm": nn.Parameter(torch.ones(h)),
+                "gate": nn.Parameter(torch.zeros(cfg.intermediate_size, h)),
+                "up": nn.Parameter(torch.zeros(cfg.intermediate_size, h)),
+                "down": nn.Parameter(torch.zeros(h, cfg.intermediate_size))})
+            self.layers.append(layer)
+        self.head_adapter = nn.Parameter(torch.eye(h))                                    # A [H, H]
+        self.head_bias = nn.Parameter(torch.zeros(h))                                     # b [H]
+        self.head_gain = nn.Parameter(torch.ones(h))                                      # g_o [H]
+        self.register_buffer("inv_freq", default_inv_freq(cfg.head_dim, cfg.rope_theta, "cpu"), persistent=False)
+
+    # -- the maths ---------------------------------------------------------------------------------
+    def inputs(self, ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """u = W_fc [embed(ids); f]: ids [..., T] (draft ids), features [..., T, H] → [..., T, H]."""
+        e = F.embedding(ids, self.embed)                                                   # [..., T, H]
+        return torch.cat([e, features.to(e.dtype)], -1) @ self.fc.t()                      # [..., T, H]
+
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        """The head: g [..., H] → logits over the draft vocabulary [..., V_d+1] ("other" included)."""
+        z = rms_norm(g @ self.head_adapter + self.head_bias, self.head_gain, self.cfg.rms_norm_eps)
+        return z @ self.embed.t()
+
+    def qkv(self, layer, x: torch.Tensor, positions: torch.Tensor):
+        """Layer input x [B, T, H] at positions [B, T] → q [B, Hq, T, D], k, v [B, Hkv, T, D] (RoPE applied)."""
+        c = self.cfg
+        b, t, _ = x.shape
+        hn = rms_norm(x, layer["in_norm"], c.rms_norm_eps)
+        q = (hn @ layer["q"].t()).view(b, t, c.num_heads, c.head_dim).transpose(1, 2)
+        k = (hn @ layer["k"].t()).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = (hn @ layer["v"].t()).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        cos, sin = rope_tables(positions, self.inv_freq.to(x.device), 1.0, x.dtype)           # [B, T, D]
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def finish(self, layer, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               may_attend: torch.Tensor) -> torch.Tensor:
+        """Attention of q [B, Hq, T, D] over keys/values [B, Hkv, S, D] (may_attend [B, T, S] bool), then the MLP."""
+        c = self.cfg
+        rep = c.num_heads // c.num_kv_heads
+        keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)       # [B, Hq, S, D]
+        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=may_attend.unsqueeze(1))  # [B, Hq, T, D]
+        b, _, t, _ = q.shape
+        x = x + a.transpose(1, 2).reshape(b, t, -1) @ layer["o"].t()
+        hn = rms_norm(x, layer["post_norm"], c.rms_norm_eps)
+        return x + (F.silu(hn @ layer["gate"].t()) * (hn @ layer["up"].t())) @ layer["down"].t()
+
+    # -- storage -----------------------------------------------------------------------------------
+    def save(self, folder: str) -> None:
+        from safetensors.torch import save_file
+
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, CONFIG_FILE), "w", encoding="utf-8") as f:
+            json.dump(asdict(self.cfg), f, indent=1)
+        tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in self.state_dict().items()}
+        save_file(tensors, os.path.join(folder, WEIGHTS_FILE))
+
+
+def feature_draft_config(folder: str) -> FeatureDraftConfig:
+    try:
+        with open(os.path.join(folder, CONFIG_FILE), encoding="utf-8") as f:
+            return FeatureDraftConfig(**json.load(f))
+    except (OSError, ValueError, TypeError) as exc:
+        raise MirrorError(f"cannot read the feature draft's {CONFIG_FILE} in {folder}: {exc}") from None
+
+
+def load_feature_draft(folder: str, dtype: torch.dtype = torch.float32) -> FeatureDraft:
+    from safetensors.torch import load_file
+
+    cfg = feature_draft_config(folder)
+    try:
+        model = FeatureDraft(cfg)
+        model.load_state_dict({k: v.to(dtype) for k, v in load_file(os.path.join(folder, WEIGHTS_FILE)).items()})
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise MirrorError(f"cannot read the feature draft in {folder}: {exc}") from None
+    return model.to(dtype).eval().requires_grad_(False)
+
+
+def from_target(target, vocab_ids: torch.Tensor, num_layers: int, feature_layer: int, exit_head=None) -> FeatureDraft:
+    """A new draft for a transformers Llama target: layers started from the target's layers ℓ_e.. (the ones that
+    read h^(ℓ_e)), W_fc = [small; I] (u starts as the feature), embedding = the target's rows of the vocabulary
+    (+ their mean as "other"), head from the trained exit head (A, b, g_o) when given."""
+    tc = target.config
+    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+    cfg = FeatureDraftConfig(hidden_size=tc.hidden_size, num_layers=num_layers, num_heads=tc.num_attention_heads,
+                             num_kv_heads=tc.num_key_value_heads, head_dim=head_dim,
+                             intermediate_size=tc.intermediate_size, vocab_size=vocab_ids.numel() + 1,
+                             feature_layer=feature_layer, target_layers=tc.num_hidden_layers,
+                             target_vocab_size=tc.vocab_size, rms_norm_eps=float(tc.rms_norm_eps),
+                             rope_theta=float(getattr(tc, "rope_theta", None) or 10000.0),
+                             max_positions=int(tc.max_position_embeddings))
+    model = FeatureDraft(cfg)
+    h = cfg.hidden_size
+    with torch.no_grad():
+        emb = target.model.embed_tokens.weight.float()
+        model.embed.copy_(torch.cat([emb[vocab_ids], emb.mean(0, keepdim=True)]))
+        model.fc.copy_(torch.cat([torch.randn(h, h) * 0.02, torch.eye(h)], 1))
+        for mine, i in zip(model.layers, range(feature_layer, feature_layer + num_layers)):
+            theirs = target.model.layers[min(i, tc.num_hidden_layers - 1)]
+            mine["in_norm"].copy_(theirs.input_layernorm.weight)
+            mine["post_norm"].copy_(theirs.post_attention_layernorm.weight)
+            for name, lin in (("q", theirs.self_attn.q_proj), ("k", theirs.self_attn.k_proj),
+                              ("v", theirs.self_attn.v_proj), ("o", theirs.self_attn.o_proj),
+                              ("gate", theirs.mlp.gate_proj), ("up", theirs.mlp.up_proj), ("down", theirs.mlp.down_proj)):
+                mine[name].copy_(lin.weight)
+        if exit_head is not None:
+            adapter, bias, gain = exit_head
+            model.head_adapter.copy_(adapter)
+            model.head_bias.copy_(bias)
+            model.head_gain.copy_(gain)
+    return model
+
+
+def train_step_outputs(model: FeatureDraft, ids: torch.Tensor, features: torch.Tensor, depths: int) -> list[torch.Tensor]:
+    """Training-time test (EAGLE-3): the draft unrolled on its own predicted features, all positions at once.
+
+    ids [B, T]: row p holds x_{p+1} (the token after position p); features [B, T, H]: the target's f_p.
+    Depth 1 reads (x_{p+1}, f_p) at position p. Depth d reads (x_{p+d}, g^(d−1)_p) at position p+d−1 and attends
+    to depth 1's keys at positions ≤ p (true features) and to depths 2..d's keys of its own row: exactly what a
+    rollout at depth d sees in the engine. Returns g^(d) [B, T, H] for d = 1..depths (g^(d)_p ≈ f_{p+d}, and its
+    logits predict x_{p+d+1}); rows past the end read padding and are masked by the caller.
+    """
+    b, t = ids.shape
+    dev = ids.device
+    pos = torch.arange(t, device=dev).expand(b, t)
+    causal = torch.ones(t, t, dtype=torch.bool, device=dev).tril()                                 # [T, T]
+    diag = torch.eye(t, dtype=torch.bool, device=dev)
+    outs, feats = [], features
+    kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in model.layers]
+    for d in range(1, depths + 1):
+        tok = ids if d == 1 else torch.cat([ids[:, d - 1:], ids.new_zeros(b, d - 1)], 1)         # x_{p+d}
+        x = model.inputs(tok, feats)                                                             # [B, T, H]
+        mask = torch.cat([causal] + [diag] * (d - 1), 1).expand(b, t, t * d)                      # [B, T, d·T]
+        for layer, past in zip(model.layers, kv):
+            q, k, v = model.qkv(layer, x, pos + d - 1)
+            past.append((k, v))
+            keys = torch.cat([kk for kk, _ in past], 2)
+            values = torch.cat([vv for _, vv in past], 2)
+            x = model.finish(layer, x, q, keys, values, mask)
+        outs.append(x)
+        feats = x
+    return outs

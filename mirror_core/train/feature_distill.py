@@ -1,0 +1,332 @@
+"""Distil the feature-reading draft (models/feature_draft.py) and its pair's exit head from the target's answers.
+
+    python -m mirror_core.train.chat_data --more --out WORK/answers                     # training answers
+    python -m mirror_core.train.chat_data --held-out --more --limit 96 --out WORK/heldout  # new-topic answers
+    python -m mirror_core.train.feature_distill --answers WORK/answers --heldout WORK/heldout --work WORK \\
+        --out assets/smollm2_pair --minutes 60
+
+Stages (the teacher pass is cached in WORK):
+1. teacher pass (bfloat16 target): the hidden state after layer ℓ_e at every position of every prompt + answer (the
+   draft's input features) and the target's top-k next-token logits at answer positions.
+2. the draft vocabulary (distill.draft_vocabulary over these answers) and the exit head at ℓ_e (distill.train_exit_head).
+3. the draft, trained with EAGLE-3's training-time test: unrolled to `depths` tokens on its own predicted features
+   (feature_draft.train_step_outputs), loss = KL to the target's top-k + hard_weight × CE on its greedy token +
+   feature_weight × smooth-L1 to the true next feature, depth d weighted decay^(d−1), answer positions only.
+4. held-out (new topics, never in training prompts): teacher-forced top-1 agreement per depth, the vocabulary's
+   coverage, and the same for the pair's previous token-only draft (`--compare`) on the same answers.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from mirror_core.train.distill import draft_vocabulary, load_sequences, soft_targets
+
+
+@dataclass(frozen=True)
+class FeatureDistillConfig:
+    answers: str                                  # chat_data shard folders (training), comma-separated
+    heldout: str                                  # chat_data shards of held-out topics (evaluation only)
+    work: str                                     # teacher-pass cache
+    out: str                                      # the pair folder: the draft goes to out/feature_draft/
+    target: str = "smollm2-135m-instruct"
+    feature_layer: int = 20                       # ℓ_e: the exit layer whose output the draft reads
+    num_layers: int = 1
+    draft_vocab: int = 8192
+    topk: int = 32
+    depths: int = 4                               # training-time test: tokens unrolled on own features (γ)
+    depth_decay: float = 0.8
+    minutes: float = 60.0
+    exit_epochs: float = 2.0
+    batch_sequences: int = 16
+    lr: float = 5e-4
+    exit_lr: float = 1e-3
+    hard_weight: float = 0.5
+    feature_weight: float = 0.2
+    seed: int = 0
+    threads: int = 0
+    compare: str = "assets/smollm2_pair/draft"    # the token-only draft to compare against ("" = none)
+
+
+# -- 1. teacher pass ------------------------------------------------------------------------------
+@torch.inference_mode()
+def teacher_pass(seqs, target_dir: str, layer: int, topk: int, path: str, batch: int = 16) -> dict:
+    """feat [Σ L_i, H] bf16 (h^(ℓ_e) at every position), fstart[i]; top_ids/top_logits [Σ A_i, k] at the positions
+    predicting answer tokens, astart[i]."""
+    if os.path.exists(path):
+        return torch.load(path)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
+    lens = [len(p) + len(a) for p, a in seqs]
+    fstart, astart, f_at, a_at = [], [], 0, 0
+    for (p, a), n in zip(seqs, lens):
+        fstart.append(f_at)
+        astart.append(a_at)
+        f_at, a_at = f_at + n, a_at + len(a)
+    feat = torch.empty(f_at, model.config.hidden_size, dtype=torch.bfloat16)
+    top_ids = torch.empty(a_at, topk, dtype=torch.int32)
+    top_logits = torch.empty(a_at, topk, dtype=torch.float16)
+    order = sorted(range(len(seqs)), key=lambda i: lens[i])
+    t0 = time.time()
+    for b in range(0, len(order), batch):
+        chunk = order[b: b + batch]
+        width = max(lens[i] for i in chunk)
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)
+        mask = torch.zeros(len(chunk), width, dtype=torch.long)
+        for r, i in enumerate(chunk):
+            ids[r, : lens[i]] = torch.tensor(seqs[i][0] + seqs[i][1])
+            mask[r, : lens[i]] = 1
+        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        for r, i in enumerate(chunk):
+            p, a = seqs[i]
+            feat[fstart[i]: fstart[i] + lens[i]] = out.hidden_states[layer][r, : lens[i]]
+            top = out.logits[r, len(p) - 1: lens[i] - 1].float().topk(topk, dim=-1)            # [A, k]
+            top_ids[astart[i]: astart[i] + len(a)] = top.indices.int()
+            top_logits[astart[i]: astart[i] + len(a)] = top.values.half()
+        if b // batch % 40 == 0:
+            print(f"teacher pass: {b + len(chunk)}/{len(seqs)} sequences, {time.time() - t0:.0f} s", flush=True)
+    result = {"feat": feat, "fstart": fstart, "top_ids": top_ids, "top_logits": top_logits, "astart": astart,
+              "seconds": round(time.time() - t0, 1)}
+    torch.save(result, path)
+    return result
+
+
+# -- 3. the draft ---------------------------------------------------------------------------------
+def make_batch(seqs, chunk: list[int], teacher: dict, soft, to_draft: torch.Tensor, other: int, depths: int):
+    """ids [B, T] (x_{p+1} in draft ids), features [B, T, H] (f_p), and per depth d the loss rows: (batch row,
+    position p) with the teacher's answer row for position p+d, and the true feature f_{p+d}."""
+    sid, sprob = soft
+    lens = [len(seqs[i][0]) + len(seqs[i][1]) for i in chunk]
+    t = max(lens) - 1
+    ids = torch.full((len(chunk), t), other, dtype=torch.long)
+    feats = torch.zeros(len(chunk), t, teacher["feat"].shape[1], dtype=torch.float32)
+    per_depth = []
+    for r, i in enumerate(chunk):
+        p, a = seqs[i]
+        s = torch.tensor(p + a)
+        ids[r, : lens[r] - 1] = to_draft[s[1:]]
+        f0 = teacher["fstart"][i]
+        feats[r, : lens[r] - 1] = teacher["feat"][f0: f0 + lens[r] - 1].float()
+    for d in range(1, depths + 1):
+        rows, pos, arow, frow = [], [], [], []
+        for r, i in enumerate(chunk):
+            p, a = seqs[i]
+            first = max(0, len(p) - 1 - d)                # p + d ≥ len(prompt) − 1: predicts an answer token
+            last = lens[r] - 2 - d                        # p + d ≤ L − 2
+            if last < first:
+                continue
+            ps = torch.arange(first, last + 1)
+            rows.append(torch.full_like(ps, r))
+            pos.append(ps)
+            arow.append(teacher["astart"][i] + ps + d - (len(p) - 1))
+            frow.append(teacher["fstart"][i] + ps + d)
+        rows, pos, arow, frow = (torch.cat(x) for x in (rows, pos, arow, frow))
+        per_depth.append((rows, pos, sid[arow], sprob[arow], teacher["top_ids"][arow, 0].long(),
+                          teacher["feat"][frow].float()))
+    return ids, feats, per_depth
+
+
+def draft_loss(model, batch, cfg: FeatureDistillConfig, other: int, to_draft: torch.Tensor):
+    from mirror_core.models.feature_draft import train_step_outputs
+
+    ids, feats, per_depth = batch
+    outs = train_step_outputs(model, ids, feats, cfg.depths)
+    loss, agree = 0.0, []
+    for d, (g, (rows, pos, sid, sprob, label, f_next)) in enumerate(zip(outs, per_depth)):
+        gd = g[rows, pos]                                                                      # [N, H]
+        z = model.logits(gd).float()                                                           # [N, V_d+1]
+        z[:, other] = -1e4
+        logp = F.log_softmax(z, -1)
+        kl = -(sprob * logp.gather(1, sid)).sum(-1).mean()
+        lab = to_draft[label]
+        inside = lab != other
+        hard = F.nll_loss(logp[inside], lab[inside]) if inside.any() else logp.new_zeros(())
+        reg = F.smooth_l1_loss(gd.float(), f_next)
+        loss = loss + cfg.depth_decay ** d * (kl + cfg.hard_weight * hard + cfg.feature_weight * reg)
+        agree.append(float((z.argmax(-1) == lab).float().mean()))
+    return loss, agree
+
+
+@torch.no_grad()
+def evaluate(model, seqs, idx, teacher, soft, to_draft, other, cfg) -> list[float]:
+    """Teacher-forced top-1 agreement with the target's greedy token per depth (depth d: d−1 own features)."""
+    model.eval()
+    hits = [0.0] * cfg.depths
+    n = [0] * cfg.depths
+    for b in range(0, len(idx), cfg.batch_sequences):
+        batch = make_batch(seqs, idx[b: b + cfg.batch_sequences], teacher, soft, to_draft, other, cfg.depths)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, agree = draft_loss(model, batch, cfg, other, to_draft)
+        for d, a in enumerate(agree):
+            m = len(batch[2][d][0])
+            hits[d] += a * m
+            n[d] += m
+    model.train()
+    return [round(h / max(k, 1), 4) for h, k in zip(hits, n)]
+
+
+@torch.no_grad()
+def token_draft_agreement(folder: str, seqs) -> float:
+    """The token-only draft's teacher-forced top-1 agreement with the target's answers (answer positions)."""
+    from transformers import AutoModelForCausalLM
+
+    from mirror_core.models.vocab import load_vocab_map
+
+    draft = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    vmap = load_vocab_map(folder)
+    hits = n = 0
+    for p, a in seqs:
+        s = torch.tensor(p + a)
+        logits = draft(input_ids=vmap.to_draft[s].unsqueeze(0)).logits[0, len(p) - 1: len(s) - 1]   # [A, V_d+1]
+        logits[:, vmap.size] = -1e4
+        hits += int((vmap.target_ids[logits.argmax(-1)] == s[len(p):]).sum())
+        n += len(a)
+    return round(hits / max(n, 1), 4)
+
+
+def train(cfg: FeatureDistillConfig, model, seqs, train_idx, teacher, soft, to_draft, other, held, g) -> list[dict]:
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    budget, warmup = cfg.minutes * 60, 50
+    t0, step, log = time.time(), 0, []
+    log.append({"step": 0, "minutes": 0.0, "heldout_agreement": held()})
+    print(f"feature draft: before training, held-out top-1 by depth {log[-1]['heldout_agreement']}", flush=True)
+    while time.time() - t0 < budget:
+        perm = torch.randperm(len(train_idx), generator=g).tolist()
+        order = sorted([train_idx[i] for i in perm], key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
+        chunks = [order[b: b + cfg.batch_sequences] for b in range(0, len(order), cfg.batch_sequences)]
+        for c in torch.randperm(len(chunks), generator=g).tolist():
+            elapsed = time.time() - t0
+            if elapsed >= budget:
+                break
+            lr = cfg.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * elapsed / budget)))
+            for group in opt.param_groups:
+                group["lr"] = lr
+            batch = make_batch(seqs, chunks[c], teacher, soft, to_draft, other, cfg.depths)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss, agree = draft_loss(model, batch, cfg, other, to_draft)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            step += 1
+            if step % 50 == 0:
+                print(f"step {step}: loss {float(loss):.3f}, batch top-1 by depth "
+                      f"{[round(a, 3) for a in agree]}, {elapsed / 60:.1f} min", flush=True)
+            if step % 500 == 0:
+                log.append({"step": step, "minutes": round(elapsed / 60, 2), "heldout_agreement": held()})
+                print(f"held-out top-1 by depth {log[-1]['heldout_agreement']}", flush=True)
+    log.append({"step": step, "minutes": round((time.time() - t0) / 60, 2), "heldout_agreement": held()})
+    print(f"feature draft: {step} steps, held-out top-1 by depth {log[-1]['heldout_agreement']}", flush=True)
+    return log
+
+
+def distill(cfg: FeatureDistillConfig) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mirror_core.machine import cpu_flags, cpu_model
+    from mirror_core.models.exit_head import ExitHeadWeights
+    from mirror_core.models.feature_draft import from_target
+    from mirror_core.models.prepared import resolve_source
+    from mirror_core.models.vocab import VocabMap
+    from mirror_core.train.distill import DistillConfig, train_exit_head
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    os.makedirs(cfg.work, exist_ok=True)
+    g = torch.Generator().manual_seed(cfg.seed)
+    target_dir = resolve_source(cfg.target)
+    seqs = [s for folder in cfg.answers.split(",") for s in load_sequences(folder)]
+    held_seqs = load_sequences(cfg.heldout)
+    timings = {}
+    t = time.time()
+    teacher = teacher_pass(seqs, target_dir, cfg.feature_layer, cfg.topk, os.path.join(cfg.work, "teacher_f.pt"))
+    held_teacher = teacher_pass(held_seqs, target_dir, cfg.feature_layer, cfg.topk,
+                                os.path.join(cfg.work, "teacher_f_heldout.pt"))
+    timings["teacher_pass_s"] = round(time.time() - t, 1)
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    eos = target.config.eos_token_id
+    always = [eos] if isinstance(eos, int) else list(eos or [])
+    vmap = VocabMap.from_ids(draft_vocabulary(seqs, cfg.draft_vocab, always), int(target.config.vocab_size))
+    ids, to_draft, other = vmap.target_ids, vmap.to_draft, vmap.size
+
+    def coverage(ss):
+        toks = [t for _, a in ss for t in a]
+        return round(sum(1 for t in toks if int(to_draft[t]) < other) / len(toks), 4)
+
+    print(f"draft vocabulary: {vmap.size} tokens cover {coverage(seqs)} of training answer tokens, "
+          f"{coverage(held_seqs)} of held-out ones", flush=True)
+    soft = soft_targets(teacher["top_ids"], teacher["top_logits"], to_draft, other)
+    held_soft = soft_targets(held_teacher["top_ids"], held_teacher["top_logits"], to_draft, other)
+
+    # the exit head at ℓ_e over this vocabulary (distill.train_exit_head reads hidden states at answer rows)
+    t = time.time()
+    ans_rows = torch.cat([torch.arange(f + len(p) - 1, f + len(p) - 1 + len(a))
+                          for f, (p, a) in zip(teacher["fstart"], seqs)])
+    exit_teacher = {"hidden": {cfg.feature_layer: teacher["feat"][ans_rows]}, "top_ids": teacher["top_ids"]}
+    n = len(ans_rows)
+    perm = torch.randperm(n, generator=g)
+    val_rows, train_rows = perm[: n // 50], perm[n // 50:]
+    dcfg = DistillConfig(answers=cfg.answers, work=cfg.work, out=cfg.out, exit_layers=(cfg.feature_layer,),
+                         exit_layer=cfg.feature_layer, exit_epochs=cfg.exit_epochs, exit_lr=cfg.exit_lr, topk=cfg.topk)
+    lm_head = target.lm_head.weight.detach()
+    norm, eps = target.model.norm.weight.detach(), float(target.config.rms_norm_eps)
+    head, exit_cov = train_exit_head(dcfg, cfg.feature_layer, exit_teacher, train_rows, val_rows, lm_head, norm, eps,
+                                     ids, soft, g)
+    timings["exit_head_s"] = round(time.time() - t, 1)
+
+    model = from_target(target, ids, cfg.num_layers, cfg.feature_layer, head).float().train()
+    held_idx = list(range(len(held_seqs)))
+
+    def held():
+        return evaluate(model, held_seqs, held_idx, held_teacher, held_soft, to_draft, other, cfg)
+
+    t = time.time()
+    log = train(cfg, model, seqs, list(range(len(seqs))), teacher, soft, to_draft, other, held, g)
+    timings["draft_s"] = round(time.time() - t, 1)
+    compare = token_draft_agreement(cfg.compare, held_seqs) if cfg.compare else None
+
+    folder = os.path.join(cfg.out, "feature_draft")
+    shutil.rmtree(folder, ignore_errors=True)
+    model.save(folder)
+    vmap.save(folder)
+    AutoTokenizer.from_pretrained(target_dir).save_pretrained(folder)
+    a, b, gain = head
+    ExitHeadWeights(cfg.feature_layer, int(target.config.hidden_size), int(target.config.num_hidden_layers),
+                    int(target.config.vocab_size), a, b, gain, ids).save(folder)
+    summary = {"config": asdict(cfg), "cpu": cpu_model(), "cpu_flags": " ".join(sorted(cpu_flags())),
+               "torch": torch.__version__, "threads": torch.get_num_threads(), "sequences": len(seqs),
+               "answer_tokens": sum(len(a) for _, a in seqs), "heldout_sequences": len(held_seqs),
+               "heldout_answer_tokens": sum(len(a) for _, a in held_seqs),
+               "vocab_coverage": {"train": coverage(seqs), "heldout": coverage(held_seqs)},
+               "exit_coverage": exit_cov, "draft_log": log, "token_draft_heldout_agreement": compare,
+               "timings": timings, "draft_params": sum(p.numel() for p in model.parameters())}
+    with open(os.path.join(cfg.out, "feature_distill.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m mirror_core.train.feature_distill", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, f in FeatureDistillConfig.__dataclass_fields__.items():
+        flag = "--" + name.replace("_", "-")
+        if f.default is dataclasses.MISSING:
+            parser.add_argument(flag, required=True)
+        else:
+            parser.add_argument(flag, type=type(f.default), default=f.default)
+    return distill(FeatureDistillConfig(**vars(parser.parse_args(argv))))
+
+
+if __name__ == "__main__":
+    main()
