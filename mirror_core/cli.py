@@ -78,8 +78,10 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
     g.add_argument("--draft", default=None, help="draft model: Hugging Face id or local folder (default: the default "
                    "pair's draft when --target is not given)")
     g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--gamma", type=int, default=SpecConfig.gamma, help="draft tokens per window (γ)")
-    g.add_argument("--kappa", type=int, default=SpecConfig.kappa, help="early-exit candidates per slot (κ)")
+    g.add_argument("--gamma", type=int, default=None, help="draft tokens per window (γ; default: the pair's setting "
+                   f"chosen at load for this machine by the latency model, else {SpecConfig.gamma})")
+    g.add_argument("--kappa", type=int, default=None, help="early-exit candidates per slot (κ; default: chosen like γ, "
+                   f"else {SpecConfig.kappa})")
     g.add_argument("--exit-layer", type=int, default=None, help="early-exit layer ℓ_e (default N/2)")
     g.add_argument("--branch-budget", type=int, default=SpecConfig.branch_budget,
                    help="mirror: at most this many branch rows per step, the likeliest first (0 = all, -1 = auto: what fits "
@@ -121,10 +123,13 @@ def resolve_pair(args) -> None:
         args.target, args.draft = pair.target, pair.draft
 
 
-def request_from_args(args, prompt_ids: tuple[int, ...]) -> Request:
+def request_from_args(args, prompt_ids: tuple[int, ...], defaults: SpecConfig = SpecConfig()) -> Request:
+    """The request the flags describe; γ and κ left out take `defaults` (the loaded pair's chosen settings)."""
+    gamma = defaults.gamma if args.gamma is None else args.gamma
+    kappa = defaults.kappa if args.kappa is None else args.kappa
     return Request(prompt_ids=prompt_ids, decoder=args.decoder, max_new_tokens=args.max_new_tokens,
                    sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed, args.rule),
-                   spec=SpecConfig(args.gamma, args.kappa, args.exit_layer, args.branch_budget))
+                   spec=SpecConfig(gamma, kappa, args.exit_layer, args.branch_budget))
 
 
 def parse_prompt_ids(text: str) -> tuple[int, ...]:
@@ -156,7 +161,7 @@ def generate(args) -> int:
             if engine.tokenizer is None:
                 raise MirrorError(f"{args.target!r} has no tokenizer; pass --prompt-ids instead of --prompt")
             prompt_ids = engine.encode(args.prompt, chat=not args.raw_prompt)
-        request = request_from_args(args, prompt_ids)
+        request = request_from_args(args, prompt_ids, engine.info.default_spec())
         text = IncrementalText(engine.tokenizer) if engine.tokenizer is not None else None
         events = []
         for event in engine.stream(request):
@@ -180,6 +185,9 @@ def generate(args) -> int:
         else:
             print((text.flush() if text else "") + "\n")
             print(_summary_line(end, engine.info.target_rows))
+            note = engine.info.spec_note(request.spec) if request.decoder != "ar" else ""
+            if note:
+                print(f"-- settings: γ {request.spec.gamma}, κ {request.spec.kappa} {note}")
         return 1 if end.error else 0
 
 
@@ -229,6 +237,11 @@ def bench(args) -> int:
     rows, loaded = [], {}
     for dtype in dtypes:  # one pair at a time, in one process: the dtypes' figures are from one run
         with open_pair(args.target, args.draft, lanes_at[dtype], config) as pair:
+            chosen = pair.engine.info.default_spec()
+            if (args.gamma is None or args.kappa is None) and not args.sweep:  # the pair's choice for this machine
+                config = replace(config, spec=replace(
+                    config.spec, gamma=chosen.gamma if args.gamma is None else args.gamma,
+                    kappa=chosen.kappa if args.kappa is None else args.kappa))
             prompts = load_prompts(args.prompts, pair.engine.tokenizer, args.limit)
             n_cells = len(plan(pair.engine, config, prompts[0].prompt_ids))
             with tqdm(total=total_runs(len(prompts), n_cells, config), file=sys.stderr, unit="run",
@@ -239,7 +252,8 @@ def bench(args) -> int:
     report = build_report(rows, config, {"target": info.target, "draft": info.draft, "lanes": asdict(info.lanes),
                                          "target_runner": info.target_runner, "target_rows": rows_fields(info.target_rows),
                                          "dtypes": {d: dtype_fields(i) for d, i in loaded.items()},
-                                         "cpu": cpu_model(), "prompts_file": args.prompts})
+                                         "cpu": cpu_model(), "prompts_file": args.prompts,
+                                         "chosen_settings": info.describe()["chosen_settings"]})
     print(format_table(report))
     for path in write_outputs(report, args.out, args.out_dir):
         print(f"wrote {path}", file=sys.stderr)

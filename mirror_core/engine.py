@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Iterator
 
 from . import machine
-from .config import LaneConfig, MirrorError, Request, check_prompt_text
+from .config import LaneConfig, MirrorError, Request, SpecConfig, check_prompt_text
 from .decode import decode_events
 from .decode_state import DecodeState
 from .events import Event, RunEnd, RunSettings
@@ -27,7 +27,9 @@ from .lanes.faults import fault_plan_from_env
 from .models.loading import ModelSpec, encode_text, load_config, load_model, load_tokenizer, local_folder, shared_vocab_size
 from .metrics import RunSummary
 from .runners import build_runner
-from .runners.calibrate import Calibration, calibrate_target
+from .latency import SpecChoice, StepCosts, choose_spec
+from .models.profile import load_profile
+from .runners.calibrate import BRANCH_ROWS, WINDOW, Calibration, calibrate_target
 from .runners.rows import UNCHECKED, RowCheck
 from .models.feature_draft import feature_draft_config, is_feature_draft
 from .models.vocab import load_vocab_map
@@ -49,6 +51,19 @@ class PairInfo:
     exit_head: dict | None = None            # the trained exit head in use (exit_head.py), None: the logit lens
     draft_vocab: int | None = None           # V_d of a reduced-vocabulary draft (models/vocab.py), None: all of V
     draft_features: int | None = None        # ℓ_e whose hidden states a feature-reading draft reads, None: ids only
+    spec_choice: SpecChoice | None = None    # γ, κ the latency model chose for this machine (None: no draft profile)
+
+    def spec_note(self, spec: SpecConfig) -> str:
+        """Why γ and κ are what they are, when they are this machine's choice ("" otherwise)."""
+        c = self.spec_choice
+        if c is None or (spec.gamma, spec.kappa) != (c.gamma, c.kappa):
+            return ""
+        return f"chosen for this machine by the latency model (modelled): {c.why}"
+
+    def default_spec(self) -> SpecConfig:
+        """The settings a request gets when it names none: the machine's choice when there is one."""
+        c = self.spec_choice
+        return SpecConfig() if c is None else SpecConfig(gamma=c.gamma, kappa=c.kappa)
 
     def describe(self) -> dict:
         """What ran: the CLI's --json `pair` object (the numbers panel's "Ran:" line says the same from the run
@@ -63,7 +78,11 @@ class PairInfo:
             "dtype": None if self.draft_dtype is None else self.draft_dtype.label,
             **({"vocab": self.draft_vocab} if self.draft_vocab else {}),
             **({"reads_features_of_layer": self.draft_features} if self.draft_features else {})}
-        return {"target": target, "draft": draft, "exit_head": self.exit_head}  # None: the target's own norm + LM head
+        settings = None if self.spec_choice is None else {
+            "gamma": self.spec_choice.gamma, "kappa": self.spec_choice.kappa, "why": self.spec_choice.why,
+            "modelled_speedup": self.spec_choice.speedup, "modelled_sd_speedup": self.spec_choice.sd_speedup}
+        return {"target": target, "draft": draft, "exit_head": self.exit_head,  # None: the target's own norm + LM head
+                "chosen_settings": settings}
 
     def exit_readout(self, layer: int) -> str:
         """How a run at ℓ_e = layer reads its candidates, in words (the run settings and the page say it)."""
@@ -131,6 +150,9 @@ class MirrorEngine:
             lane = make_draft_lane(lanes, DraftLaneSpec(draft, lanes.draft_device, vocab, lanes.draft_threads,
                                                         lanes.draft_cpus, trust_remote_code, lanes.runner, lanes.dtype,
                                                         lanes.fault, feature_floats))
+        exit_layer = features.feature_layer if features else head.layer if head else max(1, runner.num_layers // 2)
+        choice = None if lane is None else _choose_spec(dtype, lane.calibration, load_profile(local_folder(draft)),
+                                                        exit_layer / runner.num_layers)
         info = PairInfo(target=target, draft=draft, num_layers=runner.num_layers, vocab_size=vocab,
                         max_context=min(known) if known else None, lanes=lanes, target_runner=type(runner).__name__,
                         target_rows=rows, target_dtype=dtype,
@@ -140,7 +162,7 @@ class MirrorEngine:
                             "layer": head.layer, "readout_tokens": int(head.ids.numel()),
                             "source": lanes.exit_head if lanes.exit_head != "auto" else local_folder(draft)},
                         draft_vocab=None if draft is None or vmap is None else vmap.size,
-                        draft_features=None if features is None else features.feature_layer)
+                        draft_features=None if features is None else features.feature_layer, spec_choice=choice)
         return cls(runner, lane, info, tokenizer, eos_ids)
 
     # -- requests --------------------------------------------------------------------------
@@ -220,7 +242,8 @@ class MirrorEngine:
                                        draft=info.draft, target_runner=info.target_runner,
                                        target_rows=info.target_rows, target_dtype=info.target_dtype,
                                        draft_dtype=info.draft_dtype, exit_readout=info.exit_readout(exit_layer),
-                                       draft_vocab=info.draft_vocab)
+                                       draft_vocab=info.draft_vocab, draft_features=info.draft_features,
+                                       spec_note=info.spec_note(request.spec))
                 try:
                     run = DecodeState(request, self.target, exit_layer, self.eos_ids, stop, settings,
                                       features=info.draft_features is not None and request.decoder != "ar")
@@ -266,6 +289,19 @@ def _exit_head(choice: str, draft: str | None, target_model) -> ExitHead | None:
         return None
     lm_head = target_model.get_output_embeddings().weight                                # [V, H]
     return ExitHead(weights, lm_head, float(target_model.config.rms_norm_eps))
+
+
+def _choose_spec(target: Calibration | None, draft: Calibration | None, profile, exit_share: float) -> SpecChoice | None:
+    """γ and κ for this machine: the latency model over the lanes' timed step costs and the draft's profile; None
+    when the draft has no profile or a lane's dtype was forced without timing."""
+    if profile is None or target is None or draft is None:
+        return None
+    shapes = (target.ms(target.sequence, "step"), target.ms(target.sequence, "window"),
+              draft.ms(draft.sequence, "step"), draft.ms(draft.rows, "rows"))
+    if any(v is None for v in shapes):
+        return None
+    t_ar, t_window, d_step, d_rows = shapes
+    return choose_spec(StepCosts(t_ar, t_window, WINDOW, exit_share, d_step, d_rows, BRANCH_ROWS, WINDOW - 1), profile)
 
 
 def _check_feature_draft(cfg, target_cfg, vmap) -> None:

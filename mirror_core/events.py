@@ -54,6 +54,8 @@ class RunSettings:
     draft_dtype: Calibration | None = None    # the draft lane's dtype per shape (step, branch rows)
     exit_readout: str = "logit lens"          # how the layer-ℓ_e candidates were read out (PairInfo.exit_readout)
     draft_vocab: int | None = None            # V_d of a reduced-vocabulary draft (None: the target's whole vocabulary)
+    draft_features: int | None = None         # ℓ_e whose hidden states a feature-reading draft reads (None: ids only)
+    spec_note: str = ""                       # when γ, κ are the pair's choice for this machine: why (latency model)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -140,3 +140,89 @@ def latency_model_from_events(spans: list[SpanEvent], steps: list[StepRecord], s
         t_rv_fv=stage_mean(spans, (STAGE_ACCEPT,)) + stage_mean(spans, (STAGE_SELECT_BRANCH,)),
         t_fresh=stage_mean(spans, (STAGE_DRAFT_ROLLOUT,), first_step=0), ff=summary.fallback_frequency or 0.0,
         tau=summary.tau or 1.0, t_ar=t_ar, measured_step=fmean(times))
+
+
+# -- settings chosen per machine (modelled) ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepCosts:
+    """This machine's step costs for one pair, in ms, as the lanes' dtype calibrations timed them at load
+    (runners/calibrate.py: cached per machine and model shape)."""
+    t_ar: float             # target: one-token step
+    t_window: float         # target: a window of `window_rows` tokens
+    window_rows: int
+    exit_share: float       # ℓ_e / N: the share of a verification pass before the early exit (layers as equal)
+    draft_step: float       # draft: one-token step
+    draft_rows: float       # draft: a branch rollout of `rows` rows, `depth` tokens deep
+    rows: int
+    depth: int
+
+    def verify(self, gamma: int) -> float:
+        """T_verify(γ): the window's cost, linear in its rows between the two timed shapes."""
+        return self.t_ar + (self.t_window - self.t_ar) * gamma / (self.window_rows - 1)
+
+    def branch(self, rows: int, gamma: int) -> float:
+        """T_branch: a branch batch costs its rows × depth in row-tokens (measured: a CPU's batch costs nearly
+        rows × one row), plus one pass over the window for a feature-reading draft's shared prefix."""
+        return self.draft_rows * rows * gamma / (self.rows * self.depth) + self.draft_step
+
+
+@dataclass(frozen=True)
+class DraftProfile:
+    """How often a pair's draft and early exit are right, measured on held-out answers when it was trained (the draft
+    folder's draft_profile.json)."""
+    accept: tuple[float, ...]   # a_d: the d-th draft token agrees with the target given d−1 that did, d = 1, 2, ..
+    hit: tuple[float, ...]      # the target's token is among the exit's top-κ (the draft's own token excluded)
+                                # where the draft was wrong, κ = 1, 2, ..
+
+    def tau(self, gamma: int) -> float:
+        """τ(γ) = 1 + E[A_t] = 1 + Σ_k Π_{d≤k} a_d (a_d past the measured depths: the last one)."""
+        reach, total = 1.0, 1.0
+        for d in range(gamma):
+            reach *= self.accept[min(d, len(self.accept) - 1)]
+            total += reach
+        return total
+
+    def hit_rate(self, kappa: int) -> float:
+        return self.hit[min(kappa, len(self.hit)) - 1]
+
+
+@dataclass(frozen=True)
+class SpecChoice:
+    """The γ and κ the latency model (§4, with the costs and profile above) predicts fastest here, and why."""
+    gamma: int
+    kappa: int
+    speedup: float                          # modelled Mirror-SD speedup over ar at that setting
+    sd_speedup: float                       # modelled vanilla SD speedup at that γ
+    why: str                                # one line, for the page and --json
+    table: tuple[tuple[int, int, float], ...]  # (γ, κ, modelled speedup) for every setting tried
+
+
+def modelled_speedups(costs: StepCosts, profile: DraftProfile, gamma: int, kappa: int) -> tuple[float, float]:
+    """(Mirror-SD, vanilla SD) speedups over ar: τ · T_AR / E[T_step], E[T_step] from §4 with every branch row of
+    κ(γ+1) rolled out, FF = 1 − hit rate, and T_fresh = γ draft steps."""
+    tau, verify, fresh = profile.tau(gamma), costs.verify(gamma), gamma * costs.draft_step
+    pre, delta = costs.exit_share * verify, (1 - costs.exit_share) * verify
+    branch = costs.branch(kappa * (gamma + 1), gamma)
+    mirror = pre + max(delta, branch) + (1 - profile.hit_rate(kappa)) * fresh
+    return tau * costs.t_ar / mirror, tau * costs.t_ar / (verify + fresh)
+
+
+def choose_spec(costs: StepCosts, profile: DraftProfile, gammas=range(1, 9), kappas=range(1, 5)) -> SpecChoice:
+    """The fastest (γ, κ) by the model; `why` says what one more draft token would cost and earn here."""
+    table = tuple((g, k, round(modelled_speedups(costs, profile, g, k)[0], 3)) for g in gammas for k in kappas)
+    gamma, kappa, best = max(table, key=lambda r: (r[2], -r[0], -r[1]))
+    sd = modelled_speedups(costs, profile, gamma, kappa)[1]
+    more = [s for g, k, s in table if g == gamma + 1 and k == kappa]
+    if more:
+        t0, t1 = profile.tau(gamma), profile.tau(gamma + 1)
+        extra = costs.verify(gamma + 1) - costs.verify(gamma) + costs.draft_step
+        why = (f"γ {gamma}: a {_nth(gamma + 1)} draft token adds {t1 - t0:.2f} expected tokens per step but costs "
+               f"{extra:.1f} ms more here (modelled {more[0]:.2f}x vs {best:.2f}x ar); κ {kappa}: "
+               f"hit rate {profile.hit_rate(kappa):.2f}, {kappa * (gamma + 1)} branch rows")
+    else:
+        why = f"γ {gamma}, κ {kappa}: the largest tried (modelled {best:.2f}x ar)"
+    return SpecChoice(gamma, kappa, best, round(sd, 3), why, table)
+
+
+def _nth(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"

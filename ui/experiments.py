@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from mirror_core import Request, SpecConfig
+from mirror_core import MirrorError, Request, SpecConfig
 from mirror_core.events import STAGE_TARGET_STEP, RunEnd, SpanEvent, StepRecord
 from mirror_core.latency import latency_model_from_events, stage_mean
 
@@ -80,6 +80,10 @@ def run_experiment(engine, exp: Experiment, prompt_ids: tuple[int, ...], spec: S
     """Yields (runs done, runs in all, points so far) after every run; the last yield has every point."""
     prompts = ([encode(p) for p in exp.values] if exp.axis == "prompt" else [prompt_ids])
     axis_values = exp.values
+    reads = getattr(engine.info, "draft_features", None)
+    if exp.axis == "exit_layer" and reads is not None:
+        raise MirrorError(f"this pair's draft reads the target's hidden states after layer {reads}, so ℓ_e is fixed "
+                          "there; choose the token-only draft in the Run tab to sweep the exit layer")
     if exp.axis == "exit_layer":  # fractions of this target's depth; two that round to one layer run once
         axis_values = tuple(dict.fromkeys(exit_layer(v, engine.info.num_layers) for v in exp.values))
     total = len(axis_values) * len(exp.decoders) + len(prompts)

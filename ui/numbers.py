@@ -113,7 +113,11 @@ def target_line(run: DecoderRun) -> str:
               if settings.draft else ", no draft")
            + (f" (vocabulary: {settings.draft_vocab} most frequent tokens)" if settings.draft and settings.draft_vocab
               else "")
-           + (f"; early-exit readout: {settings.exit_readout}" if settings.draft else "") + ".")
+           + (f"; the draft reads the target's layer-{settings.draft_features} hidden states"
+              if settings.draft and settings.draft_features else "")
+           + (f"; early-exit readout: {settings.exit_readout}" if settings.draft else "") + "."
+           + (f" γ {settings.request.spec.gamma}, κ {settings.request.spec.kappa}: {settings.spec_note}."
+              if settings.draft and settings.spec_note else ""))
     return (f"<p class='mirror-def'>{html.escape(ran)}</p>"
             f"<p class='mirror-def'>Target: {html.escape(settings.target_runner)}, {html.escape(how)} "
             "(docs/ALGORITHM.md §3, “Up to numerics”, made exact).</p>" + dtype_line(settings))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mirror_core import MirrorError, Request, SamplingConfig, SpecConfig
 from mirror_core.config import AUTO_BRANCH_BUDGET, MAX_GAMMA, MAX_KAPPA, MAX_NEW_TOKENS_CAP, check_prompt_text
@@ -27,14 +27,14 @@ MIN_TOP_P = 0.01                                    # the lowest top-p the page 
 MAX_REPEATS = 5                                     # comparisons per Run (median and range over them)
 
 # (lowest, highest) the page's numeric controls allow; None = no bound on the page (the engine checks the rest).
-BOUNDS = {"gamma": (1, MAX_GAMMA), "kappa": (1, MAX_KAPPA), "exit_layer": (0, None),
+BOUNDS = {"gamma": (0, MAX_GAMMA), "kappa": (0, MAX_KAPPA), "exit_layer": (0, None),
           "branch_budget": (AUTO_BRANCH_BUDGET, None), "max_new_tokens": (1, APP_MAX_NEW_TOKENS),
           "temperature": (0.0, APP_MAX_TEMPERATURE), "top_k": (0, None), "top_p": (MIN_TOP_P, 1.0), "seed": (0, None),
           "repeats": (1, MAX_REPEATS)}
 
 # Every control's default value except the pair and the prompt (those come from the presets and examples);
 # the page and the tests both read these.
-DEFAULTS = {"gamma": SpecConfig.gamma, "kappa": SpecConfig.kappa, "exit_layer": 0,
+DEFAULTS = {"gamma": 0, "kappa": 0, "exit_layer": 0,
             "branch_budget": SpecConfig.branch_budget, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
             "rule": "exact", "max_new_tokens": 64, "seed": 0, "decoders": ["ar", "mirror"], "live_plots": True,
             "repeats": 1, "raw_prompt": False}
@@ -61,9 +61,10 @@ INFO = {
     "target": "Reproduced exactly: a Hugging Face id (e.g. Qwen/Qwen3-1.7B) or a folder.",
     "draft": "Smaller, same vocabulary (e.g. Qwen/Qwen3-0.6B); empty: AR only.",
     "decoders": "Run one after another, each with both lanes to itself; AR is the baseline every speedup refers to.",
-    "gamma": f"γ: draft tokens per window the target verifies in one pass ({_range('gamma')}).",
+    "gamma": f"γ: draft tokens per window the target verifies in one pass ({_range('gamma')}); 0 = the value chosen "
+             f"for this machine when the pair loaded (its latency model; {SpecConfig.gamma} for a draft without a profile).",
     "kappa": "κ: early-exit candidates per slot sent to the draft lane; the draft rolls out a branch for each "
-             f"({_range('kappa')}).",
+             f"({_range('kappa')}); 0 = chosen like γ ({SpecConfig.kappa} without a profile).",
     "branch_budget": f"Branch rows the draft rolls out per step, the likeliest first: 0 = all κ(γ+1); "
                      f"{_signed(AUTO_BRANCH_BUDGET)} = auto "
                      "(as many as it finishes while the target runs its last layers). Never changes the output.",
@@ -88,15 +89,18 @@ class ComparisonSettings:
     decoders: tuple[str, ...]        # in DECODER_ORDER
     max_new_tokens: int
     sampling: SamplingConfig
-    spec: SpecConfig
+    spec: SpecConfig                 # γ, κ here are placeholders where `chosen` names them
     live_plots: bool = True          # False: measure, then show (plots drawn when the runs have ended)
     repeats: int = 1                 # comparisons per Run; odd-numbered repeats (0-based) run in reverse order
     raw_prompt: bool = False         # True: tokenize the prompt as it is, without the target's chat template
+    chosen: frozenset[str] = frozenset()  # "gamma", "kappa": set to 0 on the page, taken from the loaded pair
 
-    def requests(self, prompt_ids: tuple[int, ...]) -> list[Request]:
-        """Every run of the comparison, repeat after repeat (DECODER_ORDER, then reversed, alternately)."""
+    def requests(self, prompt_ids: tuple[int, ...], pair_spec: SpecConfig = SpecConfig()) -> list[Request]:
+        """Every run of the comparison, repeat after repeat (DECODER_ORDER, then reversed, alternately); γ and κ
+        left at 0 take the loaded pair's setting (`pair_spec`: engine.info.default_spec())."""
+        spec = replace(self.spec, **{name: getattr(pair_spec, name) for name in self.chosen})
         return [Request(prompt_ids=prompt_ids, decoder=d, max_new_tokens=self.max_new_tokens,
-                        sampling=self.sampling, spec=self.spec)
+                        sampling=self.sampling, spec=spec)
                 for r in range(self.repeats) for d in (self.decoders[::-1] if r % 2 else self.decoders)]
 
 
@@ -117,12 +121,13 @@ def settings_from_ui(values: Mapping[str, object]) -> ComparisonSettings:
     draft = _as_text(v["draft"], "Draft").strip()
     prompt = check_prompt_text(_as_text(v["prompt"], "the prompt"))
     decoders = v["decoders"]
-    chosen = tuple(d for d in DECODER_ORDER if isinstance(decoders, (list, tuple)) and d in decoders)
-    if not chosen:
+    decoders_chosen = tuple(d for d in DECODER_ORDER if isinstance(decoders, (list, tuple)) and d in decoders)
+    if not decoders_chosen:
         raise MirrorError("choose at least one decoder to run")
     exit_layer = _bounded("exit_layer", _as_int(v["exit_layer"], "exit layer ℓ_e"))
-    spec = SpecConfig(gamma=_bounded("gamma", _as_int(v["gamma"], "γ")), kappa=_bounded("kappa", _as_int(v["kappa"], "κ")),
-                      exit_layer=exit_layer or None,
+    gamma, kappa = _bounded("gamma", _as_int(v["gamma"], "γ")), _bounded("kappa", _as_int(v["kappa"], "κ"))
+    chosen = frozenset(name for name, value in (("gamma", gamma), ("kappa", kappa)) if value == 0)
+    spec = SpecConfig(gamma=gamma or SpecConfig.gamma, kappa=kappa or SpecConfig.kappa, exit_layer=exit_layer or None,
                       branch_budget=_bounded("branch_budget", _as_int(v["branch_budget"], "branch budget")))
     sampling = SamplingConfig(temperature=_bounded("temperature", _as_float(v["temperature"], "temperature")),
                               top_k=_bounded("top_k", _as_int(v["top_k"], "top-k")),
@@ -134,7 +139,8 @@ def settings_from_ui(values: Mapping[str, object]) -> ComparisonSettings:
         if not isinstance(flag, bool):
             raise MirrorError(f"{name} must be true or false, got {flag!r}")
     repeats = _bounded("repeats", _as_int(v["repeats"], "repeats"))
-    return ComparisonSettings(target, draft or None, prompt, chosen, max_new, sampling, spec, live, repeats, raw)
+    return ComparisonSettings(target, draft or None, prompt, decoders_chosen, max_new, sampling, spec, live, repeats, raw,
+                              chosen)
 
 
 LABELS = {"gamma": "γ (gamma)", "kappa": "κ (kappa)", "exit_layer": "exit layer ℓ_e", "branch_budget": "branch budget",

@@ -71,7 +71,8 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
                           "Stop takes effect once it has loaded) …" if loader.loaded() != pair else "Starting …")
         yield Tick(STATUS, session.status)
         engine = loader.get(settings.target, settings.draft)
-        requests = settings.requests(encode_prompt(engine.tokenizer, settings.prompt, chat=not settings.raw_prompt))
+        requests = settings.requests(encode_prompt(engine.tokenizer, settings.prompt, chat=not settings.raw_prompt),
+                                     engine.info.default_spec())
         for request in requests:
             engine.validate(request)  # every setting checked before anything runs
         session.clear_results()

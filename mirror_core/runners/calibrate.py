@@ -170,6 +170,48 @@ def calibrate_draft(runner, requested: str, config) -> Calibration:
     return replace(cal, requested=requested)
 
 
+def calibrate_feature_draft(runner, requested: str) -> Calibration:
+    """A feature-reading draft (runners/feature.py) runs in one dtype: the one whose one-token step plus branch
+    rollout (κ(γ + 1) rows, γ deep) is fastest here, after PREFIX cached entries with random features. Not cached:
+    the draft is small, this takes well under a second."""
+    names = candidates(runner) if requested == "auto" else [requested]
+    t0 = time.perf_counter()
+    g = torch.Generator().manual_seed(0)
+    prefix, ids = _probe(runner, WINDOW)
+    feats = torch.randn(len(prefix), runner.cfg.hidden_size, generator=g)
+    one = feats[:1]
+
+    def rows(c):
+        branches = runner.fork(c, [max(1, len(prefix) - r % 4) for r in range(BRANCH_ROWS)])
+        tokens, f = torch.full((BRANCH_ROWS,), ids[-1], dtype=torch.long), one.expand(BRANCH_ROWS, -1)
+        for _ in range(WINDOW - 1):
+            _, f = runner.forward_rows(branches, tokens, f)
+
+    shapes = {"step": lambda c: runner.forward(c, ids[:1], one), "rows": rows}
+    samples: dict[tuple[str, str], list[float]] = {(n, s): [] for n in names for s in shapes}
+    for name in names:
+        runner.set_dtype(DTYPES[name])
+        cache = runner.new_cache()
+        runner.forward(cache, prefix, feats)
+        for rnd in range(MIN_ROUNDS + 3):  # round 0 warms the kernels up and is not kept
+            for shape, run in shapes.items():
+                machine.synchronize(runner.device)
+                start = time.perf_counter()
+                run(cache)
+                machine.synchronize(runner.device)
+                if rnd:
+                    samples[name, shape].append(time.perf_counter() - start)
+                runner.truncate(cache, len(prefix))
+    table = tuple(Timing(n, s, round(1e3 * statistics.median(v), 3)) for (n, s), v in samples.items())
+    cal = Calibration("draft", requested, names[0], names[0], table, seconds=round(time.perf_counter() - t0, 2))
+    total = {n: cal.ms(n, "step") * WINDOW + cal.ms(n, "rows") for n in names}   # a fresh rollout + a branch batch
+    best = min(names, key=total.get)
+    best = best if total[best] < (1 - MARGIN) * total[names[0]] else names[0]
+    runner.set_dtype(DTYPES[best])
+    note = "forced by --dtype" if requested != "auto" else "fastest γ+1 steps plus a branch rollout (one dtype)"
+    return replace(cal, sequence=best, rows=best, note=note)
+
+
 def _probe(runner, new: int) -> tuple[list[int], list[int]]:
     """A cached prefix (PREFIX tokens, fewer where the context is short) and `new` token ids after it, all inside
     the model's vocabulary and context."""

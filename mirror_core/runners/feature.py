@@ -52,6 +52,11 @@ class FeatureRunner:
     def dtype(self) -> torch.dtype:
         return self.model.embed.dtype
 
+    def set_dtype(self, dtype: torch.dtype) -> None:
+        """Run the whole draft (weights, activations, KV cache) in `dtype` (runners/calibrate.py chooses it); the
+        logits and predicted features it returns stay float32."""
+        self.model.to(dtype)
+
     # -- sequences -------------------------------------------------------------------------------
     def new_cache(self, capacity: int = 256) -> FeatureCache:
         c = self.cfg

@@ -139,14 +139,21 @@ def soft_targets(top_ids: torch.Tensor, top_logits: torch.Tensor, to_draft: torc
 # -- 3. exit heads --------------------------------------------------------------------------------
 def train_exit_head(cfg: DistillConfig, layer: int, teacher: dict, train_rows: torch.Tensor, val_rows: torch.Tensor,
                     lm_head: torch.Tensor, norm: torch.Tensor, eps: float, ids: torch.Tensor,
-                    soft: tuple[torch.Tensor, torch.Tensor], g: torch.Generator):
+                    soft: tuple[torch.Tensor, torch.Tensor], g: torch.Generator, init=None,
+                    exclude: torch.Tensor | None = None, row_weight: torch.Tensor | None = None):
     """A, b, g for one exit layer (exit_head.py), and its top-1/2/4/8 coverage of the target's next token on the
-    held-out rows (raw: the logit lens over the whole vocabulary, for comparison)."""
+    held-out rows (raw: the logit lens over the whole vocabulary, for comparison).
+
+    Candidates where they matter (feature_distill.py): `exclude` [n_rows] gives per row a draft-vocabulary id that
+    the readout never proposes there (the draft's own token d_j: M_t excludes it), and `row_weight` [n_rows] weighs
+    the rows (more where the draft was wrong, the only slots whose candidates can hit); `init` continues a head."""
     h_all = teacher["hidden"][layer]
     hsz = h_all.shape[1]
-    adapter = torch.eye(hsz).requires_grad_()
-    bias = torch.zeros(hsz).requires_grad_()
-    gain = norm.clone().float().requires_grad_()
+    if init is None:
+        adapter, bias, gain = torch.eye(hsz), torch.zeros(hsz), norm.clone().float()
+    else:
+        adapter, bias, gain = (t.clone().float() for t in init)
+    adapter, bias, gain = adapter.requires_grad_(), bias.requires_grad_(), gain.requires_grad_()
     w = lm_head[ids].t().float()                                                            # [H, V_e]
     opt = torch.optim.Adam([adapter, bias, gain], lr=cfg.exit_lr)
     sid, sprob = soft
@@ -162,9 +169,17 @@ def train_exit_head(cfg: DistillConfig, layer: int, teacher: dict, train_rows: t
         for group in opt.param_groups:
             group["lr"] = lr
         rows = train_rows[torch.randint(len(train_rows), (batch,), generator=g)]
-        logp = F.log_softmax(readout(h_all[rows]), -1)
-        logp = torch.cat([logp, logp.new_full((batch, 1), -1e4)], 1)  # an "other" column for soft_targets' padding
-        loss = -(sprob[rows] * logp.gather(1, sid[rows])).sum(-1).mean()
+        z = readout(h_all[rows])
+        z = torch.cat([z, z.new_full((batch, 1), -1e4)], 1)  # an "other" column for soft_targets' padding
+        if exclude is not None:
+            z = z.scatter(1, exclude[rows].unsqueeze(1), -1e4)
+        logp = F.log_softmax(z, -1)
+        p_soft = sprob[rows]
+        if exclude is not None:  # the excluded id carries no target mass: renormalise the rest
+            p_soft = p_soft * (sid[rows] != exclude[rows].unsqueeze(1))
+            p_soft = p_soft / p_soft.sum(-1, keepdim=True).clamp(min=1e-9)
+        per_row = -(p_soft * logp.gather(1, sid[rows])).sum(-1)
+        loss = per_row.mean() if row_weight is None else (per_row * row_weight[rows]).sum() / row_weight[rows].sum()
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -51,6 +51,8 @@ class FeatureDistillConfig:
     lr: float = 5e-4
     exit_lr: float = 1e-3
     hard_weight: float = 0.5
+    wrong_weight: float = 4.0                     # exit head, second pass: weight of rows where the draft was wrong
+    candidate_epochs: float = 1.0                 # exit head, second pass (0: keep the first head)
     feature_weight: float = 0.2
     seed: int = 0
     threads: int = 0
@@ -132,7 +134,7 @@ def make_batch(seqs, chunk: list[int], teacher: dict, soft, to_draft: torch.Tens
             frow.append(teacher["fstart"][i] + ps + d)
         rows, pos, arow, frow = (torch.cat(x) for x in (rows, pos, arow, frow))
         per_depth.append((rows, pos, sid[arow], sprob[arow], teacher["top_ids"][arow, 0].long(),
-                          teacher["feat"][frow].float()))
+                          teacher["feat"][frow].float(), arow))
     return ids, feats, per_depth
 
 
@@ -142,7 +144,7 @@ def draft_loss(model, batch, cfg: FeatureDistillConfig, other: int, to_draft: to
     ids, feats, per_depth = batch
     outs = train_step_outputs(model, ids, feats, cfg.depths)
     loss, agree = 0.0, []
-    for d, (g, (rows, pos, sid, sprob, label, f_next)) in enumerate(zip(outs, per_depth)):
+    for d, (g, (rows, pos, sid, sprob, label, f_next, _)) in enumerate(zip(outs, per_depth)):
         gd = g[rows, pos]                                                                      # [N, H]
         z = model.logits(gd).float()                                                           # [N, V_d+1]
         z[:, other] = -1e4
@@ -194,6 +196,42 @@ def token_draft_agreement(folder: str, seqs) -> float:
     return round(hits / max(n, 1), 4)
 
 
+@torch.no_grad()
+def first_predictions(model, seqs, teacher, soft, to_draft, other, cfg) -> torch.Tensor:
+    """The draft's depth-1 greedy token (draft ids) at every answer row, teacher-forced: the d_j that M_t excludes."""
+    from mirror_core.models.feature_draft import train_step_outputs
+
+    model.eval()
+    pred = torch.full((teacher["top_ids"].shape[0],), other, dtype=torch.long)
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
+    for b in range(0, len(order), 32):
+        ids, feats, per_depth = make_batch(seqs, order[b: b + 32], teacher, soft, to_draft, other, 1)
+        rows, pos, *_, arow = per_depth[0]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            g = train_step_outputs(model, ids, feats, 1)[0]
+            z = model.logits(g[rows, pos]).float()
+        z[:, other] = -1e4
+        pred[arow] = z.argmax(-1)
+    model.train()
+    return pred
+
+
+def hit_coverage(head, h: torch.Tensor, label: torch.Tensor, pred: torch.Tensor, lm_rows: torch.Tensor, eps: float,
+                 other: int) -> dict:
+    """Where the draft's token was wrong: the share whose target token is in the readout's top-κ with the draft's
+    token excluded (what M_t sends), κ = 1, 2, 4: the hit rate this head can give at those slots."""
+    from mirror_core.runners.ops import rms_norm
+
+    adapter, bias, gain = head
+    wrong = pred != label
+    z = rms_norm(h[wrong].float() @ adapter + bias, gain, eps) @ lm_rows.t().float()            # [n, V_d]
+    z.scatter_(1, pred[wrong].clamp(max=z.shape[1] - 1).unsqueeze(1), float("-inf"))
+    top = z.topk(4, -1).indices
+    lab = label[wrong].unsqueeze(1)
+    return {"draft_wrong_share": round(float(wrong.float().mean()), 4),
+            **{f"top{k}": round(float((top[:, :k] == lab).any(1).float().mean()), 4) for k in (1, 2, 4)}}
+
+
 def train(cfg: FeatureDistillConfig, model, seqs, train_idx, teacher, soft, to_draft, other, held, g) -> list[dict]:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     budget, warmup = cfg.minutes * 60, 50
@@ -231,12 +269,13 @@ def train(cfg: FeatureDistillConfig, model, seqs, train_idx, teacher, soft, to_d
 
 
 def distill(cfg: FeatureDistillConfig) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from mirror_core.machine import cpu_flags, cpu_model
     from mirror_core.models.exit_head import ExitHeadWeights
     from mirror_core.models.feature_draft import from_target
     from mirror_core.models.prepared import resolve_source
+    from mirror_core.models.profile import save_profile
     from mirror_core.models.vocab import VocabMap
     from mirror_core.train.distill import DistillConfig, train_exit_head
 
@@ -296,11 +335,37 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     timings["draft_s"] = round(time.time() - t, 1)
     compare = token_draft_agreement(cfg.compare, held_seqs) if cfg.compare else None
 
+    # 4. candidates where they matter: the exit head again, from where it is, weighted to the draft's mistakes with
+    # the draft's own token excluded (M_t never sends it)
+    t = time.time()
+    pred = first_predictions(model, seqs, teacher, soft, to_draft, other, cfg)
+    held_pred = first_predictions(model, held_seqs, held_teacher, held_soft, to_draft, other, cfg)
+    label = to_draft[teacher["top_ids"][:, 0].long()]
+    held_label = to_draft[held_teacher["top_ids"][:, 0].long()]
+    held_h = held_teacher["feat"][torch.cat([torch.arange(f + len(p) - 1, f + len(p) - 1 + len(a))
+                                            for f, (p, a) in zip(held_teacher["fstart"], held_seqs)])]
+    lm_rows = lm_head[ids]
+    candidates = {"before": hit_coverage(head, held_h, held_label, held_pred, lm_rows, eps, other)}
+    if cfg.candidate_epochs > 0:
+        wrong = pred != label
+        exclude = torch.where(wrong, pred, torch.full_like(pred, other))
+        weight = 1.0 + (cfg.wrong_weight - 1.0) * wrong.float()
+        head, _ = train_exit_head(dataclasses.replace(dcfg, exit_epochs=cfg.candidate_epochs), cfg.feature_layer,
+                                  exit_teacher, train_rows, val_rows, lm_head, norm, eps, ids, soft, g, init=head,
+                                  exclude=exclude, row_weight=weight)
+        candidates["after"] = hit_coverage(head, held_h, held_label, held_pred, lm_rows, eps, other)
+    print(f"exit head where the draft is wrong (held-out): {candidates}", flush=True)
+    timings["candidate_head_s"] = round(time.time() - t, 1)
+
     folder = os.path.join(cfg.out, "feature_draft")
     shutil.rmtree(folder, ignore_errors=True)
     model.save(folder)
     vmap.save(folder)
-    AutoTokenizer.from_pretrained(target_dir).save_pretrained(folder)
+    accept = log[-1]["heldout_agreement"]
+    cov = candidates.get("after", candidates["before"])
+    hit = [cov["top1"], cov["top2"], (cov["top2"] + cov["top4"]) / 2, cov["top4"]]  # κ = 3: between the measured
+    save_profile(folder, accept, hit, f"held-out answers to {len(held_seqs)} new-topic prompts, teacher-forced: "
+                 "agreement by depth (own predicted features), exit top-κ where the draft was wrong")
     a, b, gain = head
     ExitHeadWeights(cfg.feature_layer, int(target.config.hidden_size), int(target.config.num_hidden_layers),
                     int(target.config.vocab_size), a, b, gain, ids).save(folder)
@@ -309,7 +374,7 @@ def distill(cfg: FeatureDistillConfig) -> dict:
                "answer_tokens": sum(len(a) for _, a in seqs), "heldout_sequences": len(held_seqs),
                "heldout_answer_tokens": sum(len(a) for _, a in held_seqs),
                "vocab_coverage": {"train": coverage(seqs), "heldout": coverage(held_seqs)},
-               "exit_coverage": exit_cov, "draft_log": log, "token_draft_heldout_agreement": compare,
+               "exit_coverage": exit_cov, "candidate_coverage": candidates, "draft_log": log, "token_draft_heldout_agreement": compare,
                "timings": timings, "draft_params": sum(p.numel() for p in model.parameters())}
     with open(os.path.join(cfg.out, "feature_distill.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)

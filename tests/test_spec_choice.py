@@ -1,0 +1,61 @@
+"""Settings chosen per machine (latency.choose_spec): the latency model over measured step costs and a draft's
+profile picks γ and κ; what it picks moves the way the model says it should, and the engine, the CLI and the page use
+it only where the user left γ/κ unset."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from mirror_core.config import MirrorError, SpecConfig
+from mirror_core.latency import DraftProfile, StepCosts, choose_spec, modelled_speedups
+from mirror_core.models.profile import FILE, load_profile, save_profile
+from ui.settings import CONTROLS, DEFAULTS, controls_by_name, settings_from_ui
+
+COSTS = StepCosts(t_ar=20.0, t_window=30.0, window_rows=5, exit_share=2 / 3, draft_step=3.0, draft_rows=25.0,
+                  rows=10, depth=4)
+
+
+def test_tau_and_the_model_follow_the_definitions():
+    p = DraftProfile((0.5, 0.4), (0.3, 0.5))
+    assert p.tau(1) == pytest.approx(1.5) and p.tau(3) == pytest.approx(1 + 0.5 + 0.2 + 0.08)  # a_d past the end: last
+    assert p.hit_rate(1) == 0.3 and p.hit_rate(4) == 0.5
+    mirror, sd = modelled_speedups(COSTS, p, 2, 1)
+    verify = 20 + 10 * 2 / 4
+    branch = 25 * 3 * 2 / 40 + 3
+    assert sd == pytest.approx(p.tau(2) * 20 / (verify + 6))
+    assert mirror == pytest.approx(p.tau(2) * 20 / (verify * 2 / 3 + max(verify / 3, branch) + 0.7 * 6))
+
+
+def test_a_better_draft_or_a_cheaper_window_earns_a_longer_window():
+    weak, strong = DraftProfile((0.3,), (0.5,)), DraftProfile((0.9,), (0.5,))
+    assert choose_spec(COSTS, strong).gamma > choose_spec(COSTS, weak).gamma
+    cheap = StepCosts(20.0, 21.0, 5, 2 / 3, 3.0, 25.0, 10, 4)       # a window costs about one step (an accelerator)
+    assert choose_spec(cheap, weak).gamma >= choose_spec(COSTS, weak).gamma
+    c = choose_spec(COSTS, strong)
+    assert c.speedup == max(s for _, _, s in c.table) and c.why.startswith(f"γ {c.gamma}: a ")
+    # a better exit buys more candidates only while their branches fit in the suffix
+    rich = DraftProfile((0.6,), (0.2, 0.6, 0.7, 0.75))
+    assert choose_spec(COSTS, rich).kappa >= 2
+
+
+def test_profile_round_trip_and_bad_files(tmp_path):
+    save_profile(str(tmp_path), [0.6, 0.5], [0.3, 0.4], "test")
+    assert load_profile(str(tmp_path)) == DraftProfile((0.6, 0.5), (0.3, 0.4))
+    assert load_profile(None) is None and load_profile(str(tmp_path / "none")) is None
+    with open(os.path.join(tmp_path, FILE), "w") as f:
+        json.dump({"accept_by_depth": [1.5], "hit_by_kappa": [0.1]}, f)
+    with pytest.raises(MirrorError, match="shares in 0..1"):
+        load_profile(str(tmp_path))
+
+
+def test_the_page_takes_the_pairs_choice_only_where_left_at_zero():
+    values = {**DEFAULTS, "prompt": "hi", "target": "t", "draft": "d"}
+    s = settings_from_ui(controls_by_name([values[k] for k in CONTROLS]))
+    assert s.chosen == {"gamma", "kappa"}
+    (req, *_) = s.requests((1, 2), SpecConfig(gamma=3, kappa=1))
+    assert (req.spec.gamma, req.spec.kappa) == (3, 1)
+    s = settings_from_ui({**values, "gamma": 6, "kappa": 0})
+    (req, *_) = s.requests((1, 2), SpecConfig(gamma=3, kappa=1))
+    assert (req.spec.gamma, req.spec.kappa) == (6, 1)
