@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import queue
+
+import torch
 import threading
 from dataclasses import dataclass, replace
 from typing import Iterator
@@ -52,6 +54,7 @@ class PairInfo:
     draft_vocab: int | None = None           # V_d of a reduced-vocabulary draft (models/vocab.py), None: all of V
     draft_features: int | None = None        # ℓ_e whose hidden states a feature-reading draft reads, None: ids only
     spec_choice: SpecChoice | None = None    # γ, κ the latency model chose for this machine (None: no draft profile)
+    whole_machine: tuple[int, float, int, float] | None = None  # the target's step: (lane cores, ms, all cores, ms)
 
     def spec_note(self, spec: SpecConfig) -> str:
         """Why γ and κ are what they are, when they are this machine's choice ("" otherwise)."""
@@ -143,6 +146,13 @@ class MirrorEngine:
         with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads):
             # with the target lane's threads: the kernels it will run; the dtype first, then its call-shape check
             dtype, rows = calibrate_target(runner, vocab, lanes.dtype, target_model.config)
+            lane_step = (len(lanes.target_cpus) or torch.get_num_threads(), _step_ms(runner, vocab))
+        whole = None
+        if lanes.target_device == "cpu" and lanes.target_cpus and len(machine.usable_cpus()) > len(lanes.target_cpus):
+            # the target lane was given some of the cores: time its step on all of them too
+            every = machine.usable_cpus()
+            with pinned(every, len(every)):  # the whole-machine baseline's step (AR on every core)
+                whole = (*lane_step, len(every), _step_ms(runner, vocab))
         lane = None
         known = [c for c in contexts if c]
         if draft is not None:
@@ -162,7 +172,8 @@ class MirrorEngine:
                             "layer": head.layer, "readout_tokens": int(head.ids.numel()),
                             "source": lanes.exit_head if lanes.exit_head != "auto" else local_folder(draft)},
                         draft_vocab=None if draft is None or vmap is None else vmap.size,
-                        draft_features=None if features is None else features.feature_layer, spec_choice=choice)
+                        draft_features=None if features is None else features.feature_layer, spec_choice=choice,
+                        whole_machine=whole)
         return cls(runner, lane, info, tokenizer, eos_ids)
 
     # -- requests --------------------------------------------------------------------------
@@ -243,7 +254,7 @@ class MirrorEngine:
                                        target_rows=info.target_rows, target_dtype=info.target_dtype,
                                        draft_dtype=info.draft_dtype, exit_readout=info.exit_readout(exit_layer),
                                        draft_vocab=info.draft_vocab, draft_features=info.draft_features,
-                                       spec_note=info.spec_note(request.spec))
+                                       spec_note=info.spec_note(request.spec), whole_machine=info.whole_machine)
                 try:
                     run = DecodeState(request, self.target, exit_layer, self.eos_ids, stop, settings,
                                       features=info.draft_features is not None and request.decoder != "ar")
@@ -289,6 +300,23 @@ def _exit_head(choice: str, draft: str | None, target_model) -> ExitHead | None:
         return None
     lm_head = target_model.get_output_embeddings().weight                                # [V, H]
     return ExitHead(weights, lm_head, float(target_model.config.rms_norm_eps))
+
+
+def _step_ms(runner, vocab: int, steps: int = 12) -> float:
+    """The target's median one-token step after a 64-token prefix, on the calling thread's cores (ms)."""
+    import statistics
+    import time
+
+    cache = runner.new_cache()
+    runner.forward(cache, [(7 * i + 3) % vocab for i in range(64)])
+    times = []
+    for i in range(steps + 2):  # two warm-ups
+        machine.synchronize(runner.device)
+        t0 = time.perf_counter()
+        runner.forward(cache, [(5 * i + 1) % vocab])
+        machine.synchronize(runner.device)
+        times.append(time.perf_counter() - t0)
+    return round(1e3 * statistics.median(times[2:]), 2)
 
 
 def _choose_spec(target: Calibration | None, draft: Calibration | None, profile, exit_share: float) -> SpecChoice | None:

@@ -56,6 +56,8 @@ class RunSettings:
     draft_vocab: int | None = None            # V_d of a reduced-vocabulary draft (None: the target's whole vocabulary)
     draft_features: int | None = None         # ℓ_e whose hidden states a feature-reading draft reads (None: ids only)
     spec_note: str = ""                       # when γ, κ are the pair's choice for this machine: why (latency model)
+    whole_machine: tuple[int, float, int, float] | None = None  # (lane cores, ms, every core, ms): the target's
+                                              # one-token step timed at load on its lane and on the whole machine
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -90,8 +90,8 @@ def test_request_sizes_are_bounded_on_the_page(tmp_path):
     # tab's model knobs and its step player's phase (1..6, nothing typed)
     assert sliders == {"Step"}  # only the inspector's; Run's knobs are number boxes (a slider clamps typed values)
     for name, value, needle in (("max_new_tokens", APP_MAX_NEW_TOKENS + 1, f"max new tokens must be in 1..{APP_MAX_NEW_TOKENS}"),
-                                ("gamma", 999, f"γ (gamma) must be in 1..{MAX_GAMMA} on this page, got 999"),
-                                ("kappa", MAX_KAPPA + 1, f"κ (kappa) must be in 1..{MAX_KAPPA}"),
+                                ("gamma", 999, f"γ (gamma) must be in 0..{MAX_GAMMA} on this page, got 999"),
+                                ("kappa", MAX_KAPPA + 1, f"κ (kappa) must be in 0..{MAX_KAPPA}"),
                                 ("temperature", 5, "temperature must be in 0.0..2.0")):
         with pytest.raises(MirrorError, match=re.escape(needle)):
             settings_from_ui(page_values(prompt="1", target="t", **{name: value}))

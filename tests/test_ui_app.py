@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 import re
 import socket
@@ -90,7 +91,10 @@ def test_a_full_run_streams_tokens_then_plots_and_exports_a_trace(app):
     assert "Replay finished" in replayed[-1]["status"] and replayed[-1]["ar_text"] == final["ar_text"]
     assert len(replayed) >= 2 and "Replaying at measured speed" in replayed[0]["status"]
     slow = [by_name(o) for o in c.submit("0.25×", api_name="/replay")]  # slow motion: 4x the ticks of the same runs
-    assert "Replaying at 0.25× measured speed" in slow[0]["status"] and len(slow) > 2 * len(replayed)
+    assert "Replaying at 0.25× measured speed" in slow[0]["status"]
+    end_ms = float(re.search(r"of (\d+) ms", replayed[0]["status"]).group(1))
+    for ticks, step_ms in ((replayed, 50.0), (slow, 12.5)):  # one tick per 1/20 s of the page at that speed, + the end
+        assert abs(len(ticks) - (math.ceil(end_ms / step_ms) + 1)) <= 1, (len(ticks), end_ms, step_ms)
 
 
 def test_the_learn_tabs_what_if_answers_its_knobs_and_starts_from_a_run(app):

@@ -249,7 +249,7 @@ def test_settings_map_to_configs_in_one_place():
     assert s.spec.gamma == 5 and s.spec.exit_layer is None and s.sampling.rule == "rejection"
     (req,) = s.requests((1, 2))[1:]
     assert req.decoder == "mirror" and req.max_new_tokens == 32 and req.sampling.seed == 7
-    for bad in ({"gamma": 0}, {"kappa": 2.5}, {"temperature": -1}, {"top_p": 0}, {"max_new_tokens": 0}):
+    for bad in ({"gamma": -1}, {"kappa": 2.5}, {"temperature": -1}, {"top_p": 0}, {"max_new_tokens": 0}):
         with pytest.raises(MirrorError):
             settings_from_ui(_values(**bad))
     with pytest.raises(MirrorError, match="token ids"):
@@ -276,8 +276,8 @@ def test_bounds_and_their_help_come_from_the_engine_limits():
     from mirror_core.config import AUTO_BRANCH_BUDGET, MAX_GAMMA, MAX_KAPPA, MAX_NEW_TOKENS_CAP
     from ui.settings import APP_MAX_NEW_TOKENS
 
-    assert BOUNDS["gamma"] == (1, MAX_GAMMA) and f"(1..{MAX_GAMMA})" in INFO["gamma"]
-    assert BOUNDS["kappa"] == (1, MAX_KAPPA) and f"(1..{MAX_KAPPA})" in INFO["kappa"]
+    assert BOUNDS["gamma"] == (0, MAX_GAMMA) and f"(0..{MAX_GAMMA})" in INFO["gamma"] and "0 = " in INFO["gamma"]
+    assert BOUNDS["kappa"] == (0, MAX_KAPPA) and f"(0..{MAX_KAPPA})" in INFO["kappa"] and "0 = " in INFO["kappa"]
     assert BOUNDS["branch_budget"][0] == AUTO_BRANCH_BUDGET and "−1 = auto" in INFO["branch_budget"]
     assert BOUNDS["max_new_tokens"] == (1, APP_MAX_NEW_TOKENS) and APP_MAX_NEW_TOKENS <= MAX_NEW_TOKENS_CAP
     for name, (lo, hi) in BOUNDS.items():

@@ -69,8 +69,13 @@ def load_model(spec: ModelSpec, draft: bool = False, spread: tuple[str, ...] = (
 def load_draft_over_target_vocab(spec: ModelSpec):
     """A draft as a plain Hugging Face model over the target's vocabulary, for peers that drive it themselves
     (assisted generation): a reduced-vocabulary draft becomes its full-vocabulary copy (models/vocab.full_vocab_copy)."""
+    from .feature_draft import is_feature_draft
     from .vocab import full_vocab_copy, load_vocab_map
 
+    if is_feature_draft(local_folder(spec.source)):
+        raise MirrorError(f"{spec.source!r} is a feature-reading draft: it needs the target's hidden states, which "
+                          "transformers' assisted generation does not give a draft; drop hf_assisted, or use the "
+                          "token-only draft for it")
     model = load_model(spec, draft=True)
     vmap = load_vocab_map(local_folder(spec.source))
     return model if vmap is None else full_vocab_copy(model, vmap)
