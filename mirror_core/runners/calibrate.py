@@ -194,16 +194,9 @@ def calibrate_feature_draft(runner, requested: str) -> Calibration:
         cache = runner.new_cache()
         runner.forward(cache, prefix, feats)
         for rnd in range(MIN_ROUNDS + 3):  # round 0 warms the kernels up and is not kept
-            for shape, run in shapes.items():
-                machine.synchronize(runner.device)
-                start = time.perf_counter()
-                run(cache)
-                machine.synchronize(runner.device)
-                if rnd:
-                    samples[name, shape].append(time.perf_counter() - start)
-                runner.truncate(cache, len(prefix))
-    table = tuple(Timing(n, s, round(1e3 * statistics.median(v), 3)) for (n, s), v in samples.items())
-    cal = Calibration("draft", requested, names[0], names[0], table, seconds=round(time.perf_counter() - t0, 2))
+            _time_shapes(runner, shapes, cache, len(prefix), {s: samples[name, s] for s in shapes} if rnd else None)
+    cal = Calibration("draft", requested, names[0], names[0], _table(samples),
+                      seconds=round(time.perf_counter() - t0, 2))
     total = {n: cal.ms(n, "step") * WINDOW + cal.ms(n, "rows") for n in names}   # a fresh rollout + a branch batch
     best = min(names, key=total.get)
     best = best if total[best] < (1 - MARGIN) * total[names[0]] else names[0]
@@ -271,19 +264,28 @@ def _time(runner, lane: str, requested: str, candidates: list[str], rows: int, s
     for rnd in range(MAX_ROUNDS + 1):  # round 0 warms every kernel up and is not kept
         for name in names:
             prepare(name)
-            for shape, run in shapes.items():
-                machine.synchronize(runner.device)
-                start = time.perf_counter()
-                run(cache)
-                machine.synchronize(runner.device)
-                if rnd:
-                    samples[name, shape].append(time.perf_counter() - start)
-                runner.truncate(cache, len(prefix))
+            _time_shapes(runner, shapes, cache, len(prefix), {s: samples[name, s] for s in shapes} if rnd else None)
         if rnd >= MIN_ROUNDS and time.perf_counter() - t0 > BUDGET_S:
             break
-    table = tuple(Timing(n, s, round(1e3 * statistics.median(v), 3)) for (n, s), v in samples.items())
-    return Calibration(lane, requested, names[0], names[0], table, seconds=round(time.perf_counter() - t0, 2),
+    return Calibration(lane, requested, names[0], names[0], _table(samples), seconds=round(time.perf_counter() - t0, 2),
                        screened=tuple(n for n in candidates if n not in names))
+
+
+def _time_shapes(runner, shapes: dict, cache, keep: int, into: dict[str, list[float]] | None) -> None:
+    """One round: each shape's forward once after the cached prefix (`keep` tokens), its seconds appended to
+    into[shape] (None: a warm-up round, not kept)."""
+    for shape, run in shapes.items():
+        machine.synchronize(runner.device)
+        start = time.perf_counter()
+        run(cache)
+        machine.synchronize(runner.device)
+        if into is not None:
+            into[shape].append(time.perf_counter() - start)
+        runner.truncate(cache, keep)
+
+
+def _table(samples: dict[tuple[str, str], list[float]]) -> tuple[Timing, ...]:
+    return tuple(Timing(n, s, round(1e3 * statistics.median(v), 3)) for (n, s), v in samples.items())
 
 
 def _cache_path(runner, lane: str, names: list[str], shapes: list[str], config) -> str:
