@@ -246,6 +246,19 @@ def draft_loss(draft, x, pos, sid, sprob, label_draft, other: int, hard_weight: 
     return kl + hard_weight * hard, float(agree)
 
 
+def length_chunks(seqs, idx: list[int], batch: int, g: torch.Generator) -> list[list[int]]:
+    """One epoch's batches of sequence indices: similar lengths together (less padding), batches in random order."""
+    perm = torch.randperm(len(idx), generator=g).tolist()
+    order = sorted([idx[i] for i in perm], key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
+    chunks = [order[b: b + batch] for b in range(0, len(order), batch)]
+    return [chunks[i] for i in torch.randperm(len(chunks), generator=g).tolist()]
+
+
+def scheduled_lr(lr: float, step: int, elapsed: float, budget: float, warmup: int) -> float:
+    """Linear warm-up over `warmup` steps, then cosine over the time budget down to 10 % of lr."""
+    return lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * elapsed / budget)))
+
+
 def train_draft(cfg: DistillConfig, draft, seqs, train_idx, val_idx, teacher, to_draft, soft, g):
     other = draft.config.vocab_size - 1
     opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -268,17 +281,12 @@ def train_draft(cfg: DistillConfig, draft, seqs, train_idx, val_idx, teacher, to
     draft.train()
     warmup = 50
     while time.time() - t0 < budget:
-        perm = torch.randperm(len(train_idx), generator=g).tolist()
-        order = sorted([train_idx[i] for i in perm], key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
-        chunks = [order[b: b + cfg.batch_sequences] for b in range(0, len(order), cfg.batch_sequences)]
-        chunks = [chunks[i] for i in torch.randperm(len(chunks), generator=g).tolist()]  # similar lengths, random order
-        for chunk in chunks:
+        for chunk in length_chunks(seqs, train_idx, cfg.batch_sequences, g):
             elapsed = time.time() - t0
             if elapsed >= budget:
                 break
-            lr = cfg.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * elapsed / budget)))
             for group in opt.param_groups:
-                group["lr"] = lr
+                group["lr"] = scheduled_lr(cfg.lr, step, elapsed, budget, warmup)
             x, pos, sid, sprob, label = next(draft_batches(seqs, chunk, teacher, soft, to_draft, other, len(chunk)))
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss, agree = draft_loss(draft, x, pos, sid, sprob, to_draft[label], other, cfg.hard_weight)

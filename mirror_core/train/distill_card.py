@@ -86,7 +86,7 @@ def render_feature(fd: dict, bench: dict | None, bench_cmd: str) -> list[str]:
         f"{cfg['batch_sequences']} sequences, bf16 autocast, {cfg['minutes']:.0f} minutes ({log[-1]['step']} steps).",
         "- Held-out top-1 agreement with the target's greedy token by depth (teacher-forced tokens, depth d on d−1 of "
         "its own features): " + "; ".join(f"{e['minutes']:.0f} min: {', '.join(f'{a:.3f}' for a in e['heldout_agreement'])}"
-                                          for e in log[:: max(1, len(log) // 5)]) + f"; at the end: "
+                                          for e in log[:: max(1, len(log) // 5)]) + "; at the end: "
         + ", ".join(f"{a:.3f}" for a in held) + "."
         + (f" The token-only draft on the same held-out answers: {fd['token_draft_heldout_agreement']:.3f} (depth 1)."
            if fd.get("token_draft_heldout_agreement") is not None else ""),

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import shutil
 import time
@@ -29,7 +28,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from mirror_core.train.distill import draft_vocabulary, load_sequences, soft_targets
+from mirror_core.train.distill import draft_vocabulary, length_chunks, load_sequences, scheduled_lr, soft_targets
 
 
 @dataclass(frozen=True)
@@ -239,17 +238,13 @@ def train(cfg: FeatureDistillConfig, model, seqs, train_idx, teacher, soft, to_d
     log.append({"step": 0, "minutes": 0.0, "heldout_agreement": held()})
     print(f"feature draft: before training, held-out top-1 by depth {log[-1]['heldout_agreement']}", flush=True)
     while time.time() - t0 < budget:
-        perm = torch.randperm(len(train_idx), generator=g).tolist()
-        order = sorted([train_idx[i] for i in perm], key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
-        chunks = [order[b: b + cfg.batch_sequences] for b in range(0, len(order), cfg.batch_sequences)]
-        for c in torch.randperm(len(chunks), generator=g).tolist():
+        for chunk in length_chunks(seqs, train_idx, cfg.batch_sequences, g):
             elapsed = time.time() - t0
             if elapsed >= budget:
                 break
-            lr = cfg.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * elapsed / budget)))
             for group in opt.param_groups:
-                group["lr"] = lr
-            batch = make_batch(seqs, chunks[c], teacher, soft, to_draft, other, cfg.depths)
+                group["lr"] = scheduled_lr(cfg.lr, step, elapsed, budget, warmup)
+            batch = make_batch(seqs, chunk, teacher, soft, to_draft, other, cfg.depths)
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss, agree = draft_loss(model, batch, cfg, other, to_draft)
             opt.zero_grad()
