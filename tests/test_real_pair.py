@@ -1,5 +1,6 @@
-"""The default pair on its real target: SmolLM2-135M-Instruct, prepared from its PyPI package, with the distilled
-draft and trained exit head in assets/smollm2_pair. Every decoder emits exactly `ar`'s greedy tokens.
+"""The default pair on its real target: SmolLM2-135M-Instruct, prepared from its PyPI package, with each distilled
+draft in assets/smollm2_pair (the feature-reading one, the default, and the token-only one) and its trained exit head.
+Every decoder emits exactly `ar`'s greedy tokens.
 
 Needs the prepared target (a package index, once); skipped without one, except under CI (`CI` set, as .ci/run
 does after `python -m mirror_core prepare`), where a missing target is a failure."""
@@ -11,36 +12,46 @@ import pytest
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
 from mirror_core.config import MirrorError
-from mirror_core.models.pairs import REAL_DRAFT, REAL_TARGET
+from mirror_core.models.pairs import REAL_FEATURE_DRAFT, REAL_TARGET, REAL_TOKEN_DRAFT
 
 pytestmark = pytest.mark.slow  # the real default pair (SmolLM2-135M) loads for about a minute (the slow tier)
 
 PROMPTS = ("What is the capital of France?", "Write a Python function that reverses a string.")
 
 
-@pytest.fixture(scope="module")
-def engine():
+@pytest.fixture(scope="module", params=[REAL_FEATURE_DRAFT, REAL_TOKEN_DRAFT], ids=["feature_draft", "token_draft"])
+def engine(request):
     from mirror_core.models.prepared import resolve_source
 
-    if not os.path.isdir(REAL_DRAFT):
-        pytest.fail(f"the distilled draft is missing from {REAL_DRAFT}")
+    draft = request.param
+    if not os.path.isdir(draft):
+        pytest.fail(f"the distilled draft is missing from {draft}")
     try:
         resolve_source(REAL_TARGET)
     except MirrorError as exc:
         if os.environ.get("CI"):
             raise
         pytest.skip(f"cannot prepare {REAL_TARGET}: {exc}")
-    with MirrorEngine.load(REAL_TARGET, REAL_DRAFT, LaneConfig(kind="inline")) as e:
+    with MirrorEngine.load(REAL_TARGET, draft, LaneConfig(kind="inline")) as e:
         yield e
 
 
 def test_every_decoder_equals_ar_on_the_real_pair(engine):
     assert engine.info.exit_head is not None and engine.info.draft_vocab  # the shipped head and reduced draft
+    features = engine.info.draft_features is not None
+    assert features == (engine.info.draft == REAL_FEATURE_DRAFT)
+    if features:  # it ships a profile: γ, κ chosen for this machine; ℓ_e is its feature layer
+        assert engine.info.spec_choice is not None and "γ" in engine.info.describe()["chosen_settings"]["why"]
+        with pytest.raises(MirrorError, match="reads the target's hidden states"):
+            engine.generate(Request(engine.encode("Hi"), "mirror", 4, spec=SpecConfig(3, 1, 12)))
+    chosen = engine.info.default_spec()
+    specs = (SpecConfig(4), SpecConfig(4, 2), chosen, SpecConfig(6, 1)) if features else \
+        (SpecConfig(4), SpecConfig(4, 2), SpecConfig(3, 1, 12))
     for i, text in enumerate(PROMPTS):
         ids = engine.encode(text)
         ar = engine.generate(Request(ids, "ar", 24))
         assert ar.error is None and len(ar.token_ids) > 0
-        for decoder, spec in (("sd", SpecConfig(4)), ("mirror", SpecConfig(4, 2)), ("mirror", SpecConfig(3, 1, 12))):
+        for decoder, spec in [("sd", specs[0])] + [("mirror", s) for s in specs[1:]]:
             end = engine.generate(Request(ids, decoder, 24, spec=spec))
             assert end.error is None and end.fallback is None
             assert end.token_ids == ar.token_ids, (text, decoder, spec)
