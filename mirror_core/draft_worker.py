@@ -152,6 +152,7 @@ class DraftWorker:
         """The target lane's verdict: on a hit adopt branch (τ, c) as the next window, else roll out afresh."""
         bs, self.branch_set = self.branch_set, None
         branches = () if bs is None else tuple(tuple(r) for r in bs.tokens.tolist())
+        new = list(self.window[: cmd.accepted]) + [cmd.token]  # what this step commits: d1..d_{A_t}, c
         row = None
         if cmd.hit:
             row = bs.rows.index((cmd.accepted, cmd.token))  # the target lane saw c among the candidates it sent
@@ -160,13 +161,20 @@ class DraftWorker:
             self.window = bs.tokens[row].tolist()
             self.p_window = None if bs.p_draft is None else bs.p_draft[row]
         else:
-            with self._span(STAGE_DRAFT_ROLLOUT):
-                self._fresh_rollout(cmd.accepted, cmd.token)
-        self.committed += cmd.accepted + 1
+            self._miss(cmd, new)
+        self._advance(new)
         reply = DraftWindow(tuple(self.window), self.p_window, row, branches, self.spans, self.forwards,
                             self.produced)
         self.spans, self.forwards, self.produced = [], 0, 0
         return reply
+
+    def _miss(self, cmd: ResolveRequest, new: list[int]) -> None:
+        with self._span(STAGE_DRAFT_ROLLOUT):
+            self._fresh_rollout(cmd.accepted, cmd.token)
+
+    def _advance(self, new: list[int]) -> None:
+        """After the reply's window is set: the committed prefix grows by d1..d_{A_t} and c."""
+        self.committed += len(new)
 
     def _fresh_rollout(self, accepted: int, token: int) -> None:
         """Truncate to the committed prefix, feed what is missing plus c, draft γ tokens."""
@@ -278,34 +286,24 @@ class FeatureDraftWorker(DraftWorker):
             self.branch_set = _BranchSet(rows, torch.stack(tokens, 1),
                                          None if ps[0] is None else torch.stack(ps, 1), bcache)
 
-    def _resolve(self, cmd: ResolveRequest) -> DraftWindow:
-        bs, self.branch_set = self.branch_set, None
-        branches = () if bs is None else tuple(tuple(r) for r in bs.tokens.tolist())
-        new = list(self.window[: cmd.accepted]) + [cmd.token]
-        row = None
-        if cmd.hit:
-            row = bs.rows.index((cmd.accepted, cmd.token))
-            with self._span(STAGE_SELECT_BRANCH):
-                self.cache = self.runner.select_row(bs.cache, row)
-            self.window = bs.tokens[row].tolist()
-            self.p_window = None if bs.p_draft is None else bs.p_draft[row]
-        else:
-            with self._span(STAGE_PREFILL if self.known == 0 else STAGE_DRAFT_ROLLOUT):
-                self._fresh_rollout_from(new, cmd.features)
+    def _miss(self, cmd: ResolveRequest, new: list[int]) -> None:
+        """Feed the entries the new features complete, then draft γ tokens on predicted features (at step 0: the
+        prompt's entries, the draft's prefill)."""
+        with self._span(STAGE_PREFILL if self.known == 0 else STAGE_DRAFT_ROLLOUT):
+            keep = self.known + min(self.prefix, cmd.accepted)  # entries (d_{j+1}, f_j) already fed for accepted d's
+            self.runner.truncate(self.cache, keep)
+            tokens = self.tokens + new
+            feed = tokens[keep + 1:]                             # x_{i+1} for entries keep..len(tokens)−2
+            self._roll_out(self.runner.forward(self.cache, feed, cmd.features[keep - self.known:]))  # [T, V], [T, H]
+
+    def _advance(self, new: list[int]) -> None:
         self.tokens += new
         self.known = len(self.tokens) - 1
         self.prefix = 0
-        reply = DraftWindow(tuple(self.window), self.p_window, row, branches, self.spans, self.forwards, self.produced)
-        self.spans, self.forwards, self.produced = [], 0, 0
-        return reply
 
-    def _fresh_rollout_from(self, new: list[int], features: torch.Tensor) -> None:
-        """Feed the entries the new features complete, then draft γ tokens on predicted features."""
-        keep = self.known + min(self.prefix, len(new) - 1)   # entries (d_{j+1}, f_j) already fed for accepted d's
-        self.runner.truncate(self.cache, keep)
-        tokens = self.tokens + new
-        feed = tokens[keep + 1: len(tokens)]                 # x_{i+1} for entries keep..len(tokens)−2
-        logits, g = self.runner.forward(self.cache, feed, features[keep - self.known:])  # [T, V], [T, H]
+    def _roll_out(self, first: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """γ draft tokens from the fed entries' outputs (logits [T, V], g [T, H]), each next on its predicted feature."""
+        logits, g = first
         window, ps = [], []
         logits, g = logits[-1:], g[-1:]                                                   # [1, V], [1, H]
         while True:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import queue
-
-import torch
 import threading
 from dataclasses import dataclass, replace
 from typing import Iterator
@@ -146,13 +144,14 @@ class MirrorEngine:
         with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads):
             # with the target lane's threads: the kernels it will run; the dtype first, then its call-shape check
             dtype, rows = calibrate_target(runner, vocab, lanes.dtype, target_model.config)
-            lane_step = (len(lanes.target_cpus) or torch.get_num_threads(), _step_ms(runner, vocab))
         whole = None
-        if lanes.target_device == "cpu" and lanes.target_cpus and len(machine.usable_cpus()) > len(lanes.target_cpus):
-            # the target lane was given some of the cores: time its step on all of them too
-            every = machine.usable_cpus()
+        every = machine.usable_cpus()
+        if lanes.target_device == "cpu" and lanes.target_cpus and len(every) > len(lanes.target_cpus):
+            # the target lane was given some of the cores: its step there and on all of them, timed alike
+            with pinned(lanes.target_cpus, lanes.target_threads):
+                lane_ms = _step_ms(runner, vocab)
             with pinned(every, len(every)):  # the whole-machine baseline's step (AR on every core)
-                whole = (*lane_step, len(every), _step_ms(runner, vocab))
+                whole = (len(lanes.target_cpus), lane_ms, len(every), _step_ms(runner, vocab))
         lane = None
         known = [c for c in contexts if c]
         if draft is not None:
