@@ -89,8 +89,7 @@ def speculative_decode(state: DecodeState, lane: DraftLane, mirror: bool) -> Ite
         state.check_stop()
         step += 1
         w = [state.ids[-1], *window.tokens]                            # [w0, d1..dγ]
-        send = (lambda h: send_candidates(state, lane, planner, w, step, h)) if mirror else None
-        logits, readout, h = verify(state, w, step, send)              # [γ+1, V]; M_t went out after layer ℓ_e
+        logits, readout, h = verify(state, lane, planner if mirror else None, w, step)  # [γ+1, V]; M_t mid-pass
         result = accept_window(state, logits, window, step)            # (A_t, c)
         hit = verdict(readout, result)                                 # c ∈ TopK_τ (None: no branches this step)
         committed = commit_step(state, w, result, reused, step)        # d1..d_{A_t}, then c
@@ -116,26 +115,25 @@ def start_draft_lane(state: DecodeState, lane: DraftLane) -> bool:
         return False
 
 
-def verify(state: DecodeState, w: list[int], step: int, send=None
+def verify(state: DecodeState, lane: DraftLane, planner: BranchPlanner | None, w: list[int], step: int
            ) -> tuple[torch.Tensor, ExitReadout | None, torch.Tensor | None]:
-    """One target pass over the window → logits [γ+1, V]; with `send`, it gets the layer-ℓ_e hidden state mid-pass
-    (and sends M_t). Also returns h^(ℓ_e) [γ+1, H] (CPU) when the draft reads features, else None."""
+    """One target pass over the window → logits [γ+1, V]. Mirror-SD (a planner) stops the pass after layer ℓ_e,
+    sends M_t and then runs layers ℓ_e+1..N while the draft lane rolls out branches. Also returns h^(ℓ_e)
+    [γ+1, H] (CPU) when the draft reads features, else None."""
     t0 = state.now()
-    seen: list[torch.Tensor] = []
-    sent: list[ExitReadout] = []
-
-    def at_exit(h: torch.Tensor) -> None:                                      # h^(ℓ_e) [γ+1, H]
-        seen.append(h.cpu() if state.features else h)
-        if send is not None:
-            sent.append(send(h))
-
-    tap = send is not None or state.features
-    logits = state.target.forward(state.cache, w, state.exit_layer if tap else None, at_exit if tap else None)
-    h = seen[0] if state.features else None
-    if send is None:
+    if planner is None and not state.features:
+        logits = state.target.forward(state.cache, w)                                  # [γ+1, V]
+        state.span(STAGE_TARGET_VERIFY, t0, state.now(), step)
+        return logits, None, None
+    at_exit = state.target.forward_to_exit(state.cache, w, state.exit_layer)          # layers 1..ℓ_e
+    h = at_exit.h.cpu() if state.features else None                                   # h^(ℓ_e) [γ+1, H]
+    if planner is None:  # vanilla SD with a feature draft: the same pass, read on the way
+        logits = state.target.finish_pass(at_exit)                                     # [γ+1, V]
         state.span(STAGE_TARGET_VERIFY, t0, state.now(), step)
         return logits, None, h
-    readout = replace(sent[0], t_verified=state.now())
+    readout = send_candidates(state, lane, planner, w, step, at_exit.h, h)            # M_t → the draft lane
+    logits = state.target.finish_pass(at_exit)                                         # layers ℓ_e+1..N [γ+1, V]
+    readout = replace(readout, t_verified=state.now())
     state.span(STAGE_TARGET_PREFIX, t0, readout.t_readout, step)
     state.span(STAGE_EXIT_READOUT, readout.t_readout, readout.t_sent, step)
     state.span(STAGE_TARGET_SUFFIX, readout.t_sent, readout.t_verified, step)
@@ -143,9 +141,9 @@ def verify(state: DecodeState, w: list[int], step: int, send=None
 
 
 def send_candidates(state: DecodeState, lane: DraftLane, planner: BranchPlanner, w: list[int], step: int,
-                    h: torch.Tensor) -> ExitReadout:
-    """The early exit, inside the target pass after layer ℓ_e: top-κ per slot (d_j excluded) → M_t → draft lane
-    (with the slots' features h [γ+1, H] when the draft reads them)."""
+                    h: torch.Tensor, features: torch.Tensor | None) -> ExitReadout:
+    """The early exit, between layers ℓ_e and ℓ_e+1 of the target pass: top-κ per slot of h^(ℓ_e) [γ+1, H]
+    (d_j excluded) → M_t → draft lane (with the slots' features [γ+1, H] on the CPU when the draft reads them)."""
     t0 = state.now()
     logits_exit = state.target.exit_readout(h, state.exit_layer)              # [γ+1, V]
     slots = logits_exit.shape[0]                                               # γ+1
@@ -159,7 +157,7 @@ def send_candidates(state: DecodeState, lane: DraftLane, planner: BranchPlanner,
     ids = torch.where(torch.isfinite(top.values), top.indices, -1)             # [γ+1, κ]
     topk_ids = tuple(tuple(r) for r in planner.select(ids, draft_is_top1).tolist())
     try:
-        lane.branch(BranchRequest(step, topk_ids, h.cpu() if state.features else None))
+        lane.branch(BranchRequest(step, topk_ids, features))
         delivered = True
     except LaneError:
         delivered = False

@@ -24,7 +24,7 @@ from .events import (
 )
 from .messages import DraftWindow
 from .metrics import RunSummary, interval_length, interval_overlap
-from .runners.protocol import Runner
+from .runners.protocol import TargetRunner
 from .sampling import target_token
 
 
@@ -40,7 +40,7 @@ class DecodeState:
     the end `finish` turns the step records and spans into the run's RunSummary.
     """
 
-    def __init__(self, request: Request, target: Runner, exit_layer: int, eos_ids: frozenset[int],
+    def __init__(self, request: Request, target: TargetRunner, exit_layer: int, eos_ids: frozenset[int],
                  stop: threading.Event | None, settings: RunSettings, features: bool = False):
         self.req, self.target, self.exit_layer = request, target, exit_layer
         self.features = features  # the draft reads the target's h^(ℓ_e) (a feature-reading draft; ℓ_e is its layer)
@@ -92,13 +92,17 @@ class DecodeState:
         """Target prefill of the whole prompt; commits the first new token c0. Returns c0 and, for a feature-reading
         draft, the prompt's h^(ℓ_e) [P, H] (on the CPU, for the draft lane)."""
         t0 = self.now()
-        seen: list[torch.Tensor] = []
-        layer = self.exit_layer if self.features else None
-        logits = self.target.forward(self.cache, self.ids, layer, seen.append if layer else None)  # [T, V]
+        h_prompt = None
+        if self.features:
+            at_exit = self.target.forward_to_exit(self.cache, self.ids, self.exit_layer)
+            h_prompt = at_exit.h.cpu()                                                         # [P, H]
+            logits = self.target.finish_pass(at_exit)                                          # [P, V]
+        else:
+            logits = self.target.forward(self.cache, self.ids)                                 # [P, V]
         token = target_token(logits[-1], self.cfg, len(self.ids))
         self.span(STAGE_PREFILL, t0, self.now(), 0)
         self.commit([(token, ORIGIN_TARGET, False)], 0)
-        return token, seen[0].cpu() if seen else None
+        return token, h_prompt
 
     def keep_accepted(self, accepted: int) -> None:
         """After acceptance: the target cache keeps w0 and d1..d_A; the rejected drafts' entries are dropped."""

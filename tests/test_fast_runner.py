@@ -25,10 +25,8 @@ def test_fast_runner_matches_hf_logits(pairs, arch):
     fast.truncate(cf, 14)
     hf.truncate(ch, 14)
     pairs_out.append((fast.forward(cf, ids[17:18]), hf.forward(ch, ids[17:18])))  # after a rejection
-    exits: list = []
-    fast.forward(fast.new_cache(), ids[:6], 2, exits.append)
-    hf.forward(hf.new_cache(), ids[:6], 2, exits.append)
-    pairs_out.append(tuple(exits))
+    pairs_out.append((fast.forward_to_exit(fast.new_cache(), ids[:6], 2).h,      # h^(ℓ_e) [6, H]
+                      hf.forward_to_exit(hf.new_cache(), ids[:6], 2).h))
     bf, bh = fast.fork(cf, [10, 12, 15]), hf.fork(ch, [10, 12, 15])
     for step in range(20):  # grows the rows' own buffers past their initial 16 entries
         tok = torch.tensor([[step % 96], [(step * 7) % 96], [(step * 3) % 96]])
@@ -39,6 +37,40 @@ def test_fast_runner_matches_hf_logits(pairs, arch):
     for a, b in pairs_out:
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("runner,arch", [("fast", a) for a in ("llama", "qwen2", "qwen3", "mistral")]
+                         + [("hf", a) for a in ("llama", "qwen2", "qwen3", "mistral", "gpt2", "qwen2-sliding")])
+def test_a_pass_split_at_the_exit_equals_the_whole_forward(pairs, runner, arch):
+    """forward_to_exit then finish_pass is forward, bitwise: the same logits, the same cache afterwards, and h^(ℓ_e)
+    the exit layer's output. qwen2-sliding has full-attention layers 1-2 and sliding ones above: an exit at 1 cannot
+    know the sliding layers' mask before it stops, so that pass runs whole (same result); an exit at 3 has seen both."""
+    if arch == "qwen2-sliding":
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                             num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
+                                             sliding_window=256, max_window_layers=2)).eval()
+        assert len(set(model.config.layer_types)) == 2
+    else:
+        model = AutoModelForCausalLM.from_pretrained(pairs[arch][0]).eval()
+    make = (lambda: FastLlamaRunner(model, capacity=8)) if runner == "fast" else (lambda: HFRunner(model))
+    whole, split = make(), make()
+    ids = torch.randint(0, 96, (20,), generator=torch.Generator().manual_seed(1)).tolist()
+    for layer in (1, 3):
+        cw, cs = whole.new_cache(), split.new_cache()
+        for lo, hi in ((0, 12), (12, 17), (17, 18)):                                    # prefill, window, one token
+            want = whole.forward(cw, ids[lo:hi])
+            at_exit = split.forward_to_exit(cs, ids[lo:hi], layer)
+            assert at_exit.h.shape == (hi - lo, model.config.hidden_size) and at_exit.h.dtype == torch.float32
+            got = split.finish_pass(at_exit)
+            assert torch.equal(got, want), (runner, arch, layer, lo)
+            assert split.cache_len(cs) == whole.cache_len(cw) == hi
+        with torch.no_grad():
+            out = model(torch.tensor([ids[:12]]), output_hidden_states=True)
+        h = split.forward_to_exit(split.new_cache(), ids[:12], layer).h
+        torch.testing.assert_close(h, out.hidden_states[layer][0].float(), atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
@@ -92,9 +124,9 @@ def _check_positions(runner, num_layers, prefix, window, arch):
         runner.forward(alone_cache, prefix)
         for token in window[:at]:
             runner.forward(alone_cache, [token])
-        exits: list = []
-        alone = runner.forward(alone_cache, window[at: at + 1], num_layers // 2, exits.append)
-        assert alone.shape[0] == 1 and exits[0].shape[0] == 1                   # padded rows never leave
+        at_exit = runner.forward_to_exit(alone_cache, window[at: at + 1], num_layers // 2)
+        alone = runner.finish_pass(at_exit)
+        assert alone.shape[0] == 1 and at_exit.h.shape[0] == 1                  # padded rows never leave
         assert runner.cache_len(alone_cache) == len(prefix) + at + 1            # nor stay in the cache
         for rows_in_call in range(at + 1, 17):
             logits = runner.forward(cache, window[:rows_in_call])

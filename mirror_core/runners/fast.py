@@ -1,7 +1,7 @@
 """A lean runner for Llama-family weights (Llama, Mistral, Qwen2, Qwen3): the same interface as HFRunner.
 
 FastLlamaRunner's docstring says what it holds, its cache layout and why it is fast on a CPU
-(measured: docs/BENCHMARKS.md). Layers ≤ ℓ_e and > ℓ_e are plain loops, so the early-exit readout
+(measured: docs/BENCHMARKS.md). Layers ≤ ℓ_e and > ℓ_e are two calls of one loop, so the early-exit readout
 sits between them. RoPE frequencies come from the model's own rotary module (any scaling type whose
 frequencies do not depend on the sequence length).
 """
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .ops import apply_rope, attend, attend_blocks, rms_norm, rope_tables
-from .protocol import ExitCallback
+from .protocol import ExitPass
 from .rows import EXACT_ROWS, RowBand, RowOp, RowPlan, pad_rows
 
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -39,6 +39,20 @@ class FastCache:
     k: torch.Tensor   # [L, Hkv, S_max, D]
     v: torch.Tensor   # [L, Hkv, S_max, D]
     length: int = 0
+
+
+@dataclass
+class _FastPass:
+    """One forward between forward_to_exit and finish_pass: where it writes and what the next layer reads."""
+    cache: FastCache
+    start: int                 # the first new position
+    end: int                   # one past the last
+    x: torch.Tensor            # [1, T, H] the hidden state after the layers run so far
+    cos: torch.Tensor          # [T, D]
+    sin: torch.Tensor          # [T, D]
+    plan: RowPlan | None       # the row plan when T <= EXACT_ROWS
+    groups: list | None        # the key buckets under a row plan (_key_buckets)
+    mask: torch.Tensor | None  # [1, T, S] causal among the new tokens (no row plan, T > 1)
 
 
 @dataclass
@@ -265,8 +279,24 @@ class FastLlamaRunner:
             cache.k, cache.v = F.pad(cache.k, pad), F.pad(cache.v, pad)
 
     @torch.inference_mode()
-    def forward(self, cache: FastCache, ids: list[int], exit_layer: int | None = None,
-                on_exit: ExitCallback | None = None) -> torch.Tensor:
+    def forward(self, cache: FastCache, ids: list[int]) -> torch.Tensor:
+        p = self._begin(cache, ids)
+        self._run_layers(p, 0, self.num_layers)
+        return self._end(p)                                                               # [T, V]
+
+    @torch.inference_mode()
+    def forward_to_exit(self, cache: FastCache, ids: list[int], layer: int) -> ExitPass:
+        p = self._begin(cache, ids)
+        self._run_layers(p, 0, layer)
+        return ExitPass(p.x[0].float(), layer, p)                                         # h^(ℓ_e) [T, H]
+
+    @torch.inference_mode()
+    def finish_pass(self, exit_pass: ExitPass) -> torch.Tensor:
+        p: _FastPass = exit_pass.rest
+        self._run_layers(p, exit_pass.layer, self.num_layers)
+        return self._end(p)                                                               # [T, V]
+
+    def _begin(self, cache: FastCache, ids: list[int]) -> _FastPass:
         t, start = len(ids), cache.length
         end = start + t
         self._reserve(cache, end)
@@ -274,25 +304,31 @@ class FastLlamaRunner:
         cos, sin = self._rope(torch.arange(start, end, device=self.device))               # [T, D]
         plan = self.row_plan if t <= EXACT_ROWS else None  # longer calls (prefills) are the same in every decoder
         groups = None if plan is None else self._key_buckets(cache, start, t)
-        band = None if plan is None else plan.band("attention")
         mask = None
         if t > 1 and groups is None:  # causal among the new tokens; the cached prefix is visible to all
             mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(start).unsqueeze(0)  # [1, T, S]
-        for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin, plan)
+        return _FastPass(cache, start, end, x, cos, sin, plan, groups, mask)
+
+    def _end(self, p: _FastPass) -> torch.Tensor:
+        p.cache.length = p.end
+        return self._head(p.x, p.plan)[0]                                                 # [T, V]
+
+    def _run_layers(self, p: _FastPass, first: int, stop: int) -> None:
+        """Layers first+1..stop of a pass (p.x [1, T, H] in and out; their keys and values into the cache)."""
+        cache, start, end = p.cache, p.start, p.end
+        band = None if p.plan is None else p.plan.band("attention")
+        for i in range(first, stop):
+            layer = self.layers[i]
+            q, k, v = self._qkv(layer, p.x, p.cos, p.sin, p.plan)
             cache.k[i, :, start:end] = k[0]
             cache.v[i, :, start:end] = v[0]
-            if groups is not None:  # each row over its bucket's keys, masked to its own: the same call shape as alone
+            if p.groups is not None:  # each row over its bucket's keys, masked to its own: the same call shape as alone
                 attn = torch.cat([self._attend_rows(q[:, :, lo:hi], cache.k[i, :, :keys].unsqueeze(0),
                                                     cache.v[i, :, :keys].unsqueeze(0), ok, band)
-                                  for lo, hi, keys, ok in groups], 1)                     # [1, T, Hq·D]
+                                  for lo, hi, keys, ok in p.groups], 1)                   # [1, T, Hq·D]
             else:
-                attn = self._attend(q, cache.k[i, :, :end].unsqueeze(0), cache.v[i, :, :end].unsqueeze(0), mask)
-            x = self._mlp_residual(layer, x, attn, plan)
-            if on_exit is not None and i + 1 == exit_layer:
-                on_exit(x[0].float())                                                      # [T, H]
-        cache.length = end
-        return self._head(x, plan)[0]                                                     # [T, V]
+                attn = self._attend(q, cache.k[i, :, :end].unsqueeze(0), cache.v[i, :, :end].unsqueeze(0), p.mask)
+            p.x = self._mlp_residual(layer, p.x, attn, p.plan)
 
     def _key_buckets(self, cache: FastCache, start: int, rows: int) -> list[tuple[int, int, int, torch.Tensor]]:
         """Attention under a row plan: rows grouped by their key bucket (own length rounded up to KEY_BUCKET), each

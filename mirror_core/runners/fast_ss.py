@@ -94,9 +94,7 @@ class FastSSRunner(FastLlamaRunner):
         return x, states
 
     # -- one sequence ---------------------------------------------------------------------------
-    def forward(self, cache: FastCache, ids: list[int], exit_layer=None, on_exit=None) -> torch.Tensor:
-        if exit_layer is not None:
-            raise ValueError("the SS draft has no early-exit readout (it is never the target)")
+    def forward(self, cache: FastCache, ids: list[int]) -> torch.Tensor:
         return self._sequence(cache, ids, streams=False)[0]
 
     def forward_streams(self, cache: FastCache, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,19 +1,21 @@
 """Generic runner over any supported Hugging Face causal LM (Llama/Mistral/Qwen2/Qwen3 family, GPT-2).
 
-The early exit is a forward hook on decoder layer ℓ_e that applies the model's own final norm and
-LM head (the logit lens) and hands the readout to a callback before the remaining layers run. The
+The early exit stops the model's own forward where it calls decoder layer ℓ_e+1 (a pre-hook that keeps
+that layer's inputs: h^(ℓ_e) and the masks, positions and cache every layer gets); finish_pass calls
+layers ℓ_e+1..N with those inputs and applies the final norm and LM head, as the model's forward does. The
 KV cache is transformers' DynamicCache; branch rows share a forked cache and see their own prefix
 through a 2-D attention mask, with explicit position ids.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..config import MirrorError
-from .protocol import ExitCallback
+from .protocol import ExitPass
 
 # model_type → (path to the decoder layer list, path to the final norm)
 _LAYOUTS = {
@@ -37,6 +39,19 @@ def _attr_path(obj, path: str):
     for name in path.split("."):
         obj = getattr(obj, name)
     return obj
+
+
+class _AtExit(Exception):
+    """Raised by the pre-hook of layer ℓ_e+1: the model's forward stops there (forward_to_exit)."""
+
+
+@dataclass
+class _HFPass:
+    """One forward between forward_to_exit and finish_pass."""
+    args: tuple                  # layer ℓ_e+1's positional inputs (args[0]: h^(ℓ_e) [1, T, H], or in kwargs)
+    kwargs: dict                 # its keyword inputs (mask, positions, rotary tables, cache)
+    masks: dict = field(default_factory=dict)  # attention type → the mask the model gave layers of that type
+    logits: torch.Tensor | None = None  # the whole pass already run (a suffix layer type the prefix never showed)
 
 
 @dataclass
@@ -73,27 +88,72 @@ class HFRunner:
     def cache_len(self, cache: DynamicCache) -> int:
         return int(cache.get_seq_length())
 
-    @torch.inference_mode()
-    def forward(self, cache: DynamicCache, ids: list[int], exit_layer: int | None = None,
-                on_exit: ExitCallback | None = None) -> torch.Tensor:
+    def _inputs(self, cache: DynamicCache, ids: list[int]) -> dict[str, Any]:
         start = self.cache_len(cache)
         x = torch.tensor([ids], dtype=torch.long, device=self.device)                        # [1, T]
         pos = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)          # [1, T]
-        hook = None
-        if exit_layer is not None and on_exit is not None:
-            hook = self.layers[exit_layer - 1].register_forward_hook(self._exit_hook(on_exit, exit_layer))
-        try:
-            out = self.model(input_ids=x, position_ids=pos, cache=cache, use_cache=True)
-        finally:
-            if hook is not None:
-                hook.remove()
-        return out.logits[0, :, : self.vocab_size].float()                                  # [T, V]
+        return {"input_ids": x, "position_ids": pos, "cache": cache, "use_cache": True}
 
-    def _exit_hook(self, on_exit: ExitCallback, layer: int):
-        def hook(_module, _args, output):
-            h = output[0] if isinstance(output, tuple) else output                        # [1, T, H]
-            on_exit(h[0].float())                                                          # [T, H]
-        return hook
+    @torch.inference_mode()
+    def forward(self, cache: DynamicCache, ids: list[int]) -> torch.Tensor:
+        return self.model(**self._inputs(cache, ids)).logits[0, :, : self.vocab_size].float()  # [T, V]
+
+    @torch.inference_mode()
+    def forward_to_exit(self, cache: DynamicCache, ids: list[int], layer: int) -> ExitPass:
+        types = getattr(self.model.config, "layer_types", None) or ()  # e.g. Qwen's full / sliding attention
+        if set(types[layer:]) - set(types[: layer + 1]):  # a suffix layer's mask is not shown before ℓ_e+1
+            return self._whole_pass(cache, ids, layer)
+        kept = _HFPass((), {})
+
+        def keep(i: int):
+            def hook(_module, args, kwargs):
+                if types:
+                    kept.masks[types[i]] = kwargs.get("attention_mask")
+                if i == layer:
+                    kept.args, kept.kwargs = args, kwargs
+                    raise _AtExit()
+            return hook
+
+        hooks = [self.layers[i].register_forward_pre_hook(keep(i), with_kwargs=True) for i in range(layer + 1)]
+        try:
+            self.model(**self._inputs(cache, ids))
+        except _AtExit:
+            pass
+        finally:
+            for hook in hooks:
+                hook.remove()
+        h = kept.args[0] if kept.args else kept.kwargs["hidden_states"]                  # [1, T, H]
+        return ExitPass(h[0].float(), layer, kept)                                        # h^(ℓ_e) [T, H]
+
+    def _whole_pass(self, cache: DynamicCache, ids: list[int], layer: int) -> ExitPass:
+        """forward_to_exit without the stop: the whole pass runs now (no overlap), h^(ℓ_e) read on the way."""
+        seen: list[torch.Tensor] = []
+
+        def after_exit_layer(_module, _args, out):
+            seen.append(out[0] if isinstance(out, tuple) else out)                        # [1, T, H]
+
+        hook = self.layers[layer - 1].register_forward_hook(after_exit_layer)
+        try:
+            logits = self.forward(cache, ids)                                              # [T, V]
+        finally:
+            hook.remove()
+        return ExitPass(seen[0][0].float(), layer, _HFPass((), {}, logits=logits))
+
+    @torch.inference_mode()
+    def finish_pass(self, exit_pass: ExitPass) -> torch.Tensor:
+        p: _HFPass = exit_pass.rest
+        if p.logits is not None:
+            return p.logits
+        types = getattr(self.model.config, "layer_types", None) or ()
+        args, kwargs = p.args, dict(p.kwargs)
+        hidden = args[0] if args else kwargs.pop("hidden_states")                        # [1, T, H]
+        for i in range(exit_pass.layer, self.num_layers):
+            if types:
+                kwargs["attention_mask"] = p.masks[types[i]]
+            out = self.layers[i](hidden, *args[1:], **kwargs)
+            hidden = out[0] if isinstance(out, tuple) else out                            # [1, T, H]
+        hidden = self.final_norm(hidden.to(self.final_norm.weight.device))
+        return self.lm_head(hidden)[0, :, : self.vocab_size].float()                     # [T, V]
 
     @torch.inference_mode()
     def exit_readout(self, h: torch.Tensor, layer: int) -> torch.Tensor:

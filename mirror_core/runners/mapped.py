@@ -35,9 +35,9 @@ class MappedRunner:
         full[..., self._ids] = logits[..., : self.vmap.size]                                        # "other" dropped
         return full
 
-    def forward(self, cache, ids: list[int], exit_layer=None, on_exit=None) -> torch.Tensor:
+    def forward(self, cache, ids: list[int]) -> torch.Tensor:
         mapped = self._to_draft[torch.tensor(ids, dtype=torch.long, device=self._to_draft.device)].tolist()
-        return self._out(self.inner.forward(cache, mapped, exit_layer, on_exit))
+        return self._out(self.inner.forward(cache, mapped))
 
     def forward_rows(self, branches, ids: torch.Tensor):
         logits, states = self.inner.forward_rows(branches, self._to_draft[ids.to(self._to_draft.device)])

@@ -7,14 +7,23 @@ Hugging Face implementation is `runners/hf.py: HFRunner`.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
-ExitCallback = Callable[[torch.Tensor], None]  # receives h^(ℓ_e) [T, H] (float32) mid-forward
+
+@dataclass
+class ExitPass:
+    """A target forward stopped after layer ℓ_e (Runner.forward_to_exit); Runner.finish_pass runs the rest."""
+    h: torch.Tensor  # h^(ℓ_e) [T, H] (float32): the exit layer's hidden state at every new position
+    layer: int       # ℓ_e
+    rest: Any        # the runner's own state for layers ℓ_e+1..N (hidden state, masks, cache, positions)
 
 
 class Runner(Protocol):
+    """What the engine asks of any model, draft or target."""
+
     num_layers: int   # N: decoder layers
     num_streams: int  # lookahead streams of a speculative-streaming draft (0: one token per forward)
     vocab_size: int   # V: logits are sliced to this width
@@ -29,18 +38,8 @@ class Runner(Protocol):
     def cache_len(self, cache: Any) -> int:
         """Tokens held; the next appended token gets this position."""
 
-    def forward(self, cache: Any, ids: list[int], exit_layer: int | None = None,
-                on_exit: ExitCallback | None = None) -> torch.Tensor:
-        """Append ids at positions cache_len.. and return logits [T, V] (float32).
-
-        With exit_layer ℓ_e, on_exit is called with the hidden state after layer ℓ_e [T, H] before
-        layers ℓ_e+1..N run, so another lane can start meanwhile (exit_readout turns it into candidates'
-        logits; a feature-reading draft reads it as it is).
-        """
-
-    def exit_readout(self, h: torch.Tensor, layer: int) -> torch.Tensor:
-        """The layer-ℓ_e readout of h [T, H]: the trained exit head when it reads this layer, else the logit
-        lens final_norm(h) · W_LM → logits [T, V] (float32)."""
+    def forward(self, cache: Any, ids: list[int]) -> torch.Tensor:
+        """Append ids at positions cache_len.. and return logits [T, V] (float32)."""
 
     def truncate(self, cache: Any, length: int) -> None:
         """Keep the first `length` tokens."""
@@ -60,3 +59,19 @@ class Runner(Protocol):
 
     def select_row(self, branches: Any, row: int) -> Any:
         """A sequence cache holding row `row`'s visible prefix followed by that row's own tokens."""
+
+
+class TargetRunner(Runner, Protocol):
+    """A target's runner (FastLlamaRunner, HFRunner) also splits its forward at the early exit, so that the draft
+    lane can start on h^(ℓ_e) while layers ℓ_e+1..N run, and reads candidates out at ℓ_e."""
+
+    def forward_to_exit(self, cache: Any, ids: list[int], layer: int) -> ExitPass:
+        """Layers 1..ℓ_e of forward(cache, ids), the same arithmetic; the cache is not used again before
+        finish_pass."""
+
+    def finish_pass(self, exit_pass: ExitPass) -> torch.Tensor:
+        """Layers ℓ_e+1..N and the head of that pass: logits [T, V], equal to what forward(cache, ids) returns."""
+
+    def exit_readout(self, h: torch.Tensor, layer: int) -> torch.Tensor:
+        """The layer-ℓ_e readout of h [T, H]: the trained exit head when it reads this layer, else the logit
+        lens final_norm(h) · W_LM → logits [T, V] (float32)."""

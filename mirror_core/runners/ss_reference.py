@@ -46,9 +46,7 @@ class SSRunner:
     def cache_len(self, cache: SSCache) -> int:
         return cache_length(cache.kv)
 
-    def forward(self, cache: SSCache, ids: list[int], exit_layer=None, on_exit=None) -> torch.Tensor:
-        if exit_layer is not None:
-            raise ValueError("the SS draft has no early-exit readout (it is never the target)")
+    def forward(self, cache: SSCache, ids: list[int]) -> torch.Tensor:
         return self._forward(cache, ids, with_streams=False)[0]
 
     def forward_streams(self, cache: SSCache, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
