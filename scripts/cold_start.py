@@ -26,7 +26,7 @@ def main() -> int:
 
     from mirror_core.machine import cpu_model
     from testing.reliability import page_values, run_args
-    from ui.layout import by_name
+    from ui.views import by_name
 
     cache = os.environ.get("COLD_CACHE") or tempfile.mkdtemp(prefix="mirror-cold-")
     env = dict(os.environ, MIRROR_SD_CACHE=cache, HF_HUB_OFFLINE="1")

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from gradio_client import Client
 
     from testing.reliability import page_values, run_args
-    from ui.layout import by_name
+    from ui.views import by_name
 
     app = subprocess.Popen([sys.executable, "app.py", "--port", str(args.port)], cwd=ROOT, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from testing.browser import CHROMIUM, Chromium, measured_run, open_page, set_control
     from mirror_core.machine import cpu_model
     from testing.reliability import page_values, run_args
-    from ui.layout import by_name
+    from ui.views import by_name
     from ui.settings import load_examples
 
     if CHROMIUM is None:

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     import testing.reliability as r
     from mirror_core import LaneConfig, MirrorEngine
     from ui import LAUNCH, EngineLoader, build_demo, default_presets
-    from ui.layout import by_name
+    from ui.views import by_name
 
     t0 = time.monotonic()
     problems: list[str] = []

@@ -453,7 +453,7 @@ class SoakResult:
 
 
 def app_run(url: str, values: list, raw: bool = False, timeout: float = 120) -> list:
-    """The /run endpoint's last output (in ui.layout.OUTPUT_NAMES order: read it with ui.layout.by_name).
+    """The /run endpoint's last output (in ui.views.OUTPUT_NAMES order: read it with ui.views.by_name).
     raw: post the JSON a browser would (JSON.stringify escapes a lone surrogate as \\udcff, which httpx
     refuses to encode) and read the queue's event stream."""
     if not raw:
@@ -545,7 +545,7 @@ def concurrent_clients(url: str, target: str, draft: str, n: int, max_new: int =
     """n gradio_client users, each with its own prompt: first alone (the solo runs), then all at once."""
     from gradio_client import Client
 
-    from ui.layout import by_name
+    from ui.views import by_name
 
     rng = random.Random(seed)
     prompts = [", ".join(str(rng.randrange(VOCAB)) for _ in range(rng.randint(2, 8))) for _ in range(n)]

@@ -65,7 +65,7 @@ def app(models, tmp_path_factory):
 
 @pytest.mark.slow
 def test_app_rows_each_give_one_readable_error_and_the_app_keeps_serving(app, models):
-    from ui.layout import by_name
+    from ui.views import by_name
 
     failures = []
     for case in CATALOGUE:
@@ -110,7 +110,7 @@ def test_padded_vocabularies_with_one_tokenizer_work_and_stay_lossless(models, a
     assert main(["generate", "--target", models.tok_target, "--draft", models.padded_draft, "--lane", "inline",
                  "--prompt", "w1 w5 w9", "--max-new-tokens", "6", "--json"]) == 0
     capsys.readouterr()
-    from ui.layout import by_name
+    from ui.views import by_name
 
     final = by_name(app_run(app, app_values(models, draft=models.padded_draft)))
     assert "Done" in final["status"] and final["ar_text"] == final["mirror_text"]

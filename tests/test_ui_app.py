@@ -19,7 +19,7 @@ from mirror_core import LaneConfig
 from testing.reliability import page_values, run_args
 from testing.toy_models import build_pair
 from ui import LAUNCH, EngineLoader, build_demo, default_presets
-from ui.layout import OUTPUT_NAMES, by_name
+from ui.views import OUTPUT_NAMES, by_name
 from ui.settings import CONTROLS
 
 LANES = LaneConfig(kind="inline", target_threads=1, draft_threads=1)
@@ -253,7 +253,7 @@ def test_importing_the_ui_and_app_loads_no_model_and_reads_no_argv():
             "import mirror_core.engine as api\n"
             "def refuse(*a, **k): raise AssertionError('a model was loaded at import')\n"
             "api.MirrorEngine.load = refuse\n"
-            "import ui, app, ui.layout, ui.streaming, ui.plots\n"
+            "import ui, app, ui.layout, ui.run_tab, ui.views, ui.streaming, ui.plots\n"
             "assert not any(t.name == 'mirror-target-lane' for t in __import__('threading').enumerate())\n"
             "print('clean')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False,

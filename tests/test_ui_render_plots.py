@@ -272,6 +272,29 @@ def test_settings_take_every_control_by_name_and_nothing_else():
         controls_by_name(positional[:-1])
 
 
+def test_a_control_is_one_entry_and_the_run_tab_builds_its_field(monkeypatch):
+    """Every control of the table has its field on the Run tab (a number box, a checkbox or the rule's radio, with
+    the table's label, default and help); a new entry gets its field in its row with no other edit to the page."""
+    import gradio as gr
+
+    from ui import run_tab
+    from ui.settings import RUN_CONTROLS, Control
+
+    extra = Control("temperature_floor", "Temperature floor", "A new knob.", 0.25, (0.0, 1.0), "floor", 0.05, "sampling")
+    monkeypatch.setattr(run_tab, "RUN_CONTROLS", RUN_CONTROLS + (extra,))
+    with gr.Blocks():
+        fields = run_tab.build_controls([], []).fields
+    assert list(fields) == ["prompt", "target", "draft", "decoders",
+                            *(c.name for row in run_tab.KNOB_ROWS for c in RUN_CONTROLS + (extra,) if c.row == row)]
+    for c in RUN_CONTROLS + (extra,):
+        field = fields[c.name]
+        assert (field.label, field.info) == (c.label, c.info), c.name
+        if c.row:
+            kind = gr.Radio if c.name == "rule" else gr.Checkbox if isinstance(c.default, bool) else gr.Number
+            assert isinstance(field, kind) and field.value == c.default, c.name
+    assert fields["temperature_floor"].step == 0.05 and fields["gamma"].precision == 0
+
+
 def test_bounds_and_their_help_come_from_the_engine_limits():
     from mirror_core.config import AUTO_BRANCH_BUDGET, MAX_GAMMA, MAX_KAPPA, MAX_NEW_TOKENS_CAP
     from ui.settings import APP_MAX_NEW_TOKENS

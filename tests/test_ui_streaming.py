@@ -10,7 +10,7 @@ import pytest
 from mirror_core import LaneConfig
 from testing.reliability import page_values
 from testing.toy_models import build_pair
-from ui.layout import OUTPUT_NAMES, STATE, refreshed
+from ui.views import OUTPUT_NAMES, STATE, refreshed
 from ui.loader import EngineLoader, default_presets
 from ui.session import Session
 from ui.settings import settings_from_ui

@@ -215,7 +215,7 @@ def plain_text(run: DecoderRun | None, upto: int | None = None) -> str:
 def stream_html(run: DecoderRun | None, upto: int | None = None, prompt: str = "") -> str:
     """One decoder's stream: the prompt greyed, then the committed text coloured by origin (one span per token,
     class mirror-tok), each step's rejected drafts struck through before its correction. Append-only while the
-    run streams; the page's template wraps it in the scrolling monospace box (layout.TOKENS_TEMPLATE)."""
+    run streams; the page's template wraps it in the scrolling monospace box (views.TOKENS_TEMPLATE)."""
     if run is None:
         return ""
     head = f'<span class="mirror-prompt" title="prompt">{html.escape(prompt)}</span>' if prompt else ""

@@ -15,67 +15,79 @@ DECODER_TITLES = {"ar": "Target-only AR (baseline)", "sd": "Vanilla SD", "mirror
 RULE_CHOICES = (("exact: Rule E, reproduces AR token for token with the same seed", "exact"),
                 ("rejection: Rule R, Leviathan/Chen rejection sampling", "rejection"))
 
-# The Run controls by name, in the order the public /run endpoint takes them (gradio_client and raw HTTP
-# callers pass them positionally, so append new ones at the end). A new control is one entry here, its
-# DEFAULTS/INFO/BOUNDS entries, its component in layout._controls, and its use in settings_from_ui.
-CONTROLS = ("prompt", "target", "draft", "decoders", "gamma", "kappa", "exit_layer", "temperature", "top_k", "top_p",
-            "rule", "max_new_tokens", "seed", "branch_budget", "live_plots", "repeats", "raw_prompt")
-
 APP_MAX_NEW_TOKENS = min(1024, MAX_NEW_TOKENS_CAP)  # the page's cap per decoder, checked server-side
 APP_MAX_TEMPERATURE = 2.0                           # the highest temperature the page takes
 MIN_TOP_P = 0.01                                    # the lowest top-p the page takes (top-p must be > 0)
 MAX_REPEATS = 5                                     # comparisons per Run (median and range over them)
-
-# (lowest, highest) the page's numeric controls allow; None = no bound on the page (the engine checks the rest).
-BOUNDS = {"gamma": (0, MAX_GAMMA), "kappa": (0, MAX_KAPPA), "exit_layer": (0, None),
-          "branch_budget": (AUTO_BRANCH_BUDGET, None), "max_new_tokens": (1, APP_MAX_NEW_TOKENS),
-          "temperature": (0.0, APP_MAX_TEMPERATURE), "top_k": (0, None), "top_p": (MIN_TOP_P, 1.0), "seed": (0, None),
-          "repeats": (1, MAX_REPEATS)}
-
-# Every control's default value except the pair and the prompt (those come from the presets and examples);
-# the page and the tests both read these.
-DEFAULTS = {"gamma": 0, "kappa": 0, "exit_layer": 0,
-            "branch_budget": SpecConfig.branch_budget, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
-            "rule": "exact", "max_new_tokens": 64, "seed": 0, "decoders": ["ar", "mirror"], "live_plots": True,
-            "repeats": 1, "raw_prompt": False}
-
-
-def _range(name: str) -> str:
-    lo, hi = BOUNDS[name]
-    return f"{lo}..{hi}"
 
 
 def _signed(n: int) -> str:
     return str(n).replace("-", "−")  # typographic minus, as the page writes it
 
 
-INFO = {
-    "raw_prompt": "On: the prompt's own tokens. Off: an instruct target's chat template wraps it as a user turn "
-                  "(models without a template always get the raw prompt).",
-    "repeats": f"Run the whole comparison this many times ({_range('repeats')}); the numbers show each metric's median "
-               "and range, and every other repeat runs the decoders in reverse order so none always goes first.",
-    "live_plots": "Off: measure, then show. The plots are drawn once the runs have ended, so a browser on the "
-                  "same machine as the lanes never competes with them for the CPU while they are timed.",
-    "prompt": "Text for models with a tokenizer; for models without one, comma-separated token ids (e.g. 1, 2, 3).",
-    "preset": "Fills Target and Draft; edit them for any model.",
-    "target": "Reproduced exactly: a Hugging Face id (e.g. Qwen/Qwen3-1.7B) or a folder.",
-    "draft": "Smaller, same vocabulary (e.g. Qwen/Qwen3-0.6B); empty: AR only.",
-    "decoders": "Run one after another, each with both lanes to itself; AR is the baseline every speedup refers to.",
-    "gamma": f"γ: draft tokens per window the target verifies in one pass ({_range('gamma')}); 0 = the value chosen "
-             f"for this machine when the pair loaded (its latency model; {SpecConfig.gamma} for a draft without a profile).",
-    "kappa": "κ: early-exit candidates per slot sent to the draft lane; the draft rolls out a branch for each "
-             f"({_range('kappa')}); 0 = chosen like γ ({SpecConfig.kappa} without a profile).",
-    "branch_budget": f"Branch rows the draft rolls out per step, the likeliest first: 0 = all κ(γ+1); "
-                     f"{_signed(AUTO_BRANCH_BUDGET)} = auto "
-                     "(as many as it finishes while the target runs its last layers). Never changes the output.",
-    "exit_layer": "ℓ_e: target layer whose hidden state gives the early-exit top-κ (1..N−1); 0 = N/2 of the loaded target.",
-    "temperature": "0 = greedy (output equals the target's greedy tokens). Above 0: sampling.",
-    "top_k": "Keep only the k most likely tokens before sampling; 0 = off.",
-    "top_p": "Nucleus sampling: keep the smallest set of tokens with this much probability; 1 = off.",
-    "rule": "Acceptance rule when temperature > 0 (at 0 both are greedy matching).",
-    "max_new_tokens": "New tokens per decoder (the prompt + this + γ + 2 must fit the models' context).",
-    "seed": "Seeds each lane's random generator; same seed + rule exact = the same tokens as AR.",
-}
+@dataclass(frozen=True)
+class Control:
+    """One parameter of the public /run endpoint and its field on the Run tab."""
+
+    name: str
+    label: str                   # the field's label
+    info: str                    # the one line of help under it
+    default: object = None       # None: from the presets and examples (the pair and the prompt)
+    bounds: tuple | None = None  # a number's (lowest, highest) on the page; highest None: no bound (the engine checks)
+    said: str = ""               # its name in an error line ("" = not a number)
+    step: float = 1              # a number's step: 1 = a whole number
+    row: str = ""                # the row of "Speculation and sampling" it sits in; "" = the first screen's fields
+
+
+# The Run controls in the order the public /run endpoint takes them (gradio_client and raw HTTP callers pass them
+# positionally, so append new ones at the end). A new control is one entry here (the Run tab builds a number box,
+# a checkbox or the rule's radio in its row from it) and its use in settings_from_ui.
+RUN_CONTROLS = (
+    Control("prompt", "Prompt", "Text for models with a tokenizer; for models without one, comma-separated token ids "
+            "(e.g. 1, 2, 3)."),
+    Control("target", "Target", "Reproduced exactly: a Hugging Face id (e.g. Qwen/Qwen3-1.7B) or a folder."),
+    Control("draft", "Draft", "Smaller, same vocabulary (e.g. Qwen/Qwen3-0.6B); empty: AR only."),
+    Control("decoders", "Decoders to compare", "Run one after another, each with both lanes to itself; AR is the "
+            "baseline every speedup refers to.", ["ar", "mirror"]),
+    Control("gamma", "γ (window)", f"γ: draft tokens per window the target verifies in one pass (0..{MAX_GAMMA}); "
+            "0 = the value chosen for this machine when the pair loaded (its latency model; "
+            f"{SpecConfig.gamma} for a draft without a profile).", 0, (0, MAX_GAMMA), "γ (gamma)", row="speculation"),
+    Control("kappa", "κ (candidates per slot)", "κ: early-exit candidates per slot sent to the draft lane; the draft "
+            f"rolls out a branch for each (0..{MAX_KAPPA}); 0 = chosen like γ ({SpecConfig.kappa} without a profile).",
+            0, (0, MAX_KAPPA), "κ (kappa)", row="speculation"),
+    Control("exit_layer", "ℓ_e (early-exit layer)", "ℓ_e: target layer whose hidden state gives the early-exit top-κ "
+            "(1..N−1); 0 = N/2 of the loaded target.", 0, (0, None), "exit layer ℓ_e", row="speculation"),
+    Control("temperature", "Temperature", "0 = greedy (output equals the target's greedy tokens). Above 0: sampling.",
+            0.0, (0.0, APP_MAX_TEMPERATURE), "temperature", 0.05, "sampling"),
+    Control("top_k", "Top-k", "Keep only the k most likely tokens before sampling; 0 = off.", 0, (0, None), "top-k",
+            row="sampling"),
+    Control("top_p", "Top-p", "Nucleus sampling: keep the smallest set of tokens with this much probability; 1 = off.",
+            1.0, (MIN_TOP_P, 1.0), "top-p", 0.01, "sampling"),
+    Control("rule", "Rule", "Acceptance rule when temperature > 0 (at 0 both are greedy matching).", "exact",
+            row="sampling"),
+    Control("max_new_tokens", "Max new tokens", "New tokens per decoder (the prompt + this + γ + 2 must fit the "
+            "models' context).", 64, (1, APP_MAX_NEW_TOKENS), "max new tokens", row="speculation"),
+    Control("seed", "Seed", "Seeds each lane's random generator; same seed + rule exact = the same tokens as AR.", 0,
+            (0, None), "seed", row="sampling"),
+    Control("branch_budget", "Branch budget", "Branch rows the draft rolls out per step, the likeliest first: 0 = all "
+            f"κ(γ+1); {_signed(AUTO_BRANCH_BUDGET)} = auto (as many as it finishes while the target runs its last "
+            "layers). Never changes the output.", SpecConfig.branch_budget, (AUTO_BRANCH_BUDGET, None), "branch budget",
+            row="speculation"),
+    Control("live_plots", "Live plots", "Off: measure, then show. The plots are drawn once the runs have ended, so a "
+            "browser on the same machine as the lanes never competes with them for the CPU while they are timed.",
+            True, row="sampling"),
+    Control("repeats", "Repeats", f"Run the whole comparison this many times (1..{MAX_REPEATS}); the numbers show each "
+            "metric's median and range, and every other repeat runs the decoders in reverse order so none always goes "
+            "first.", 1, (1, MAX_REPEATS), "repeats", row="speculation"),
+    Control("raw_prompt", "Raw prompt", "On: the prompt's own tokens. Off: an instruct target's chat template wraps "
+            "it as a user turn (models without a template always get the raw prompt).", False, row="sampling"),
+)
+CONTROLS = tuple(c.name for c in RUN_CONTROLS)
+BY_NAME = {c.name: c for c in RUN_CONTROLS}
+BOUNDS = {c.name: c.bounds for c in RUN_CONTROLS if c.bounds}   # (lowest, highest) of the page's numbers
+DEFAULTS = {c.name: c.default for c in RUN_CONTROLS if c.default is not None}  # all but the pair and the prompt
+INFO = {c.name: c.info for c in RUN_CONTROLS} | {"preset": "Fills Target and Draft; edit them for any model."}
+LABELS = {c.name: c.said for c in RUN_CONTROLS if c.said}      # a number's name in an error line
 
 
 @dataclass(frozen=True)
@@ -141,11 +153,6 @@ def settings_from_ui(values: Mapping[str, object]) -> ComparisonSettings:
     repeats = _bounded("repeats", _as_int(v["repeats"], "repeats"))
     return ComparisonSettings(target, draft or None, prompt, decoders_chosen, max_new, sampling, spec, live, repeats, raw,
                               chosen)
-
-
-LABELS = {"gamma": "γ (gamma)", "kappa": "κ (kappa)", "exit_layer": "exit layer ℓ_e", "branch_budget": "branch budget",
-          "temperature": "temperature", "top_k": "top-k", "top_p": "top-p", "seed": "seed",
-          "max_new_tokens": "max new tokens", "repeats": "repeats"}
 
 
 def _bounded(name: str, value):

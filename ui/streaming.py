@@ -1,6 +1,6 @@
 """Per-user generators: run the chosen decoders one after another, and replay finished runs side by side.
 
-They yield Ticks that say what the page should refresh; the page maps them to outputs (ui/layout.py).
+They yield Ticks that say what the page should refresh; the Run tab maps them to outputs (ui/views.py: refreshed).
 A tick goes out at most every `every_s` while tokens arrive (page pacing only: every number shown comes from
 the engine's events, never from this clock); what it carries is only what grew since the last one.
 """

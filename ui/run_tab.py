@@ -1,0 +1,191 @@
+"""The Run tab: its controls (built from settings.RUN_CONTROLS) above its views (ui/views.py), and the wiring of
+Run, Stop, Replay and the step inspector to the per-user Session."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from mirror_core import MirrorError
+from mirror_core.config import MAX_PROMPT_CHARS
+
+from . import inspector
+from .loader import EngineLoader, PairPreset
+from .session import Session
+from .settings import (
+    BY_NAME,
+    CONTROLS,
+    DECODER_TITLES,
+    INFO,
+    RULE_CHOICES,
+    RUN_CONTROLS,
+    Control,
+    controls_by_name,
+    settings_from_ui,
+)
+from .streaming import DONE, STATUS, Tick, final_status, replay, run_comparison
+from .views import COLUMNS, OUTPUT_NAMES, STATE, Views, refreshed
+
+CUSTOM = "Custom (type below)"
+REPLAY_SPEEDS = {"1×": 1.0, "0.5×": 0.5, "0.25×": 0.25, "0.1×": 0.1, "0.05×": 0.05}  # of the measured time
+KNOB_ROWS = ("speculation", "sampling")  # the rows of "Speculation and sampling" (Control.row), top to bottom
+
+
+@dataclass
+class Controls:
+    fields: dict  # control name (settings.CONTROLS) → its component
+    preset: gr.Dropdown
+    run: gr.Button
+    stop: gr.Button
+    replay: gr.Button
+    status: gr.Markdown  # right under Run/Stop: results and errors show where the eye is
+    replay_speed: gr.Dropdown  # REPLAY_SPEEDS: slow motion for the replay
+
+    def inputs(self) -> list:
+        """The /run endpoint's parameters, in CONTROLS order."""
+        return [self.fields[name] for name in CONTROLS]
+
+
+def build_controls(presets: list[PairPreset], examples: list[str]) -> Controls:
+    first = next((p for p in presets if p.available), presets[0] if presets else None)
+    with gr.Row():
+        with gr.Column(scale=3):
+            prompt = gr.Textbox(label=BY_NAME["prompt"].label, lines=4, info=INFO["prompt"],
+                                value=examples[0] if examples else "", max_length=MAX_PROMPT_CHARS,
+                                elem_id="mirror-prompt")
+            if examples:
+                gr.Examples(examples=[[e] for e in examples], inputs=[prompt], label="Example prompts")
+            with gr.Row():
+                run = gr.Button("Run", variant="primary", elem_id="mirror-run")
+                stop = gr.Button("Stop", variant="stop", elem_id="mirror-stop")
+                replay_btn = gr.Button("Replay side by side", elem_id="mirror-replay")
+                replay_speed = gr.Dropdown(list(REPLAY_SPEEDS), value="1×", label="Replay speed (slow motion)",
+                                           min_width=110, elem_id="mirror-replay-speed")
+            status = gr.Markdown("Pick a pair and press **Run**.", elem_id="mirror-status")
+        with gr.Column(scale=2):
+            preset = gr.Dropdown([p.label for p in presets] + [CUSTOM], label="Model pair", info=INFO["preset"],
+                                 value=first.label if first else CUSTOM)
+            decoders = BY_NAME["decoders"]
+            fields = {"prompt": prompt,
+                      "target": gr.Textbox(label=BY_NAME["target"].label, info=INFO["target"],
+                                           value=first.target if first else ""),
+                      "draft": gr.Textbox(label=BY_NAME["draft"].label, info=INFO["draft"],
+                                          value=(first.draft or "") if first else ""),
+                      "decoders": gr.CheckboxGroup([(DECODER_TITLES[d], d) for d in COLUMNS], value=decoders.default,
+                                                   label=decoders.label, info=decoders.info)}
+    with gr.Accordion("Speculation and sampling", open=False, elem_id="mirror-knobs"):  # the defaults suit a first run
+        for row in KNOB_ROWS:
+            with gr.Row():
+                fields |= {c.name: _field(c) for c in RUN_CONTROLS if c.row == row}
+    return Controls(fields, preset, run, stop, replay_btn, status, replay_speed)
+
+
+def _field(c: Control):
+    """A knob's component, by what it holds: the rule's radio, a checkbox, or a number box (never a slider: a slider
+    clamps a typed value silently; settings_from_ui checks every bound and answers an out-of-range value with one
+    line naming the range)."""
+    elem_id = f"mirror-{c.name.replace('_', '-')}"
+    if c.name == "rule":
+        return gr.Radio(list(RULE_CHOICES), value=c.default, label=c.label, info=c.info)
+    if isinstance(c.default, bool):
+        return gr.Checkbox(c.default, label=c.label, info=c.info, elem_id=elem_id)
+    return gr.Number(c.default, precision=0 if c.step == 1 else None, step=c.step, label=c.label, info=c.info,
+                     elem_id=elem_id)
+
+
+def _next_step(hit: bool):
+    """The inspector's Next hit / Next miss: the first step after the shown one whose verdict was a hit (a miss)."""
+    def handler(session: Session, decoder, step):
+        run = session.runs.get(decoder) if isinstance(decoder, str) else None
+        try:
+            after = int(float(step or 0))
+        except (TypeError, ValueError, OverflowError):
+            after = 0
+        found = next((r.step for r in run.steps if r.step > after and r.hit is hit), None) if run else None
+        if found is None:
+            raise gr.Error(f"no {'hit' if hit else 'miss'} after step {after} in this run" if run else
+                           "run SD or Mirror-SD first", print_exception=False)
+        return found
+    return handler
+
+
+def wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], state: gr.State, c: Controls,
+         v: Views) -> None:
+    components = {**v.outputs, STATE: state}
+    outputs = [components[name] for name in (*OUTPUT_NAMES, STATE)]  # the endpoints' output order
+
+    def view(session: Session, tick: Tick) -> dict:
+        """{component: value} for what this tick refreshes; Gradio leaves the other outputs as they are."""
+        return {components[name]: value for name, value in refreshed(session, tick).items()}
+
+    in_flight: dict[str, Session] = {}  # session hash → its Session while a run is going (this page's visitors)
+
+    def on_run(request: gr.Request, session: Session, *values):
+        try:
+            settings = settings_from_ui(controls_by_name(values))
+        except MirrorError as exc:
+            session.status = f"**Error:** {exc}"
+            gr.Warning(str(exc))  # a toast too: the page answers even when the status line is off screen
+            yield view(session, Tick(STATUS, session.status))
+            return
+        in_flight[request.session_hash] = session
+        try:
+            for tick in run_comparison(loader, session, settings):
+                if tick.kind == DONE and session.error:
+                    gr.Warning(session.error)
+                yield view(session, tick)
+        finally:
+            in_flight.pop(request.session_hash, None)
+
+    def on_unload(request: gr.Request):
+        """The tab was closed or reloaded (Gradio's heartbeat dropped): stop its work within one step."""
+        session = in_flight.pop(request.session_hash, None)
+        if session is not None:
+            session.cancel()
+
+    def on_stop(session: Session):
+        running = not session.idle.is_set()
+        session.stop.set()
+        session.replay_stop.set()
+        session.idle.wait(timeout=60)  # the run's generator ends within one step (or is closed by `cancels`)
+        return view(session, Tick(DONE, final_status(session) if running else "Nothing was running."))
+
+    def on_replay(session: Session, speed="1×"):
+        for tick in replay(session, speed=REPLAY_SPEEDS.get(speed, 1.0)):
+            yield view(session, tick)
+
+    def on_inspect(session: Session, decoder, step):
+        return inspector.inspector_html(session.runs.get(decoder) if isinstance(decoder, str) else None, step)
+
+    # The controls go in as a positional list (CONTROLS order, named once in on_run): set-style inputs would
+    # reorder the public /run endpoint's parameters (Gradio sorts a set by component id).
+    # Progress only on the status line: it shows the queue position ("queue: 2/3") while waiting,
+    # and no spinner covers the live plots. No preprocessing: out-of-range or non-numeric values reach
+    # settings_from_ui, which answers each with one readable line on the status (Gradio's own checks would not).
+    run_evt = c.run.click(on_run, [state, *c.inputs()], outputs, api_name="run", concurrency_id="lanes",
+                          concurrency_limit=1, show_progress="minimal", show_progress_on=[v.outputs["status"]],
+                          scroll_to_output=True, preprocess=False)  # raw values: settings_from_ui checks every field with one message
+    replay_evt = c.replay.click(on_replay, [state, c.replay_speed], outputs, api_name="replay", concurrency_limit=8,
+                                show_progress="hidden")
+    c.stop.click(on_stop, [state], outputs, api_name="stop", cancels=[run_evt, replay_evt], concurrency_limit=None,
+                 show_progress="hidden")
+    demo.unload(on_unload)
+    inspect_run, inspect_step = v.outputs["inspect_run"], v.outputs["inspect_step"]
+    gr.on([inspect_run.change, inspect_step.change], on_inspect, [state, inspect_run, inspect_step],
+          v.outputs["inspector"], api_name="inspect", show_progress="hidden",
+          preprocess=False)  # a typed step out of range gets a line in the inspector, not a server traceback
+    for kind, button in v.seek.items():
+        button.click(_next_step(kind == "hit"), [state, inspect_run, inspect_step], inspect_step,
+                     api_name=f"inspect_next_{kind}", show_progress="hidden", preprocess=False)
+    c.preset.change(lambda label: _pair_of(presets, label), [c.preset], [c.fields["target"], c.fields["draft"]],
+                    api_visibility="private", show_progress="hidden")
+    c.fields["decoders"].change(lambda ds: [gr.Column(visible=d in (ds or ())) for d in COLUMNS],
+                                [c.fields["decoders"]], [v.columns[d] for d in COLUMNS], api_visibility="private",
+                                show_progress="hidden")
+
+
+def _pair_of(presets: list[PairPreset], label: str):
+    for p in presets:
+        if p.label == label:
+            return p.target, p.draft or ""
+    return gr.skip(), gr.skip()

@@ -1,0 +1,132 @@
+"""The Run tab's views: the streams, the live plots, the numbers, the step inspector and the trace; the outputs of
+/run, /replay and /stop by name (OUTPUT_NAMES, by_name), and what one tick of a run refreshes (refreshed)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import gradio as gr
+
+from . import inspector, numbers, plots, render
+from .session import Session, plain_text, stream_html
+from .settings import DECODER_ORDER, DECODER_TITLES, DEFAULTS
+from .streaming import DONE, RESET, STATUS, TEXT, Tick
+
+COLUMNS = DECODER_ORDER  # left to right on the page: the order they run in
+
+# The outputs of /run, /replay and /stop by name, in the endpoints' order (what gradio_client returns; the
+# per-user state follows them as one more output that clients never see). Tests read results with by_name().
+TOKEN_VIEWS = ("tokens", "text")  # per column: the stream (HTML: prompt, coloured tokens, rejected drafts), copy box
+OUTPUT_NAMES = ("status", *(f"{d}_{view}" for d in COLUMNS for view in TOKEN_VIEWS), "plots", "numbers", "latency",
+                "inspect_run", "inspect_step", "inspector", "trace")
+STATE = "session"  # the gr.State output's name in a tick's refresh
+
+HONESTY = ("Decoders run **one after another**, each with both lanes to itself, so the columns fill in turn. "
+           "Every time shown comes from the engine's spans and commit stamps (never from the page). "
+           "*Replay side by side* re-animates the finished runs together at their measured commit times. "
+           "Speedups below 1× are shown as measured. The page receives only new tokens and new step records, and "
+           "draws the plots itself. If this browser runs on the machine that runs the lanes, drawing still takes "
+           "some CPU from them: untick *Live plots* (under *Speculation and sampling*) to measure first and draw at "
+           "the end, and use *Repeats* to see the spread.")
+
+# Each decoder's stream: the value is append-only HTML (session.stream_html). The template is only the box; the
+# script appends what the value gained since the last update (O(new) per update: re-rendering the whole stream,
+# as a template with ${value} does, cost the page tens of ms per update at 900 tokens), and the box follows the
+# newest token unless the reader scrolled up.
+TOKENS_TEMPLATE = '<div class="mirror-tokens"></div>'
+TOKENS_JS = render.asset("tokens.js")  # the stream boxes' append-only script (ui/tokens.js)
+# The four live plots: the value is the feed (ui/plots.py), drawn on canvases in the browser by ui/live_plots.js.
+PLOTS_TEMPLATE = "".join(f'<div class="mirror-plot mirror-plot-{name}"></div>' for name in ("race", "steps", "gantt",
+                                                                                          "accept"))
+PLOTS_JS = "live_plots.js"  # beside this module, read when the page is built
+
+
+def by_name(outputs: Sequence) -> dict[str, object]:
+    """One /run, /replay or /stop result (a list in OUTPUT_NAMES order, as gradio_client or the queue's event stream
+    returns it) by output name."""
+    if len(outputs) < len(OUTPUT_NAMES):
+        raise ValueError(f"expected {len(OUTPUT_NAMES)} outputs ({', '.join(OUTPUT_NAMES)}), got {len(outputs)}")
+    return dict(zip(OUTPUT_NAMES, outputs))
+
+
+@dataclass
+class Views:
+    outputs: dict  # output name (OUTPUT_NAMES) → its component
+    columns: dict  # decoder → gr.Column
+    seek: dict     # "hit" / "miss" → the inspector's Next hit / Next miss button
+    learn: gr.Button  # the inspector's "Slow it down": the inspected step in the Learn tab's step player
+
+
+def build(status: gr.Markdown) -> Views:
+    """The views under the controls (the status line is the controls', right under Run)."""
+    out = {"status": status}
+    gr.HTML(render.legend_html())
+    columns = {}
+    with gr.Row(equal_height=False):
+        for d in COLUMNS:
+            with gr.Column(visible=d in DEFAULTS["decoders"], elem_id=f"mirror-col-{d}") as columns[d]:
+                out[f"{d}_tokens"] = gr.HTML("", label=DECODER_TITLES[d], show_label=True, container=True,
+                                             elem_id=f"mirror-tokens-{d}", html_template=TOKENS_TEMPLATE,
+                                             js_on_load=TOKENS_JS)
+                with gr.Accordion("Committed text (copy)", open=False):
+                    out[f"{d}_text"] = gr.Textbox(label="Committed text", lines=3, interactive=False,
+                                                  buttons=["copy"], elem_id=f"mirror-text-{d}")
+    gr.Markdown(HONESTY)  # below the streams: the first screen shows the prompt, Run, the status and the streams
+    out["plots"] = gr.HTML("", elem_id="mirror-plots", html_template=PLOTS_TEMPLATE,
+                           js_on_load=render.asset(PLOTS_JS),
+                           config=plots.config_json())
+    with gr.Row():
+        with gr.Column():
+            gr.Markdown("### Numbers (measured by the engine)")
+            out["numbers"] = gr.HTML(numbers.numbers_html({}), elem_id="mirror-numbers")
+        with gr.Column():
+            gr.Markdown("### Latency model (docs/ALGORITHM.md §4), modelled from the measured spans")
+            out["latency"] = gr.HTML(numbers.latency_html(None, None), elem_id="mirror-latency")
+    gr.Markdown("### Step inspector")
+    with gr.Row():
+        out["inspect_run"] = gr.Radio([(DECODER_TITLES["mirror"], "mirror"), (DECODER_TITLES["sd"], "sd")],
+                                      value="mirror", label="Run", info="Which speculative run to inspect.",
+                                      elem_id="mirror-inspect-run")
+        out["inspect_step"] = gr.Slider(1, 2, 1, step=1, label="Step",
+                                        info="Verification step t (1 = first after prefill). Or click a token of "
+                                             "SD or Mirror-SD, or a bar of the tokens-per-step plot.",
+                                        elem_id="mirror-inspect-step")
+        seek = {kind: gr.Button(f"Next {kind} ▶", elem_id=f"mirror-next-{kind}", size="sm") for kind in ("hit", "miss")}
+        learn_link = gr.Button("Slow it down (Learn tab) ▶", elem_id="mirror-inspect-learn", size="sm")
+    out["inspector"] = gr.HTML(inspector.inspector_html(None, 1), elem_id="mirror-inspector")
+    out["trace"] = gr.File(label="Run trace (JSON): every event of every decoder", interactive=False,
+                           elem_id="mirror-trace")
+    return Views(out, columns, seek, learn_link)
+
+
+def refreshed(session: Session, tick: Tick) -> dict[str, object]:
+    """What one tick refreshes, by output name (OUTPUT_NAMES, plus STATE); every other output stays as it is."""
+    out: dict[str, object] = {"status": tick.status}
+    if tick.kind == STATUS:
+        return out
+    # Every stream goes out on every tick, unchanged ones too: Gradio diffs each output against what it sent last,
+    # so an unchanged value costs nothing and a grown one only its new characters (an output left out would be
+    # sent whole the next time).
+    for d in COLUMNS:
+        run = session.runs.get(d)
+        upto = None if tick.replay_at is None or run is None else run.count_until(tick.replay_at)
+        out |= {f"{d}_tokens": stream_html(run, upto, session.prompt),
+                f"{d}_text": plain_text(run, upto)}
+    if tick.kind != TEXT or session.live_plots or tick.plots:
+        out["plots"] = session.feed.text()
+    if tick.kind in (DONE, RESET):
+        out |= _summary(session)
+    return out
+
+
+def _summary(session: Session) -> dict[str, object]:
+    """The numbers, the latency model, the inspector (reset to step 1 of the speculative run) and the trace."""
+    model = numbers.latency_model(session.runs.get("mirror"), session.runs.get("ar"))
+    measured = numbers.speedup(session.runs.get("ar"), session.runs.get("mirror"))[0]
+    pick = "mirror" if "mirror" in session.runs else "sd"
+    run = session.runs.get(pick)
+    last = run.steps[-1].step if run is not None and run.steps else 1
+    return {"numbers": numbers.numbers_html(session.runs) + numbers.spread_html(session.history),
+            "latency": numbers.latency_html(model, measured),
+            "inspect_run": gr.Radio(value=pick), "inspect_step": gr.Slider(minimum=1, maximum=max(last, 2), value=1),
+            "inspector": inspector.inspector_html(run, 1), "trace": session.trace_path, STATE: session}
