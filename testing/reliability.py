@@ -325,25 +325,30 @@ def fault_trial(engines: FaultEngines, seed: int, kinds: tuple[str, ...]) -> Fau
 
 
 class TargetFault:
-    """Make the target runner's n-th forward from now raise (a target-lane failure); undo on exit."""
+    """Make the target runner's n-th pass from now raise (a target-lane failure); undo on exit. A pass starts with
+    `forward` or, split at the early exit, with `forward_to_exit`: both are counted."""
+
+    STARTS = ("forward", "forward_to_exit")
 
     def __init__(self, engine: MirrorEngine, at_call: int):
         self.engine, self.at_call, self.calls = engine, at_call, 0
 
     def __enter__(self):
-        real = self.engine.target.forward
+        for name in self.STARTS:
+            setattr(self.engine.target, name, self._failing(getattr(self.engine.target, name)))
+        return self
 
+    def _failing(self, real):
         def failing(*args, **kwargs):
             self.calls += 1
             if self.calls == self.at_call:
                 raise RuntimeError(f"injected target-lane fault at forward {self.calls}")
             return real(*args, **kwargs)
-
-        self.engine.target.forward = failing
-        return self
+        return failing
 
     def __exit__(self, *exc):
-        del self.engine.target.forward  # the class's method again
+        for name in self.STARTS:
+            delattr(self.engine.target, name)  # the class's methods again
 
 
 class WatchedLoad:
