@@ -127,3 +127,51 @@ def test_no_import_circles_between_modules():
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
+
+
+def test_the_ui_reaches_the_engine_through_its_public_surface():
+    """ui/ imports the engine's API (MirrorEngine.stream, the configs, the event types) and the read-only rooms beside
+    it: the latency model, the metrics, this machine, models/ (what the pairs are, tokenizers, text streams), the
+    lane plan; never a loop, a lane's workings, a runner or a worker."""
+    allowed = {"mirror_core", "mirror_core.config", "mirror_core.engine", "mirror_core.events", "mirror_core.latency",
+               "mirror_core.metrics", "mirror_core.machine", "mirror_core.lanes.placement"}
+    for module in UI_MODULES:
+        inner = {i for i in _imports(module, top_level_only=False, type_only=True) if i.startswith("mirror_core")}
+        outside = {i for i in inner - allowed if not i.startswith("mirror_core.models.")}
+        assert not outside, (module, outside)
+
+
+# The runner calls that move a cache's positions (runners/protocol.py).
+CACHE_MOVES = {"forward", "forward_to_exit", "finish_pass", "forward_streams", "truncate", "fork", "forward_rows",
+               "rewind_rows", "select_row"}
+
+
+def _cache_moves(module: str) -> set[str]:
+    tree = ast.parse(open(EVERY_MODULE[module], encoding="utf-8").read())
+    return {node.func.attr for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in CACHE_MOVES}
+
+
+def test_only_the_two_lanes_loops_move_cache_positions():
+    """During a request the target's cache moves only in the target lane's loop (decode.py over DecodeState) and the
+    draft's only in DraftWorker; outside runners/ (which call their own kind) and training, the one other caller is
+    the engine's step timing at load, on a cache of its own; verify.py and sampling.py call no model."""
+    movers = {m for m in MODULES if not m.startswith(("mirror_core.runners", "mirror_core.train")) and _cache_moves(m)}
+    assert movers == {"mirror_core.decode", "mirror_core.decode_state", "mirror_core.draft_worker",
+                      "mirror_core.engine"}, movers
+    assert _cache_moves("mirror_core.engine") == {"forward"}
+    assert not {m for m in UI_MODULES if _cache_moves(m)}  # ui/ never calls a runner
+
+
+def test_configuration_is_frozen_and_stages_hand_over_dataclasses():
+    import dataclasses
+
+    from mirror_core import config, events, messages, metrics, verify
+    from mirror_core.runners.protocol import ExitPass
+
+    configs = [c for c in vars(config).values() if isinstance(c, type) and dataclasses.is_dataclass(c)
+               and c.__module__ == config.__name__]
+    assert configs and all(c.__dataclass_params__.frozen for c in configs), configs
+    for handed in (messages.ExitReadout, verify.AcceptResult, messages.DraftWindow, events.StepRecord,
+                   metrics.RunSummary, ExitPass):
+        assert dataclasses.is_dataclass(handed), handed
