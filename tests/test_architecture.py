@@ -81,6 +81,18 @@ def test_config_reads_no_environment_and_imports_no_torch():
     assert not {"torch", "os"} & _imports("mirror_core.config", top_level_only=False)
 
 
+def test_the_environment_is_read_at_the_edges_only():
+    """os.environ / os.getenv: cli.py, MirrorEngine.load (the fault hook) and machine.py (the cache folder) in the
+    engine (train/ is offline); nowhere in ui/ (app.py passes os.environ in)."""
+    def reads_environment(module: str) -> bool:
+        tree = ast.parse(open(EVERY_MODULE[module], encoding="utf-8").read())
+        return any(isinstance(n, ast.Attribute) and n.attr in ("environ", "getenv") and getattr(n.value, "id", "") == "os"
+                   for n in ast.walk(tree))
+
+    readers = {m for m in EVERY_MODULE if not m.startswith("mirror_core.train") and reads_environment(m)}
+    assert readers == {"mirror_core.cli", "mirror_core.engine", "mirror_core.machine"}, readers
+
+
 def test_pure_maths_and_lanes_keep_to_their_rooms():
     for pure in ("mirror_core.verify", "mirror_core.sampling", "mirror_core.latency", "mirror_core.metrics"):
         imported = _imports(pure, top_level_only=False)
