@@ -29,7 +29,7 @@ from .metrics import RunSummary
 from .runners import build_runner
 from .latency import SpecChoice, StepCosts, choose_spec
 from .models.profile import load_profile
-from .runners.calibrate import BRANCH_ROWS, WINDOW, Calibration, calibrate_target
+from .runners.calibrate import BRANCH_ROWS, WINDOW, Calibration, calibrate_target, step_ms
 from .runners.rows import UNCHECKED, RowCheck
 from .models.feature_draft import feature_draft_config, is_feature_draft
 from .models.vocab import load_vocab_map
@@ -149,9 +149,9 @@ class MirrorEngine:
         if lanes.target_device == "cpu" and lanes.target_cpus and len(every) > len(lanes.target_cpus):
             # the target lane was given some of the cores: its step there and on all of them, timed alike
             with pinned(lanes.target_cpus, lanes.target_threads):
-                lane_ms = _step_ms(runner, vocab)
+                lane_ms = step_ms(runner)
             with pinned(every, len(every)):  # the whole-machine baseline's step (AR on every core)
-                whole = (len(lanes.target_cpus), lane_ms, len(every), _step_ms(runner, vocab))
+                whole = (len(lanes.target_cpus), lane_ms, len(every), step_ms(runner))
         lane = None
         known = [c for c in contexts if c]
         if draft is not None:
@@ -299,23 +299,6 @@ def _exit_head(choice: str, draft: str | None, target_model) -> ExitHead | None:
         return None
     lm_head = target_model.get_output_embeddings().weight                                # [V, H]
     return ExitHead(weights, lm_head, float(target_model.config.rms_norm_eps))
-
-
-def _step_ms(runner, vocab: int, steps: int = 12) -> float:
-    """The target's median one-token step after a 64-token prefix, on the calling thread's cores (ms)."""
-    import statistics
-    import time
-
-    cache = runner.new_cache()
-    runner.forward(cache, [(7 * i + 3) % vocab for i in range(64)])
-    times = []
-    for i in range(steps + 2):  # two warm-ups
-        machine.synchronize(runner.device)
-        t0 = time.perf_counter()
-        runner.forward(cache, [(5 * i + 1) % vocab])
-        machine.synchronize(runner.device)
-        times.append(time.perf_counter() - t0)
-    return round(1e3 * statistics.median(times[2:]), 2)
 
 
 def _choose_spec(target: Calibration | None, draft: Calibration | None, profile, exit_share: float) -> SpecChoice | None:

@@ -205,6 +205,19 @@ def calibrate_feature_draft(runner, requested: str) -> Calibration:
     return replace(cal, sequence=best, rows=best, note=note)
 
 
+def step_ms(runner, rounds: int = 12) -> float:
+    """The runner's median one-token step after the cached probe prefix, on the calling thread's cores (ms): the
+    calibration's own timing round, not cached (the engine times the target on its lane and on every core with it)."""
+    prefix, ids = _probe(runner, 1)
+    cache = runner.new_cache()
+    runner.forward(cache, prefix)
+    shapes = {"step": lambda c: runner.forward(c, ids)}
+    times: list[float] = []
+    for rnd in range(rounds + 2):  # two warm-up rounds, not kept
+        _time_shapes(runner, shapes, cache, len(prefix), {"step": times} if rnd >= 2 else None)
+    return round(1e3 * statistics.median(times), 2)
+
+
 def _probe(runner, new: int) -> tuple[list[int], list[int]]:
     """A cached prefix (PREFIX tokens, fewer where the context is short) and `new` token ids after it, all inside
     the model's vocabulary and context."""

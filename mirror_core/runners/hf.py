@@ -71,6 +71,7 @@ class HFRunner:
         self.final_norm = _attr_path(model, norm_path)
         self.lm_head = model.get_output_embeddings()
         self.num_layers = len(self.layers)
+        self.layer_types = tuple(getattr(model.config, "layer_types", None) or ())  # e.g. Qwen's full / sliding attention
         self.num_streams = 0  # plain next-token model: one token per forward
         self.vocab_size = int(vocab_size or model.config.vocab_size)
         limits = [getattr(model.config, n, None) for n in ("max_position_embeddings", "n_positions")]
@@ -100,7 +101,7 @@ class HFRunner:
 
     @torch.inference_mode()
     def forward_to_exit(self, cache: DynamicCache, ids: list[int], layer: int) -> ExitPass:
-        types = getattr(self.model.config, "layer_types", None) or ()  # e.g. Qwen's full / sliding attention
+        types = self.layer_types
         if set(types[layer:]) - set(types[: layer + 1]):  # a suffix layer's mask is not shown before ℓ_e+1
             return self._whole_pass(cache, ids, layer)
         kept = _HFPass((), {})
@@ -144,7 +145,7 @@ class HFRunner:
         p: _HFPass = exit_pass.rest
         if p.logits is not None:
             return p.logits
-        types = getattr(self.model.config, "layer_types", None) or ()
+        types = self.layer_types
         args, kwargs = p.args, dict(p.kwargs)
         hidden = args[0] if args else kwargs.pop("hidden_states")                        # [1, T, H]
         for i in range(exit_pass.layer, self.num_layers):
