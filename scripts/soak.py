@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 freed_ok += ok
                 problems += [] if ok else [f"disconnect: {detail}"]
         finally:
-            demo.close()
+            r.close_demo(demo)
             loader.close()
 
         # 5. back-to-back runs through the app's handler

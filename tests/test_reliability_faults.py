@@ -13,6 +13,7 @@ from testing.reliability import (
     FaultEngines,
     TargetFault,
     WatchedLoad,
+    close_demo,
     disconnect_trial,
     fault_trial,
     free_port,
@@ -132,7 +133,7 @@ def test_a_cancelled_or_disconnected_client_frees_the_lanes_within_one_step(pair
         ok, detail = disconnect_trial(demo.local_url, watch, run_args({**long_run, "branch_budget": 0}))
         assert ok, detail                                               # a client process killed mid-run
     finally:
-        demo.close()
+        close_demo(demo)
         loader.close()
 
 

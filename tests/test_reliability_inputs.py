@@ -11,7 +11,16 @@ import pytest
 
 from mirror_core import MirrorEngine, Request, SpecConfig
 from mirror_core.cli import main
-from testing.reliability import CATALOGUE, INLINE, app_run, app_values, build_models, cli_case, expect_mirror_error
+from testing.reliability import (
+    CATALOGUE,
+    INLINE,
+    app_run,
+    app_values,
+    build_models,
+    cli_case,
+    close_demo,
+    expect_mirror_error,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -59,7 +68,7 @@ def app(models, tmp_path_factory):
     try:
         yield demo.local_url
     finally:
-        demo.close()
+        close_demo(demo)
         loader.close()
 
 

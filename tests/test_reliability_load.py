@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from testing.reliability import INLINE, back_to_back, concurrent_clients, free_port
+from testing.reliability import INLINE, back_to_back, close_demo, concurrent_clients, free_port
 from testing.toy_models import build_pair
 
 pytestmark = pytest.mark.slow  # concurrency and soak checks (the slow tier)
@@ -29,7 +29,7 @@ def test_eight_concurrent_clients_get_their_solo_outputs_and_queue_positions(pai
         assert result.ok == N_CLIENTS, result.errors
         assert result.max_rank >= 1  # waiting clients were told their place in the queue
     finally:
-        demo.close()
+        close_demo(demo)
         loader.close()
 
 

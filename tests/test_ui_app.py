@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 
 from mirror_core import LaneConfig
-from testing.reliability import page_values, run_args
+from testing.reliability import close_demo, page_values, run_args
 from testing.toy_models import build_pair
 from ui import LAUNCH, EngineLoader, build_demo, default_presets
 from ui.views import OUTPUT_NAMES, by_name
@@ -49,7 +49,7 @@ def app(pair_root, tmp_path_factory):
     try:
         yield url, target, draft, lambda: Client(url, verbose=False)
     finally:
-        demo.close()
+        close_demo(demo)
         loader.close()
 
 

@@ -14,6 +14,7 @@ import tempfile
 import pytest
 
 from testing.browser import CHROMIUM, Chromium, measured_run, open_page, run_once, set_control
+from testing.reliability import close_demo
 
 pytestmark = pytest.mark.slow  # headless Chromium drives the page (the slow tier)
 
@@ -37,7 +38,7 @@ def test_page_runs_a_generation_and_shows_tokens_and_plots(pair_root, tmp_path):
         top = state["first_top"]  # page y of each element as the page opens, in a 1280x800 window
         assert top["mirror-status"] < 800 and top["mirror-tokens-ar"] < 800, top  # status and streams: first screen
     finally:
-        demo.close()
+        close_demo(demo)
         loader.close()
 
 
@@ -54,7 +55,7 @@ def page_without_models(tmp_path):
         yield url, browser
     finally:
         browser.close()
-        demo.close()
+        close_demo(demo)
 
 
 TOUR_JS = """(() => {
@@ -156,7 +157,7 @@ def test_the_learn_tab_plays_a_step_of_the_last_run_and_shows_its_tree(pair_root
         browser.screenshot(str(tmp_path / "player.png"))
     finally:
         browser.close()
-        demo.close()
+        close_demo(demo)
         loader.close()
 
 
@@ -258,7 +259,7 @@ def test_a_token_or_a_step_bar_opens_its_step_replay_moves_a_cursor_and_the_insp
         browser.screenshot(str(tmp_path / "inspector.png"))
     finally:
         browser.close()
-        demo.close()
+        close_demo(demo)
         loader.close()
 
 
@@ -340,7 +341,7 @@ def test_a_900_token_comparison_streams_deltas_and_keeps_the_page_responsive():
     finally:
         if browser is not None:
             browser.close()
-        demo.close()
+        close_demo(demo)
         loader.close()
 
 
