@@ -9,6 +9,8 @@ from dataclasses import asdict, replace
 
 from .config import (
     DECODER_NAMES,
+    DEFAULT_GAMMA,
+    DEFAULT_KAPPA,
     DTYPE_CHOICES,
     RULES,
     LaneConfig,
@@ -17,6 +19,7 @@ from .config import (
     SamplingConfig,
     SpecConfig,
     check_prompt_text,
+    parse_token_ids,
 )
 from .events import RunEnd, TokenEvent
 
@@ -35,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     g = sub.add_parser("generate", help="decode one prompt and stream the text")
     src = g.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text (needs a tokenizer next to the target)")
-    src.add_argument("--prompt-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
+    src.add_argument("--prompt", help="prompt text (a target without a tokenizer takes token ids here too)")
+    src.add_argument("--prompt-ids", help="prompt token ids, comma- or space-separated, e.g. 1,2,3")
     g.add_argument("--decoder", default="mirror", help=f"one of {', '.join(DECODER_NAMES)}")
     _add_pair_and_settings(g)
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
@@ -79,10 +82,11 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
                    "pair's draft when --target is not given)")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--gamma", type=int, default=None, help="draft tokens per window (γ; default: the pair's setting "
-                   f"chosen at load for this machine by the latency model, else {SpecConfig.gamma})")
+                   f"chosen at load for this machine by the latency model, else {DEFAULT_GAMMA})")
     g.add_argument("--kappa", type=int, default=None, help="early-exit candidates per slot (κ; default: chosen like γ, "
-                   f"else {SpecConfig.kappa})")
-    g.add_argument("--exit-layer", type=int, default=None, help="early-exit layer ℓ_e (default N/2)")
+                   f"else {DEFAULT_KAPPA})")
+    g.add_argument("--exit-layer", type=int, default=None, help="early-exit layer ℓ_e (default: the pair's: the layer "
+                   "a feature-reading draft reads, else the trained exit head's, else N/2)")
     g.add_argument("--branch-budget", type=int, default=SpecConfig.branch_budget,
                    help="mirror: at most this many branch rows per step, the likeliest first (0 = all, -1 = auto: what fits "
                         "in the target's suffix)")
@@ -123,23 +127,12 @@ def resolve_pair(args) -> None:
         args.target, args.draft = pair.target, pair.draft
 
 
-def request_from_args(args, prompt_ids: tuple[int, ...], defaults: SpecConfig = SpecConfig()) -> Request:
-    """The request the flags describe; γ and κ left out take `defaults` (the loaded pair's chosen settings)."""
-    gamma = defaults.gamma if args.gamma is None else args.gamma
-    kappa = defaults.kappa if args.kappa is None else args.kappa
+def request_from_args(args, prompt_ids: tuple[int, ...]) -> Request:
+    """The request the flags describe; γ, κ and ℓ_e left out stay None: the loaded pair decides them
+    (MirrorEngine.validate)."""
     return Request(prompt_ids=prompt_ids, decoder=args.decoder, max_new_tokens=args.max_new_tokens,
                    sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed, args.rule),
-                   spec=SpecConfig(gamma, kappa, args.exit_layer, args.branch_budget))
-
-
-def parse_prompt_ids(text: str) -> tuple[int, ...]:
-    try:
-        ids = tuple(int(x) for x in text.replace(" ", "").split(",") if x != "")
-    except ValueError:
-        raise MirrorError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
-    if not ids:
-        raise MirrorError("--prompt-ids is empty; give at least one token id")
-    return ids
+                   spec=SpecConfig(args.gamma, args.kappa, args.exit_layer, args.branch_budget))
 
 
 def generate(args) -> int:
@@ -149,7 +142,7 @@ def generate(args) -> int:
 
     if args.prompt is not None:
         check_prompt_text(args.prompt)
-    prompt_ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    prompt_ids = parse_token_ids(args.prompt_ids, "--prompt-ids") if args.prompt_ids is not None else None
     # Check every setting before loading anything.
     request_from_args(args, prompt_ids or (0,))
     resolve_pair(args)
@@ -158,10 +151,8 @@ def generate(args) -> int:
         print("warning: --trust-remote-code lets the model folders run their own Python code", file=sys.stderr)
     with MirrorEngine.load(args.target, draft, lanes_from_args(args), args.trust_remote_code) as engine:
         if prompt_ids is None:
-            if engine.tokenizer is None:
-                raise MirrorError(f"{args.target!r} has no tokenizer; pass --prompt-ids instead of --prompt")
             prompt_ids = engine.encode(args.prompt, chat=not args.raw_prompt)
-        request = request_from_args(args, prompt_ids, engine.info.default_spec())
+        request = engine.validate(request_from_args(args, prompt_ids))  # what it left out: the pair's
         text = IncrementalText(engine.tokenizer) if engine.tokenizer is not None else None
         events = []
         for event in engine.stream(request):
@@ -234,14 +225,10 @@ def bench(args) -> int:
     if config.needs_draft and args.draft is None:
         raise MirrorError(f"decoders {', '.join(d for d in decoders if d not in ('ar', 'ar_all', 'hf'))} need a draft: "
                           "pass --draft")
-    rows, loaded = [], {}
+    rows, loaded, asked = [], {}, config
     for dtype in dtypes:  # one pair at a time, in one process: the dtypes' figures are from one run
-        with open_pair(args.target, args.draft, lanes_at[dtype], config) as pair:
-            chosen = pair.engine.info.default_spec()
-            if (args.gamma is None or args.kappa is None) and not args.sweep:  # the pair's choice for this machine
-                config = replace(config, spec=replace(
-                    config.spec, gamma=chosen.gamma if args.gamma is None else args.gamma,
-                    kappa=chosen.kappa if args.kappa is None else args.kappa))
+        with open_pair(args.target, args.draft, lanes_at[dtype], asked) as pair:
+            config = replace(asked, spec=pair.engine.info.resolve(asked.spec))  # what it left out: this pair's
             prompts = load_prompts(args.prompts, pair.engine.tokenizer, args.limit)
             n_cells = len(plan(pair.engine, config, prompts[0].prompt_ids))
             with tqdm(total=total_runs(len(prompts), n_cells, config), file=sys.stderr, unit="run",

@@ -16,6 +16,10 @@ DEVICE_NAME = r"^(cpu|mps|(cuda|xpu|npu)(:\d+)?)$"  # machine.py: CUDA, Apple MP
 MAX_GAMMA = 16
 MAX_KAPPA = 64
 AUTO_BRANCH_BUDGET = -1  # SpecConfig.branch_budget: fit the branch rows to the target's suffix (branching.py)
+# γ, κ of a pair without a setting chosen for this machine (no draft profile): the best setting of
+# docs/BENCHMARKS.md's sweep on the default pair (engine.PairInfo.resolve applies them)
+DEFAULT_GAMMA = 4
+DEFAULT_KAPPA = 2
 
 
 class MirrorError(ValueError):
@@ -40,6 +44,18 @@ def check_prompt_text(text) -> str:
         _require(ch in "\t\n\r" or not (code < 0x20 or 0x7F <= code < 0xA0),
                  f"the prompt contains control character U+{code:04X} at character {i}; remove it")
     return text
+
+
+def parse_token_ids(text: str, what: str = "the prompt ids") -> tuple[int, ...]:
+    """Token ids written as text, separated by commas, spaces or both ("1,2,3", "1, 2 3"): the CLI's --prompt-ids
+    and the prompt of a model without a tokenizer (MirrorEngine.encode). `what` names them in the error line."""
+    try:
+        ids = tuple(int(x) for x in str(text).replace(",", " ").split())
+    except ValueError:
+        raise MirrorError(f"{what} must be token ids, comma-separated or space-separated (e.g. 1, 2, 3), "
+                          f"got {text!r}") from None
+    _require(bool(ids), f"{what} are empty; give at least one token id")
+    return ids
 
 
 @dataclass(frozen=True)
@@ -72,12 +88,14 @@ class SpecConfig:
     """Speculation shape: γ draft tokens per window, κ candidates per slot, early-exit layer ℓ_e,
     and an optional cap on the branch rows the draft lane rolls out per step (engine.ExitReadout).
 
-    exit_layer None means N // 2 of the loaded target (the paper's default); it is checked
-    against the target's depth when the request reaches the engine.
+    None (γ, κ, ℓ_e left out) means the loaded pair's choice, resolved once when the request reaches the engine
+    (MirrorEngine.validate → PairInfo.resolve): γ and κ the latency model chose for this machine (DEFAULT_GAMMA,
+    DEFAULT_KAPPA for a draft without a profile); ℓ_e the layer a feature-reading draft reads, else the trained exit
+    head's, else N // 2 of the target (the paper's default). ℓ_e is checked against the target's depth there too.
     """
 
-    gamma: int = 4  # defaults: the best setting of docs/BENCHMARKS.md's sweep on the default pair
-    kappa: int = 2
+    gamma: int | None = None
+    kappa: int | None = None
     exit_layer: int | None = None
     # at most this many branch rows per step, the likeliest (slot, candidate); 0 = all κ(γ+1);
     # AUTO_BRANCH_BUDGET = as many as the draft lane finishes while the target runs its suffix
@@ -87,9 +105,9 @@ class SpecConfig:
         _require(_is_int(self.branch_budget) and AUTO_BRANCH_BUDGET <= self.branch_budget <= (MAX_GAMMA + 1) * MAX_KAPPA,
                  f"branch budget must be an integer in {AUTO_BRANCH_BUDGET}..{(MAX_GAMMA + 1) * MAX_KAPPA} "
                  f"(0 = every candidate, {AUTO_BRANCH_BUDGET} = auto), got {self.branch_budget!r}")
-        _require(_is_int(self.gamma) and 1 <= self.gamma <= MAX_GAMMA,
+        _require(self.gamma is None or (_is_int(self.gamma) and 1 <= self.gamma <= MAX_GAMMA),
                  f"gamma must be an integer in 1..{MAX_GAMMA}, got {self.gamma!r}")
-        _require(_is_int(self.kappa) and 1 <= self.kappa <= MAX_KAPPA,
+        _require(self.kappa is None or (_is_int(self.kappa) and 1 <= self.kappa <= MAX_KAPPA),
                  f"kappa must be an integer in 1..{MAX_KAPPA}, got {self.kappa!r}")
         _require(self.exit_layer is None or (_is_int(self.exit_layer) and self.exit_layer >= 1),
                  f"exit layer must be an integer >= 1, got {self.exit_layer!r}")

@@ -13,30 +13,42 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Iterator
 
 from . import machine
-from .config import LaneConfig, MirrorError, Request, SpecConfig, check_prompt_text
+from .config import (
+    DEFAULT_GAMMA,
+    DEFAULT_KAPPA,
+    LaneConfig,
+    MirrorError,
+    Request,
+    SpecConfig,
+    check_prompt_text,
+    parse_token_ids,
+)
 from .decode import decode_events
 from .decode_state import DecodeState
 from .events import Event, RunEnd, RunSettings
-from .models.exit_head import ExitHead, find_exit_head
 from .lanes import DraftLaneSpec, auto_lanes, make_draft_lane, pinned
 from .lanes.faults import fault_plan_from_env
-from .models.loading import ModelSpec, encode_text, load_config, load_model, load_tokenizer, local_folder, shared_vocab_size
-from .metrics import RunSummary
-from .runners import build_runner
 from .latency import SpecChoice, StepCosts, choose_spec
-from .models.profile import load_profile
-from .runners.calibrate import BRANCH_ROWS, WINDOW, Calibration, calibrate_target, step_ms
-from .runners.rows import UNCHECKED, RowCheck
+from .metrics import RunSummary
+from .models.exit_head import ExitHead, find_exit_head
 from .models.feature_draft import feature_draft_config, is_feature_draft
+from .models.loading import ModelSpec, encode_text, load_config, load_model, load_tokenizer, local_folder, shared_vocab_size
+from .models.profile import load_profile
 from .models.vocab import load_vocab_map
+from .records import UNCHECKED, Calibration, ExitHeadInfo, RowCheck, WholeMachine
+from .runners import build_runner
+from .runners.calibrate import BRANCH_ROWS, WINDOW, calibrate_target, step_ms
 
 
 @dataclass(frozen=True)
 class PairInfo:
+    """What a loaded pair is and what its load measured (records.py); the one home of the defaults the pair
+    decides (`resolve`: γ, κ and ℓ_e a request left out)."""
+
     target: str
     draft: str | None
     num_layers: int          # N of the target
@@ -44,15 +56,30 @@ class PairInfo:
     max_context: int | None  # tokens both models can attend over (prompt + new + window)
     lanes: LaneConfig
     target_runner: str = ""  # which runner executes the target (FastLlamaRunner, HFRunner)
-    target_rows: RowCheck = UNCHECKED        # the target's call-shape check and row plan (runners/rows.py)
+    target_rows: RowCheck = UNCHECKED        # the target's call-shape check and row plan (runners/exactness.py)
     target_dtype: Calibration | None = None  # the target lane's dtype and its timings (runners/calibrate.py)
     draft_dtype: Calibration | None = None   # the draft lane's, per shape
     draft_runner: str = ""                   # which runner executes the draft ("" without a draft)
-    exit_head: dict | None = None            # the trained exit head in use (exit_head.py), None: the logit lens
+    exit_head: ExitHeadInfo | None = None    # the trained exit head in use (exit_head.py), None: the logit lens
     draft_vocab: int | None = None           # V_d of a reduced-vocabulary draft (models/vocab.py), None: all of V
     draft_features: int | None = None        # ℓ_e whose hidden states a feature-reading draft reads, None: ids only
     spec_choice: SpecChoice | None = None    # γ, κ the latency model chose for this machine (None: no draft profile)
-    whole_machine: tuple[int, float, int, float] | None = None  # the target's step: (lane cores, ms, all cores, ms)
+    whole_machine: WholeMachine | None = None  # the target's step on its lane's cores and on all of them
+
+    def default_exit_layer(self) -> int:
+        """ℓ_e where a request names none: the layer a feature-reading draft reads (it can read no other), else the
+        trained exit head's layer, else N // 2 of the target (the paper's default)."""
+        if self.draft_features is not None:
+            return self.draft_features
+        return self.exit_head.layer if self.exit_head is not None else max(1, self.num_layers // 2)
+
+    def resolve(self, spec: SpecConfig) -> SpecConfig:
+        """`spec` with what it left out (None) decided by this pair: γ and κ the latency model chose for this machine
+        (DEFAULT_GAMMA, DEFAULT_KAPPA without a draft profile), ℓ_e `default_exit_layer`."""
+        c = self.spec_choice
+        return replace(spec, gamma=spec.gamma if spec.gamma is not None else c.gamma if c else DEFAULT_GAMMA,
+                       kappa=spec.kappa if spec.kappa is not None else c.kappa if c else DEFAULT_KAPPA,
+                       exit_layer=spec.exit_layer if spec.exit_layer is not None else self.default_exit_layer())
 
     def spec_note(self, spec: SpecConfig) -> str:
         """Why γ and κ are what they are, when they are this machine's choice ("" otherwise)."""
@@ -61,10 +88,12 @@ class PairInfo:
             return ""
         return f"chosen for this machine by the latency model (modelled): {c.why}"
 
-    def default_spec(self) -> SpecConfig:
-        """The settings a request gets when it names none: the machine's choice when there is one."""
-        c = self.spec_choice
-        return SpecConfig() if c is None else SpecConfig(gamma=c.gamma, kappa=c.kappa)
+    def run_settings(self, request: Request) -> RunSettings:
+        """What RunStart records for a request resolved on this pair (the fields the two records share copied)."""
+        exit_layer = request.spec.exit_layer
+        return RunSettings(request=request, exit_layer=exit_layer, exit_readout=self.exit_readout(exit_layer),
+                           spec_note=self.spec_note(request.spec),
+                           **{name: getattr(self, name) for name in _SHARED_WITH_RUN_SETTINGS})
 
     def describe(self) -> dict:
         """What ran: the CLI's --json `pair` object (the numbers panel's "Ran:" line says the same from the run
@@ -82,15 +111,19 @@ class PairInfo:
         settings = None if self.spec_choice is None else {
             "gamma": self.spec_choice.gamma, "kappa": self.spec_choice.kappa, "why": self.spec_choice.why,
             "modelled_speedup": self.spec_choice.speedup, "modelled_sd_speedup": self.spec_choice.sd_speedup}
-        return {"target": target, "draft": draft, "exit_head": self.exit_head,  # None: the target's own norm + LM head
-                "chosen_settings": settings}
+        return {"target": target, "draft": draft, "chosen_settings": settings,
+                "exit_head": None if self.exit_head is None else asdict(self.exit_head)}  # None: the logit lens
 
     def exit_readout(self, layer: int) -> str:
         """How a run at ℓ_e = layer reads its candidates, in words (the run settings and the page say it)."""
         head = self.exit_head
-        if head and head["layer"] == layer:
-            return f"trained exit head at layer {layer} over {head['readout_tokens']} tokens"
-        return "logit lens (final norm + LM head)" + (f"; the trained head reads layer {head['layer']}" if head else "")
+        if head and head.layer == layer:
+            return f"trained exit head at layer {layer} over {head.readout_tokens} tokens"
+        return "logit lens (final norm + LM head)" + (f"; the trained head reads layer {head.layer}" if head else "")
+
+
+# RunSettings' fields that are the pair's (lanes, sources, runners, dtypes, row check, ...), copied as they are
+_SHARED_WITH_RUN_SETTINGS = tuple(f.name for f in fields(RunSettings) if f.name in {g.name for g in fields(PairInfo)})
 
 
 class MirrorEngine:
@@ -98,8 +131,8 @@ class MirrorEngine:
 
     The target runs on this engine's own thread (the target lane, pinned to its cores); the draft
     runs on its lane (lanes/: a process, a thread or inline). Requests are served one at a time, in
-    order; `close()` ends both lanes. The engine sees token ids only: `encode` is a convenience for
-    front-ends that have text.
+    order; `close()` ends both lanes. The engine sees token ids only: `encode` is the one prompt encoder
+    for front-ends that have text (the CLI and the page).
     """
 
     def __init__(self, target_runner, draft_lane, info: PairInfo, tokenizer, eos_ids: frozenset[int]):
@@ -113,75 +146,34 @@ class MirrorEngine:
     @classmethod
     def load(cls, target: str, draft: str | None, lanes: LaneConfig | None = None,
              trust_remote_code: bool = False) -> "MirrorEngine":
-        lanes = lanes or auto_lanes()
-        if lanes.fault.at_step is None:  # the test hook, resolved once here (lanes/faults.py)
-            lanes = replace(lanes, fault=fault_plan_from_env(os.environ))
-        machine.check(lanes.target_device)
-        machine.check(lanes.draft_device)
-        target_cfg = load_config(ModelSpec(target, lanes.target_device, trust_remote_code))
-        tokenizer = load_tokenizer(target)
-        vocab = int(target_cfg.vocab_size)
-        contexts = [_context_of(target_cfg)]
-        features = None  # a feature-reading draft's FeatureDraftConfig
-        if draft is not None and is_feature_draft(local_folder(draft)):
-            features = feature_draft_config(local_folder(draft))
-            vmap = load_vocab_map(local_folder(draft))
-            _check_feature_draft(features, target_cfg, vmap)
-            contexts.append(features.max_positions)
-        elif draft is not None:
-            draft_cfg = load_config(ModelSpec(draft, lanes.draft_device, trust_remote_code), draft=True)
-            vmap = load_vocab_map(local_folder(draft))
-            vocab = shared_vocab_size(target_cfg, draft_cfg, tokenizer, load_tokenizer(draft),
-                                      None if vmap is None else vmap.target_vocab_size)
-            contexts.append(_context_of(draft_cfg))
-        target_model = load_model(ModelSpec(target, lanes.target_device, trust_remote_code), spread=lanes.target_devices)
-        eos_ids = _eos_ids(target_model)
-        if lanes.target_devices and lanes.runner == "fast":
-            raise MirrorError("the fast runner keeps a model on one device; a target spread over "
-                              f"{', '.join(lanes.target_devices)} runs on the generic runner (--runner auto or hf)")
-        head = _exit_head(lanes.exit_head, draft, target_model)
-        runner = build_runner(target_model, vocab, "hf" if lanes.target_devices else lanes.runner, exit_head=head)
-        with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads):
-            # with the target lane's threads: the kernels it will run; the dtype first, then its call-shape check
-            dtype, rows = calibrate_target(runner, vocab, lanes.dtype, target_model.config)
-        whole = None
-        every = machine.usable_cpus()
-        if lanes.target_device == "cpu" and lanes.target_cpus and len(every) > len(lanes.target_cpus):
-            # the target lane was given some of the cores: its step there and on all of them, timed alike
-            with pinned(lanes.target_cpus, lanes.target_threads):
-                lane_ms = step_ms(runner)
-            with pinned(every, len(every)):  # the whole-machine baseline's step (AR on every core)
-                whole = (len(lanes.target_cpus), lane_ms, len(every), step_ms(runner))
-        lane = None
-        known = [c for c in contexts if c]
-        if draft is not None:
-            feature_floats = 0 if features is None else (min(known) + 2) * features.hidden_size  # the prompt's, at most
-            lane = make_draft_lane(lanes, DraftLaneSpec(draft, lanes.draft_device, vocab, lanes.draft_threads,
-                                                        lanes.draft_cpus, trust_remote_code, lanes.runner, lanes.dtype,
-                                                        lanes.fault, feature_floats))
-        exit_layer = features.feature_layer if features else head.layer if head else max(1, runner.num_layers // 2)
-        choice = None if lane is None else _choose_spec(dtype, lane.calibration, load_profile(local_folder(draft)),
-                                                        exit_layer / runner.num_layers)
-        info = PairInfo(target=target, draft=draft, num_layers=runner.num_layers, vocab_size=vocab,
-                        max_context=min(known) if known else None, lanes=lanes, target_runner=type(runner).__name__,
-                        target_rows=rows, target_dtype=dtype,
+        """Load a pair onto its lanes, phase by phase: the lane plan; both models' configs checked together (no
+        weights yet); the target and its early-exit readout; its dtype and call-shape check timed where it runs
+        (and the whole-machine baseline); the draft's lane started; γ, κ chosen for this machine."""
+        lanes = _plan_lanes(lanes)
+        pair = _read_pair(target, draft, lanes, trust_remote_code)
+        loaded = _load_target(target, draft, lanes, trust_remote_code, pair.vocab)
+        timed = _time_target(loaded.runner, pair.vocab, lanes, loaded.config)
+        lane = None if draft is None else make_draft_lane(lanes, _draft_lane_spec(draft, lanes, pair, trust_remote_code))
+        info = PairInfo(target=target, draft=draft, num_layers=loaded.runner.num_layers, vocab_size=pair.vocab,
+                        max_context=pair.max_context, lanes=lanes, target_runner=type(loaded.runner).__name__,
+                        target_rows=timed.rows, target_dtype=timed.dtype,
                         draft_dtype=None if lane is None else lane.calibration,
-                        draft_runner="" if lane is None else lane.runner_name,
-                        exit_head=None if head is None else {
-                            "layer": head.layer, "readout_tokens": int(head.ids.numel()),
-                            "source": lanes.exit_head if lanes.exit_head != "auto" else local_folder(draft)},
-                        draft_vocab=None if draft is None or vmap is None else vmap.size,
-                        draft_features=None if features is None else features.feature_layer, spec_choice=choice,
-                        whole_machine=whole)
-        return cls(runner, lane, info, tokenizer, eos_ids)
+                        draft_runner="" if lane is None else lane.runner_name, exit_head=loaded.head,
+                        draft_vocab=None if pair.vmap is None else pair.vmap.size,
+                        draft_features=None if pair.features is None else pair.features.feature_layer,
+                        whole_machine=timed.whole)
+        if lane is not None:  # γ, κ for this machine: the latency model at the pair's own ℓ_e
+            info = replace(info, spec_choice=_choose_spec(timed.dtype, lane.calibration, load_profile(local_folder(draft)),
+                                                          info.default_exit_layer() / info.num_layers))
+        return cls(loaded.runner, lane, info, pair.tokenizer, loaded.eos_ids)
 
     # -- requests --------------------------------------------------------------------------
-    def validate(self, request: Request) -> int:
-        """Check a request against the loaded pair; returns the early-exit layer ℓ_e it will use."""
-        n = self.info.num_layers
-        head = self.info.exit_head
-        default = head["layer"] if head else max(1, n // 2)  # a trained exit head reads its own layer
-        exit_layer = request.spec.exit_layer if request.spec.exit_layer is not None else default
+    def validate(self, request: Request) -> Request:
+        """Check a request against the loaded pair; returns it with what it left out decided by the pair
+        (PairInfo.resolve: γ, κ, ℓ_e), the request a run then decodes and records."""
+        request = replace(request, spec=self.info.resolve(request.spec))
+        n, spec = self.info.num_layers, request.spec
+        exit_layer = spec.exit_layer
         if not 1 <= exit_layer <= n - 1:
             raise MirrorError(f"exit layer must be in 1..{n - 1} for this {n}-layer target, got {exit_layer}")
         reads = self.info.draft_features
@@ -193,22 +185,23 @@ class MirrorEngine:
         bad = [t for t in request.prompt_ids if t >= self.info.vocab_size]
         if bad:
             raise MirrorError(f"prompt id {bad[0]} is outside the vocabulary (0..{self.info.vocab_size - 1})")
-        need = len(request.prompt_ids) + request.max_new_tokens + request.spec.gamma + 2
+        need = len(request.prompt_ids) + request.max_new_tokens + spec.gamma + 2
         if self.info.max_context and need > self.info.max_context:
             raise MirrorError(f"prompt ({len(request.prompt_ids)} tokens) + max new tokens ({request.max_new_tokens}) "
-                              f"+ window ({request.spec.gamma + 2}) exceeds the models' context of "
+                              f"+ window ({spec.gamma + 2}) exceeds the models' context of "
                               f"{self.info.max_context} tokens; refused (prompts are never truncated): "
                               "shorten the prompt or lower max new tokens"
                               + (f" (at most {room} with this prompt and γ)" if (room := self.info.max_context
-                                 - len(request.prompt_ids) - request.spec.gamma - 2) > 0 else ""))
-        return exit_layer
+                                 - len(request.prompt_ids) - spec.gamma - 2) > 0 else ""))
+        return request
 
     def encode(self, text: str, chat: bool = True) -> tuple[int, ...]:
-        """Prompt text → token ids with the target's tokenizer, after the text checks (MirrorError); with chat,
-        in the target's chat template when it has one (loading.encode_text)."""
+        """Prompt text → token ids, after the text checks (MirrorError): the one encoder of the CLI and the page.
+        With the target's tokenizer (with chat, in its chat template when it has one: loading.encode_text); a
+        target without one takes the ids written out (config.parse_token_ids: commas, spaces or both)."""
         check_prompt_text(text)
         if self.tokenizer is None:
-            raise MirrorError(f"{self.info.target!r} has no tokenizer; give prompt token ids instead of text")
+            return parse_token_ids(text, "the prompt (this target has no tokenizer)")
         ids = encode_text(self.tokenizer, text, chat)
         if not ids:
             raise MirrorError("the prompt encodes to no tokens")
@@ -216,17 +209,16 @@ class MirrorEngine:
 
     def stream(self, request: Request, stop: threading.Event | None = None) -> Iterator[Event]:
         """Validate now (raising MirrorError), then return an iterator of events ending in RunEnd."""
-        exit_layer = self.validate(request)
-        return self._stream(request, exit_layer, stop or threading.Event())
+        return self._stream(self.validate(request), stop or threading.Event())
 
     def generate(self, request: Request, stop: threading.Event | None = None) -> RunEnd:
         """The non-streaming call: the last event of stream()."""
         return list(self.stream(request, stop))[-1]
 
-    def _stream(self, request: Request, exit_layer: int, stop: threading.Event) -> Iterator[Event]:
+    def _stream(self, request: Request, stop: threading.Event) -> Iterator[Event]:
         out: queue.Queue = queue.Queue()
         with self._lock:
-            self._jobs.put((request, exit_layer, stop, out))
+            self._jobs.put((request, stop, out))
             finished = False
             try:
                 while (batch := out.get()) is not None:
@@ -246,17 +238,11 @@ class MirrorEngine:
                 job = self._jobs.get()
                 if job is None:
                     return
-                request, exit_layer, stop, out = job
-                info = self.info
-                settings = RunSettings(request=request, lanes=lanes, exit_layer=exit_layer, target=info.target,
-                                       draft=info.draft, target_runner=info.target_runner,
-                                       target_rows=info.target_rows, target_dtype=info.target_dtype,
-                                       draft_dtype=info.draft_dtype, exit_readout=info.exit_readout(exit_layer),
-                                       draft_vocab=info.draft_vocab, draft_features=info.draft_features,
-                                       spec_note=info.spec_note(request.spec), whole_machine=info.whole_machine)
+                request, stop, out = job
                 try:
-                    run = DecodeState(request, self.target, exit_layer, self.eos_ids, stop, settings,
-                                      features=info.draft_features is not None and request.decoder != "ar")
+                    run = DecodeState(request, self.target, request.spec.exit_layer, self.eos_ids, stop,
+                                      self.info.run_settings(request),
+                                      features=self.info.draft_features is not None and request.decoder != "ar")
                     for batch in decode_events(run, self.lane):
                         out.put(batch)
                 except Exception as exc:  # never leave a consumer without a RunEnd
@@ -277,6 +263,107 @@ class MirrorEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# -- the phases of MirrorEngine.load -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _PairFiles:
+    """What the pair's configs say before any weights load: the vocabulary both index alike, the context both
+    attend over, and what kind of draft it is."""
+
+    tokenizer: object | None     # the target's (None: prompts as ids)
+    vocab: int                   # V: the ids both models share
+    max_context: int | None      # tokens both models can attend over
+    features: object | None      # a feature-reading draft's FeatureDraftConfig (None: a token-only draft or none)
+    vmap: object | None          # a reduced-vocabulary draft's VocabMap
+
+
+@dataclass(frozen=True)
+class _LoadedTarget:
+    model: object                # the transformers model (its config: the calibration cache's key)
+    runner: object               # the runner the target lane drives (build_runner)
+    eos_ids: frozenset[int]
+    head: ExitHeadInfo | None    # the trained exit head the runner reads ℓ_e with (None: the logit lens)
+
+    @property
+    def config(self):
+        return self.model.config
+
+
+@dataclass(frozen=True)
+class _TargetTiming:
+    dtype: Calibration           # the target lane's dtype and its timings
+    rows: RowCheck               # its call-shape check and row plan
+    whole: WholeMachine | None   # its step on the lane's cores and on every core (None: the lane has them all)
+
+
+def _plan_lanes(lanes: LaneConfig | None) -> LaneConfig:
+    """The lane plan (automatic when none is given) with the fault hook resolved once here (lanes/faults.py), its
+    devices checked to exist."""
+    lanes = lanes or auto_lanes()
+    if lanes.fault.at_step is None:
+        lanes = replace(lanes, fault=fault_plan_from_env(os.environ))
+    machine.check(lanes.target_device)
+    machine.check(lanes.draft_device)
+    return lanes
+
+
+def _read_pair(target: str, draft: str | None, lanes: LaneConfig, trust_remote_code: bool) -> _PairFiles:
+    """Both models' configs and tokenizers, checked to fit together, before any weights load."""
+    target_cfg = load_config(ModelSpec(target, lanes.target_device, trust_remote_code))
+    tokenizer = load_tokenizer(target)
+    vocab = int(target_cfg.vocab_size)
+    contexts = [_context_of(target_cfg)]
+    features = vmap = None
+    if draft is not None and is_feature_draft(local_folder(draft)):
+        features = feature_draft_config(local_folder(draft))
+        vmap = load_vocab_map(local_folder(draft))
+        _check_feature_draft(features, target_cfg, vmap)
+        contexts.append(features.max_positions)
+    elif draft is not None:
+        draft_cfg = load_config(ModelSpec(draft, lanes.draft_device, trust_remote_code), draft=True)
+        vmap = load_vocab_map(local_folder(draft))
+        vocab = shared_vocab_size(target_cfg, draft_cfg, tokenizer, load_tokenizer(draft),
+                                  None if vmap is None else vmap.target_vocab_size)
+        contexts.append(_context_of(draft_cfg))
+    known = [c for c in contexts if c]
+    return _PairFiles(tokenizer, vocab, min(known) if known else None, features, vmap)
+
+
+def _load_target(target: str, draft: str | None, lanes: LaneConfig, trust_remote_code: bool,
+                 vocab: int) -> _LoadedTarget:
+    """The target's weights on its device(s), its early-exit readout, and the runner the target lane drives."""
+    model = load_model(ModelSpec(target, lanes.target_device, trust_remote_code), spread=lanes.target_devices)
+    if lanes.target_devices and lanes.runner == "fast":
+        raise MirrorError("the fast runner keeps a model on one device; a target spread over "
+                          f"{', '.join(lanes.target_devices)} runs on the generic runner (--runner auto or hf)")
+    head = _exit_head(lanes.exit_head, draft, model)
+    runner = build_runner(model, vocab, "hf" if lanes.target_devices else lanes.runner, exit_head=head)
+    info = None if head is None else ExitHeadInfo(
+        head.layer, int(head.ids.numel()), lanes.exit_head if lanes.exit_head != "auto" else local_folder(draft))
+    return _LoadedTarget(model, runner, _eos_ids(model), info)
+
+
+def _time_target(runner, vocab: int, lanes: LaneConfig, config) -> _TargetTiming:
+    """With the target lane's threads, the kernels it will run: its dtype first, then its call-shape check; where
+    the lane has some of the cores, its one-token step there and on all of them, timed alike."""
+    with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads):
+        dtype, rows = calibrate_target(runner, vocab, lanes.dtype, config)
+    whole = None
+    every = machine.usable_cpus()
+    if lanes.target_device == "cpu" and lanes.target_cpus and len(every) > len(lanes.target_cpus):
+        with pinned(lanes.target_cpus, lanes.target_threads):
+            lane_ms = step_ms(runner)
+        with pinned(every, len(every)):  # the whole-machine baseline's step (AR on every core)
+            whole = WholeMachine(len(lanes.target_cpus), lane_ms, len(every), step_ms(runner))
+    return _TargetTiming(dtype, rows, whole)
+
+
+def _draft_lane_spec(draft: str, lanes: LaneConfig, pair: _PairFiles, trust_remote_code: bool) -> DraftLaneSpec:
+    """What the draft's lane loads and where; a feature-reading draft's channel is sized for the longest prompt."""
+    feature_floats = 0 if pair.features is None else (pair.max_context + 2) * pair.features.hidden_size
+    return DraftLaneSpec(draft, lanes.draft_device, pair.vocab, lanes.draft_threads, lanes.draft_cpus,
+                         trust_remote_code, lanes.runner, lanes.dtype, lanes.fault, feature_floats)
 
 
 def _exit_head(choice: str, draft: str | None, target_model) -> ExitHead | None:

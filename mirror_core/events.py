@@ -7,11 +7,10 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Union
 
 from .config import LaneConfig, Request
-from .runners.rows import UNCHECKED, RowCheck
+from .records import UNCHECKED, Calibration, RowCheck, WholeMachine
 
 if TYPE_CHECKING:
     from .metrics import RunSummary
-    from .runners.calibrate import Calibration
 
 # Where a committed token came from.
 ORIGIN_TARGET = "target"          # produced by the target alone (prefill token, AR step, target-only fallback)
@@ -41,23 +40,24 @@ TARGET_BUSY_STAGES = (STAGE_PREFILL, STAGE_TARGET_STEP, STAGE_TARGET_VERIFY, STA
 
 @dataclass(frozen=True)
 class RunSettings:
-    """Everything a run was asked to do and where it ran (recorded in RunStart)."""
+    """Everything a run was asked to do and where it ran (recorded in RunStart; engine.PairInfo.run_settings builds
+    it, the load-time records are records.py's)."""
 
-    request: Request       # prompt ids, decoder, budget, sampling and speculation settings
+    request: Request       # prompt ids, decoder, budget, sampling and speculation settings (γ, κ, ℓ_e resolved)
     lanes: LaneConfig      # devices, lane kind, cores and threads, runner choice
-    exit_layer: int        # ℓ_e actually used (the request's, or N // 2 of the target)
+    exit_layer: int        # ℓ_e actually used (the request's, or the pair's: PairInfo.default_exit_layer)
     target: str            # the target's source (hub id or folder)
     draft: str | None      # the draft's source (None: target only)
     target_runner: str     # which runner executes the target (FastLlamaRunner, HFRunner)
-    target_rows: RowCheck = UNCHECKED         # whether the target is one function here, and how (runners/rows.py)
+    target_rows: RowCheck = UNCHECKED         # whether the target is one function here, and how (runners/exactness.py)
     target_dtype: Calibration | None = None   # the target lane's dtype and the timings behind it
     draft_dtype: Calibration | None = None    # the draft lane's dtype per shape (step, branch rows)
     exit_readout: str = "logit lens"          # how the layer-ℓ_e candidates were read out (PairInfo.exit_readout)
     draft_vocab: int | None = None            # V_d of a reduced-vocabulary draft (None: the target's whole vocabulary)
     draft_features: int | None = None         # ℓ_e whose hidden states a feature-reading draft reads (None: ids only)
     spec_note: str = ""                       # when γ, κ are the pair's choice for this machine: why (latency model)
-    whole_machine: tuple[int, float, int, float] | None = None  # (lane cores, ms, every core, ms): the target's
-                                              # one-token step timed at load on its lane and on the whole machine
+    whole_machine: WholeMachine | None = None  # the target's one-token step timed at load on its lane's cores and
+                                               # on the whole machine
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -4,10 +4,10 @@
         [--limit 6] [--max-new-tokens 64] [--rounds 3] [--dtype auto]
 
 Loads the target alone on the target lane (the CLI's automatic lane plan: its cores and threads), prints the CPU,
-the chosen dtype and the row plan (runners/rows.py) with the check's numbers, then runs `ar` on each prompt with
+the chosen dtype and the row plan (runners/exactness.py) with the check's numbers, then runs `ar` on each prompt with
 the plan and with the target's plain calls (row_plan = None), alternating in every round so drift hits both
 alike, and prints the median tokens/s of each and their ratio. Then each row-shape-dependent operation's exact
-bands (runners/rows.py: exact_bands, i.e. where its kernel switches) and the runner's own step and window times
+bands (runners/exactness.py: exact_bands, i.e. where its kernel switches) and the runner's own step and window times
 (1 and γ + 1 rows after a cached prefix) both ways. Timings are the engine's spans (RunSummary), decoding only.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from mirror_core.cli import resolve_pair
     from mirror_core.lanes import auto_lanes
     from mirror_core.machine import cpu_model
-    from mirror_core.runners.rows import WINDOW
+    from mirror_core.runners.exactness import WINDOW
 
     ns = argparse.Namespace(target=args.target, draft=None)
     resolve_pair(ns)
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 return job()
 
         from mirror_core.lanes import pinned
-        from mirror_core.runners.rows import exact_bands
+        from mirror_core.runners.exactness import exact_bands
 
         with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads):
             for op in runner.row_ops():  # where each operation's kernel treats rows alike, at the chosen dtype

@@ -166,10 +166,9 @@ def feature_draft(target_dir: str, out: str, layer: int = 2, ids: list[int] | No
                   steps: int = 150, seed: int = 0) -> str:
     """A feature-reading draft (mirror_core/models/feature_draft.py) for a Llama toy target, reading h^(layer), with
     an exit head at that layer in the same folder; fitted for `steps` Adam steps (training-time test, depth 3) to
-    the target's greedy continuations of random prompts, so that it agrees with the target often but not always."""
-    import torch.nn.functional as F
-
-    from mirror_core.models.feature_draft import from_target, train_step_outputs
+    the target's greedy continuations of random prompts, so that it agrees with the target often but not always
+    (steps 0: as initialised from the target, for tests of what does not depend on how well it drafts)."""
+    from mirror_core.models.feature_draft import from_target
     from mirror_core.models.vocab import VocabMap
 
     target = LlamaForCausalLM.from_pretrained(target_dir).eval()
@@ -178,6 +177,20 @@ def feature_draft(target_dir: str, out: str, layer: int = 2, ids: list[int] | No
     vmap = VocabMap.from_ids(ids, v)
     torch.manual_seed(seed)
     model = from_target(target, vmap.target_ids, num_layers, layer).train()
+    if steps > 0:
+        _fit_feature_draft(model, target, target_dir, vmap, layer, steps, seed)
+    model.eval().save(out)
+    vmap.save(out)
+    random_exit_head(target_dir, layer, ids, out, noise=0.1, seed=seed)
+    return out
+
+
+def _fit_feature_draft(model, target, target_dir: str, vmap, layer: int, steps: int, seed: int) -> None:
+    """`steps` Adam steps of the training-time test (depth 3) on the target's greedy continuations."""
+    import torch.nn.functional as F
+
+    from mirror_core.models.feature_draft import train_step_outputs
+
     seqs = [list(p) + hf_greedy(target_dir, p, 24) for p in prompts(32, seed=seed + 11)]
     width = min(len(q) for q in seqs)
     x = torch.tensor([q[:width] for q in seqs])                                             # [B, L]
@@ -194,7 +207,3 @@ def feature_draft(target_dir: str, out: str, layer: int = 2, ids: list[int] | No
         opt.zero_grad()
         loss.backward()
         opt.step()
-    model.eval().save(out)
-    vmap.save(out)
-    random_exit_head(target_dir, layer, ids, out, noise=0.1, seed=seed)
-    return out

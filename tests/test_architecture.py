@@ -67,18 +67,27 @@ def test_the_engine_imports_no_ui_and_plotly_only_in_the_html_report():
 
 
 def test_models_say_where_weights_come_from_and_decide_nothing():
-    """models/ (weights, tokenizers, pairs) imports no decoding, lane, engine or UI code; plotly waits for an HTML
-    report (no module imports html_report at its top level)."""
+    """models/ (weights, tokenizers, pairs, the model maths, the architecture table) imports no decoding, lane,
+    engine, runner or UI code: runners/ → models/, one way; plotly waits for an HTML report (no module imports
+    html_report at its top level)."""
     for module in (m for m in MODULES if m.startswith("mirror_core.models")):
-        imported = _imports(module, top_level_only=False)
+        imported = _imports(module, top_level_only=False, type_only=True)
         assert not any(i.startswith(d) for i in imported for d in (
             "mirror_core.decode", "mirror_core.draft_worker", "mirror_core.lanes", "mirror_core.planner",
-            "mirror_core.engine", "mirror_core.verify", "ui")), module
+            "mirror_core.engine", "mirror_core.verify", "mirror_core.runners", "ui")), module
     assert _importers_of("mirror_core.bench.html_report", top_level_only=True) == set()
 
 
 def test_config_reads_no_environment_and_imports_no_torch():
     assert not {"torch", "os"} & _imports("mirror_core.config", top_level_only=False)
+
+
+def test_load_time_records_stand_on_the_ground_floor():
+    """records.py (row bands and checks, calibrations, the whole-machine timing, the exit head's description) imports
+    no torch and no other module of the engine; events.py imports nothing from runners/ (type-only imports too)."""
+    assert _imports("mirror_core.records", top_level_only=False, type_only=True) <= {"__future__", "json", "dataclasses"}
+    assert not {i for i in _imports("mirror_core.events", top_level_only=False, type_only=True)
+                if i.startswith("mirror_core.runners")}
 
 
 def test_the_environment_is_read_at_the_edges_only():
@@ -176,12 +185,14 @@ def test_only_the_two_lanes_loops_move_cache_positions():
 def test_configuration_is_frozen_and_stages_hand_over_dataclasses():
     import dataclasses
 
-    from mirror_core import config, events, messages, metrics, verify
+    from mirror_core import config, events, messages, metrics, records, verify
     from mirror_core.runners.protocol import ExitPass
 
-    configs = [c for c in vars(config).values() if isinstance(c, type) and dataclasses.is_dataclass(c)
-               and c.__module__ == config.__name__]
-    assert configs and all(c.__dataclass_params__.frozen for c in configs), configs
+    for module in (config, records):
+        frozen = [c for c in vars(module).values() if isinstance(c, type) and dataclasses.is_dataclass(c)
+                  and c.__module__ == module.__name__]
+        assert frozen and all(c.__dataclass_params__.frozen for c in frozen), frozen
     for handed in (messages.ExitReadout, verify.AcceptResult, messages.DraftWindow, events.StepRecord,
                    metrics.RunSummary, ExitPass):
         assert dataclasses.is_dataclass(handed), handed
+

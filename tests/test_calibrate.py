@@ -13,8 +13,9 @@ from mirror_core import LaneConfig, MirrorEngine, MirrorError, Request, SpecConf
 from mirror_core.cli import main
 from mirror_core.runners import build_runner
 from mirror_core.runners import calibrate as cal_mod
-from mirror_core.runners.calibrate import Calibration, calibrate_draft, calibrate_target, candidates
-from mirror_core.runners.rows import check_rows
+from mirror_core.records import Calibration
+from mirror_core.runners.calibrate import calibrate_draft, calibrate_target, candidates
+from mirror_core.runners.exactness import check_rows
 from testing.toy_models import prompts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

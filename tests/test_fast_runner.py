@@ -99,7 +99,7 @@ TARGETS = ["llama", "qwen2", "qwen3", "mistral", "shipped"]
 def test_a_positions_logits_do_not_depend_on_how_many_rows_share_the_call(pairs, arch):
     """Lossless needs the target to be one function: AR computes each token in a one-row call, SD and Mirror-SD
     inside windows. After the engine's load-time check, a position's logits are bit-identical alone and inside
-    windows of 2..16, with the earlier slots' keys and values from either path (runners/rows.py: check_rows)."""
+    windows of 2..16, with the earlier slots' keys and values from either path (runners/exactness.py: check_rows)."""
     import os
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -44,7 +44,7 @@ def test_every_decoder_equals_ar_on_the_real_pair(engine):
         assert engine.info.spec_choice is not None and "γ" in engine.info.describe()["chosen_settings"]["why"]
         with pytest.raises(MirrorError, match="reads the target's hidden states"):
             engine.generate(Request(engine.encode("Hi"), "mirror", 4, spec=SpecConfig(3, 1, 12)))
-    chosen = engine.info.default_spec()
+    chosen = engine.info.resolve(SpecConfig())
     specs = (SpecConfig(4), SpecConfig(4, 2), chosen, SpecConfig(6, 1)) if features else \
         (SpecConfig(4), SpecConfig(4, 2), SpecConfig(3, 1, 12))
     for i, text in enumerate(PROMPTS):

@@ -50,12 +50,13 @@ def test_profile_round_trip_and_bad_files(tmp_path):
         load_profile(str(tmp_path))
 
 
-def test_the_page_takes_the_pairs_choice_only_where_left_at_zero():
+def test_the_page_leaves_to_the_pair_only_what_is_left_at_zero():
+    """γ, κ, ℓ_e at 0 on the page are None in the request: the loaded pair decides them in MirrorEngine.validate
+    (tests/test_defaults.py checks what it decides)."""
     values = {**DEFAULTS, "prompt": "hi", "target": "t", "draft": "d"}
     s = settings_from_ui(controls_by_name([values[k] for k in CONTROLS]))
-    assert s.chosen == {"gamma", "kappa"}
-    (req, *_) = s.requests((1, 2), SpecConfig(gamma=3, kappa=1))
-    assert (req.spec.gamma, req.spec.kappa) == (3, 1)
-    s = settings_from_ui({**values, "gamma": 6, "kappa": 0})
-    (req, *_) = s.requests((1, 2), SpecConfig(gamma=3, kappa=1))
-    assert (req.spec.gamma, req.spec.kappa) == (6, 1)
+    (req, *_) = s.requests((1, 2))
+    assert (req.spec.gamma, req.spec.kappa, req.spec.exit_layer) == (None, None, None)
+    s = settings_from_ui({**values, "gamma": 6, "kappa": 0, "exit_layer": 3})
+    (req, *_) = s.requests((1, 2))
+    assert (req.spec.gamma, req.spec.kappa, req.spec.exit_layer) == (6, None, 3)

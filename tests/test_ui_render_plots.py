@@ -21,6 +21,7 @@ from mirror_core import (
     StepRecord,
     TokenEvent,
 )
+from mirror_core.config import parse_token_ids
 from ui import plots
 from ui.inspector import inspector_html
 from ui.numbers import latency_model, numbers_html, speedup
@@ -33,7 +34,6 @@ from ui.settings import (
     DEFAULTS,
     INFO,
     controls_by_name,
-    encode_prompt,
     load_examples,
     settings_from_ui,
 )
@@ -253,8 +253,8 @@ def test_settings_map_to_configs_in_one_place():
         with pytest.raises(MirrorError):
             settings_from_ui(_values(**bad))
     with pytest.raises(MirrorError, match="token ids"):
-        encode_prompt(None, "not ids")
-    assert encode_prompt(None, "1, 2 3") == (1, 2, 3)
+        parse_token_ids("not ids")
+    assert parse_token_ids("1, 2 3") == parse_token_ids("1,2,3") == (1, 2, 3)  # the page's and the CLI's parser
 
 
 def test_settings_take_every_control_by_name_and_nothing_else():
@@ -329,7 +329,7 @@ def test_closing_a_session_stops_every_kind_of_work():
 def test_the_numbers_name_each_lanes_dtype_and_say_when_ar_alone_would_be_faster_elsewhere():
     from types import SimpleNamespace
 
-    from mirror_core.runners.calibrate import Calibration, Timing
+    from mirror_core.records import Calibration, Timing
     from ui.numbers import dtype_line
 
     target = Calibration("target", "auto", "bfloat16", "bfloat16", (

@@ -81,7 +81,8 @@ def machine_line(run: DecoderRun) -> str:
     settings = run.start.settings if run.start else None
     if settings is None or settings.whole_machine is None or settings.draft is None:
         return ""
-    lane, lane_ms, every, all_ms = settings.whole_machine
+    w = settings.whole_machine
+    lane, lane_ms, every, all_ms = w.lane_cores, w.lane_ms, w.all_cores, w.all_ms
     ratio = all_ms / lane_ms if lane_ms else 1.0
     text = (f"Baselines: AR here ran on the target lane's {lane} core{'s' if lane != 1 else ''} while the draft lane "
             f"had its own (the paper's setting). On all {every} cores the target's one-token step takes {all_ms:.1f} ms "
@@ -113,7 +114,7 @@ def sampling_line(done: list[DecoderRun]) -> str:
 
 
 def target_line(run: DecoderRun) -> str:
-    """How the target computed its logits (runners/rows.py, checked at load): what makes every decoder's tokens AR's."""
+    """How the target computed its logits (runners/exactness.py, checked at load): what makes every decoder's tokens AR's."""
     settings = run.start.settings if run.start else None
     if settings is None:
         return ""

@@ -3,11 +3,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from mirror_core import MirrorError, Request, SamplingConfig, SpecConfig
-from mirror_core.config import AUTO_BRANCH_BUDGET, MAX_GAMMA, MAX_KAPPA, MAX_NEW_TOKENS_CAP, check_prompt_text
-from mirror_core.models.loading import encode_text
+from mirror_core.config import (
+    AUTO_BRANCH_BUDGET,
+    DEFAULT_GAMMA,
+    DEFAULT_KAPPA,
+    MAX_GAMMA,
+    MAX_KAPPA,
+    MAX_NEW_TOKENS_CAP,
+    check_prompt_text,
+)
 
 # Decoder keys in the order they run (baseline first) and the names the page shows.
 DECODER_ORDER = ("ar", "mirror", "sd")  # the order they run in, and left to right on the page
@@ -51,12 +58,13 @@ RUN_CONTROLS = (
             "baseline every speedup refers to.", ["ar", "mirror"]),
     Control("gamma", "γ (window)", f"γ: draft tokens per window the target verifies in one pass (0..{MAX_GAMMA}); "
             "0 = the value chosen for this machine when the pair loaded (its latency model; "
-            f"{SpecConfig.gamma} for a draft without a profile).", 0, (0, MAX_GAMMA), "γ (gamma)", row="speculation"),
+            f"{DEFAULT_GAMMA} for a draft without a profile).", 0, (0, MAX_GAMMA), "γ (gamma)", row="speculation"),
     Control("kappa", "κ (candidates per slot)", "κ: early-exit candidates per slot sent to the draft lane; the draft "
-            f"rolls out a branch for each (0..{MAX_KAPPA}); 0 = chosen like γ ({SpecConfig.kappa} without a profile).",
+            f"rolls out a branch for each (0..{MAX_KAPPA}); 0 = chosen like γ ({DEFAULT_KAPPA} without a profile).",
             0, (0, MAX_KAPPA), "κ (kappa)", row="speculation"),
     Control("exit_layer", "ℓ_e (early-exit layer)", "ℓ_e: target layer whose hidden state gives the early-exit top-κ "
-            "(1..N−1); 0 = N/2 of the loaded target.", 0, (0, None), "exit layer ℓ_e", row="speculation"),
+            "(1..N−1); 0 = the loaded pair's: the layer its feature-reading draft reads, else its trained exit head's, "
+            "else N/2.", 0, (0, None), "exit layer ℓ_e", row="speculation"),
     Control("temperature", "Temperature", "0 = greedy (output equals the target's greedy tokens). Above 0: sampling.",
             0.0, (0.0, APP_MAX_TEMPERATURE), "temperature", 0.05, "sampling"),
     Control("top_k", "Top-k", "Keep only the k most likely tokens before sampling; 0 = off.", 0, (0, None), "top-k",
@@ -101,18 +109,15 @@ class ComparisonSettings:
     decoders: tuple[str, ...]        # in DECODER_ORDER
     max_new_tokens: int
     sampling: SamplingConfig
-    spec: SpecConfig                 # γ, κ here are placeholders where `chosen` names them
+    spec: SpecConfig                 # γ, κ, ℓ_e left at 0 on the page: None, the loaded pair decides (engine.validate)
     live_plots: bool = True          # False: measure, then show (plots drawn when the runs have ended)
     repeats: int = 1                 # comparisons per Run; odd-numbered repeats (0-based) run in reverse order
     raw_prompt: bool = False         # True: tokenize the prompt as it is, without the target's chat template
-    chosen: frozenset[str] = frozenset()  # "gamma", "kappa": set to 0 on the page, taken from the loaded pair
 
-    def requests(self, prompt_ids: tuple[int, ...], pair_spec: SpecConfig = SpecConfig()) -> list[Request]:
-        """Every run of the comparison, repeat after repeat (DECODER_ORDER, then reversed, alternately); γ and κ
-        left at 0 take the loaded pair's setting (`pair_spec`: engine.info.default_spec())."""
-        spec = replace(self.spec, **{name: getattr(pair_spec, name) for name in self.chosen})
+    def requests(self, prompt_ids: tuple[int, ...]) -> list[Request]:
+        """Every run of the comparison, repeat after repeat (DECODER_ORDER, then reversed, alternately)."""
         return [Request(prompt_ids=prompt_ids, decoder=d, max_new_tokens=self.max_new_tokens,
-                        sampling=self.sampling, spec=spec)
+                        sampling=self.sampling, spec=self.spec)
                 for r in range(self.repeats) for d in (self.decoders[::-1] if r % 2 else self.decoders)]
 
 
@@ -138,8 +143,7 @@ def settings_from_ui(values: Mapping[str, object]) -> ComparisonSettings:
         raise MirrorError("choose at least one decoder to run")
     exit_layer = _bounded("exit_layer", _as_int(v["exit_layer"], "exit layer ℓ_e"))
     gamma, kappa = _bounded("gamma", _as_int(v["gamma"], "γ")), _bounded("kappa", _as_int(v["kappa"], "κ"))
-    chosen = frozenset(name for name, value in (("gamma", gamma), ("kappa", kappa)) if value == 0)
-    spec = SpecConfig(gamma=gamma or SpecConfig.gamma, kappa=kappa or SpecConfig.kappa, exit_layer=exit_layer or None,
+    spec = SpecConfig(gamma=gamma or None, kappa=kappa or None, exit_layer=exit_layer or None,  # 0: the pair's
                       branch_budget=_bounded("branch_budget", _as_int(v["branch_budget"], "branch budget")))
     sampling = SamplingConfig(temperature=_bounded("temperature", _as_float(v["temperature"], "temperature")),
                               top_k=_bounded("top_k", _as_int(v["top_k"], "top-k")),
@@ -151,8 +155,7 @@ def settings_from_ui(values: Mapping[str, object]) -> ComparisonSettings:
         if not isinstance(flag, bool):
             raise MirrorError(f"{name} must be true or false, got {flag!r}")
     repeats = _bounded("repeats", _as_int(v["repeats"], "repeats"))
-    return ComparisonSettings(target, draft or None, prompt, decoders_chosen, max_new, sampling, spec, live, repeats, raw,
-                              chosen)
+    return ComparisonSettings(target, draft or None, prompt, decoders_chosen, max_new, sampling, spec, live, repeats, raw)
 
 
 def _bounded(name: str, value):
@@ -175,23 +178,6 @@ def _check_names(values) -> Mapping[str, object]:
             [f"unknown {', '.join(unknown)}"] if unknown else [])
         raise MirrorError(f"the run settings do not match the page's controls ({'; '.join(problems)})")
     return values
-
-
-def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> tuple[int, ...]:
-    """Text through the tokenizer (with chat, in its chat template when it has one), or comma/space-separated ids
-    when the model has none."""
-    if tokenizer is not None:
-        ids = encode_text(tokenizer, prompt, chat)
-        if not ids:
-            raise MirrorError("the prompt encodes to no tokens")
-        return ids
-    try:
-        ids = tuple(int(x) for x in prompt.replace(",", " ").split())
-    except ValueError:
-        raise MirrorError("this model has no tokenizer: type the prompt as token ids, e.g. 1, 2, 3") from None
-    if not ids:
-        raise MirrorError("the prompt has no token ids")
-    return ids
 
 
 def load_examples(path: str) -> list[str]:

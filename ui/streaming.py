@@ -19,7 +19,7 @@ from mirror_core.events import write_trace
 from . import plots
 from .numbers import speedup
 from .session import Session, TokenNamer, plain_text
-from .settings import DECODER_TITLES, ComparisonSettings, encode_prompt
+from .settings import DECODER_TITLES, ComparisonSettings
 
 TEXT, STATUS, DONE, RESET = "text", "status", "done", "reset"
 # Pause between telling the page that a decoder starts and starting it: the page's redraw (after RESET it builds
@@ -71,10 +71,8 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
                           "Stop takes effect once it has loaded) …" if loader.loaded() != pair else "Starting …")
         yield Tick(STATUS, session.status)
         engine = loader.get(settings.target, settings.draft)
-        requests = settings.requests(encode_prompt(engine.tokenizer, settings.prompt, chat=not settings.raw_prompt),
-                                     engine.info.default_spec())
-        for request in requests:
-            engine.validate(request)  # every setting checked before anything runs
+        requests = [engine.validate(r)  # every setting checked (and what it left out decided) before anything runs
+                    for r in settings.requests(engine.encode(settings.prompt, chat=not settings.raw_prompt))]
         session.clear_results()
         session.prompt, session.live_plots = settings.prompt, settings.live_plots
         per_repeat = len(settings.decoders)

@@ -163,16 +163,15 @@ def open_pair(target: str, draft: str | None, lanes: LaneConfig, config: BenchCo
 
 
 def plan(engine: MirrorEngine, config: BenchConfig, probe: tuple[int, ...]) -> list[Cell]:
-    """Every (decoder, setting) to run, with ℓ_e resolved and each setting checked against the pair."""
+    """Every (decoder, setting) to run, resolved and checked against the pair (MirrorEngine.validate)."""
     cells = []
     for decoder in config.decoders:
         specs = config.sweep if decoder == "mirror" and config.sweep else (config.spec,)
         for spec in specs:
-            exit_layer = engine.validate(Request(probe, ENGINE_DECODERS.get(decoder, "ar"), config.max_new_tokens,
-                                                 config.sampling, spec))
-            spec = replace(spec, exit_layer=exit_layer)
+            spec = engine.validate(Request(probe, ENGINE_DECODERS.get(decoder, "ar"), config.max_new_tokens,
+                                           config.sampling, spec)).spec  # γ, κ, ℓ_e left out: the pair's
             cells.append(Cell(decoder, spec, spec.gamma if decoder in DRAFTING_DECODERS else None,
-                              spec.kappa if decoder == "mirror" else None, exit_layer if decoder == "mirror" else None,
+                              spec.kappa if decoder == "mirror" else None, spec.exit_layer if decoder == "mirror" else None,
                               spec.branch_budget if decoder == "mirror" else None))
     return cells
 

@@ -53,7 +53,7 @@ class LaneFailed:
 @dataclasses.dataclass(frozen=True)
 class LaneReady:
     """The draft lane's process loaded its model, chose its dtypes, and serves commands."""
-    calibration: str   # runners.calibrate.Calibration as JSON
+    calibration: str   # records.Calibration as JSON
     runner: str        # the draft's runner class (FastLlamaRunner, FastSSRunner, HFRunner, SSRunner)
 
 

@@ -17,7 +17,7 @@ from .. import machine
 from ..config import FaultPlan, LaneConfig, MirrorError
 from ..draft_worker import DraftWorker, worker_for
 from ..messages import DraftStart, DraftWindow, ResolveRequest
-from ..runners.calibrate import Calibration
+from ..records import Calibration
 from ..runners.mapped import runner_name
 from .channel import Channel, ChannelClosed, ChannelHandle, wait_until
 from .codec import LaneError, LaneFailed, LaneReady, LaneShutdown, decode, encode
@@ -56,7 +56,7 @@ class DraftLaneSpec:
 
 def make_runner(spec: DraftLaneSpec):
     """The draft's runner, loaded on the lane that runs it, in the dtypes calibrated (or forced) there;
-    returns the runner and its runners.calibrate.Calibration."""
+    returns the runner and its records.Calibration."""
     from ..models.loading import ModelSpec, load_model, local_folder
     from ..runners import build_runner
     from ..runners.calibrate import calibrate_draft

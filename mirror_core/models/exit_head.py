@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import MirrorError
-from ..runners.ops import rms_norm
+from .ops import rms_norm
 
 FILES = ("exit_head.json", "exit_head.safetensors")
 

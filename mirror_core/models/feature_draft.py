@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import MirrorError
-from ..runners.ops import apply_rope, default_inv_freq, rms_norm, rope_tables
+from .ops import apply_rope, default_inv_freq, rms_norm, rope_tables
 
 CONFIG_FILE, WEIGHTS_FILE = "feature_draft.json", "feature_draft.safetensors"
 

@@ -8,6 +8,7 @@ import torch
 
 from .. import machine
 from ..config import MirrorError
+from .architectures import SUPPORTED_MODEL_TYPES, layout
 from .prepared import REGISTRY, resolve_source
 
 
@@ -24,7 +25,6 @@ def load_config(spec: ModelSpec, draft: bool = False):
     from transformers import AutoConfig
 
     from . import ss_draft  # noqa: F401  (registers our speculative-streaming draft with the Auto classes)
-    from ..runners.hf import SUPPORTED_MODEL_TYPES
 
     supported = SUPPORTED_MODEL_TYPES + ((ss_draft.SSDraftConfig.model_type,) if draft else ())
     spec = replace(spec, source=resolve_source(spec.source))
@@ -86,8 +86,6 @@ def device_map_for(config, spread: tuple[str, ...]) -> dict[str, str]:
     within 90 % of each one's free memory (decoder layers never split); otherwise (e.g. two entries for the same
     device, as the CPU test uses) the decoder layers in equal consecutive shares, the embedding with the first
     share, the final norm and LM head with the last."""
-    from ..runners.hf import layout
-
     layers_path, norm_path = layout(config.model_type)
     n = int(config.num_hidden_layers if hasattr(config, "num_hidden_layers") else config.n_layer)
     if len(set(spread)) == len(spread) and all(torch.device(d).type not in ("cpu", "mps") for d in spread):

@@ -36,7 +36,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM, Pre
 from transformers import initialization as hf_init
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
-from ..runners.ops import apply_rope, default_inv_freq, rope_tables, t_major_rows
+from .ops import apply_rope, default_inv_freq, rope_tables, t_major_rows
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 

@@ -3,7 +3,7 @@
 fast.py (Llama family) and fast_ss.py (our SS draft) are the lean defaults; hf.py runs any supported
 Hugging Face model; ss_reference.py is the SS draft through its own forward (the reference the fast
 SS runner is tested against, runner choice "hf"). build_runner is the one place a runner is chosen;
-rows.py (check_rows) makes the target's logits independent of how many rows share a forward.
+exactness.py (check_rows) makes the target's logits independent of how many rows share a forward.
 """
 from __future__ import annotations
 

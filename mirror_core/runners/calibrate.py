@@ -9,9 +9,10 @@ cannot split a model like that: it runs the whole model in the dtype it was load
 
 The target lane does one kind of work in a speculative run, a window of γ + 1 rows, and it must stay one
 function (every decoder emits what AR emits), so it gets one dtype: the one whose window is fastest, after
-runners/rows.py (check_rows) has made that dtype's logits independent of the call's shape. The row plan found for
+runners/exactness.py (check_rows) has made that dtype's logits independent of the call's shape. The row plan found for
 each dtype is cached with its timings and checked again at every load. The draft lane's numerics never change the
-output, so it gets a dtype per shape: one for one-sequence forwards (a step), one for branch batches.
+output, so it gets a dtype per shape: one for one-sequence forwards (a step), one for branch batches. The records
+(Calibration, Timing) are mirror_core/records.py's.
 
 Before anything is timed, a dtype whose matmul is far slower than the loaded one's on this device (bfloat16 on a
 CPU without bf16 units: about 40x here) is screened out by one timed product of the model's widest layer, so no
@@ -24,75 +25,24 @@ import json
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from .. import machine
-from ..config import SpecConfig
+from ..config import DEFAULT_GAMMA, DEFAULT_KAPPA
 from ..machine import cache_dir, cpu_flags, cpu_model
-from .rows import RowCheck, check_rows, probe_ids
+from ..records import Calibration, RowCheck, Timing
+from .exactness import check_rows, probe_ids
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PREFIX = 96                                              # tokens in the cache before each timed forward
-WINDOW = SpecConfig.gamma + 1                            # the target's window at the default γ
-BRANCH_ROWS = SpecConfig.kappa * (SpecConfig.gamma + 1)  # the draft's branch batch at the default κ, γ
+WINDOW = DEFAULT_GAMMA + 1                               # the target's window at the default γ
+BRANCH_ROWS = DEFAULT_KAPPA * (DEFAULT_GAMMA + 1)        # the draft's branch batch at the default κ, γ
 MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 15, 1.5            # timed rounds per dtype: at least 3, then until the budget
 MARGIN = 0.05  # a lower precision than the loaded one is chosen only when it is this much faster (else: timing noise)
 SCREEN = 2.0   # a dtype whose widest matmul takes this many times the loaded dtype's is not timed further
 CACHE_VERSION = 4
-
-
-@dataclass(frozen=True)
-class Timing:
-    dtype: str
-    shape: str   # "step": one token; "window": γ + 1 tokens (target); "rows": a branch rollout of κ(γ + 1) rows,
-                 # γ tokens deep (draft)
-    ms: float    # median wall time of one forward, after PREFIX cached tokens
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """Which dtype a lane runs, and the measurements behind the choice."""
-
-    lane: str                    # "target" or "draft"
-    requested: str               # "auto" (calibrated) or the dtype forced by --dtype
-    sequence: str                # dtype of one-sequence forwards (AR steps, windows; the target: every forward)
-    rows: str                    # dtype of branch-row forwards (the draft's rollouts; the target: = sequence)
-    table: tuple[Timing, ...] = ()
-    note: str = ""               # why this choice, in a few words
-    cached: bool = False         # the table came from the cache folder (no forward was timed at this load)
-    seconds: float = 0.0         # wall time spent timing at this load
-    screened: tuple[str, ...] = ()  # dtypes dropped before timing: their widest matmul was SCREEN times slower
-    exact: tuple[tuple[str, RowCheck], ...] = ()  # the target: each timed dtype's call-shape check and row plan
-
-    def timed(self, names: list[str]) -> list[str]:
-        """The names that were timed (the screen dropped the others)."""
-        return [n for n in names if n not in self.screened]
-
-    def ms(self, dtype: str, shape: str) -> float | None:
-        return next((t.ms for t in self.table if t.dtype == dtype and t.shape == shape), None)
-
-    @property
-    def label(self) -> str:
-        """'bfloat16', or 'float32 (rows: bfloat16)' when the draft's two shapes differ."""
-        return self.sequence if self.rows == self.sequence else f"{self.sequence} (rows: {self.rows})"
-
-    def verify_ratio(self) -> float | None:
-        """The chosen dtype's window of γ + 1 over its one-token step (the target; ≈ 1 is what SD needs)."""
-        step, window = self.ms(self.sequence, "step"), self.ms(self.sequence, "window")
-        return window / step if step and window else None
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> Calibration:
-        d = json.loads(text)
-        d["table"] = tuple(Timing(**t) for t in d.get("table", ()))
-        d["screened"] = tuple(d.get("screened", ()))
-        d["exact"] = tuple((name, RowCheck.from_dict(check)) for name, check in d.get("exact", ()))
-        return cls(**d)
 
 
 def candidates(runner) -> list[str]:

@@ -12,9 +12,10 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from .ops import apply_rope, attend, attend_blocks, rms_norm, rope_tables
+from ..models.ops import apply_rope, attend, attend_blocks, rms_norm, rope_tables
+from ..records import RowBand, RowPlan
+from .exactness import EXACT_ROWS, RowOp, pad_rows
 from .protocol import ExitPass
-from .rows import EXACT_ROWS, RowBand, RowOp, RowPlan, pad_rows
 
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -79,7 +80,7 @@ class FastLlamaRunner:
     Why it is fast: weights stored transposed and fused (q|k|v, gate|up), so single-row matmuls
     stream them at full bandwidth; attention reads the preallocated buffers in place (no cache
     objects; one causal mask per call, none for one new token); branch rows attend to the shared
-    prefix once ("cascade" attention) instead of copying it per row. The maths is mirror_core/runners/ops.py.
+    prefix once ("cascade" attention) instead of copying it per row. The maths is mirror_core/models/ops.py.
 
     Positions come from the caller: `forward` appends at the cache's `length`, `fork` takes each
     row's valid length and `forward_rows` feeds at valid[r] + own. Rolling back is `truncate`
@@ -127,7 +128,7 @@ class FastLlamaRunner:
                       m.down_proj.weight.detach().t().contiguous())
 
     # -- matmul dtypes (chosen per lane and per shape by runners/calibrate.py) --------------
-    # A row plan (runners/rows.py, set by check_rows for a target whose logits otherwise depend on how many rows
+    # A row plan (runners/exactness.py, set by check_rows for a target whose logits otherwise depend on how many rows
     # share a call): in calls of up to EXACT_ROWS rows every matmul runs in its measured row band (chunked, zero
     # rows padded) and each row attends over a key axis that depends only on its own position (_key_buckets: a key
     # axis of another length blocks the softmax-weighted sum of values differently, and so rounds it).
@@ -171,7 +172,7 @@ class FastLlamaRunner:
     def devices(self) -> tuple[torch.device, ...]:
         return (self.device,)
 
-    # -- building blocks (the maths is mirror_core/runners/ops.py; these bind this model's weights) ----
+    # -- building blocks (the maths is mirror_core/models/ops.py; these bind this model's weights) ----
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [..., T, D] at positions [..., T], in this model's frequencies, scaling and dtype."""
         return rope_tables(positions, self.inv_freq, self.rope_scale, self.dtype)
@@ -238,7 +239,7 @@ class FastLlamaRunner:
         head = self.exit_head
         return head.readout(h) if head is not None and head.layer == layer else self._head(h.to(self.dtype))  # [T, V]
 
-    # -- the row-shape-dependent operations, bound to this model's weights (runners/rows.py measures them) ------
+    # -- the row-shape-dependent operations, bound to this model's weights (runners/exactness.py measures them) ------
     def row_ops(self) -> list[RowOp]:
         """Each linear map (at the current matmul dtype), the LM head, and attention over every key-axis length a
         row plan uses (multiples of KEY_BUCKET up to the context) as operations on rows."""

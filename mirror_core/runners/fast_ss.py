@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..models.ops import attend_blocks, default_inv_freq, rms_norm, t_major_rows
 from ..models.ss_draft import SSDraftForCausalLM
-from .ops import attend_blocks, default_inv_freq, rms_norm, t_major_rows
 from .fast import FastCache, FastLlamaRunner
 
 

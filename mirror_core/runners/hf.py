@@ -4,7 +4,8 @@ The early exit stops the model's own forward where it calls decoder layer ℓ_e+
 that layer's inputs: h^(ℓ_e) and the masks, positions and cache every layer gets); finish_pass calls
 layers ℓ_e+1..N with those inputs and applies the final norm and LM head, as the model's forward does. The
 KV cache is transformers' DynamicCache; branch rows share a forked cache and see their own prefix
-through a 2-D attention mask, with explicit position ids.
+through a 2-D attention mask, with explicit position ids. Where each architecture keeps its layers and final norm:
+models/architectures.py.
 """
 from __future__ import annotations
 
@@ -14,25 +15,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from ..config import MirrorError
+from ..models.architectures import layout
 from .protocol import ExitPass
-
-# model_type → (path to the decoder layer list, path to the final norm)
-_LAYOUTS = {
-    "llama": ("model.layers", "model.norm"),
-    "mistral": ("model.layers", "model.norm"),
-    "qwen2": ("model.layers", "model.norm"),
-    "qwen3": ("model.layers", "model.norm"),
-    "gpt2": ("transformer.h", "transformer.ln_f"),
-}
-SUPPORTED_MODEL_TYPES = tuple(_LAYOUTS)
-
-
-def layout(model_type: str) -> tuple[str, str]:
-    """(module path of the decoder layer list, module path of the final norm) for a supported architecture."""
-    if model_type not in _LAYOUTS:
-        raise MirrorError(f"unsupported architecture {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-    return _LAYOUTS[model_type]
 
 
 def _attr_path(obj, path: str):

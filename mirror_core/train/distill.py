@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from mirror_core.runners.ops import rms_norm
+from mirror_core.models.ops import rms_norm
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,10 @@ def evaluate_speculation(out_dir: str, prompts: list, n_tokens: int) -> dict:
     (greedy, serial inline lane, which rolls out every branch: the numbers here do not depend on timing),
     pooled over the held-out prompts; outputs checked against ar."""
     from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
+    from mirror_core.config import DEFAULT_GAMMA, DEFAULT_KAPPA
     from mirror_core.metrics import RunSummary
 
-    spec = SpecConfig()
+    spec = SpecConfig(DEFAULT_GAMMA, DEFAULT_KAPPA)  # toy drafts have no profile: the pair's choice is this
     result = {"settings": {"gamma": spec.gamma, "kappa": spec.kappa, "max_new_tokens": n_tokens,
                            "prompts": len(prompts), "temperature": 0.0}}
     target = os.path.join(out_dir, "target")

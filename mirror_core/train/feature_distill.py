@@ -219,7 +219,7 @@ def hit_coverage(head, h: torch.Tensor, label: torch.Tensor, pred: torch.Tensor,
                  other: int) -> dict:
     """Where the draft's token was wrong: the share whose target token is in the readout's top-κ with the draft's
     token excluded (what M_t sends), κ = 1, 2, 4: the hit rate this head can give at those slots."""
-    from mirror_core.runners.ops import rms_norm
+    from mirror_core.models.ops import rms_norm
 
     adapter, bias, gain = head
     wrong = pred != label

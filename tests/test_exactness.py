@@ -1,4 +1,4 @@
-"""The target is one function on any CPU (runners/rows.py): row bands are found by measurement, never assumed.
+"""The target is one function on any CPU (runners/exactness.py): row bands are found by measurement, never assumed.
 
 The machine's own kernels switch wherever they switch (M = 2 on an Intel AMX host, 4 on AMD EPYCs); a test
 runner adds a switch of its own at a row count the test chooses, and the search must find it wherever the
@@ -16,8 +16,8 @@ import mirror_core.engine as engine_mod
 from mirror_core import LaneConfig, MirrorEngine, Request, SamplingConfig, SpecConfig
 from mirror_core.cli import main
 from mirror_core.runners.fast import FastLlamaRunner
-from mirror_core.runners.rows import (NOT_EXACT, RowBand, RowCheck, RowPlan, check_rows, differing_logits,
-                                      exact_bands)
+from mirror_core.records import NOT_EXACT, RowBand, RowCheck, RowPlan
+from mirror_core.runners.exactness import check_rows, differing_logits, exact_bands
 from testing.toy_models import build_pair, prompts
 
 

@@ -26,6 +26,9 @@ the run says so: "not bit-exact on this CPU" (`RowCheck.describe`), never a sile
 Attention has a second call-shape dependence, the key axis: a longer axis blocks the weighted sum of values
 differently. A runner with a plan reduces each row over a key axis fixed by its own position
 (runners/fast.py, `_key_buckets`); its band is in query rows.
+
+The records (RowBand, RowPlan, RowCheck) are mirror_core/records.py's: the events and the page read them without
+torch. This module is the measurement.
 """
 from __future__ import annotations
 
@@ -38,72 +41,13 @@ import torch
 import torch.nn.functional as F
 
 from .. import machine
-from ..config import SpecConfig
+from ..config import DEFAULT_GAMMA
+from ..records import RowBand, RowCheck, RowPlan
 
 EXACT_ROWS = 17                  # calls of up to γ + 1 rows (config.MAX_GAMMA = 16) are made exact; longer ones
                                  # (prefills) are the same call in every decoder and run as they are
-WINDOW = SpecConfig.gamma + 1    # the window the band choice is timed on (with one AR step)
+WINDOW = DEFAULT_GAMMA + 1       # the window the band choice is timed on (with one AR step)
 TIMING_ROUNDS = 5
-NEAR_TIES = "outputs may differ from AR at near-ties"
-NOT_EXACT = f"not bit-exact on this CPU: {NEAR_TIES}"
-
-
-@dataclass(frozen=True)
-class RowBand:
-    """Call sizes an operation's kernel treats alike: every call computes at least lo rows (zero rows after the
-    real ones) and at most hi (a longer call is split into chunks of hi); hi None: no upper bound."""
-
-    lo: int = 1
-    hi: int | None = None
-
-    def spans(self, m: int) -> list[tuple[int, int, int]]:
-        """The chunks of a call of m rows: (first row, end row, rows computed ≥ end − first)."""
-        step = m if self.hi is None else self.hi
-        return [(a, min(a + step, m), max(min(a + step, m) - a, self.lo)) for a in range(0, m, step)]
-
-    def holds(self, m: int) -> bool:
-        """A call of m rows is already inside the band (one plain call)."""
-        return self.lo <= m and (self.hi is None or m <= self.hi)
-
-    @property
-    def plain(self) -> bool:
-        return self.lo == 1 and self.hi is None
-
-    @property
-    def label(self) -> str:
-        if self.hi is None:
-            return "any rows" if self.lo == 1 else f"≥ {self.lo} rows"
-        return f"{self.lo} row" if self.lo == self.hi == 1 else f"{self.lo}–{self.hi} rows"
-
-
-@dataclass(frozen=True)
-class RowPlan:
-    """The band of every row-shape-dependent operation of one runner (and, being a plan at all, fixed key axes)."""
-
-    bands: tuple[tuple[str, RowBand], ...]
-
-    def band(self, op: str) -> RowBand | None:
-        """The op's band, or None where it runs as one plain call."""
-        found = next((b for name, b in self.bands if name == op), None)
-        return None if found is None or found.plain else found
-
-    @property
-    def label(self) -> str:
-        """'every matmul in calls of 1–3 rows; …', or each operation's band where they differ."""
-        labels = {b.label for _, b in self.bands}
-        if len(labels) == 1:
-            return f"every matmul in calls of {labels.pop()}; attention over key axes fixed per position"
-        groups: dict[str, list[str]] = {}
-        for name, band in self.bands:
-            if name != "attention":
-                groups.setdefault(band.label, []).append(name)
-        attention = next((b.label for name, b in self.bands if name == "attention"), "any rows")
-        return ("; ".join(f"{', '.join(names)} in calls of {label}" for label, names in groups.items())
-                + f"; attention in calls of {attention} (query rows) over key axes fixed per position")
-
-    @classmethod
-    def from_dict(cls, d: dict) -> RowPlan:
-        return cls(tuple((name, RowBand(**band)) for name, band in d["bands"]))
 
 
 @dataclass(frozen=True)
@@ -113,39 +57,6 @@ class RowOp:
     name: str
     width: int                                              # K: features per input row
     run: Callable[[torch.Tensor, RowBand | None], torch.Tensor]  # rows [M, K] → [M, N], called as the band says
-
-
-@dataclass(frozen=True)
-class RowCheck:
-    """Whether the target computes each position's logits bit for bit the same one token at a time (AR) and inside
-    windows of 2..17 rows (SD, Mirror-SD), measured when the pair was loaded, and what made it so."""
-
-    plan: RowPlan | None   # the row bands in use (None: every operation as it is, no fixed key axes)
-    invariant: bool        # with that plan, every window's logits equal the one-at-a-time logits, bitwise
-    differing: int         # logits (of the V per position) that differed without a plan, summed over window sizes
-    checked: bool = True   # False: nothing was measured (a runner that cannot run the probe)
-    source: str = ""       # "measured": at this load; "cached": from the calibration cache
-    seconds: float = 0.0   # wall time of the search and the checks at this load
-
-    @property
-    def describe(self) -> str:
-        """One line for every place the run is described (CLI, numbers panel, bench)."""
-        if not self.checked:
-            return f"not checked for call-shape rounding: {NEAR_TIES}"
-        if not self.invariant:
-            return NOT_EXACT + (f" (tried: {self.plan.label})" if self.plan else "")
-        if self.plan is None:
-            return "bit-exact as it is: a position's logits are the same in one-token and window calls here"
-        return f"bit-exact by measured call shapes: {self.plan.label}"
-
-    @classmethod
-    def from_dict(cls, d: dict) -> RowCheck:
-        plan = None if d.get("plan") is None else RowPlan.from_dict(d["plan"])
-        return cls(plan, bool(d["invariant"]), int(d["differing"]), bool(d.get("checked", True)),
-                   str(d.get("source", "")), float(d.get("seconds", 0.0)))
-
-
-UNCHECKED = RowCheck(None, False, 0, checked=False)
 
 
 # -- the search -------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The attention maths the fast runners and the SS draft model share: RoPE, RMS norm, grouped-query attention.
 
 Pure functions, tensors in and tensors out. Each keeps the op order and dtypes its callers had, so
-a caller's logits are bit-identical to what its own copy computed. It lives outside runners/ because
-the model (modeling_ss_draft.py, which training imports) uses it too.
+a caller's logits are bit-identical to what its own copy computed. It lives in models/ because the models
+(ss_draft.py, feature_draft.py, exit_head.py, which training imports too) are written in it; the runners import it
+from here (runners/ → models/, never the other way).
 """
 from __future__ import annotations
 

@@ -1,0 +1,184 @@
+"""The records measured when a pair loads, as small frozen dataclasses (no torch): what every layer above the
+runners reads about the load (the engine's PairInfo, the events' RunSettings, the CLI, the bench, the page).
+
+- RowBand, RowPlan, RowCheck (UNCHECKED): how the target computes each position's logits the same in a one-token
+  and a window call on this machine (measured by runners/exactness.py).
+- Timing, Calibration: each lane's matmul dtype and the timings behind it (measured by runners/calibrate.py).
+- WholeMachine: the target's one-token step timed on its lane's cores and on every core (the whole-machine
+  baseline the numbers panel compares against).
+- ExitHeadInfo: the trained early-exit head a pair loaded (models/exit_head.py), None where the logit lens reads.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+NEAR_TIES = "outputs may differ from AR at near-ties"
+NOT_EXACT = f"not bit-exact on this CPU: {NEAR_TIES}"
+
+
+# -- the target's call-shape exactness (runners/exactness.py) -------------------------------------------------
+@dataclass(frozen=True)
+class RowBand:
+    """Call sizes an operation's kernel treats alike: every call computes at least lo rows (zero rows after the
+    real ones) and at most hi (a longer call is split into chunks of hi); hi None: no upper bound."""
+
+    lo: int = 1
+    hi: int | None = None
+
+    def spans(self, m: int) -> list[tuple[int, int, int]]:
+        """The chunks of a call of m rows: (first row, end row, rows computed ≥ end − first)."""
+        step = m if self.hi is None else self.hi
+        return [(a, min(a + step, m), max(min(a + step, m) - a, self.lo)) for a in range(0, m, step)]
+
+    def holds(self, m: int) -> bool:
+        """A call of m rows is already inside the band (one plain call)."""
+        return self.lo <= m and (self.hi is None or m <= self.hi)
+
+    @property
+    def plain(self) -> bool:
+        return self.lo == 1 and self.hi is None
+
+    @property
+    def label(self) -> str:
+        if self.hi is None:
+            return "any rows" if self.lo == 1 else f"≥ {self.lo} rows"
+        return f"{self.lo} row" if self.lo == self.hi == 1 else f"{self.lo}–{self.hi} rows"
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """The band of every row-shape-dependent operation of one runner (and, being a plan at all, fixed key axes)."""
+
+    bands: tuple[tuple[str, RowBand], ...]
+
+    def band(self, op: str) -> RowBand | None:
+        """The op's band, or None where it runs as one plain call."""
+        found = next((b for name, b in self.bands if name == op), None)
+        return None if found is None or found.plain else found
+
+    @property
+    def label(self) -> str:
+        """'every matmul in calls of 1–3 rows; …', or each operation's band where they differ."""
+        labels = {b.label for _, b in self.bands}
+        if len(labels) == 1:
+            return f"every matmul in calls of {labels.pop()}; attention over key axes fixed per position"
+        groups: dict[str, list[str]] = {}
+        for name, band in self.bands:
+            if name != "attention":
+                groups.setdefault(band.label, []).append(name)
+        attention = next((b.label for name, b in self.bands if name == "attention"), "any rows")
+        return ("; ".join(f"{', '.join(names)} in calls of {label}" for label, names in groups.items())
+                + f"; attention in calls of {attention} (query rows) over key axes fixed per position")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RowPlan:
+        return cls(tuple((name, RowBand(**band)) for name, band in d["bands"]))
+
+
+@dataclass(frozen=True)
+class RowCheck:
+    """Whether the target computes each position's logits bit for bit the same one token at a time (AR) and inside
+    windows of 2..17 rows (SD, Mirror-SD), measured when the pair was loaded, and what made it so."""
+
+    plan: RowPlan | None   # the row bands in use (None: every operation as it is, no fixed key axes)
+    invariant: bool        # with that plan, every window's logits equal the one-at-a-time logits, bitwise
+    differing: int         # logits (of the V per position) that differed without a plan, summed over window sizes
+    checked: bool = True   # False: nothing was measured (a runner that cannot run the probe)
+    source: str = ""       # "measured": at this load; "cached": from the calibration cache
+    seconds: float = 0.0   # wall time of the search and the checks at this load
+
+    @property
+    def describe(self) -> str:
+        """One line for every place the run is described (CLI, numbers panel, bench)."""
+        if not self.checked:
+            return f"not checked for call-shape rounding: {NEAR_TIES}"
+        if not self.invariant:
+            return NOT_EXACT + (f" (tried: {self.plan.label})" if self.plan else "")
+        if self.plan is None:
+            return "bit-exact as it is: a position's logits are the same in one-token and window calls here"
+        return f"bit-exact by measured call shapes: {self.plan.label}"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RowCheck:
+        plan = None if d.get("plan") is None else RowPlan.from_dict(d["plan"])
+        return cls(plan, bool(d["invariant"]), int(d["differing"]), bool(d.get("checked", True)),
+                   str(d.get("source", "")), float(d.get("seconds", 0.0)))
+
+
+UNCHECKED = RowCheck(None, False, 0, checked=False)
+
+
+# -- each lane's dtype (runners/calibrate.py) ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Timing:
+    dtype: str
+    shape: str   # "step": one token; "window": γ + 1 tokens (target); "rows": a branch rollout of κ(γ + 1) rows,
+                 # γ tokens deep (draft)
+    ms: float    # median wall time of one forward, after calibrate.PREFIX cached tokens
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Which dtype a lane runs, and the measurements behind the choice."""
+
+    lane: str                    # "target" or "draft"
+    requested: str               # "auto" (calibrated) or the dtype forced by --dtype
+    sequence: str                # dtype of one-sequence forwards (AR steps, windows; the target: every forward)
+    rows: str                    # dtype of branch-row forwards (the draft's rollouts; the target: = sequence)
+    table: tuple[Timing, ...] = ()
+    note: str = ""               # why this choice, in a few words
+    cached: bool = False         # the table came from the cache folder (no forward was timed at this load)
+    seconds: float = 0.0         # wall time spent timing at this load
+    screened: tuple[str, ...] = ()  # dtypes dropped before timing: their widest matmul was SCREEN times slower
+    exact: tuple[tuple[str, RowCheck], ...] = ()  # the target: each timed dtype's call-shape check and row plan
+
+    def timed(self, names: list[str]) -> list[str]:
+        """The names that were timed (the screen dropped the others)."""
+        return [n for n in names if n not in self.screened]
+
+    def ms(self, dtype: str, shape: str) -> float | None:
+        return next((t.ms for t in self.table if t.dtype == dtype and t.shape == shape), None)
+
+    @property
+    def label(self) -> str:
+        """'bfloat16', or 'float32 (rows: bfloat16)' when the draft's two shapes differ."""
+        return self.sequence if self.rows == self.sequence else f"{self.sequence} (rows: {self.rows})"
+
+    def verify_ratio(self) -> float | None:
+        """The chosen dtype's window of γ + 1 over its one-token step (the target; ≈ 1 is what SD needs)."""
+        step, window = self.ms(self.sequence, "step"), self.ms(self.sequence, "window")
+        return window / step if step and window else None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Calibration:
+        d = json.loads(text)
+        d["table"] = tuple(Timing(**t) for t in d.get("table", ()))
+        d["screened"] = tuple(d.get("screened", ()))
+        d["exact"] = tuple((name, RowCheck.from_dict(check)) for name, check in d.get("exact", ()))
+        return cls(**d)
+
+
+# -- what else a load measures or finds ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class WholeMachine:
+    """The target's one-token step timed at load on its lane's cores and on every core of the machine (the
+    whole-machine baseline: AR with nothing else running), when the target lane was given some of the cores."""
+
+    lane_cores: int
+    lane_ms: float
+    all_cores: int
+    all_ms: float
+
+
+@dataclass(frozen=True)
+class ExitHeadInfo:
+    """The trained early-exit head a pair loaded (models/exit_head.py): its layer ℓ_e, the target tokens its
+    readout ranks, and the folder it came from."""
+
+    layer: int
+    readout_tokens: int
+    source: str | None
