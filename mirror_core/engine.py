@@ -363,7 +363,8 @@ def _draft_lane_spec(draft: str, lanes: LaneConfig, pair: _PairFiles, trust_remo
     """What the draft's lane loads and where; a feature-reading draft's channel is sized for the longest prompt."""
     feature_floats = 0 if pair.features is None else (pair.max_context + 2) * pair.features.hidden_size
     return DraftLaneSpec(draft, lanes.draft_device, pair.vocab, lanes.draft_threads, lanes.draft_cpus,
-                         trust_remote_code, lanes.runner, lanes.dtype, lanes.fault, feature_floats)
+                         trust_remote_code=trust_remote_code, runner=lanes.runner, dtype=lanes.dtype, fault=lanes.fault,
+                         feature_floats=feature_floats)
 
 
 def _exit_head(choice: str, draft: str | None, target_model) -> ExitHead | None:

@@ -5,7 +5,11 @@ install and start commands run here, without Docker, in a fresh virtual environm
 
 The fast checks: the base image's Python is the README's `python_version` (the Space card); every COPY source
 exists; what COPY sends leaves out the local virtual environment and git metadata (.dockerignore); the EXPOSE
-port is the port the CMD serves on; `app.parse_args` accepts the CMD's arguments.
+port is the port the CMD serves on; `app.parse_args` accepts the CMD's arguments. Then what the image installs
+(`image_problems`): requirements.txt is copied and installed with pip before the code is copied and the model
+prepared; every module app.py, ui/ and mirror_core/ import at run time comes with a distribution requirements.txt
+names or one of theirs depends on (read from this environment's installed metadata); each `python -m mirror_core
+prepare NAME` names a model of the registry. The tests run these (tests/test_dockerfile.py, the slow tier).
 
 --slow plays the build and the start: the WORKDIR becomes a temporary folder, each COPY copies into it (what
 .dockerignore leaves out stays out), each RUN runs there in a fresh `python -m venv` with the Dockerfile's ENV
@@ -23,7 +27,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_TIMEOUT_S = 240
+sys.path[:0] = [ROOT]  # testing.net (the free port), app, mirror_core
 RUN_TIMEOUT_S = 1800  # one RUN line (pip install of the requirements is the longest)
 
 
@@ -163,7 +167,6 @@ def run_args(df: Dockerfile) -> list[str]:
 
 def served_port(df: Dockerfile) -> int:
     """The port the CMD serves on: its --port, else the app's default under the Dockerfile's ENV."""
-    sys.path.insert(0, ROOT)
     import app
 
     saved = {k: os.environ.get(k) for k in ("GRADIO_SERVER_PORT", "GRADIO_SERVER_NAME")}
@@ -209,6 +212,114 @@ def fast_problems(root: str = ROOT) -> list[str]:
     return problems
 
 
+# -- what the image installs ---------------------------------------------------------------------------
+OPTIONAL_REQUIREMENTS = "requirements-zerogpu.txt"  # a ZeroGPU Space's extras (`spaces`: imported there only)
+
+
+def image_problems(root: str = ROOT) -> list[str]:
+    """What the image installs and prepares, against the code it runs (one line per mismatch; empty: none)."""
+    with open(os.path.join(root, "Dockerfile"), encoding="utf-8") as f:
+        df = parse_dockerfile(f.read())
+    return _step_order_problems(df) + _prepare_problems(df) + import_problems(root)
+
+
+def _step_order_problems(df: Dockerfile) -> list[str]:
+    """requirements.txt copied, then installed with pip, then the code copied, then the model prepared."""
+    def first(match) -> int | None:
+        return next((i for i, step in enumerate(df.steps) if match(*step)), None)
+
+    order = [("COPY of requirements.txt", first(lambda k, a: k == "COPY" and "requirements.txt" in shlex.split(a)[:-1])),
+             ("RUN pip install -r requirements.txt",
+              first(lambda k, a: k == "RUN" and re.search(r"pip install (.* )?-r requirements\.txt", a) is not None)),
+             ("COPY . .", first(lambda k, a: k == "COPY" and shlex.split(a) == [".", "."])),
+             ("RUN python -m mirror_core prepare", first(lambda k, a: k == "RUN" and "mirror_core prepare" in a))]
+    problems = [f"no {name} step" for name, at in order if at is None]
+    found = [(name, at) for name, at in order if at is not None]
+    problems += [f"{a} comes after {b}" for (a, i), (b, j) in zip(found, found[1:]) if i > j]
+    return problems
+
+
+def _prepare_problems(df: Dockerfile) -> list[str]:
+    from mirror_core.models.prepared import REGISTRY
+
+    names = [m.group(1) for kind, arg in df.steps if kind == "RUN"
+             for m in re.finditer(r"python -m mirror_core prepare\s+(\S+)", arg)]
+    return [f"RUN prepares {name!r}, which the registry does not know ({', '.join(REGISTRY)})"
+            for name in names if name not in REGISTRY]
+
+
+def import_problems(root: str = ROOT) -> list[str]:
+    """Every third-party module imported at run time (app.py, ui/, mirror_core/ but its offline train/) must come
+    with a distribution requirements.txt names, or one they depend on; modules of OPTIONAL_REQUIREMENTS' extras only
+    are left to that file."""
+    from importlib.metadata import packages_distributions
+
+    wanted = _requirement_names(os.path.join(root, "requirements.txt"))
+    closure = _closure(wanted)
+    optional = _requirement_names(os.path.join(root, OPTIONAL_REQUIREMENTS)) - wanted
+    providers = packages_distributions()
+    problems = []
+    for module, where in sorted(runtime_imports(root).items()):
+        dists = {_norm(d) for d in providers.get(module, ())}
+        if not dists and _norm(module) in optional:
+            continue
+        if not dists & closure:
+            problems.append(f"{where} imports {module}, which no distribution requirements.txt installs provides")
+    return problems
+
+
+def runtime_imports(root: str) -> dict[str, str]:
+    """Third-party top-level module → the first file importing it, over app.py, ui/ and mirror_core/ (not train/)."""
+    import ast
+
+    files = ["app.py"] + sorted(os.path.relpath(os.path.join(d, f), root) for top in ("ui", "mirror_core")
+                                for d, _, fs in os.walk(os.path.join(root, top)) for f in fs if f.endswith(".py"))
+    local = {"app", "ui", "mirror_core", "__future__"}
+    out: dict[str, str] = {}
+    for rel in files:
+        if rel.startswith(os.path.join("mirror_core", "train")):
+            continue
+        with open(os.path.join(root, rel), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            for top in (n.split(".")[0] for n in names):
+                if top not in local and top not in sys.stdlib_module_names:
+                    out.setdefault(top, rel)
+    return out
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _requirement_names(path: str) -> set[str]:
+    if not os.path.exists(path):
+        return set()
+    with open(path, encoding="utf-8") as f:
+        lines = [line.split("#")[0].strip() for line in f]
+    return {_norm(re.split(r"[\s<>=!~;\[]", line)[0]) for line in lines if line and not line.startswith("-")}
+
+
+def _closure(names: set[str]) -> set[str]:
+    """The distributions `names` install: themselves and what their metadata requires (extras left out)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    seen, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            needs = requires(name) or []
+        except PackageNotFoundError:
+            continue
+        todo += [_norm(re.split(r"[\s<>=!~;\[(]", r)[0]) for r in needs if "extra ==" not in r]
+    return seen
+
+
 # -- the slow part: build and start without Docker ----------------------------------------------------------
 def _log(line: str) -> None:
     print(line, flush=True)
@@ -233,17 +344,6 @@ def copy_into(root: str, sources: list[str], dest: str, patterns: list[str]) -> 
                 target = os.path.join(dest, os.path.relpath(os.path.join(folder, name), path))
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 shutil.copy2(os.path.join(folder, name), target, follow_symlinks=False)
-
-
-def free_port(preferred: int) -> int:
-    for port in (preferred, 0):
-        with socket.socket() as s:
-            try:
-                s.bind(("0.0.0.0", port))
-                return s.getsockname()[1]
-            except OSError:
-                continue
-    raise RuntimeError("no free port")
 
 
 def slow_check(root: str = ROOT, keep: bool = False, start_timeout_s: float = START_TIMEOUT_S) -> dict[str, float]:
@@ -281,9 +381,11 @@ def slow_check(root: str = ROOT, keep: bool = False, start_timeout_s: float = ST
                 label = f"RUN {arg}"
             times[label] = time.perf_counter() - t
             _log(f"  {label}: {times[label]:.0f} s")
+        from testing.net import free_port
+
         port = df.expose[0] if df.expose else 7860
-        if free_port(port) != port:
-            port = free_port(0)
+        if free_port(port, "0.0.0.0") != port:
+            port = free_port(0, "0.0.0.0")
             _log(f"port {df.expose[0]} is taken on this machine: serving on {port} (GRADIO_SERVER_PORT)")
             env["GRADIO_SERVER_PORT"] = str(port)
         t = time.perf_counter()
@@ -352,12 +454,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slow", action="store_true", help="also install and start, in a fresh virtual environment")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (its cmd.log: the server's output)")
     args = p.parse_args(argv)
-    problems = fast_problems()
+    problems = fast_problems() + image_problems()
     for line in problems:
         print(f"problem: {line}")
     if problems:
         return 1
-    print("Dockerfile: FROM, ENV, WORKDIR, COPY, RUN, EXPOSE and CMD agree with the repository")
+    print("Dockerfile: FROM, ENV, WORKDIR, COPY, RUN, EXPOSE and CMD agree with the repository, and the image installs "
+          "what the code imports")
     if args.slow:
         t = time.perf_counter()
         try:

@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     size = SIZES[args.long]
 
     import testing.reliability as r
+    from testing.net import free_port
     from mirror_core import LaneConfig, MirrorEngine
     from ui import LAUNCH, EngineLoader, build_demo, default_presets
     from ui.views import by_name
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         watch = r.WatchedLoad()
         loader = EngineLoader(r.INLINE, load=watch)
         demo = build_demo(loader, default_presets(os.path.join(root, "none"), m.tok_target, m.tok_draft), [])
-        demo.launch(prevent_thread_lock=True, server_port=r.free_port(), quiet=True, **LAUNCH)
+        demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **LAUNCH)
         try:
             for case in r.CATALOGUE:
                 if case.app is None:

@@ -508,14 +508,6 @@ def close_demo(demo) -> None:
     demo.close()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rss() -> int:
     gc.collect()
     return psutil.Process().memory_info().rss

@@ -196,3 +196,18 @@ def test_configuration_is_frozen_and_stages_hand_over_dataclasses():
                    metrics.RunSummary, ExitPass):
         assert dataclasses.is_dataclass(handed), handed
 
+
+# Orchestrators read as named phases: no function longer than this many lines (ast: end_lineno − lineno + 1).
+MAX_LINES = 60
+MAX_LINES_TRAIN = 80  # mirror_core/train/: offline training runs, read once top to bottom
+
+
+def test_no_function_is_longer_than_a_screen():
+    """No function of mirror_core/ or ui/ is longer than MAX_LINES (MAX_LINES_TRAIN in mirror_core/train/)."""
+    long = []
+    for module, path in EVERY_MODULE.items():
+        limit = MAX_LINES_TRAIN if module.startswith("mirror_core.train") else MAX_LINES
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit:
+                long.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines (at most {limit})")
+    assert not long, long

@@ -1,6 +1,7 @@
-"""The distillation pipeline (train/distill.py) end to end on a tiny Llama target with a tokenizer: teacher pass,
-reduced draft vocabulary, exit heads, draft training, and a saved folder the engine loads (reduced draft + exit
-head) whose decoders all equal ar. The card renders from the run's record."""
+"""The distillation pipelines end to end on a tiny Llama target: train/distill.py (teacher pass, reduced draft
+vocabulary, exit heads, draft training, a saved folder the engine loads, reduced draft + exit head, whose decoders all
+equal ar; the card renders from the run's record) and train/feature_distill.py (the feature-reading draft, its exit
+head trained twice, its profile: the engine loads it, chooses γ and κ from it, and every decoder equals ar)."""
 from __future__ import annotations
 
 import os
@@ -17,16 +18,21 @@ from testing.toy_models import VOCAB, build_pair
 pytestmark = pytest.mark.slow  # training runs (the slow tier)
 
 
+def _answers(folder, n: int, seed: int = 0) -> str:
+    """chat_data's shard format: n random prompts with answers over ids < 48."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [{"prompt": torch.randint(0, VOCAB, (6,), generator=g).tolist(),
+             "answer": torch.randint(0, 48, (20,), generator=g).tolist()} for _ in range(n)]
+    folder.mkdir()
+    torch.save(rows, folder / "answers_0000.pt")
+    return str(folder)
+
+
 def test_distill_writes_a_pair_the_engine_runs_losslessly(tmp_path):
     target, _ = build_pair(str(tmp_path), "llama", target_layers=4)
     _save_tokenizer(target, [f"w{i}" for i in range(VOCAB)])
-    g = torch.Generator().manual_seed(0)
-    rows = [{"prompt": torch.randint(0, VOCAB, (6,), generator=g).tolist(),
-             "answer": torch.randint(0, 48, (20,), generator=g).tolist()} for _ in range(24)]  # answers use ids < 48
-    answers = tmp_path / "answers"
-    answers.mkdir()
-    torch.save(rows, answers / "answers_0000.pt")
-    cfg = D.DistillConfig(answers=str(answers), work=str(tmp_path / "work"), out=str(tmp_path / "pair"),
+    answers = _answers(tmp_path / "answers", 24)
+    cfg = D.DistillConfig(answers=answers, work=str(tmp_path / "work"), out=str(tmp_path / "pair"),
                           target=target, draft_vocab=56, init_layers=(0, 3), exit_layers=(1, 2), exit_layer=2,
                           topk=8, draft_minutes=0.05, exit_epochs=20.0, batch_sequences=4, val_share=0.25)
     summary = D.distill(cfg)
@@ -45,3 +51,23 @@ def test_distill_writes_a_pair_the_engine_runs_losslessly(tmp_path):
     record = json.load(open(os.path.join(cfg.out, "distill.json")))
     card = render(cfg.out, record, None, None, "")
     assert "2 layers" in card and "top-1" in card and "logit lens" in card
+
+
+def test_feature_distill_writes_a_draft_the_engine_runs_losslessly(tmp_path):
+    from mirror_core.train import feature_distill as FD
+
+    target, _ = build_pair(str(tmp_path), "llama", target_layers=4)
+    cfg = FD.FeatureDistillConfig(answers=_answers(tmp_path / "answers", 24), heldout=_answers(tmp_path / "held", 6, 1),
+                                  work=str(tmp_path / "work"), out=str(tmp_path / "pair"), target=target,
+                                  feature_layer=3, draft_vocab=56, topk=8, depths=2, minutes=0.03, exit_epochs=20.0,
+                                  candidate_epochs=5.0, batch_sequences=4, compare="")
+    summary = FD.distill(cfg)
+    folder = os.path.join(cfg.out, "feature_draft")
+    assert {"feature_draft.json", "draft_vocab.json", "draft_profile.json", "exit_head.json"} <= set(os.listdir(folder))
+    assert summary["draft_log"][-1]["step"] > 0 and set(summary["candidate_coverage"]) == {"before", "after"}
+    with MirrorEngine.load(target, folder, LaneConfig(kind="inline")) as engine:
+        assert engine.info.draft_features == 3 and engine.info.exit_head.layer == 3 and engine.info.spec_choice
+        for prompt in ((1, 2, 3), (40, 41, 7, 9)):
+            ar = engine.generate(Request(prompt, "ar", 12)).token_ids
+            for decoder in ("sd", "mirror"):
+                assert engine.generate(Request(prompt, decoder, 12)).token_ids == ar

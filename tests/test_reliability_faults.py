@@ -16,11 +16,11 @@ from testing.reliability import (
     close_demo,
     disconnect_trial,
     fault_trial,
-    free_port,
     page_values,
     process_fault_mode,
     run_args,
 )
+from testing.net import free_port
 from testing.toy_models import build_pair
 
 pytestmark = pytest.mark.slow  # fault injection and process respawns (the slow tier)

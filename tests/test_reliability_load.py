@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from testing.reliability import INLINE, back_to_back, close_demo, concurrent_clients, free_port
+from testing.net import free_port
+from testing.reliability import INLINE, back_to_back, close_demo, concurrent_clients
 from testing.toy_models import build_pair
 
 pytestmark = pytest.mark.slow  # concurrency and soak checks (the slow tier)

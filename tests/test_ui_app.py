@@ -6,7 +6,6 @@ import json
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ import urllib.request
 import pytest
 
 from mirror_core import LaneConfig
+from testing.net import free_port
 from testing.reliability import close_demo, page_values, run_args
 from testing.toy_models import build_pair
 from ui import LAUNCH, EngineLoader, build_demo, default_presets
@@ -32,12 +32,6 @@ RUN_PARAMETERS = (("Textbox", "Prompt"), ("Textbox", "Target"), ("Textbox", "Dra
                   ("Checkbox", "Live plots"), ("Number", "Repeats"), ("Checkbox", "Raw prompt"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def app(pair_root, tmp_path_factory):
     from gradio_client import Client
@@ -45,7 +39,7 @@ def app(pair_root, tmp_path_factory):
     target, draft = build_pair(pair_root, "llama")
     loader = EngineLoader(LANES)
     demo = build_demo(loader, default_presets(str(tmp_path_factory.mktemp("no_pair")), target, draft), ["1, 2, 3"])
-    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, **LAUNCH)
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **LAUNCH)
     try:
         yield url, target, draft, lambda: Client(url, verbose=False)
     finally:
@@ -226,7 +220,7 @@ def test_page_explains_a_missing_default_pair(tmp_path):
 @pytest.mark.slow  # a subprocess start (the in-process app above serves the default tier's page tests)
 def test_app_py_starts_without_models_prints_its_url_and_serves(tmp_path):
     """`python app.py` with no usable pair still serves the page (the banner/Run say what to do)."""
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
     proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--target", str(tmp_path / "missing"),
                              "--draft", str(tmp_path / "missing_draft"), "--lane", "inline"],

@@ -14,6 +14,7 @@ import tempfile
 import pytest
 
 from testing.browser import CHROMIUM, Chromium, measured_run, open_page, run_once, set_control
+from testing.net import free_port
 from testing.reliability import close_demo
 
 pytestmark = pytest.mark.slow  # headless Chromium drives the page (the slow tier)
@@ -27,7 +28,7 @@ def test_page_runs_a_generation_and_shows_tokens_and_plots(pair_root, tmp_path):
     target, draft = build_pair(pair_root, "llama")
     loader = EngineLoader(LaneConfig(kind="inline", target_threads=1, draft_threads=1))
     demo = build_demo(loader, default_presets(str(tmp_path), target, draft), ["1, 2, 3"])
-    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, **LAUNCH)
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **LAUNCH)
     try:
         loader.get(target, draft)  # load before the browser starts, so the run itself is short
         shot = str(tmp_path / "page.png")
@@ -49,7 +50,7 @@ def page_without_models(tmp_path):
     from ui import LAUNCH, EngineLoader, build_demo, default_presets
 
     demo = build_demo(EngineLoader(LaneConfig(kind="inline")), default_presets(str(tmp_path)), [])
-    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, **LAUNCH)
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **LAUNCH)
     browser = Chromium(CHROMIUM, tempfile.mkdtemp(prefix="mirror-chromium-"))
     try:
         yield url, browser
@@ -119,7 +120,7 @@ def test_the_learn_tab_plays_a_step_of_the_last_run_and_shows_its_tree(pair_root
     target, draft = build_pair(pair_root, "llama")
     loader = EngineLoader(LaneConfig(kind="inline", target_threads=1, draft_threads=1))
     demo = build_demo(loader, default_presets(str(tmp_path), target, draft), ["1, 2, 3"])
-    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, **LAUNCH)
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **LAUNCH)
     browser = Chromium(CHROMIUM, tempfile.mkdtemp(prefix="mirror-chromium-"))
     try:
         loader.get(target, draft)
@@ -209,7 +210,7 @@ def test_a_token_or_a_step_bar_opens_its_step_replay_moves_a_cursor_and_the_insp
     target, draft = build_pair(pair_root, "llama")
     loader = EngineLoader(LaneConfig(kind="inline", target_threads=1, draft_threads=1))
     demo = build_demo(loader, default_presets(str(tmp_path), target, draft), ["1, 2, 3"])
-    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, **LAUNCH)
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **LAUNCH)
     browser = Chromium(CHROMIUM, tempfile.mkdtemp(prefix="mirror-chromium-"))
     act = lambda what="": json.loads(browser.evaluate(STEP_CLICK_JS % json.dumps(what)) or "{}")  # noqa: E731
 
@@ -318,7 +319,7 @@ def test_a_900_token_comparison_streams_deltas_and_keeps_the_page_responsive():
     loader = EngineLoader(auto_lanes())
     presets = default_presets(pair_dir)
     demo = build_demo(loader, presets, ["The quick brown fox"])
-    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True, **LAUNCH)
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **LAUNCH)
     browser = None
     try:
         loader.get(presets[0].target, presets[0].draft)
@@ -343,14 +344,6 @@ def test_a_900_token_comparison_streams_deltas_and_keeps_the_page_responsive():
             browser.close()
         close_demo(demo)
         loader.close()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":  # python tests/test_ui_browser.py URL OUT.png [PROMPT [LEARN.png]]

@@ -154,9 +154,6 @@ def wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], state
         for tick in replay(session, speed=REPLAY_SPEEDS.get(speed, 1.0)):
             yield view(session, tick)
 
-    def on_inspect(session: Session, decoder, step):
-        return inspector.inspector_html(session.runs.get(decoder) if isinstance(decoder, str) else None, step)
-
     # The controls go in as a positional list (CONTROLS order, named once in on_run): set-style inputs would
     # reorder the public /run endpoint's parameters (Gradio sorts a set by component id).
     # Progress only on the status line: it shows the queue position ("queue: 2/3") while waiting,
@@ -170,6 +167,15 @@ def wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], state
     c.stop.click(on_stop, [state], outputs, api_name="stop", cancels=[run_evt, replay_evt], concurrency_limit=None,
                  show_progress="hidden")
     demo.unload(on_unload)
+    _wire_inspector(state, v)
+    _wire_pickers(presets, c, v)
+
+
+def _wire_inspector(state: gr.State, v: Views) -> None:
+    """The step inspector: the run and step it shows, and Next hit / Next miss."""
+    def on_inspect(session: Session, decoder, step):
+        return inspector.inspector_html(session.runs.get(decoder) if isinstance(decoder, str) else None, step)
+
     inspect_run, inspect_step = v.outputs["inspect_run"], v.outputs["inspect_step"]
     gr.on([inspect_run.change, inspect_step.change], on_inspect, [state, inspect_run, inspect_step],
           v.outputs["inspector"], api_name="inspect", show_progress="hidden",
@@ -177,6 +183,10 @@ def wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], state
     for kind, button in v.seek.items():
         button.click(_next_step(kind == "hit"), [state, inspect_run, inspect_step], inspect_step,
                      api_name=f"inspect_next_{kind}", show_progress="hidden", preprocess=False)
+
+
+def _wire_pickers(presets: list[PairPreset], c: Controls, v: Views) -> None:
+    """The pair preset fills Target and Draft; the decoders chosen show their columns (neither is an endpoint)."""
     c.preset.change(lambda label: _pair_of(presets, label), [c.preset], [c.fields["target"], c.fields["draft"]],
                     api_visibility="private", show_progress="hidden")
     c.fields["decoders"].change(lambda ds: [gr.Column(visible=d in (ds or ())) for d in COLUMNS],

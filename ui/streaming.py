@@ -87,25 +87,9 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
             if i % per_repeat == 0:  # a repeat starts: the plots start over with its decoders, in its run order
                 order = [r.decoder for r in requests[i: i + per_repeat]]
                 session.feed.add(plots.reset_line(session.generation * 100 + repeat, order))
-            title = DECODER_TITLES[request.decoder]
             of = f", repeat {repeat + 1}/{settings.repeats}" if settings.repeats > 1 else ""
-            session.status = f"Running {title} ({i % per_repeat + 1}/{per_repeat}{of}) …"
-            yield Tick(TEXT, session.status, active=request.decoder)
-            time.sleep(settle_s)  # the page redraws (most after RESET: new plots) before the timed prefill, not during it
-            _warm_prefill(engine, request, session.stop)
-            run = session.begin(request.decoder, namer)
-            stream = engine.stream(request, session.stop)
-            try:
-                for event in stream:
-                    session.add(run, event)
-                    if isinstance(event, (TokenEvent, StepRecord)) and throttle():
-                        yield Tick(TEXT, session.status, active=request.decoder)
-            finally:
-                stream.close()  # closed early (Stop, page gone): the engine stops within one step
-            if isinstance(run.end, RunEnd) and run.end.error:  # the target lane failed: keep what it committed
-                failed = (f"{DECODER_TITLES[request.decoder]} stopped: the target lane failed ({run.end.error}); "
-                          f"the {len(run.end.token_ids)} tokens committed before the failure are kept and shown")
-                session.error = f"{session.error}; {failed}" if session.error else failed
+            session.status = f"Running {DECODER_TITLES[request.decoder]} ({i % per_repeat + 1}/{per_repeat}{of}) …"
+            yield from _run_decoder(engine, session, request, namer, throttle, settle_s)
         for d, run in session.runs.items():  # the race legend names each run with its speedup over AR
             session.feed.add(plots.end_line(d, speedup(session.runs.get("ar"), run)))
         session.status = final_status(session)
@@ -118,6 +102,28 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
     finally:
         finish(session, generation)
     yield Tick(DONE, session.status)
+
+
+def _run_decoder(engine, session: Session, request, namer: TokenNamer, throttle: Throttle,
+                 settle_s: float) -> Iterator[Tick]:
+    """One decoder's timed run into the session (after an untimed warm prefill), a TEXT tick as the throttle allows;
+    a target-lane failure keeps what it committed and is added to the session's error."""
+    yield Tick(TEXT, session.status, active=request.decoder)
+    time.sleep(settle_s)  # the page redraws (most after RESET: new plots) before the timed prefill, not during it
+    _warm_prefill(engine, request, session.stop)
+    run = session.begin(request.decoder, namer)
+    stream = engine.stream(request, session.stop)
+    try:
+        for event in stream:
+            session.add(run, event)
+            if isinstance(event, (TokenEvent, StepRecord)) and throttle():
+                yield Tick(TEXT, session.status, active=request.decoder)
+    finally:
+        stream.close()  # closed early (Stop, page gone): the engine stops within one step
+    if isinstance(run.end, RunEnd) and run.end.error:  # the target lane failed: keep what it committed
+        failed = (f"{DECODER_TITLES[request.decoder]} stopped: the target lane failed ({run.end.error}); "
+                  f"the {len(run.end.token_ids)} tokens committed before the failure are kept and shown")
+        session.error = f"{session.error}; {failed}" if session.error else failed
 
 
 def _warm_prefill(engine, request, stop: threading.Event) -> None:

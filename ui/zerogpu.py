@@ -129,7 +129,7 @@ class WorkerEngine(MirrorEngine):
         self.target, self.info, self.tokenizer, self.eos_ids = None, info, tokenizer, frozenset()
         self.lane = None if info.draft is None else "in the GPU worker"  # MirrorEngine.validate: a draft is loaded
 
-    def _stream(self, request: Request, exit_layer: int, stop) -> Iterator:
+    def _stream(self, request: Request, stop) -> Iterator:  # `request`: resolved by validate (the worker checks again)
         remote = self.calls.stream(*self.key, request)
         try:
             for item in remote:

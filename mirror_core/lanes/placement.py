@@ -28,7 +28,28 @@ class LanePlan:
 def plan_lanes(target_device: str | None = None, draft_device: str | None = None, kind: str | None = None,
                runner: str = "auto", dtype: str = "auto") -> LanePlan:
     """The lane mapping for this machine, for the devices given (None = choose), and why."""
-    reasons = []
+    reasons: list[str] = []
+    target_device, draft_device, spread = _place_models(target_device, draft_device, kind, reasons)
+    cpus = usable_cpus()
+    both_cpu = target_device == draft_device == "cpu"
+    if kind is None:
+        kind = "thread" if target_device == draft_device != "cpu" else (
+            "inline" if both_cpu and len(cpus) < 2 else "process")
+        reasons.append(f"draft lane: {kind} (" + {
+            "thread": "one device: a thread with its own stream",
+            "inline": "one core: the draft runs between the target's steps, no overlap",
+            "process": "its own process: real overlap, no GIL"}[kind] + ")")
+    target_cpus, draft_cpus = _split_cores(target_device, draft_device, kind, cpus, reasons)
+    lanes = LaneConfig(target_device, draft_device, kind, target_cpus, draft_cpus,
+                       target_threads=len(target_cpus) if target_device == "cpu" else 0,
+                       draft_threads=len(draft_cpus) if draft_device == "cpu" else 0, runner=runner,
+                       target_devices=spread, dtype=dtype)
+    return LanePlan(lanes, tuple(reasons))
+
+
+def _place_models(target_device: str | None, draft_device: str | None, kind: str | None,
+                  reasons: list[str]) -> tuple[str, str, tuple[str, ...]]:
+    """(target device, draft device, the devices a spread target uses) for the devices given, with the reasons."""
     accels = [d for d in machine.available() if d != "cpu"]
     families = {}
     for d in accels:
@@ -63,19 +84,16 @@ def plan_lanes(target_device: str | None = None, draft_device: str | None = None
                            "the CPU cores the draft" if target_device != "cpu" else "CPU-only machine"))
     else:
         reasons.append(f"draft on {draft_device}: as asked")
-    draft_device = machine.canonical(draft_device)
-    cpus = usable_cpus()
-    both_cpu = target_device == draft_device == "cpu"
-    if kind is None:
-        kind = "thread" if target_device == draft_device != "cpu" else (
-            "inline" if both_cpu and len(cpus) < 2 else "process")
-        reasons.append(f"draft lane: {kind} (" + {
-            "thread": "one device: a thread with its own stream",
-            "inline": "one core: the draft runs between the target's steps, no overlap",
-            "process": "its own process: real overlap, no GIL"}[kind] + ")")
+    return target_device, machine.canonical(draft_device), spread
+
+
+def _split_cores(target_device: str, draft_device: str, kind: str, cpus: tuple[int, ...],
+                 reasons: list[str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the target lane's cores, the draft lane's): halves on a CPU-only machine with a draft process, one core to
+    launch an accelerator's kernels, none where nothing is to be split."""
     target_cpus: tuple[int, ...] = ()
     draft_cpus: tuple[int, ...] = ()
-    if both_cpu and len(cpus) >= 2 and kind == "process":
+    if target_device == draft_device == "cpu" and len(cpus) >= 2 and kind == "process":
         half = len(cpus) // 2
         target_cpus, draft_cpus = cpus[:half], cpus[half:]
         reasons.append(f"cores split: target {len(target_cpus)}, draft {len(draft_cpus)}")
@@ -87,11 +105,7 @@ def plan_lanes(target_device: str | None = None, draft_device: str | None = None
         reasons.append(f"one core launches the draft's kernels, {len(target_cpus)} run the target")
     if (target_cpus or draft_cpus) and not can_pin():
         reasons.append("this OS cannot pin threads to cores: each lane gets its thread count only")
-    lanes = LaneConfig(target_device, draft_device, kind, target_cpus, draft_cpus,
-                       target_threads=len(target_cpus) if target_device == "cpu" else 0,
-                       draft_threads=len(draft_cpus) if draft_device == "cpu" else 0, runner=runner,
-                       target_devices=spread, dtype=dtype)
-    return LanePlan(lanes, tuple(reasons))
+    return target_cpus, draft_cpus
 
 
 def target_spread(spec: str, accelerators: list[str]) -> tuple[str, ...]:

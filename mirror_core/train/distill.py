@@ -137,35 +137,63 @@ def soft_targets(top_ids: torch.Tensor, top_logits: torch.Tensor, to_draft: torc
 
 
 # -- 3. exit heads --------------------------------------------------------------------------------
-def train_exit_head(cfg: DistillConfig, layer: int, teacher: dict, train_rows: torch.Tensor, val_rows: torch.Tensor,
-                    lm_head: torch.Tensor, norm: torch.Tensor, eps: float, ids: torch.Tensor,
-                    soft: tuple[torch.Tensor, torch.Tensor], g: torch.Generator, init=None,
-                    exclude: torch.Tensor | None = None, row_weight: torch.Tensor | None = None):
-    """A, b, g for one exit layer (exit_head.py), and its top-1/2/4/8 coverage of the target's next token on the
-    held-out rows (raw: the logit lens over the whole vocabulary, for comparison).
+@dataclass(frozen=True, eq=False)
+class Readout:
+    """The frozen target's final norm and LM head: what an exit head's readout reuses and the logit lens is."""
+
+    lm_head: torch.Tensor                         # [V, H]
+    norm: torch.Tensor                            # [H] the final norm's gain
+    eps: float
+
+
+@dataclass(frozen=True, eq=False)
+class ExitHeadTask:
+    """One exit head to train (train_exit_head): what it reads, the rows it learns from and holds out, its targets.
 
     Candidates where they matter (feature_distill.py): `exclude` [n_rows] gives per row a draft-vocabulary id that
     the readout never proposes there (the draft's own token d_j: M_t excludes it), and `row_weight` [n_rows] weighs
     the rows (more where the draft was wrong, the only slots whose candidates can hit); `init` continues a head."""
-    h_all = teacher["hidden"][layer]
+
+    layer: int                                    # ℓ_e
+    hidden: torch.Tensor                          # [n_rows, H] h^(ℓ_e) of every teacher row
+    top_ids: torch.Tensor                         # [n_rows, k] the teacher's top-k next-token ids per row
+    train_rows: torch.Tensor
+    val_rows: torch.Tensor
+    readout: Readout
+    ids: torch.Tensor                             # [V_e] the target ids the head ranks (the draft vocabulary)
+    soft: tuple[torch.Tensor, torch.Tensor]       # soft_targets: the teacher's top-k in draft ids, and its probabilities
+    epochs: float
+    lr: float
+    init: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    exclude: torch.Tensor | None = None
+    row_weight: torch.Tensor | None = None
+
+
+def train_exit_head(task: ExitHeadTask, g: torch.Generator):
+    """A, b, g for one exit layer (exit_head.py), and its top-1/2/4/8 coverage of the target's next token on the
+    held-out rows (raw: the logit lens over the whole vocabulary, for comparison)."""
+    layer, ids, train_rows, val_rows, exclude, row_weight = (task.layer, task.ids, task.train_rows, task.val_rows,
+                                                            task.exclude, task.row_weight)
+    lm_head, norm, eps = task.readout.lm_head, task.readout.norm, task.readout.eps
+    h_all = task.hidden
     hsz = h_all.shape[1]
-    if init is None:
+    if task.init is None:
         adapter, bias, gain = torch.eye(hsz), torch.zeros(hsz), norm.clone().float()
     else:
-        adapter, bias, gain = (t.clone().float() for t in init)
+        adapter, bias, gain = (t.clone().float() for t in task.init)
     adapter, bias, gain = adapter.requires_grad_(), bias.requires_grad_(), gain.requires_grad_()
     w = lm_head[ids].t().float()                                                            # [H, V_e]
-    opt = torch.optim.Adam([adapter, bias, gain], lr=cfg.exit_lr)
-    sid, sprob = soft
+    opt = torch.optim.Adam([adapter, bias, gain], lr=task.lr)
+    sid, sprob = task.soft
     batch = 2048
-    steps = int(cfg.exit_epochs * len(train_rows) / batch)
+    steps = int(task.epochs * len(train_rows) / batch)
     t0 = time.time()
 
     def readout(h):  # exit_head.ExitHead.readout's maths, trainable
         return rms_norm(h.float() @ adapter + bias, gain, eps) @ w                          # [n, V_e]
 
     for step in range(steps):
-        lr = cfg.exit_lr * 0.5 * (1 + math.cos(math.pi * step / steps))
+        lr = task.lr * 0.5 * (1 + math.cos(math.pi * step / steps))
         for group in opt.param_groups:
             group["lr"] = lr
         rows = train_rows[torch.randint(len(train_rows), (batch,), generator=g)]
@@ -184,7 +212,7 @@ def train_exit_head(cfg: DistillConfig, layer: int, teacher: dict, train_rows: t
         loss.backward()
         opt.step()
     with torch.no_grad():
-        label = teacher["top_ids"][val_rows, 0].long()
+        label = task.top_ids[val_rows, 0].long()
         trained = ids[readout(h_all[val_rows]).topk(8, -1).indices]                         # [n, 8] target ids
         raw_logits = rms_norm(h_all[val_rows].float(), norm.float(), eps) @ lm_head.t().float()  # the logit lens
         raw = raw_logits.topk(8, -1).indices
@@ -315,87 +343,115 @@ def _read_json(path: str) -> dict | None:
         return None
 
 
-# -- the whole run --------------------------------------------------------------------------------
-def distill(cfg: DistillConfig) -> dict:
+# -- the run's preparation and record, shared with feature_distill.py -----------------------------------
+def prepare_run(threads: int, work: str, seed: int, target: str) -> tuple[str, torch.Generator]:
+    """The opening of a distillation: its threads, its work folder, the target's folder and the run's generator."""
+    from mirror_core.models.prepared import resolve_source
+
+    if threads:
+        torch.set_num_threads(threads)
+    os.makedirs(work, exist_ok=True)
+    return resolve_source(target), torch.Generator().manual_seed(seed)
+
+
+def load_target(target_dir: str):
+    """The target in float32, frozen, for the readout and the draft's initialisation: (model, its Readout, the ids a
+    draft vocabulary always keeps: the end of an answer is always proposable)."""
     from transformers import AutoModelForCausalLM
 
-    from mirror_core.models.exit_head import ExitHeadWeights
-    from mirror_core.machine import cpu_flags, cpu_model
-    from mirror_core.models.prepared import resolve_source
-    from mirror_core.models.vocab import VocabMap
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    eos = target.config.eos_token_id
+    readout = Readout(target.lm_head.weight.detach(), target.model.norm.weight.detach(),
+                      float(target.config.rms_norm_eps))
+    return target, readout, [eos] if isinstance(eos, int) else list(eos or [])
 
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    os.makedirs(cfg.work, exist_ok=True)
-    g = torch.Generator().manual_seed(cfg.seed)
-    target_dir = resolve_source(cfg.target)
+
+def save_exit_head(folder: str, layer: int, target, head, ids: torch.Tensor) -> None:
+    """A trained head (adapter, bias, gain) beside a draft, where the engine's "auto" finds it (exit_head.py)."""
+    from mirror_core.models.exit_head import ExitHeadWeights
+
+    a, b, gain = head
+    c = target.config
+    ExitHeadWeights(layer, int(c.hidden_size), int(c.num_hidden_layers), int(c.vocab_size), a, b, gain, ids).save(folder)
+
+
+def run_record(cfg) -> dict:
+    """The opening of a run's summary: its configuration and the machine it ran on."""
+    from mirror_core.machine import cpu_flags, cpu_model
+
+    return {"config": asdict(cfg), "cpu": cpu_model(), "cpu_flags": " ".join(sorted(cpu_flags())),
+            "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+# -- the whole run --------------------------------------------------------------------------------
+def distill(cfg: DistillConfig) -> dict:
+    """Teacher pass, draft vocabulary, exit heads, draft, saved pair (the stages of this module's docstring)."""
+    target_dir, g = prepare_run(cfg.threads, cfg.work, cfg.seed, cfg.target)
     seqs = load_sequences(cfg.answers)
     timings = {}
     t = time.time()
     teacher = teacher_pass(cfg, seqs, target_dir)
     timings["teacher_pass_s"] = round(teacher.get("seconds", time.time() - t), 1)
-
     n_val = max(1, int(len(seqs) * cfg.val_share))
     perm = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
     val_idx, train_idx = sorted(perm[:n_val]), sorted(perm[n_val:])
-
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    eos = target.config.eos_token_id
-    always = [eos] if isinstance(eos, int) else list(eos or [])  # the end of an answer is always proposable
-    if cfg.init_draft:
-        from mirror_core.models.vocab import load_vocab_map
-
-        vmap = load_vocab_map(cfg.init_draft)
-    else:
-        subset = draft_vocabulary([seqs[i] for i in train_idx], cfg.draft_vocab, always)
-        vmap = VocabMap.from_ids(subset, int(target.config.vocab_size))
-    ids, to_draft = vmap.target_ids, vmap.to_draft
-    answer_tokens = [t for _, a in seqs for t in a]
-    covered = sum(1 for t in answer_tokens if int(to_draft[t]) < vmap.size) / len(answer_tokens)
-    print(f"draft vocabulary: {vmap.size} tokens cover {covered:.4f} of answer tokens", flush=True)
-
-    def rows_of(idx):
-        return torch.cat([torch.arange(teacher["start"][i], teacher["start"][i] + len(seqs[i][1])) for i in idx])
-
-    train_rows, val_rows = rows_of(train_idx), rows_of(val_idx)
-    lm_head = target.lm_head.weight.detach()                                                # [V, H]
-    norm, eps = target.model.norm.weight.detach(), float(target.config.rms_norm_eps)
-    soft = soft_targets(teacher["top_ids"], teacher["top_logits"], to_draft, vmap.size)  # "other" = draft id V_d
+    target, readout, always = load_target(target_dir)
+    vmap, covered = _draft_vocab_map(cfg, seqs, train_idx, always, int(target.config.vocab_size))
+    soft = soft_targets(teacher["top_ids"], teacher["top_logits"], vmap.to_draft, vmap.size)  # "other" = id V_d
     heads, coverage = {}, {}
     t = time.time()
+    train_rows, val_rows = (torch.cat([torch.arange(teacher["start"][i], teacher["start"][i] + len(seqs[i][1]))
+                                       for i in idx]) for idx in (train_idx, val_idx))
     for layer in cfg.exit_layers:
-        heads[layer], coverage[layer] = train_exit_head(cfg, layer, teacher, train_rows, val_rows, lm_head, norm,
-                                                        eps, ids, soft, g)
+        heads[layer], coverage[layer] = train_exit_head(ExitHeadTask(
+            layer, teacher["hidden"][layer], teacher["top_ids"], train_rows, val_rows, readout, vmap.target_ids, soft,
+            cfg.exit_epochs, cfg.exit_lr), g)
     timings["exit_heads_s"] = round(time.time() - t, 1)
-
     if cfg.init_draft:  # resume: the saved weights, in float32 for training
+        from transformers import AutoModelForCausalLM
+
         draft = AutoModelForCausalLM.from_pretrained(cfg.init_draft, dtype=torch.float32)
     else:
-        draft = build_draft(target, ids, cfg.init_layers)
+        draft = build_draft(target, vmap.target_ids, cfg.init_layers)
     t = time.time()
-    log = train_draft(cfg, draft, seqs, train_idx, val_idx, teacher, to_draft, soft, g)
+    log = train_draft(cfg, draft, seqs, train_idx, val_idx, teacher, vmap.to_draft, soft, g)
     timings["draft_s"] = round(time.time() - t, 1)
-
-    from transformers import AutoTokenizer, GenerationConfig
-
-    folder = os.path.join(cfg.out, "draft")
-    shutil.rmtree(folder, ignore_errors=True)
-    draft.generation_config = GenerationConfig(eos_token_id=eos)
-    draft.to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)  # loaded as float32 on a CPU
-    vmap.save(folder)
-    AutoTokenizer.from_pretrained(target_dir).save_pretrained(folder)
-    a, b, gain = heads[cfg.exit_layer]
-    ExitHeadWeights(cfg.exit_layer, int(target.config.hidden_size), int(target.config.num_hidden_layers),
-                    int(target.config.vocab_size), a, b, gain, ids).save(folder)
-    summary = {"config": asdict(cfg), "cpu": cpu_model(), "cpu_flags": " ".join(sorted(cpu_flags())),
-               "torch": torch.__version__, "threads": torch.get_num_threads(), "sequences": len(seqs),
-               "answer_tokens": len(answer_tokens), "held_out_sequences": n_val,
-               "draft_vocab_coverage": round(covered, 4), "exit_coverage": coverage, "draft_log": log,
-               "timings": timings, "draft_params": sum(p.numel() for p in draft.parameters()),
+    _save_draft(cfg, draft, vmap, target, target_dir, heads[cfg.exit_layer])
+    summary = {**run_record(cfg), "sequences": len(seqs), "answer_tokens": sum(len(a) for _, a in seqs),
+               "held_out_sequences": n_val, "draft_vocab_coverage": round(covered, 4), "exit_coverage": coverage,
+               "draft_log": log, "timings": timings, "draft_params": sum(p.numel() for p in draft.parameters()),
                "generation": _read_json(os.path.join(cfg.answers, "generation.json"))}
     with open(os.path.join(cfg.out, "distill.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
     return summary
+
+
+def _draft_vocab_map(cfg: DistillConfig, seqs, train_idx: list[int], always: list[int], target_vocab: int):
+    """The draft's vocabulary (the saved draft's when continuing one) and the share of answer tokens it covers."""
+    from mirror_core.models.vocab import VocabMap, load_vocab_map
+
+    if cfg.init_draft:
+        vmap = load_vocab_map(cfg.init_draft)
+    else:
+        vmap = VocabMap.from_ids(draft_vocabulary([seqs[i] for i in train_idx], cfg.draft_vocab, always), target_vocab)
+    answer_tokens = [t for _, a in seqs for t in a]
+    covered = sum(1 for t in answer_tokens if int(vmap.to_draft[t]) < vmap.size) / len(answer_tokens)
+    print(f"draft vocabulary: {vmap.size} tokens cover {covered:.4f} of answer tokens", flush=True)
+    return vmap, covered
+
+
+def _save_draft(cfg: DistillConfig, draft, vmap, target, target_dir: str, head) -> None:
+    """out/draft/: the draft (bfloat16 safetensors, loaded as float32 on a CPU), its vocabulary map, the target's
+    tokenizer and the exit head shipped (`--exit-layer`)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    folder = os.path.join(cfg.out, "draft")
+    shutil.rmtree(folder, ignore_errors=True)
+    draft.generation_config = GenerationConfig(eos_token_id=target.config.eos_token_id)
+    draft.to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
+    vmap.save(folder)
+    AutoTokenizer.from_pretrained(target_dir).save_pretrained(folder)
+    save_exit_head(folder, cfg.exit_layer, target, head, vmap.target_ids)
 
 
 def main(argv: list[str] | None = None) -> dict:

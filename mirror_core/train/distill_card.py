@@ -113,6 +113,36 @@ def render_feature(fd: dict, bench: dict | None, bench_cmd: str) -> list[str]:
 
 
 def render(pair_dir: str, distill: dict, bench: dict | None, no_head: dict | None, bench_cmd: str) -> str:
+    lines = token_draft_part(distill)
+    if bench is not None:
+        lines += bench_table(bench, bench_cmd, "Speculative decoding with the token-only draft")
+        if any(not m["all_equal_to_ar"] for d, m in per_decoder(bench).items() if d in ("hf", "hf_assisted")):
+            lines += ["`hf` and `hf_assisted` run transformers' own float32 model on every core. Where `--dtype auto` "
+                      "gave the target lane bfloat16 matmuls (as on this CPU), `ar` is a slightly different function "
+                      "from theirs and their text can differ from `ar`'s: a different model, not a lossy decoder. "
+                      "`sd` and `mirror` always equal `ar`; with `--dtype float32` all five do "
+                      "(`docs/bench/smollm2_chat_64_float32`).", ""]
+    lines += ["τ: tokens committed per verification step, the correction or bonus token included. α: accepted over "
+              "drafted tokens. Hit rate: steps whose correction was among the early-exit candidates (a precomputed "
+              "branch became the next window). × ar: wall-time ratio against `ar` on the same prompt (equal outputs, so "
+              "equally long); `ar` runs on the target lane's cores while the draft lane has its own (the paper's "
+              "setting), `ar_all` on every core, `hf` is transformers' greedy `generate` on every core (whole-machine "
+              "baselines).", ""]
+    if no_head is not None:
+        m = per_decoder(no_head).get("mirror")
+        with_head = per_decoder(bench).get("mirror") if bench else None
+        if m and with_head:
+            lines += ["## With and without the exit head (`--exit-head none`: the logit lens)", "",
+                      "| readout | hit rate | τ | tokens/s |", "|---|---|---|---|",
+                      f"| trained head | {_f(with_head['hit_rate'])} | {_f(with_head['tau'])} | "
+                      f"{_f(with_head['tokens_per_s'], 1)} |",
+                      f"| logit lens | {_f(m['hit_rate'])} | {_f(m['tau'])} | {_f(m['tokens_per_s'], 1)} |", ""]
+    return "\n".join(lines)
+
+
+def token_draft_part(distill: dict) -> list[str]:
+    """The card up to the token-only pair's benchmark, from distill.json: the target, the token-only draft, its
+    exit head's coverage and the training cost."""
     cfg = distill["config"]
     t = distill["timings"]
     minutes = (t["teacher_pass_s"] + t["exit_heads_s"] + t["draft_s"]) / 60
@@ -183,30 +213,7 @@ def render(pair_dir: str, distill: dict, bench: dict | None, no_head: dict | Non
         "```",
         "",
     ]
-    if bench is not None:
-        lines += bench_table(bench, bench_cmd, "Speculative decoding with the token-only draft")
-        if any(not m["all_equal_to_ar"] for d, m in per_decoder(bench).items() if d in ("hf", "hf_assisted")):
-            lines += ["`hf` and `hf_assisted` run transformers' own float32 model on every core. Where `--dtype auto` "
-                      "gave the target lane bfloat16 matmuls (as on this CPU), `ar` is a slightly different function "
-                      "from theirs and their text can differ from `ar`'s: a different model, not a lossy decoder. "
-                      "`sd` and `mirror` always equal `ar`; with `--dtype float32` all five do "
-                      "(`docs/bench/smollm2_chat_64_float32`).", ""]
-    lines += ["τ: tokens committed per verification step, the correction or bonus token included. α: accepted over "
-              "drafted tokens. Hit rate: steps whose correction was among the early-exit candidates (a precomputed "
-              "branch became the next window). × ar: wall-time ratio against `ar` on the same prompt (equal outputs, so "
-              "equally long); `ar` runs on the target lane's cores while the draft lane has its own (the paper's "
-              "setting), `ar_all` on every core, `hf` is transformers' greedy `generate` on every core (whole-machine "
-              "baselines).", ""]
-    if no_head is not None:
-        m = per_decoder(no_head).get("mirror")
-        with_head = per_decoder(bench).get("mirror") if bench else None
-        if m and with_head:
-            lines += ["## With and without the exit head (`--exit-head none`: the logit lens)", "",
-                      "| readout | hit rate | τ | tokens/s |", "|---|---|---|---|",
-                      f"| trained head | {_f(with_head['hit_rate'])} | {_f(with_head['tau'])} | "
-                      f"{_f(with_head['tokens_per_s'], 1)} |",
-                      f"| logit lens | {_f(m['hit_rate'])} | {_f(m['tau'])} | {_f(m['tokens_per_s'], 1)} |", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:

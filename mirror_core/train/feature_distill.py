@@ -23,12 +23,24 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from mirror_core.train.distill import draft_vocabulary, length_chunks, load_sequences, scheduled_lr, soft_targets
+from mirror_core.train.distill import (
+    ExitHeadTask,
+    draft_vocabulary,
+    length_chunks,
+    load_sequences,
+    load_target,
+    prepare_run,
+    run_record,
+    save_exit_head,
+    scheduled_lr,
+    soft_targets,
+    train_exit_head,
+)
 
 
 @dataclass(frozen=True)
@@ -264,21 +276,12 @@ def train(cfg: FeatureDistillConfig, model, seqs, train_idx, teacher, soft, to_d
 
 
 def distill(cfg: FeatureDistillConfig) -> dict:
-    from transformers import AutoModelForCausalLM
-
-    from mirror_core.machine import cpu_flags, cpu_model
-    from mirror_core.models.exit_head import ExitHeadWeights
+    """Teacher passes, vocabulary, exit head, draft, candidates where they matter, saved draft (this module's
+    docstring's stages)."""
     from mirror_core.models.feature_draft import from_target
-    from mirror_core.models.prepared import resolve_source
-    from mirror_core.models.profile import save_profile
     from mirror_core.models.vocab import VocabMap
-    from mirror_core.train.distill import DistillConfig, train_exit_head
 
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    os.makedirs(cfg.work, exist_ok=True)
-    g = torch.Generator().manual_seed(cfg.seed)
-    target_dir = resolve_source(cfg.target)
+    target_dir, g = prepare_run(cfg.threads, cfg.work, cfg.seed, cfg.target)
     seqs = [s for folder in cfg.answers.split(",") for s in load_sequences(folder)]
     held_seqs = load_sequences(cfg.heldout)
     timings = {}
@@ -287,39 +290,19 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     held_teacher = teacher_pass(held_seqs, target_dir, cfg.feature_layer, cfg.topk,
                                 os.path.join(cfg.work, "teacher_f_heldout.pt"))
     timings["teacher_pass_s"] = round(time.time() - t, 1)
-
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    eos = target.config.eos_token_id
-    always = [eos] if isinstance(eos, int) else list(eos or [])
+    target, readout, always = load_target(target_dir)
     vmap = VocabMap.from_ids(draft_vocabulary(seqs, cfg.draft_vocab, always), int(target.config.vocab_size))
-    ids, to_draft, other = vmap.target_ids, vmap.to_draft, vmap.size
-
-    def coverage(ss):
-        toks = [t for _, a in ss for t in a]
-        return round(sum(1 for t in toks if int(to_draft[t]) < other) / len(toks), 4)
-
-    print(f"draft vocabulary: {vmap.size} tokens cover {coverage(seqs)} of training answer tokens, "
-          f"{coverage(held_seqs)} of held-out ones", flush=True)
+    to_draft, other = vmap.to_draft, vmap.size
+    coverage = {"train": _coverage(seqs, vmap), "heldout": _coverage(held_seqs, vmap)}
+    print(f"draft vocabulary: {vmap.size} tokens cover {coverage['train']} of training answer tokens, "
+          f"{coverage['heldout']} of held-out ones", flush=True)
     soft = soft_targets(teacher["top_ids"], teacher["top_logits"], to_draft, other)
     held_soft = soft_targets(held_teacher["top_ids"], held_teacher["top_logits"], to_draft, other)
-
-    # the exit head at ℓ_e over this vocabulary (distill.train_exit_head reads hidden states at answer rows)
     t = time.time()
-    ans_rows = torch.cat([torch.arange(f + len(p) - 1, f + len(p) - 1 + len(a))
-                          for f, (p, a) in zip(teacher["fstart"], seqs)])
-    exit_teacher = {"hidden": {cfg.feature_layer: teacher["feat"][ans_rows]}, "top_ids": teacher["top_ids"]}
-    n = len(ans_rows)
-    perm = torch.randperm(n, generator=g)
-    val_rows, train_rows = perm[: n // 50], perm[n // 50:]
-    dcfg = DistillConfig(answers=cfg.answers, work=cfg.work, out=cfg.out, exit_layers=(cfg.feature_layer,),
-                         exit_layer=cfg.feature_layer, exit_epochs=cfg.exit_epochs, exit_lr=cfg.exit_lr, topk=cfg.topk)
-    lm_head = target.lm_head.weight.detach()
-    norm, eps = target.model.norm.weight.detach(), float(target.config.rms_norm_eps)
-    head, exit_cov = train_exit_head(dcfg, cfg.feature_layer, exit_teacher, train_rows, val_rows, lm_head, norm, eps,
-                                     ids, soft, g)
+    task = _exit_head_task(cfg, teacher, seqs, readout, vmap.target_ids, soft, g)
+    head, exit_cov = train_exit_head(task, g)
     timings["exit_head_s"] = round(time.time() - t, 1)
-
-    model = from_target(target, ids, cfg.num_layers, cfg.feature_layer, head).float().train()
+    model = from_target(target, vmap.target_ids, cfg.num_layers, cfg.feature_layer, head).float().train()
     held_idx = list(range(len(held_seqs)))
 
     def held():
@@ -329,28 +312,69 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     log = train(cfg, model, seqs, list(range(len(seqs))), teacher, soft, to_draft, other, held, g)
     timings["draft_s"] = round(time.time() - t, 1)
     compare = token_draft_agreement(cfg.compare, held_seqs) if cfg.compare else None
-
-    # 4. candidates where they matter: the exit head again, from where it is, weighted to the draft's mistakes with
-    # the draft's own token excluded (M_t never sends it)
     t = time.time()
+    head, candidates = candidate_pass(cfg, model, task, head, (seqs, teacher, soft), (held_seqs, held_teacher, held_soft),
+                                      to_draft, other, g)
+    timings["candidate_head_s"] = round(time.time() - t, 1)
+    _save_feature_draft(cfg, model, vmap, target, head, candidates, log, len(held_seqs))
+    summary = {**run_record(cfg), "sequences": len(seqs), "answer_tokens": sum(len(a) for _, a in seqs),
+               "heldout_sequences": len(held_seqs), "heldout_answer_tokens": sum(len(a) for _, a in held_seqs),
+               "vocab_coverage": coverage, "exit_coverage": exit_cov, "candidate_coverage": candidates,
+               "draft_log": log, "token_draft_heldout_agreement": compare, "timings": timings,
+               "draft_params": sum(p.numel() for p in model.parameters())}
+    with open(os.path.join(cfg.out, "feature_distill.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1)
+    return summary
+
+
+def _coverage(seqs, vmap) -> float:
+    """The share of the answers' tokens the draft vocabulary holds."""
+    toks = [t for _, a in seqs for t in a]
+    return round(sum(1 for t in toks if int(vmap.to_draft[t]) < vmap.size) / len(toks), 4)
+
+
+def _answer_rows(teacher: dict, seqs) -> torch.Tensor:
+    """The teacher's feature rows at the positions predicting an answer token, in the order of its answer rows."""
+    return torch.cat([torch.arange(f + len(p) - 1, f + len(p) - 1 + len(a)) for f, (p, a) in zip(teacher["fstart"], seqs)])
+
+
+def _exit_head_task(cfg: FeatureDistillConfig, teacher: dict, seqs, readout, ids, soft, g) -> ExitHeadTask:
+    """The exit head at ℓ_e over the draft vocabulary, on the answer rows (a random 2 % held out)."""
+    hidden = teacher["feat"][_answer_rows(teacher, seqs)]
+    n = len(hidden)
+    perm = torch.randperm(n, generator=g)
+    return ExitHeadTask(cfg.feature_layer, hidden, teacher["top_ids"], perm[n // 50:], perm[: n // 50], readout, ids,
+                        soft, cfg.exit_epochs, cfg.exit_lr)
+
+
+def candidate_pass(cfg: FeatureDistillConfig, model, task: ExitHeadTask, head, train_set, held_set, to_draft, other,
+                   g) -> tuple[tuple, dict]:
+    """Candidates where they matter: the exit head again, from where it is, weighted to the draft's mistakes with
+    the draft's own token excluded (M_t never sends it); its held-out hit coverage before and after."""
+    (seqs, teacher, soft), (held_seqs, held_teacher, held_soft) = train_set, held_set
     pred = first_predictions(model, seqs, teacher, soft, to_draft, other, cfg)
     held_pred = first_predictions(model, held_seqs, held_teacher, held_soft, to_draft, other, cfg)
     label = to_draft[teacher["top_ids"][:, 0].long()]
     held_label = to_draft[held_teacher["top_ids"][:, 0].long()]
-    held_h = held_teacher["feat"][torch.cat([torch.arange(f + len(p) - 1, f + len(p) - 1 + len(a))
-                                            for f, (p, a) in zip(held_teacher["fstart"], held_seqs)])]
-    lm_rows = lm_head[ids]
+    held_h = held_teacher["feat"][_answer_rows(held_teacher, held_seqs)]
+    lm_rows, eps = task.readout.lm_head[task.ids], task.readout.eps
     candidates = {"before": hit_coverage(head, held_h, held_label, held_pred, lm_rows, eps, other)}
     if cfg.candidate_epochs > 0:
         wrong = pred != label
         exclude = torch.where(wrong, pred, torch.full_like(pred, other))
         weight = 1.0 + (cfg.wrong_weight - 1.0) * wrong.float()
-        head, _ = train_exit_head(dataclasses.replace(dcfg, exit_epochs=cfg.candidate_epochs), cfg.feature_layer,
-                                  exit_teacher, train_rows, val_rows, lm_head, norm, eps, ids, soft, g, init=head,
-                                  exclude=exclude, row_weight=weight)
+        head, _ = train_exit_head(dataclasses.replace(task, epochs=cfg.candidate_epochs, init=head, exclude=exclude,
+                                                      row_weight=weight), g)
         candidates["after"] = hit_coverage(head, held_h, held_label, held_pred, lm_rows, eps, other)
     print(f"exit head where the draft is wrong (held-out): {candidates}", flush=True)
-    timings["candidate_head_s"] = round(time.time() - t, 1)
+    return head, candidates
+
+
+def _save_feature_draft(cfg: FeatureDistillConfig, model, vmap, target, head, candidates: dict, log: list[dict],
+                        n_held: int) -> None:
+    """out/feature_draft/: the draft, its vocabulary map, its acceptance profile (draft_profile.json) and the exit head
+    at its feature layer."""
+    from mirror_core.models.profile import save_profile
 
     folder = os.path.join(cfg.out, "feature_draft")
     shutil.rmtree(folder, ignore_errors=True)
@@ -359,21 +383,9 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     accept = log[-1]["heldout_agreement"]
     cov = candidates.get("after", candidates["before"])
     hit = [cov["top1"], cov["top2"], (cov["top2"] + cov["top4"]) / 2, cov["top4"]]  # κ = 3: between the measured
-    save_profile(folder, accept, hit, f"held-out answers to {len(held_seqs)} new-topic prompts, teacher-forced: "
+    save_profile(folder, accept, hit, f"held-out answers to {n_held} new-topic prompts, teacher-forced: "
                  "agreement by depth (own predicted features), exit top-κ where the draft was wrong")
-    a, b, gain = head
-    ExitHeadWeights(cfg.feature_layer, int(target.config.hidden_size), int(target.config.num_hidden_layers),
-                    int(target.config.vocab_size), a, b, gain, ids).save(folder)
-    summary = {"config": asdict(cfg), "cpu": cpu_model(), "cpu_flags": " ".join(sorted(cpu_flags())),
-               "torch": torch.__version__, "threads": torch.get_num_threads(), "sequences": len(seqs),
-               "answer_tokens": sum(len(a) for _, a in seqs), "heldout_sequences": len(held_seqs),
-               "heldout_answer_tokens": sum(len(a) for _, a in held_seqs),
-               "vocab_coverage": {"train": coverage(seqs), "heldout": coverage(held_seqs)},
-               "exit_coverage": exit_cov, "candidate_coverage": candidates, "draft_log": log, "token_draft_heldout_agreement": compare,
-               "timings": timings, "draft_params": sum(p.numel() for p in model.parameters())}
-    with open(os.path.join(cfg.out, "feature_distill.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1)
-    return summary
+    save_exit_head(folder, cfg.feature_layer, target, head, vmap.target_ids)
 
 
 def main(argv: list[str] | None = None) -> dict:
