@@ -6,6 +6,9 @@ ENV PYTHONUNBUFFERED=1 \
     HF_HUB_DISABLE_TELEMETRY=1 \
     MIRROR_SD_CACHE=/app/.mirror_sd_cache
 WORKDIR /app
+# A C++ compiler for the exact small-row kernel (mirror_core/kernels: built on first use; without one the engine
+# says so and keeps torch's matmul under a measured row plan)
+RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
 COPY requirements.txt .
 RUN pip install -r requirements.txt
 COPY . .

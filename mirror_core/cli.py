@@ -12,6 +12,7 @@ from .config import (
     DEFAULT_GAMMA,
     DEFAULT_KAPPA,
     DTYPE_CHOICES,
+    KERNEL_CHOICES,
     RULES,
     LaneConfig,
     MirrorError,
@@ -104,13 +105,17 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="auto", help=f"matmul dtype: {', '.join(DTYPE_CHOICES)} (auto: each lane times "
                    "its forwards in each dtype where it runs and takes the fastest; cached per machine and model); bench takes "
                    "a comma list, e.g. auto,float32, and runs the suite at each in one run")
+    g.add_argument("--kernel", default="auto",
+                   help=f"the CPU lanes' linear maps: {', '.join(KERNEL_CHOICES)}. auto (the exact small-row kernel, built with this machine's C++ "
+                   "compiler on first use, where it runs; else torch's matmul under a measured row plan), torch, or one "
+                   "kernel variant")
 
 
 def lanes_from_args(args) -> LaneConfig:
     from .lanes.placement import auto_lanes
 
     return replace(auto_lanes(args.target_device, args.draft_device, args.lane, args.runner, args.dtype),
-                   exit_head=args.exit_head)
+                   exit_head=args.exit_head, kernel=args.kernel)
 
 
 def resolve_pair(args) -> None:
@@ -176,6 +181,8 @@ def generate(args) -> int:
         else:
             print((text.flush() if text else "") + "\n")
             print(_summary_line(end, engine.info.target_rows))
+            if engine.info.roofline is not None:
+                print(f"-- target: {engine.info.roofline.describe}")
             note = engine.info.spec_note(request.spec) if request.decoder != "ar" else ""
             if note:
                 print(f"-- settings: γ {request.spec.gamma}, κ {request.spec.kappa} {note}")
@@ -192,6 +199,17 @@ def dtype_fields(info) -> dict:
     cals = {"target": info.target_dtype, "draft": info.draft_dtype}
     return {"dtype": {lane: None if c is None else c.label for lane, c in cals.items()},
             "calibration": {lane: None if c is None else asdict(c) for lane, c in cals.items()}}
+
+
+def target_kernel_fields(info) -> dict:
+    """The bench.json view of the target's kernel and roofline (records.Roofline, measured at load) and AR's fastest
+    format here (the calibration's one-token steps), so that a format choice is never read as a speedup."""
+    cal, roof = info.target_dtype, info.roofline
+    steps = {} if cal is None else {t.dtype: t.ms for t in cal.table if t.shape == "step"}
+    fastest = min(steps, key=steps.get) if steps else None
+    return {"roofline": None if roof is None else roof.to_dict(), "note": None if roof is None else roof.describe,
+            "ar_step_ms_by_format": steps, "ar_fastest_format": fastest,
+            "chosen_format": None if cal is None else cal.sequence}
 
 
 def bench(args) -> int:
@@ -240,6 +258,7 @@ def bench(args) -> int:
                                          "target_runner": info.target_runner, "target_rows": rows_fields(info.target_rows),
                                          "dtypes": {d: dtype_fields(i) for d, i in loaded.items()},
                                          "cpu": cpu_model(), "prompts_file": args.prompts,
+                                         "target_kernel": {d: target_kernel_fields(i) for d, i in loaded.items()},
                                          "chosen_settings": info.describe()["chosen_settings"]})
     print(format_table(report))
     for path in write_outputs(report, args.out, args.out_dir):

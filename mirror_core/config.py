@@ -9,6 +9,9 @@ RULES = ("exact", "rejection")
 LANE_KINDS = ("process", "thread", "inline")
 FAULT_MODES = ("raise", "exit")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # auto: each lane calibrated (runners/calibrate.py)
+# the linear maps' kernel on a CPU: auto = the exact small-row kernel (kernels/native.py) in the best variant this
+# machine builds and runs, else torch's matmul under a measured row plan; torch = always that; a variant = only it
+KERNEL_CHOICES = ("auto", "torch", "avx512_bf16", "avx512", "avx2")
 RUNNER_KINDS = ("auto", "fast", "hf")  # auto: the fast runners for Llama-family weights and SS drafts, else the generic one
 MAX_NEW_TOKENS_CAP = 4096  # documented upper bound for one request
 MAX_PROMPT_CHARS = 32_000  # prompt text is refused above this many characters (before tokenizing)
@@ -177,12 +180,14 @@ class LaneConfig:
     # the target's early-exit readout (exit_head.py): "auto" = the trained head stored in the draft's folder when it
     # has one that fits the target, "none" = the target's own final norm and LM head, or a folder holding a head
     exit_head: str = "auto"
+    kernel: str = "auto"  # KERNEL_CHOICES: the CPU lanes' linear-map kernel (kernels/native.py)
     fault: FaultPlan = field(default_factory=FaultPlan)  # test hook: make the draft lane fail on purpose
 
     def __post_init__(self) -> None:
         _require(self.kind in LANE_KINDS, f"lane kind must be one of {', '.join(LANE_KINDS)}, got {self.kind!r}")
         _require(self.runner in RUNNER_KINDS, f"runner must be one of {', '.join(RUNNER_KINDS)}, got {self.runner!r}")
         _require(self.dtype in DTYPE_CHOICES, f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
+        _require(self.kernel in KERNEL_CHOICES, f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {self.kernel!r}")
         _require(isinstance(self.exit_head, str) and self.exit_head != "",
                  f"exit head must be auto, none or a folder, got {self.exit_head!r}")
         _require(isinstance(self.target_devices, tuple) and (not self.target_devices or (

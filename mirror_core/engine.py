@@ -39,8 +39,8 @@ from .models.feature_draft import feature_draft_config, is_feature_draft
 from .models.loading import ModelSpec, encode_text, load_config, load_model, load_tokenizer, local_folder, shared_vocab_size
 from .models.profile import load_profile
 from .models.vocab import load_vocab_map
-from .records import UNCHECKED, Calibration, ExitHeadInfo, RowCheck, WholeMachine
-from .runners import build_runner
+from .records import UNCHECKED, Calibration, ExitHeadInfo, Roofline, RowCheck, WholeMachine
+from .runners import build_runner, kernel_unavailable
 from .runners.calibrate import BRANCH_ROWS, WINDOW, calibrate_target, step_ms
 
 
@@ -65,6 +65,7 @@ class PairInfo:
     draft_features: int | None = None        # ℓ_e whose hidden states a feature-reading draft reads, None: ids only
     spec_choice: SpecChoice | None = None    # γ, κ the latency model chose for this machine (None: no draft profile)
     whole_machine: WholeMachine | None = None  # the target's step on its lane's cores and on all of them
+    roofline: Roofline | None = None         # the target's kernel, bytes per token and forward by rows vs. the roofline
 
     def default_exit_layer(self) -> int:
         """ℓ_e where a request names none: the layer a feature-reading draft reads (it can read no other), else the
@@ -102,7 +103,8 @@ class PairInfo:
         target = {"source": self.target, "device": lanes.target_device, **(
                   {"devices": list(lanes.target_devices)} if lanes.target_devices else {}), "runner": self.target_runner,
                   "dtype": None if self.target_dtype is None else self.target_dtype.label,
-                  "layers": self.num_layers, "vocab_size": self.vocab_size}
+                  "layers": self.num_layers, "vocab_size": self.vocab_size,
+                  "roofline": None if self.roofline is None else self.roofline.to_dict()}
         draft = None if self.draft is None else {
             "source": self.draft, "device": lanes.draft_device, "runner": self.draft_runner, "lane": lanes.kind,
             "dtype": None if self.draft_dtype is None else self.draft_dtype.label,
@@ -161,7 +163,7 @@ class MirrorEngine:
                         draft_runner="" if lane is None else lane.runner_name, exit_head=loaded.head,
                         draft_vocab=None if pair.vmap is None else pair.vmap.size,
                         draft_features=None if pair.features is None else pair.features.feature_layer,
-                        whole_machine=timed.whole)
+                        whole_machine=timed.whole, roofline=_roofline(loaded.runner, timed.dtype, lanes.kernel))
         if lane is not None:  # γ, κ for this machine: the latency model at the pair's own ℓ_e
             info = replace(info, spec_choice=_choose_spec(timed.dtype, lane.calibration, load_profile(local_folder(draft)),
                                                           info.default_exit_layer() / info.num_layers))
@@ -338,7 +340,8 @@ def _load_target(target: str, draft: str | None, lanes: LaneConfig, trust_remote
         raise MirrorError("the fast runner keeps a model on one device; a target spread over "
                           f"{', '.join(lanes.target_devices)} runs on the generic runner (--runner auto or hf)")
     head = _exit_head(lanes.exit_head, draft, model)
-    runner = build_runner(model, vocab, "hf" if lanes.target_devices else lanes.runner, exit_head=head)
+    runner = build_runner(model, vocab, "hf" if lanes.target_devices else lanes.runner, exit_head=head,
+                          kernel=lanes.kernel if lanes.target_device == "cpu" else "torch")
     info = None if head is None else ExitHeadInfo(
         head.layer, int(head.ids.numel()), lanes.exit_head if lanes.exit_head != "auto" else local_folder(draft))
     return _LoadedTarget(model, runner, _eos_ids(model), info)
@@ -359,11 +362,24 @@ def _time_target(runner, vocab: int, lanes: LaneConfig, config) -> _TargetTiming
     return _TargetTiming(dtype, rows, whole)
 
 
+def _roofline(runner, cal: Calibration | None, choice: str) -> Roofline | None:
+    """The target's Roofline from its calibration (None where the forward by rows was not timed: the generic runner,
+    a forced dtype on a device without timings)."""
+    rows = () if cal is None else cal.rows_ms(cal.sequence)
+    if not rows or not hasattr(runner, "weight_bytes"):
+        return None
+    kernel = getattr(runner, "kernel", None)
+    note = "" if kernel is not None else kernel_unavailable(choice)
+    return Roofline("torch" if kernel is None else kernel.variant, note, cal.sequence, runner.weight_bytes,
+                    cal.read_gbs, rows, runner.weight_params, cal.peak_gflops)
+
+
 def _draft_lane_spec(draft: str, lanes: LaneConfig, pair: _PairFiles, trust_remote_code: bool) -> DraftLaneSpec:
     """What the draft's lane loads and where; a feature-reading draft's channel is sized for the longest prompt."""
     feature_floats = 0 if pair.features is None else (pair.max_context + 2) * pair.features.hidden_size
     return DraftLaneSpec(draft, lanes.draft_device, pair.vocab, lanes.draft_threads, lanes.draft_cpus,
-                         trust_remote_code=trust_remote_code, runner=lanes.runner, dtype=lanes.dtype, fault=lanes.fault,
+                         trust_remote_code=trust_remote_code, runner=lanes.runner, dtype=lanes.dtype,
+                         kernel=lanes.kernel, fault=lanes.fault,
                          feature_floats=feature_floats)
 
 

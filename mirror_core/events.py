@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Union
 
 from .config import LaneConfig, Request
-from .records import UNCHECKED, Calibration, RowCheck, WholeMachine
+from .records import UNCHECKED, Calibration, Roofline, RowCheck, WholeMachine
 
 if TYPE_CHECKING:
     from .metrics import RunSummary
@@ -58,6 +58,8 @@ class RunSettings:
     spec_note: str = ""                       # when γ, κ are the pair's choice for this machine: why (latency model)
     whole_machine: WholeMachine | None = None  # the target's one-token step timed at load on its lane's cores and
                                                # on the whole machine
+    roofline: Roofline | None = None           # the target's kernel, weight bytes per token, forward by rows against
+                                               # the memory roofline (records.Roofline)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -16,6 +16,7 @@ import functools
 import os
 import platform
 import re
+import shutil
 import time
 
 import torch
@@ -42,6 +43,20 @@ def cpu_flags() -> tuple[str, ...]:
     """The KERNEL_FLAGS this CPU has (Linux's /proc/cpuinfo; empty where it cannot be read)."""
     info = _cpuinfo()
     return tuple(f for f in KERNEL_FLAGS if info and f in info[1])
+
+
+def has_cpu_flags(*flags: str) -> bool:
+    """Whether /proc/cpuinfo lists every one of these flags (False where it cannot be read)."""
+    info = _cpuinfo()
+    return info is not None and all(f in info[1] for f in flags)
+
+
+def cxx_compiler() -> str | None:
+    """The C++ compiler the kernels are built with: $CXX where it names one on PATH, else g++, c++ or clang++."""
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
 
 
 def cpu_model() -> str:

@@ -132,6 +132,8 @@ class Calibration:
     seconds: float = 0.0         # wall time spent timing at this load
     screened: tuple[str, ...] = ()  # dtypes dropped before timing: their widest matmul was SCREEN times slower
     exact: tuple[tuple[str, RowCheck], ...] = ()  # the target: each timed dtype's call-shape check and row plan
+    read_gbs: float = 0.0        # the target: one core's read bandwidth measured on its lane (GB/s; 0: not measured)
+    peak_gflops: float = 0.0     # the target: its linear maps' arithmetic rate in the chosen dtype, cache-resident
 
     def timed(self, names: list[str]) -> list[str]:
         """The names that were timed (the screen dropped the others)."""
@@ -144,6 +146,11 @@ class Calibration:
     def label(self) -> str:
         """'bfloat16', or 'float32 (rows: bfloat16)' when the draft's two shapes differ."""
         return self.sequence if self.rows == self.sequence else f"{self.sequence} (rows: {self.rows})"
+
+    def rows_ms(self, dtype: str) -> tuple[float, ...]:
+        """The target's forward of 1, 2, .. ROOFLINE_ROWS new rows in `dtype` (ms), where they were timed."""
+        found = [self.ms(dtype, f"rows{m}") for m in range(1, ROOFLINE_ROWS + 1)]
+        return () if None in found else tuple(found)
 
     def verify_ratio(self) -> float | None:
         """The chosen dtype's window of γ + 1 over its one-token step (the target; ≈ 1 is what SD needs)."""
@@ -163,6 +170,63 @@ class Calibration:
 
 
 # -- what else a load measures or finds ---------------------------------------------------------------------
+ROOFLINE_ROWS = 8  # the target's forward is timed at load for 1..8 new rows (the AR step and windows up to γ = 7)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """The target's forward against the memory roofline, measured at load on its lane: the kernel that runs its
+    linear maps, the bytes of weights a forward streams, one core's read bandwidth, and the forward's time by its
+    number of new rows (an AR step is 1 row, a verification γ + 1). Every figure measured, none modelled."""
+
+    kernel: str                  # the exact small-row kernel's variant (kernels/native.py), or "torch" (matmul + plan)
+    kernel_note: str             # why "torch" where the kernel is not used ("" when it is)
+    weight_format: str           # the target's weight format (float32, bfloat16, float16; accumulation float32)
+    weight_bytes: int            # bytes of weights one forward streams (linear maps and LM head)
+    read_gbs: float              # one core's read bandwidth (GB/s), measured on the target lane
+    rows_ms: tuple[float, ...]   # the forward of 1, 2, .. new rows (ms)
+    weight_params: int = 0       # multiply-adds per row of the linear maps and LM head (a row costs 2 × this in flops)
+    peak_gflops: float = 0.0     # the linear maps' arithmetic rate here with nothing to wait for (GFLOP/s, measured)
+
+    def compute_ms(self, rows: int) -> float | None:
+        """The least the arithmetic of `rows` rows can cost here: 2 · rows · weight_params ÷ peak (ms)."""
+        return 2 * rows * self.weight_params / self.peak_gflops / 1e6 if self.peak_gflops > 0 else None
+
+    @property
+    def roofline_ms(self) -> float | None:
+        """The least a one-token step can cost here: weight bytes ÷ read bandwidth (ms)."""
+        return self.weight_bytes / self.read_gbs / 1e6 if self.read_gbs > 0 else None
+
+    @property
+    def step_fraction(self) -> float | None:
+        """The AR step's share of the roofline: roofline ÷ measured one-row forward (1 = at the limit)."""
+        return self.roofline_ms / self.rows_ms[0] if self.rows_ms and self.roofline_ms else None
+
+    def window_steps(self, rows: int) -> float | None:
+        """A forward of `rows` new rows in one-token steps (≈ 1 while the pass is memory-bound)."""
+        return self.rows_ms[rows - 1] / self.rows_ms[0] if 1 <= rows <= len(self.rows_ms) else None
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "roofline_ms": _round(self.roofline_ms), "step_fraction": _round(self.step_fraction),
+                "compute_ms": [_round(self.compute_ms(m)) for m in range(1, len(self.rows_ms) + 1)],
+                "window_steps": [_round(self.window_steps(m)) for m in range(1, len(self.rows_ms) + 1)]}
+
+    @property
+    def describe(self) -> str:
+        """One line: the kernel, bytes per token, and the step against its roofline."""
+        kernel = f"kernel {self.kernel}" if self.kernel != "torch" else f"torch matmul ({self.kernel_note})"
+        line = f"{kernel}; {self.weight_format} weights, {self.weight_bytes / 1e6:.0f} MB per token"
+        if self.roofline_ms and self.rows_ms:
+            line += (f"; step {self.rows_ms[0]:.1f} ms = {self.step_fraction:.0%} of the roofline "
+                     f"({self.roofline_ms:.1f} ms at {self.read_gbs:.0f} GB/s)")
+        if len(self.rows_ms) >= 5:
+            line += f"; 5 rows cost {self.window_steps(5):.2f} steps"
+        return line
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
 @dataclass(frozen=True)
 class WholeMachine:
     """The target's one-token step timed at load on its lane's cores and on every core of the machine (the

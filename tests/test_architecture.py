@@ -90,6 +90,15 @@ def test_load_time_records_stand_on_the_ground_floor():
                 if i.startswith("mirror_core.runners")}
 
 
+def test_native_code_stands_behind_the_runners():
+    """kernels/ (the native kernel and its checked boundary) imports only torch and machine; only runners/ imports it."""
+    for module in (m for m in MODULES if m.startswith("mirror_core.kernels")):
+        engine = {i for i in _imports(module, top_level_only=False, type_only=True) if i.startswith("mirror_core")}
+        assert engine <= {"mirror_core.machine", "mirror_core.kernels", "mirror_core.kernels.native"}, (module, engine)
+    importers = {m for m in _importers_of("mirror_core.kernels") if not m.startswith("mirror_core.kernels")}
+    assert importers and all(m.startswith("mirror_core.runners") for m in importers), importers
+
+
 def test_the_environment_is_read_at_the_edges_only():
     """os.environ / os.getenv: cli.py, MirrorEngine.load (the fault hook) and machine.py (the cache folder) in the
     engine (train/ is offline); nowhere in ui/ (app.py passes os.environ in)."""

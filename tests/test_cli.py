@@ -36,8 +36,11 @@ def test_json_output_matches_the_contract(pairs, tmp_path):
     assert out["fallback"] is None and out["text"] is None
     assert out["dtype"] == {"target": "float32", "draft": "float32"}  # --dtype forces both lanes, both shapes
     pair = out["pair"]
+    roofline = pair["target"].pop("roofline")
     assert pair["target"] == {"source": target, "device": "cpu", "runner": "FastLlamaRunner", "dtype": "float32",
                               "layers": 4, "vocab_size": 96}
+    assert roofline["weight_format"] == "float32" and len(roofline["rows_ms"]) == 8 and roofline["weight_bytes"] > 0
+    assert roofline["read_gbs"] > 0 and roofline["step_fraction"] > 0 and roofline["window_steps"][0] == 1.0
     assert pair["draft"]["source"] == draft and pair["draft"]["runner"] == "FastLlamaRunner" and pair["exit_head"] is None
     assert out["calibration"]["target"]["requested"] == out["calibration"]["draft"]["requested"] == "float32"
     events = json.loads(trace.read_text())["events"]

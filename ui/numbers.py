@@ -138,7 +138,34 @@ def target_line(run: DecoderRun) -> str:
               if settings.draft and settings.spec_note else ""))
     return (f"<p class='mirror-def'>{html.escape(ran)}</p>"
             f"<p class='mirror-def'>Target: {html.escape(settings.target_runner)}, {html.escape(how)} "
-            "(docs/ALGORITHM.md §3, “Up to numerics”, made exact).</p>" + dtype_line(settings))
+            "(docs/ALGORITHM.md §3, “Up to numerics”, made exact).</p>" + dtype_line(settings)
+            + roofline_html(settings.roofline))
+
+
+def roofline_html(roof) -> str:
+    """The target's forward against the memory roofline (records.Roofline, measured at load), a row per figure with
+    its one-line definition."""
+    if roof is None:
+        return ""
+    kernel = (f"{roof.kernel} (exact small-row kernel: every row the same bits in any call)" if roof.kernel != "torch"
+              else f"torch matmul under a measured row plan — {roof.kernel_note}")
+    windows = ", ".join(f"{m}: {roof.window_steps(m):.2f}" for m in range(2, len(roof.rows_ms) + 1))
+    rows = [("kernel", kernel, "what runs the target's linear maps on this CPU (kernels/native.py)"),
+            ("weight format", roof.weight_format, "the weights' bytes; products accumulate in float32"),
+            ("weight bytes per token", f"{roof.weight_bytes / 1e6:.0f} MB",
+             "bytes of weights one forward streams: every layer's linear maps and the LM head"),
+            ("read bandwidth", f"{roof.read_gbs:.1f} GB/s" if roof.read_gbs else "—",
+             "what one core streams from memory here, measured on the target lane at load"),
+            ("roofline step", _f(roof.roofline_ms, "{:.1f} ms"), "weight bytes ÷ read bandwidth: the least a token can cost"),
+            ("AR step", f"{roof.rows_ms[0]:.1f} ms", "the target's one-token forward, timed at load"),
+            ("share of the roofline", _f(roof.step_fraction, "{:.0%}"), "roofline step ÷ AR step (100% = at the limit)"),
+            ("window cost (rows: steps)", windows,
+             "a forward of that many new rows in one-token steps: ≈ 1 while reading the weights dominates, so a "
+             "verification of γ + 1 tokens is nearly free; it grows once the arithmetic dominates")]
+    body = "".join(f"<tr><th>{html.escape(a)}</th><td>{html.escape(b)}</td><td class='mirror-def'>{html.escape(c)}</td></tr>"
+                   for a, b, c in rows)
+    return ("<table class='mirror-table'><tr><th>the target against its roofline</th><th>value</th>"
+            f"<th>definition</th></tr>{body}</table>")
 
 
 def dtype_line(settings) -> str:

@@ -34,6 +34,15 @@ def format_table(report: BenchReport) -> str:
     lines.append(f"baseline: {report.baseline or '– (run ar or ar_all)'}; ×base = median speedup over prompts "
                  "(min–max); bound = τ·T_AR/T_verify; pred×ar = latency model (modelled); "
                  "step/hb = mirror step / hidden-draft bound")
+    for dtype, k in (report.settings.get("target_kernel") or {}).items():
+        if k.get("note"):
+            lines.append(f"target [{dtype}]: {k['note']}")
+        if k.get("ar_fastest_format") and k["ar_fastest_format"] != k.get("chosen_format"):
+            steps = k["ar_step_ms_by_format"]
+            lines.append(f"  note: AR's fastest format here is {k['ar_fastest_format']} ({steps[k['ar_fastest_format']]:.1f} "
+                         f"ms a step at load), not the chosen {k['chosen_format']} "
+                         f"({steps[k['chosen_format']]:.1f} ms): run --dtype auto,{k['ar_fastest_format']} for "
+                         "ar at both, measured")
     if report.best:
         b = report.best
         lines.append(f"best mirror setting: γ={b.gamma} κ={b.kappa} ℓe={b.exit_layer} "

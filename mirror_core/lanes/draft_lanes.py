@@ -50,6 +50,7 @@ class DraftLaneSpec:
     trust_remote_code: bool = False
     runner: str = "auto"
     dtype: str = "auto"  # config.DTYPE_CHOICES (runners/calibrate.py)
+    kernel: str = "auto"  # config.KERNEL_CHOICES (kernels/native.py)
     fault: FaultPlan = FaultPlan()  # test hook: fail on purpose at a step (config.FaultPlan)
     feature_floats: int = 0         # a feature-reading draft: the largest features message (context × H floats)
 
@@ -58,7 +59,7 @@ def make_runner(spec: DraftLaneSpec):
     """The draft's runner, loaded on the lane that runs it, in the dtypes calibrated (or forced) there;
     returns the runner and its records.Calibration."""
     from ..models.loading import ModelSpec, load_model, local_folder
-    from ..runners import build_runner
+    from ..runners import build_runner, kernel_library
     from ..runners.calibrate import calibrate_draft
     from ..models.vocab import load_vocab_map
     from ..runners.mapped import MappedRunner
@@ -69,13 +70,14 @@ def make_runner(spec: DraftLaneSpec):
 
     vmap = load_vocab_map(local_folder(spec.source))
     if is_feature_draft(local_folder(spec.source)):
-        runner = FeatureRunner(load_feature_draft(local_folder(spec.source)), vmap, spec.device)
+        runner = FeatureRunner(load_feature_draft(local_folder(spec.source)), vmap, spec.device,
+                               kernel=kernel_library(spec.kernel) if spec.device == "cpu" else None)
         return runner, calibrate_feature_draft(runner, spec.dtype)
     model = load_model(ModelSpec(spec.source, spec.device, spec.trust_remote_code), draft=True)
     if vmap is None:
-        runner = build_runner(model, spec.vocab_size, spec.runner)
+        runner = build_runner(model, spec.vocab_size, spec.runner, kernel=spec.kernel)
     else:  # a reduced-vocabulary draft: its own ids inside, the target's outside
-        runner = MappedRunner(build_runner(model, vmap.size + 1, spec.runner), vmap)
+        runner = MappedRunner(build_runner(model, vmap.size + 1, spec.runner, kernel=spec.kernel), vmap)
     return runner, calibrate_draft(runner, spec.dtype, model.config)
 
 

@@ -87,12 +87,17 @@ class ExitHead:
         self.gain = weights.gain.to(device, torch.float32)                              # [H]
         self.ids = weights.ids.to(device)                                               # [V_e]
         self.w = lm_head.detach()[self.ids].t().contiguous().float()                    # [H, V_e] (lm_head is [V, H])
+        # the target runner's packed products (runners/fast.py: the exact kernel) for "adapter" and "head"; empty:
+        # torch's matmul. The readout picks candidates only, so its rounding never changes the output.
+        self.packed: dict = {}
         self.full = self.ids.numel() == weights.vocab_size and bool((self.ids == torch.arange(
             weights.vocab_size, device=device)).all())
 
     def readout(self, h: torch.Tensor) -> torch.Tensor:
-        z = rms_norm(h.float() @ self.adapter + self.bias, self.gain, self.eps)        # [..., T, H]
-        sub = z @ self.w                                                                # [..., T, V_e]
+        adapter, head = self.packed.get("adapter"), self.packed.get("head")
+        a = h.float() @ self.adapter if adapter is None else adapter(h.float())         # [..., T, H]
+        z = rms_norm(a + self.bias, self.gain, self.eps)                                # [..., T, H]
+        sub = z @ self.w if head is None else head(z)                                   # [..., T, V_e]
         if self.full:
             return sub
         out = sub.new_full(sub.shape[:-1] + (self.vocab_size,), float("-inf"))          # [..., T, V]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -76,26 +77,39 @@ class FeatureDraft(nn.Module):
         self.head_bias = nn.Parameter(torch.zeros(h))                                     # b [H]
         self.head_gain = nn.Parameter(torch.ones(h))                                      # g_o [H]
         self.register_buffer("inv_freq", default_inv_freq(cfg.head_dim, cfg.rope_theta, "cpu"), persistent=False)
+        # the runner's packed linear maps (runners/feature.py: the exact kernel), keyed by their weight's data_ptr;
+        # empty: every product is torch's matmul (training, other devices)
+        self.packed: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {}
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x [..., in] @ wᵀ for a weight w [out, in] of this model: its packed map when the runner packed it."""
+        packed = self.packed.get(w.data_ptr())
+        return x @ w.t() if packed is None else packed(x)
+
+    def matmul_weights(self) -> list[torch.Tensor]:
+        """Every weight the forward multiplies by ([out, in]; the embedding too, as the tied head)."""
+        per_layer = [layer[k] for layer in self.layers for k in ("q", "k", "v", "o", "gate", "up", "down")]
+        return [self.fc, *per_layer, self.head_adapter.t(), self.embed]
 
     # -- the maths ---------------------------------------------------------------------------------
     def inputs(self, ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """u = W_fc [embed(ids); f]: ids [..., T] (draft ids), features [..., T, H] → [..., T, H]."""
         e = F.embedding(ids, self.embed)                                                   # [..., T, H]
-        return torch.cat([e, features.to(e.dtype)], -1) @ self.fc.t()                      # [..., T, H]
+        return self.linear(torch.cat([e, features.to(e.dtype)], -1), self.fc)              # [..., T, H]
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         """The head: g [..., H] → logits over the draft vocabulary [..., V_d+1] ("other" included)."""
-        z = rms_norm(g @ self.head_adapter + self.head_bias, self.head_gain, self.cfg.rms_norm_eps)
-        return z @ self.embed.t()
+        z = rms_norm(self.linear(g, self.head_adapter.t()) + self.head_bias, self.head_gain, self.cfg.rms_norm_eps)
+        return self.linear(z, self.embed)
 
     def qkv(self, layer, x: torch.Tensor, positions: torch.Tensor):
         """Layer input x [B, T, H] at positions [B, T] → q [B, Hq, T, D], k, v [B, Hkv, T, D] (RoPE applied)."""
         c = self.cfg
         b, t, _ = x.shape
         hn = rms_norm(x, layer["in_norm"], c.rms_norm_eps)
-        q = (hn @ layer["q"].t()).view(b, t, c.num_heads, c.head_dim).transpose(1, 2)
-        k = (hn @ layer["k"].t()).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        v = (hn @ layer["v"].t()).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        q = self.linear(hn, layer["q"]).view(b, t, c.num_heads, c.head_dim).transpose(1, 2)
+        k = self.linear(hn, layer["k"]).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = self.linear(hn, layer["v"]).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
         cos, sin = rope_tables(positions, self.inv_freq.to(x.device), 1.0, x.dtype)           # [B, T, D]
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
@@ -108,9 +122,9 @@ class FeatureDraft(nn.Module):
         keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)       # [B, Hq, S, D]
         a = F.scaled_dot_product_attention(q, keys, values, attn_mask=may_attend.unsqueeze(1))  # [B, Hq, T, D]
         b, _, t, _ = q.shape
-        x = x + a.transpose(1, 2).reshape(b, t, -1) @ layer["o"].t()
+        x = x + self.linear(a.transpose(1, 2).reshape(b, t, -1), layer["o"])
         hn = rms_norm(x, layer["post_norm"], c.rms_norm_eps)
-        return x + (F.silu(hn @ layer["gate"].t()) * (hn @ layer["up"].t())) @ layer["down"].t()
+        return x + self.linear(F.silu(self.linear(hn, layer["gate"])) * self.linear(hn, layer["up"]), layer["down"])
 
     # -- storage -----------------------------------------------------------------------------------
     def save(self, folder: str) -> None:

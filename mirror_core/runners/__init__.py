@@ -10,10 +10,11 @@ from __future__ import annotations
 from ..config import MirrorError
 
 
-def build_runner(model, vocab_size: int, choice: str = "auto", exit_head=None):
+def build_runner(model, vocab_size: int, choice: str = "auto", exit_head=None, kernel: str = "auto"):
     """The runner for a loaded model: Llama-family weights and our SS drafts get the fast runners
     (unless choice is "hf": the generic Hugging Face runner, or the SS model's own forward). A target's trained
-    exit head (exit_head.ExitHead, or None: the logit lens) is given to its runner here."""
+    exit head (exit_head.ExitHead, or None: the logit lens) is given to its runner here, and so is the exact
+    small-row kernel (kernels/native.py; `kernel`: config.KERNEL_CHOICES) where it runs."""
     from ..models.ss_draft import SSDraftForCausalLM
     from .fast import FAST_MODEL_TYPES, FastLlamaRunner
     from .fast_ss import FastSSRunner
@@ -24,10 +25,30 @@ def build_runner(model, vocab_size: int, choice: str = "auto", exit_head=None):
         return SSRunner(model, vocab_size) if choice == "hf" else FastSSRunner(model, vocab_size)
     if choice != "hf" and model.config.model_type in FAST_MODEL_TYPES:
         try:
-            return FastLlamaRunner(model, vocab_size, exit_head=exit_head)
+            return FastLlamaRunner(model, vocab_size, exit_head=exit_head, kernel=kernel_library(kernel))
         except ValueError as exc:  # e.g. sequence-length-dependent RoPE: the generic runner handles it
             if choice == "fast":
                 raise MirrorError(str(exc)) from None
     if choice == "fast" and model.config.model_type not in FAST_MODEL_TYPES:
         raise MirrorError(f"the fast runner supports {', '.join(FAST_MODEL_TYPES)}, not {model.config.model_type!r}")
     return HFRunner(model, vocab_size, exit_head=exit_head)
+
+
+def kernel_library(choice: str = "auto"):
+    """The kernel library for a config.KERNEL_CHOICES choice: "torch" → None; "auto" → the best variant this
+    machine builds and runs, else None (native.unavailable() says why); a named variant → it, or a MirrorError."""
+    from ..kernels import native
+
+    if choice == "torch":
+        return None
+    lib = native.library(None if choice == "auto" else choice)
+    if lib is None and choice != "auto":
+        raise MirrorError(f"kernel {choice}: {native.unavailable(choice)}")
+    return lib
+
+
+def kernel_unavailable(choice: str = "auto") -> str:
+    """Why kernel_library(choice) gave no kernel, in a few words."""
+    from ..kernels import native
+
+    return "asked for: --kernel torch" if choice == "torch" else native.unavailable(None if choice == "auto" else choice)

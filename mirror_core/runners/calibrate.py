@@ -31,8 +31,9 @@ import torch
 
 from .. import machine
 from ..config import DEFAULT_GAMMA, DEFAULT_KAPPA
+from ..kernels.native import peak_gflops, read_bandwidth
 from ..machine import cache_dir, cpu_flags, cpu_model
-from ..records import Calibration, RowCheck, Timing
+from ..records import ROOFLINE_ROWS, Calibration, RowCheck, Timing
 from .exactness import check_rows, probe_ids
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -42,7 +43,7 @@ BRANCH_ROWS = DEFAULT_KAPPA * (DEFAULT_GAMMA + 1)        # the draft's branch ba
 MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 15, 1.5            # timed rounds per dtype: at least 3, then until the budget
 MARGIN = 0.05  # a lower precision than the loaded one is chosen only when it is this much faster (else: timing noise)
 SCREEN = 2.0   # a dtype whose widest matmul takes this many times the loaded dtype's is not timed further
-CACHE_VERSION = 4
+CACHE_VERSION = 5
 
 
 def candidates(runner) -> list[str]:
@@ -52,6 +53,8 @@ def candidates(runner) -> list[str]:
     loaded = runner.dtype
     if loaded != torch.float32:
         return [_name(loaded)]
+    if getattr(runner, "kernel", None) is not None:  # the exact kernel runs every format with float32 arithmetic
+        return list(DTYPES)
     if runner.device.type == "cpu":
         return ["float32", "bfloat16"] + (["float16"] if {"avx512_fp16", "amx_fp16"} & set(cpu_flags()) else [])
     bf16 = runner.device.type != "cuda" or torch.cuda.is_bf16_supported()
@@ -83,7 +86,10 @@ def calibrate_target(runner, vocab_size: int, requested: str, config) -> tuple[C
     prepare(choice)
     cal = replace(cal, requested=requested, sequence=choice, rows=choice, exact=tuple({**known, **checks}.items()),
                   note="forced by --dtype" if requested != "auto" else f"fastest window of {WINDOW} tokens")
-    if not cal.cached or checks[choice].source == "measured":  # new timings, or a cached plan that failed its check
+    fresh = not cal.rows_ms(choice)
+    if fresh:  # the roofline's figures for the chosen dtype (records.Roofline), once per machine and model shape
+        cal = _time_rows(runner, cal, choice)
+    if fresh or not cal.cached or checks[choice].source == "measured":  # new timings, or a cached plan that failed
         _write(path, cal)
     runner.drop_unused_dtypes()
     return cal, checks[choice]
@@ -168,6 +174,36 @@ def step_ms(runner, rounds: int = 12) -> float:
     return round(1e3 * statistics.median(times), 2)
 
 
+def _time_rows(runner, cal: Calibration, dtype: str) -> Calibration:
+    """cal with the target's forward of 1..ROOFLINE_ROWS new rows timed in `dtype` (already set on the runner) after
+    the probe prefix, and one core's read bandwidth (GB/s), both on the calling thread's cores."""
+    t0 = time.perf_counter()
+    prefix, ids = _probe(runner, ROOFLINE_ROWS)
+    cache = runner.new_cache()
+    runner.forward(cache, prefix)
+    shapes = {f"rows{m}": (lambda c, m=m: runner.forward(c, ids[:m])) for m in range(1, ROOFLINE_ROWS + 1)}
+    samples: dict[tuple[str, str], list[float]] = {(dtype, s): [] for s in shapes}
+    for rnd in range(MIN_ROUNDS + 1):  # round 0 warms up
+        _time_shapes(runner, shapes, cache, len(prefix), {s: samples[dtype, s] for s in shapes} if rnd else None)
+    kernel = getattr(runner, "kernel", None)
+    cpu = runner.device.type == "cpu"
+    gbs = read_bandwidth(kernel) if kernel is not None else _torch_read_bandwidth() if cpu else 0.0
+    peak = peak_gflops(kernel, dtype) if cpu else 0.0
+    return replace(cal, table=cal.table + _table(samples), read_gbs=gbs, peak_gflops=peak,
+                   seconds=round(cal.seconds + time.perf_counter() - t0, 2))
+
+
+def _torch_read_bandwidth(megabytes: int = 256, passes: int = 3) -> float:
+    """GB/s of torch's sum over a buffer far larger than the caches, with the calling thread's torch threads."""
+    buf = torch.ones(megabytes * (1 << 20) // 4)
+    best = float("inf")
+    for _ in range(passes + 1):
+        t0 = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - t0)
+    return round(buf.numel() * 4 / best / 1e9, 1)
+
+
 def _probe(runner, new: int) -> tuple[list[int], list[int]]:
     """A cached prefix (PREFIX tokens, fewer where the context is short) and `new` token ids after it, all inside
     the model's vocabulary and context."""
@@ -179,7 +215,7 @@ def _probe(runner, new: int) -> tuple[list[int], list[int]]:
 def _screen(runner, names: list[str], rows: int) -> list[str]:
     """The dtypes worth timing: the loaded one, and each other whose product of `rows` rows with the model's widest
     linear map takes less than SCREEN times the loaded dtype's (median of 3, after a warm-up)."""
-    if len(names) == 1:
+    if len(names) == 1 or getattr(runner, "kernel", None) is not None:  # the kernel's formats all stream fast
         return names
     w = runner.layers[0].w_gate_up                                                        # [H, 2·I]
     x = torch.randn(rows, w.shape[0], generator=torch.Generator().manual_seed(0)).to(w.device)
@@ -262,6 +298,7 @@ def _cache_key(runner, lane: str, names: list[str], shapes: list[str], config) -
     device = str(runner.device) + ("" if runner.device.type == "cpu" else " " + machine.describe(str(runner.device)))
     ident = {"v": CACHE_VERSION, "cpu": cpu_model(), "torch": torch.__version__, "device": device,
              "threads": torch.get_num_threads(), "runner": type(runner).__name__, "lane": lane, "dtypes": names,
+             "kernel": getattr(getattr(runner, "kernel", None), "variant", "torch"),
              "shapes": shapes, "prefix": PREFIX, "window": WINDOW, "branch_rows": BRANCH_ROWS,
              "config": config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from ..models.ops import apply_rope, attend, attend_blocks, rms_norm, rope_tables
 from ..records import RowBand, RowPlan
 from .exactness import EXACT_ROWS, RowOp, pad_rows
+from ..kernels.native import Library, NativeLayer, PackedLinear
 from .protocol import ExitPass
 
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -54,6 +55,7 @@ class _FastPass:
     plan: RowPlan | None       # the row plan when T <= EXACT_ROWS
     groups: list | None        # the key buckets under a row plan (_key_buckets)
     mask: torch.Tensor | None  # [1, T, S] causal among the new tokens (no row plan, T > 1)
+    native: bool = False       # the layers run as NativeLayers (kernels/native.py): exact without a plan
 
 
 @dataclass
@@ -87,7 +89,11 @@ class FastLlamaRunner:
     (an integer) and adopting a branch is `select_row`; no position moves except by the engine's calls.
     """
 
-    def __init__(self, model, vocab_size: int | None = None, capacity: int = 512, exit_head=None):
+    kernel: Library | None = None  # the exact small-row kernel (kernels/native.py), or None: torch's matmul
+    native_layers: list[NativeLayer] | None = None  # the sequence layers as the kernel runs them (with `kernel`)
+
+    def __init__(self, model, vocab_size: int | None = None, capacity: int = 512, exit_head=None,
+                 kernel: Library | None = None):
         cfg = model.config
         if cfg.model_type not in FAST_MODEL_TYPES:
             raise ValueError(f"fast runner supports {FAST_MODEL_TYPES}, not {cfg.model_type!r}")
@@ -108,11 +114,12 @@ class FastLlamaRunner:
         self.capacity = capacity
         self.max_positions = getattr(cfg, "max_position_embeddings", None)
         self.exit_head = exit_head  # an exit_head.ExitHead: the layer-ℓ_e readout instead of the final norm + LM head
+        self.kernel = kernel if self.device.type == "cpu" and self.dtype == torch.float32 else None
         with torch.no_grad():
             self.embed = model.model.embed_tokens.weight.detach()                          # [V, H]
             self.norm = model.model.norm.weight.detach()                                   # [H]
-            self.lm_head = model.lm_head.weight.detach()[: self.vocab_size].t().contiguous()  # [H, V]
-            self._keep_layers([self._layer(layer) for layer in model.model.layers])
+            lm_head = model.lm_head.weight.detach()[: self.vocab_size].t().contiguous()     # [H, V]
+            self._keep_layers([self._layer(layer) for layer in model.model.layers], lm_head)
 
     @staticmethod
     def _layer(layer) -> _Layer:
@@ -134,21 +141,31 @@ class FastLlamaRunner:
     # axis of another length blocks the softmax-weighted sum of values differently, and so rounds it).
     row_plan: RowPlan | None = None
 
-    def _keep_layers(self, layers: list[_Layer]) -> None:
-        """The layers as loaded; set_dtypes may add copies whose linear-map weights are in another dtype."""
-        self._layers_by_dtype = {self.dtype: layers}
-        self.layers = self.row_layers = layers  # one-sequence forwards; branch-row forwards
+    def _keep_layers(self, layers: list[_Layer], lm_head: torch.Tensor) -> None:
+        """The weights as loaded (the master copy); set_dtypes may add copies whose linear maps are in another dtype,
+        or packed for the kernel (then the LM head too)."""
+        self._master = (layers, lm_head)
+        self._weights: dict[torch.dtype, tuple[list[_Layer], object, list[NativeLayer] | None]] = {}
+        self.set_dtypes(self.dtype)
 
     def set_dtypes(self, sequence: torch.dtype, rows: torch.dtype | None = None) -> None:
-        """The dtype of the layers' linear-map weights in one-sequence forwards (AR steps, windows) and in branch
-        rows (forward_rows). Only the matmuls change: each casts its input to the weights' dtype and its
-        product back, so the residual stream, norms, attention, KV cache and LM head keep the model's dtype."""
-        self.layers, self.row_layers = self._layers_in(sequence), self._layers_in(rows or sequence)
+        """The dtype of the linear maps' weights in one-sequence forwards (AR steps, windows) and in branch
+        rows (forward_rows). Only the matmuls change: with torch's matmul each casts its input to the weights'
+        dtype and its product back, and the LM head keeps the loaded dtype; with the kernel every linear map and
+        the LM head run packed in that format (float32 inputs and products; kernels/small_rows.cpp). The residual
+        stream, norms, attention and KV cache keep the model's dtype either way."""
+        self.layers, self.lm_head, self.native_layers = self._weights_in(sequence)
+        self.row_layers, self.row_head, _ = self._weights_in(rows or sequence)
+        if self.kernel is not None and self.exit_head is not None:  # the readout in the same format
+            fmt = str(sequence).removeprefix("torch.")
+            self.exit_head.packed = {"adapter": PackedLinear(self.exit_head.adapter, fmt, self.kernel),
+                                     "head": PackedLinear(self.exit_head.w, fmt, self.kernel)}
 
     def drop_unused_dtypes(self) -> None:
         """Free the weight copies that neither set_dtypes choice uses (the loaded ones included)."""
         used = {self.sequence_dtype, self.rows_dtype}
-        self._layers_by_dtype = {d: ls for d, ls in self._layers_by_dtype.items() if d in used}
+        self._weights = {d: w for d, w in self._weights.items() if d in used}
+        self._master = None
 
     @property
     def sequence_dtype(self) -> torch.dtype:
@@ -158,15 +175,44 @@ class FastLlamaRunner:
     def rows_dtype(self) -> torch.dtype:
         return self.row_layers[0].w_qkv.dtype
 
-    def _layers_in(self, dtype: torch.dtype) -> list[_Layer]:
-        if dtype not in self._layers_by_dtype:
-            base = self._layers_by_dtype.get(self.dtype)
-            if base is None:
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one one-token forward streams: every layer's linear maps and the LM head (the
+        embedding row, norms and attention's cache are not counted)."""
+        def size(w) -> int:
+            return w.nbytes if isinstance(w, PackedLinear) else w.numel() * w.element_size()
+        maps = sum(size(w) for layer in self.layers for w in (layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down))
+        return maps + size(self.lm_head)
+
+    @property
+    def weight_params(self) -> int:
+        """Multiply-adds per row of every layer's linear maps and the LM head."""
+        return sum(w.shape[0] * w.shape[1] for layer in self.layers
+                   for w in (layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down)) + self.lm_head.shape[0] * self.lm_head.shape[1]
+
+    def _weights_in(self, dtype: torch.dtype) -> tuple[list[_Layer], object, list[NativeLayer] | None]:
+        if dtype not in self._weights:
+            if self._master is None:
                 raise RuntimeError(f"no {dtype} weights: the loaded ones were freed (drop_unused_dtypes)")
-            self._layers_by_dtype[dtype] = [replace(layer, w_qkv=layer.w_qkv.to(dtype), w_o=layer.w_o.to(dtype),
-                                                    w_gate_up=layer.w_gate_up.to(dtype), w_down=layer.w_down.to(dtype))
-                                            for layer in base]
-        return self._layers_by_dtype[dtype]
+            layers, head = self._master
+            if self.kernel is not None:
+                fmt = str(dtype).removeprefix("torch.")
+                pack = lambda w: PackedLinear(w, fmt, self.kernel)  # noqa: E731
+                head = pack(head)
+            elif dtype == self.dtype:
+                pack = None
+            else:
+                pack = lambda w: w.to(dtype)  # noqa: E731
+            if pack is not None:
+                layers = [replace(layer, w_qkv=pack(layer.w_qkv), w_o=pack(layer.w_o),
+                                  w_gate_up=pack(layer.w_gate_up), w_down=pack(layer.w_down)) for layer in layers]
+            self._weights[dtype] = (layers, head, None if self.kernel is None else [self._native(x) for x in layers])
+        return self._weights[dtype]
+
+    def _native(self, layer: _Layer) -> NativeLayer:
+        return NativeLayer(self.kernel, ln1=layer.ln1, ln2=layer.ln2, qkv=layer.w_qkv, b_qkv=layer.b_qkv,
+                           q_norm=layer.q_norm, k_norm=layer.k_norm, o=layer.w_o, gate_up=layer.w_gate_up,
+                           down=layer.w_down, heads=self.h_q, kv_heads=self.h_kv, head_dim=self.head_dim, eps=self.eps)
 
     @property
     def devices(self) -> tuple[torch.device, ...]:
@@ -178,8 +224,11 @@ class FastLlamaRunner:
         return rope_tables(positions, self.inv_freq, self.rope_scale, self.dtype)
 
     def _kernel(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """x [..., K] @ w [K, N] in the weights' dtype, the product back in x's dtype (a no-op cast when they agree).
-        The one place a linear map's kernel runs (a test runner overrides it to round like another CPU)."""
+        """x [..., K] @ w [K, N] in the weights' dtype, the product back in x's dtype (a no-op cast when they agree);
+        packed weights run the exact kernel. The one place a linear map runs (a test runner overrides it to round
+        like another CPU)."""
+        if type(w) is PackedLinear:
+            return w(x)
         return x @ w if x.dtype == w.dtype else (x.to(w.dtype) @ w).to(x.dtype)
 
     def _matmul(self, x: torch.Tensor, w: torch.Tensor, band: RowBand | None = None) -> torch.Tensor:
@@ -230,9 +279,10 @@ class FastLlamaRunner:
                                 plan and plan.band("gate_up")).chunk(2, -1)               # [B, T, I] each
         return x + self._matmul(F.silu(gate) * up, layer.w_down, plan and plan.band("down"))  # [B, T, H]
 
-    def _head(self, x: torch.Tensor, plan: RowPlan | None = None) -> torch.Tensor:
+    def _head(self, x: torch.Tensor, plan: RowPlan | None = None, head=None) -> torch.Tensor:
         band = plan and plan.band("head")
-        return self._matmul(rms_norm(x, self.norm, self.eps), self.lm_head, band).float()  # [..., V]
+        w = self.lm_head if head is None else head
+        return self._matmul(rms_norm(x, self.norm, self.eps), w, band).float()            # [..., V]
 
     def exit_readout(self, h: torch.Tensor, layer: int) -> torch.Tensor:
         """The layer-ℓ_e readout: the trained exit head when it was trained for this layer, else the logit lens."""
@@ -289,7 +339,7 @@ class FastLlamaRunner:
     def forward_to_exit(self, cache: FastCache, ids: list[int], layer: int) -> ExitPass:
         p = self._begin(cache, ids)
         self._run_layers(p, 0, layer)
-        return ExitPass(p.x[0].float(), layer, p)                                         # h^(ℓ_e) [T, H]
+        return ExitPass(p.x[0].float().clone(), layer, p)                                 # h^(ℓ_e) [T, H]
 
     @torch.inference_mode()
     def finish_pass(self, exit_pass: ExitPass) -> torch.Tensor:
@@ -303,6 +353,8 @@ class FastLlamaRunner:
         self._reserve(cache, end)
         x = self.embed[torch.tensor(ids, device=self.device)].unsqueeze(0)               # [1, T, H]
         cos, sin = self._rope(torch.arange(start, end, device=self.device))               # [T, D]
+        if self.native_layers is not None:  # every row alone by construction: no plan, buckets or mask
+            return _FastPass(cache, start, end, x, cos, sin, None, None, None, native=True)
         plan = self.row_plan if t <= EXACT_ROWS else None  # longer calls (prefills) are the same in every decoder
         groups = None if plan is None else self._key_buckets(cache, start, t)
         mask = None
@@ -317,6 +369,10 @@ class FastLlamaRunner:
     def _run_layers(self, p: _FastPass, first: int, stop: int) -> None:
         """Layers first+1..stop of a pass (p.x [1, T, H] in and out; their keys and values into the cache)."""
         cache, start, end = p.cache, p.start, p.end
+        if p.native:
+            for i in range(first, stop):
+                self.native_layers[i](p.x[0], p.cos, p.sin, cache.k[i], cache.v[i], start)       # x [T, H] in place
+            return
         band = None if p.plan is None else p.plan.band("attention")
         for i in range(first, stop):
             layer = self.layers[i]
@@ -382,7 +438,7 @@ class FastLlamaRunner:
             attn = attend_blocks(q, [prefix, (br.k[i, :, :, :end], br.v[i, :, :, :end], own_ok)], self.scale)
             x = self._mlp_residual(layer, x, attn)
         br.own += t
-        return self._head(x), None                                                       # [R, T, V]
+        return self._head(x, head=self.row_head), None                                   # [R, T, V]
 
     def select_row(self, br: FastBranches, row: int) -> FastCache:
         valid = int(br.valid[row])

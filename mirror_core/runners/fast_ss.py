@@ -58,9 +58,9 @@ class FastSSRunner(FastLlamaRunner):
         with torch.no_grad():
             self.embed = model.embed_tokens.weight.detach()                                    # [V, H]
             self.norm = model.norm.weight.detach()                                             # [H]
-            self.lm_head = self.embed[: self.vocab_size].t().contiguous()                      # [H, V] (tied)
             self.stream_embed = model.stream_embed.detach().to(self.dtype)                     # [n, H] P_j
-            self._keep_layers([self._layer(layer) for layer in model.layers])
+            self._keep_layers([self._layer(layer) for layer in model.layers],
+                              self.embed[: self.vocab_size].t().contiguous())                  # LM head [H, V] (tied)
 
     # -- the shared layer loop ----------------------------------------------------------------
     def _layers(self, x: torch.Tensor, positions: torch.Tensor, streams: bool, write_kv, main_blocks,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.native import Library, PackedLinear
 from ..models.feature_draft import FeatureDraft
 from ..models.vocab import VocabMap
 
@@ -35,7 +36,8 @@ class FeatureRunner:
     num_streams = 0
     reads_features = True
 
-    def __init__(self, model: FeatureDraft, vmap: VocabMap, device: str | torch.device = "cpu"):
+    def __init__(self, model: FeatureDraft, vmap: VocabMap, device: str | torch.device = "cpu",
+                 kernel: Library | None = None):
         self.model = model.to(device)
         self.cfg = model.cfg
         self.vmap = vmap
@@ -45,6 +47,10 @@ class FeatureRunner:
         self.feature_layer = model.cfg.feature_layer
         self.num_layers = model.cfg.num_layers
         self.exit_head = None
+        # the exact small-row kernel (kernels/native.py) where it runs: the weights stay float32 and every product
+        # runs packed in the chosen format; else set_dtype moves the whole model
+        self.kernel = kernel if self.device.type == "cpu" and self.dtype == torch.float32 else None
+        self.weight_format = self.dtype
         self._to_draft = vmap.to_draft.to(self.device)
         self._ids = vmap.target_ids.to(self.device)
 
@@ -53,9 +59,16 @@ class FeatureRunner:
         return self.model.embed.dtype
 
     def set_dtype(self, dtype: torch.dtype) -> None:
-        """Run the whole draft (weights, activations, KV cache) in `dtype` (runners/calibrate.py chooses it); the
-        logits and predicted features it returns stay float32."""
-        self.model.to(dtype)
+        """Run the draft's products in `dtype` (runners/calibrate.py chooses it): with the kernel, its linear maps
+        packed in that format (activations and the KV cache stay float32); else the whole draft (weights,
+        activations, KV cache) in `dtype`. The logits and predicted features it returns stay float32."""
+        self.weight_format = dtype
+        if self.kernel is None:
+            self.model.to(dtype)
+            return
+        fmt = str(dtype).removeprefix("torch.")
+        self.model.packed = {w.data_ptr(): PackedLinear(w.detach().t(), fmt, self.kernel)
+                             for w in self.model.matmul_weights()}
 
     # -- sequences -------------------------------------------------------------------------------
     def new_cache(self, capacity: int = 256) -> FeatureCache:

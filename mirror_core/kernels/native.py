@@ -1,0 +1,333 @@
+"""The exact small-row linear kernel (small_rows.cpp): built with this machine's C++ compiler on first use, loaded
+with ctypes, and called only with tensors whose dtype, shape, strides and alignment were checked here.
+
+Why it exists: torch's CPU matmul picks its kernel by the number of rows, so a position's logits change between an
+AR step (1 row) and a window (γ + 1 rows), and the exact plan that repairs it (runners/exactness.py) makes a window
+cost several steps. This kernel gives every row the same float32 chain whatever the call's size (small_rows.cpp's
+header says how), and streams the weights once per call, so a window of a few rows costs about one step.
+
+Variants, by the CPU's flags (the best one this CPU runs is the default; tests force the others):
+    avx512_bf16   AVX-512 with bf16 dot products (bfloat16 weights: one vdpbf16ps per pair of k)
+    avx512        AVX-512 (F, BW, VL) with FMA and F16C
+    avx2          AVX2 with FMA and F16C
+Where none applies or no compiler exists, `library()` returns None with the reason (`unavailable()`), and the
+runners keep torch's matmul under a measured row plan.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import machine
+
+SOURCE = os.path.join(os.path.dirname(__file__), "small_rows.cpp")
+FORMATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-ffp-contract=off")
+VARIANTS = {  # name → (CPU flags it needs, compiler flags)
+    "avx512_bf16": (("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma", "f16c"),
+                    ("-DMSD_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mf16c")),
+    "avx512": (("avx512f", "avx512bw", "avx512vl", "fma", "f16c"),
+               ("-DMSD_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c")),
+    "avx2": (("avx2", "fma", "f16c"), ("-DMSD_AVX2", "-mavx2", "-mfma", "-mf16c")),
+}
+VARIANT_CODES = {4: "avx512_bf16", 3: "avx512", 2: "avx2"}
+BUILD_TIMEOUT_S = 120
+ALIGN = 64  # bytes: packed panels are read with aligned vector loads
+
+
+class KernelError(RuntimeError):
+    """A call the kernel refuses (the Python side checks first; this is the C side's own refusal)."""
+
+
+def runnable_variants() -> tuple[str, ...]:
+    """The variants this CPU can run, best first."""
+    return tuple(name for name, (needs, _) in VARIANTS.items() if machine.has_cpu_flags(*needs))
+
+
+def compiler() -> str | None:
+    """This machine's C++ compiler (machine.cxx_compiler: $CXX, else g++, c++ or clang++ on PATH), or None."""
+    return machine.cxx_compiler()
+
+
+@dataclass(frozen=True)
+class Build:
+    """Where the library of one variant came from."""
+
+    variant: str
+    path: str          # the shared library
+    cached: bool       # built at an earlier load (nothing compiled now)
+    seconds: float     # compile time at this load (0 when cached)
+
+
+def _build(variant: str, cxx: str) -> Build:
+    """Compile small_rows.cpp for one variant into the cache folder (keyed by source, flags and compiler)."""
+    import time
+
+    flags = _BASE_FLAGS + VARIANTS[variant][1]
+    with open(SOURCE, "rb") as f:
+        source = f.read()
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[:1]
+    key = hashlib.sha256(source + " ".join((cxx, *flags, *version)).encode()).hexdigest()[:16]
+    path = os.path.join(machine.cache_dir("kernels"), f"small_rows_{variant}_{key}.so")
+    if os.path.exists(path):
+        return Build(variant, path, True, 0.0)
+    t0 = time.perf_counter()
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
+    os.close(fd)
+    try:
+        done = subprocess.run([cxx, *flags, SOURCE, "-o", tmp], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        if done.returncode != 0:
+            raise OSError(f"{os.path.basename(cxx)} failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}")
+        os.replace(tmp, path)  # atomic: a second process building at once finds a whole library or none
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return Build(variant, path, False, round(time.perf_counter() - t0, 2))
+
+
+_I64, _P = ctypes.c_int64, ctypes.c_void_p
+
+
+@dataclass(frozen=True, eq=False)
+class Library:
+    """One loaded variant: pack weights and run the kernel (through PackedLinear, which checks every call)."""
+
+    build: Build
+    dll: ctypes.CDLL = field(repr=False)
+
+    @property
+    def variant(self) -> str:
+        return self.build.variant
+
+    def fn(self, name: str):
+        return getattr(self.dll, name)
+
+
+def _load(build: Build) -> Library:
+    dll = ctypes.CDLL(build.path)
+    for fmt in ("f32", "f16", "bf16"):
+        pack, run = getattr(dll, f"msd_pack_{fmt}"), getattr(dll, f"msd_linear_{fmt}")
+        pack.argtypes, pack.restype = [_P, _I64, _I64, _I64, _P], ctypes.c_int
+        run.argtypes, run.restype = [_P, _I64, _I64, _I64, _P, _I64, _P, _I64], ctypes.c_int
+    dll.msd_variant.restype = dll.msd_panel.restype = ctypes.c_int
+    dll.msd_stream_read.argtypes, dll.msd_stream_read.restype = [_P, _I64], ctypes.c_double
+    got = VARIANT_CODES.get(dll.msd_variant())
+    if got != build.variant:
+        raise OSError(f"{build.path} is the {got} variant, not {build.variant}")
+    return Library(build, dll)
+
+
+def read_bandwidth(lib: Library, megabytes: int = 256, passes: int = 3) -> float:
+    """GB/s one thread streams from memory here: the best of `passes` reads of a buffer far larger than the caches
+    (the denominator of a step's roofline: weight bytes ÷ this)."""
+    import time
+
+    buf = _aligned_zeros(megabytes * (1 << 20) // 4, torch.float32)
+    best = float("inf")
+    for _ in range(passes + 1):  # the first pass pages the buffer in
+        t0 = time.perf_counter()
+        lib.dll.msd_stream_read(buf.data_ptr(), buf.numel())
+        best = min(best, time.perf_counter() - t0)
+    return round(buf.numel() * 4 / best / 1e9, 1)
+
+
+def peak_gflops(lib: Library | None, fmt: str, rows: int = 16) -> float:
+    """GFLOP/s of the kernel (lib) or of torch's matmul (None) in a weight format when arithmetic, not memory, is the
+    limit: `rows` rows against a weight small enough to stay in the core's cache (best of several calls)."""
+    import time
+
+    k, n = 576, 256
+    w = torch.randn(k, n, generator=torch.Generator().manual_seed(0)) / k ** 0.5
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(1))
+    if lib is not None:
+        packed = PackedLinear(w, fmt, lib)
+        run = lambda: packed(x)  # noqa: E731
+    else:
+        wd, xd = w.to(FORMATS[fmt]), x.to(FORMATS[fmt])
+        run = lambda: xd @ wd  # noqa: E731
+    best = float("inf")
+    for _ in range(30):
+        t0 = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t0)
+    return round(2 * rows * k * n / best / 1e9, 1)
+
+
+_failures: dict[str, str] = {}
+
+
+@functools.cache
+def library(variant: str | None = None) -> Library | None:
+    """The kernel library for `variant` (None: the best this CPU runs), built on first use; None where it cannot
+    be had here (`unavailable(variant)` says why in one line)."""
+    name = variant or next(iter(runnable_variants()), None)
+    if name is None:
+        _failures[str(variant)] = "no AVX2/FMA/F16C on this CPU"
+        return None
+    if name not in VARIANTS:
+        raise ValueError(f"unknown kernel variant {name!r} (known: {', '.join(VARIANTS)})")
+    if name not in runnable_variants():
+        _failures[str(variant)] = f"this CPU cannot run the {name} variant"
+        return None
+    cxx = compiler()
+    if cxx is None:
+        _failures[str(variant)] = "no C++ compiler found (g++, c++ or clang++; set $CXX)"
+        return None
+    try:
+        return _load(_build(name, cxx))
+    except (OSError, subprocess.SubprocessError) as e:
+        _failures[str(variant)] = f"the kernel could not be built or loaded: {e}"
+        return None
+
+
+def unavailable(variant: str | None = None) -> str:
+    """Why library(variant) is None ('' when it is not)."""
+    return "" if library(variant) is not None else _failures.get(str(variant), "unavailable")
+
+
+# -- packed weights ---------------------------------------------------------------------------------------------
+def _aligned_zeros(count: int, dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor of `count` elements whose data starts on an ALIGN-byte boundary."""
+    item = torch.empty((), dtype=dtype).element_size()
+    raw = torch.zeros(count + ALIGN // item, dtype=dtype)
+    skip = (-raw.data_ptr() % ALIGN) // item
+    return raw[skip: skip + count]
+
+
+_PACK = {"float32": ("f32", torch.float32, 1), "float16": ("f16", torch.int16, 1), "bfloat16": ("bf16", torch.int32, 2)}
+
+
+class PackedLinear:
+    """W [K, N] packed for the kernel in one format; calling it computes x [..., K] float32 → [..., N] float32,
+    every row by the same chain whatever the number of rows (small_rows.cpp)."""
+
+    def __init__(self, w: torch.Tensor, fmt: str, lib: Library):
+        if fmt not in _PACK:
+            raise ValueError(f"unknown weight format {fmt!r} (known: {', '.join(_PACK)})")
+        if w.dim() != 2 or w.device.type != "cpu" or not w.dtype.is_floating_point:
+            raise ValueError(f"a linear map's weight must be a 2-D floating CPU tensor, got {tuple(w.shape)} "
+                             f"{w.dtype} on {w.device}")
+        self.format, self.lib = fmt, lib
+        self.k, self.n = int(w.shape[0]), int(w.shape[1])
+        suffix, store, per = _PACK[fmt]
+        panel = lib.dll.msd_panel()
+        panels = -(-self.n // panel)
+        rows = -(-self.k // per)  # k (float32/float16) or k pairs (bfloat16)
+        src = w.detach().to(torch.float32).contiguous()
+        self.data = _aligned_zeros(panels * rows * panel, store)
+        if lib.fn(f"msd_pack_{suffix}")(src.data_ptr(), self.k, self.n, src.stride(0), self.data.data_ptr()):
+            raise KernelError(f"packing a {self.k}x{self.n} weight was refused")
+        self._run = lib.fn(f"msd_linear_{suffix}")
+        self._data_ptr = self.data.data_ptr()
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.k, self.n)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return FORMATS[self.format]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes one call streams (the packed weights, padding included)."""
+        return self.data.numel() * self.data.element_size()
+
+    def unpacked(self) -> torch.Tensor:
+        """W as the kernel sees it, [K, N] float32 (float16/bfloat16 values widened): for tests and fallbacks."""
+        return self(torch.eye(self.k, dtype=torch.float32))  # identity rows read W's rows back exactly
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] float32 on the CPU (any strides) → [..., N] float32. Checked here, then handed over as
+        contiguous rows [M, K]; the packed weights were checked (dtype, size, 64-byte alignment) when packed."""
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or not x.is_cpu:
+            raise TypeError(f"the kernel takes float32 CPU tensors, got {getattr(x, 'dtype', type(x).__name__)} "
+                            f"on {getattr(x, 'device', '?')}")
+        if x.dim() == 0 or x.shape[-1] != self.k:
+            raise ValueError(f"x has shape {tuple(x.shape)}; this weight takes rows of {self.k}")
+        if not x.is_contiguous():
+            x = x.contiguous()
+        m = x.numel() // self.k
+        y = torch.empty(x.shape[:-1] + (self.n,), dtype=torch.float32)                     # [..., N]
+        if m and self._run(x.data_ptr(), m, self.k, self.k, self._data_ptr, self.n, y.data_ptr(), self.n):
+            raise KernelError(f"the kernel refused x {tuple(x.shape)} for a {self.k}x{self.n} weight")
+        return y
+
+
+# -- a whole decoder layer ------------------------------------------------------------------------------------
+_FORMAT_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+
+
+class _LayerSpec(ctypes.Structure):  # small_rows.cpp's msd_layer, field for field
+    _fields_ = [("hidden", _I64), ("heads", _I64), ("kv_heads", _I64), ("head_dim", _I64), ("inter", _I64),
+                ("fmt", ctypes.c_int32), ("eps", ctypes.c_float), ("scale", ctypes.c_float),
+                ("ln1", _P), ("ln2", _P), ("w_qkv", _P), ("b_qkv", _P), ("q_norm", _P), ("k_norm", _P),
+                ("w_o", _P), ("w_gate_up", _P), ("w_down", _P)]
+
+
+def _vector(t: torch.Tensor | None, n: int, what: str) -> torch.Tensor | None:
+    if t is None:
+        return None
+    t = t.detach().to(torch.float32).contiguous()
+    if t.shape != (n,):
+        raise ValueError(f"{what} has shape {tuple(t.shape)}, expected ({n},)")
+    return t
+
+
+class NativeLayer:
+    """One Llama-family decoder layer (RMS norms, fused q|k|v with optional bias (Qwen2) and q/k norms (Qwen3),
+    RoPE, grouped-query causal attention over the layer's cache, SiLU MLP) run by small_rows.cpp in one call:
+    every new row computed alone, so its output is the same in a call of any size."""
+
+    def __init__(self, lib: Library, *, ln1, ln2, qkv: PackedLinear, b_qkv, q_norm, k_norm, o: PackedLinear,
+                 gate_up: PackedLinear, down: PackedLinear, heads: int, kv_heads: int, head_dim: int, eps: float):
+        h, i = qkv.k, down.k
+        fmts = {m.format for m in (qkv, o, gate_up, down)}
+        if len(fmts) != 1:
+            raise ValueError(f"a layer's linear maps must share one format, got {sorted(fmts)}")
+        if heads % kv_heads or head_dim % 2 or head_dim > 512:
+            raise ValueError(f"unsupported attention shape: {heads} heads, {kv_heads} KV heads, head dim {head_dim}")
+        shapes = {"q|k|v": (qkv.shape, (h, (heads + 2 * kv_heads) * head_dim)), "o": (o.shape, (heads * head_dim, h)),
+                  "gate|up": (gate_up.shape, (h, 2 * i)), "down": (down.shape, (i, h))}
+        for name, (got, want) in shapes.items():
+            if got != want:
+                raise ValueError(f"the {name} weight is {got}, expected {want}")
+        self.hidden, self.heads, self.kv_heads, self.head_dim = h, heads, kv_heads, head_dim
+        self._keep = [_vector(ln1, h, "ln1"), _vector(ln2, h, "ln2"),
+                      _vector(b_qkv, qkv.n, "the q|k|v bias"), _vector(q_norm, head_dim, "q_norm"),
+                      _vector(k_norm, head_dim, "k_norm"), qkv, o, gate_up, down]
+        if (q_norm is None) != (k_norm is None):
+            raise ValueError("q_norm and k_norm come together")
+        ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+        ln1_, ln2_, b_, qn_, kn_ = self._keep[:5]
+        self._spec = _LayerSpec(h, heads, kv_heads, head_dim, i, _FORMAT_CODES[qkv.format], float(eps),
+                                float(head_dim ** -0.5), ptr(ln1_), ptr(ln2_), qkv.data.data_ptr(), ptr(b_),
+                                ptr(qn_), ptr(kn_), o.data.data_ptr(), gate_up.data.data_ptr(), down.data.data_ptr())
+        self._run = lib.fn("msd_layer_forward")
+        self._run.argtypes = [ctypes.POINTER(_LayerSpec), _P, _I64, _P, _P, _P, _P, _I64, _I64]
+        self._run.restype = ctypes.c_int
+        self._spec_ref = ctypes.byref(self._spec)
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
+                 values: torch.Tensor, start: int) -> None:
+        """x [T, H] (contiguous float32, updated in place) through the layer at positions start..start+T−1; keys
+        and values [Hkv, cap, D] (contiguous float32: the layer's cache) get the new entries. cos, sin [T, D]."""
+        t = x.shape[0] if x.dim() == 2 else -1
+        d = self.head_dim
+        ok = (t >= 1 and x.shape[1] == self.hidden and cos.shape == sin.shape == (t, d)
+              and keys.shape == values.shape and keys.dim() == 3 and keys.shape[0] == self.kv_heads
+              and keys.shape[2] == d and 0 <= start and start + t <= keys.shape[1]
+              and all(a.dtype == torch.float32 and a.is_cpu and a.is_contiguous() for a in (x, cos, sin, keys, values)))
+        if not ok:
+            raise ValueError(f"native layer: bad call x {tuple(x.shape)} cos {tuple(cos.shape)} keys "
+                             f"{tuple(keys.shape)} at {start} (float32, contiguous, CPU, inside the cache)")
+        if self._run(self._spec_ref, x.data_ptr(), t, cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
+                     values.data_ptr(), keys.shape[1], start):
+            raise KernelError("the native layer refused its arguments")

@@ -1,0 +1,477 @@
+// Exact small-row linear maps: y[M, N] = x[M, K] @ W[K, N] where row r of an M-row call is bit for bit the
+// same as that row's own 1-row call, for every M and every place of the row in the call, by construction.
+//
+// Weight-stationary: W is packed once into column panels of PANEL (32) columns, panel p holding
+// W[k][32p .. 32p+31] for k = 0..K-1 one after another (bfloat16: k in pairs, see pack_bf16). For each panel the
+// kernel streams the panel once and, for each k, every row does one fused multiply-add into its own accumulators:
+//     acc[r][j] = fma(x[r][k], W[k][j], acc[r][j])      k = 0, 1, ..., K-1 in that order, acc starting at 0.
+// Each output is that one sequential chain whatever M is: rows never share an accumulator, K is never split, and
+// the rows of a call are only grouped (GROUP at a time, to keep the accumulators in registers), which changes
+// nothing in any row's chain. Columns past N are zero in the pack and never stored.
+//
+// Formats (the weights' bytes; accumulation is always float32):
+//   f32   float32 weights, float32 x: one FMA per (row, k, column).
+//   f16   float16 weights widened exactly to float32 (F16C), float32 x: the same chain as f32.
+//   bf16  bfloat16 weights, x rounded to bfloat16 (round to nearest even, as torch's .to(torch.bfloat16)):
+//         with AVX512-BF16 one dot-product instruction per pair of k (vdpbf16ps: acc += x[2i]·w[2i] + x[2i+1]·w[2i+1]),
+//         else both widened exactly to float32 and two FMAs (k even, then k odd). The two variants round differently
+//         from each other; each is the same function for every M.
+// Built once per machine by mirror_core/kernels/native.py with one of: -DMSD_AVX512 (with or without
+// -mavx512bf16) or -DMSD_AVX2; the Python side checks dtype, shape, strides and alignment before every call.
+#include <immintrin.h>
+#include <stdint.h>
+#include <math.h>
+#include <string.h>
+#include <vector>
+
+namespace {
+
+constexpr int64_t PANEL = 32;  // columns per packed panel (2 AVX-512 or 4 AVX2 vectors)
+
+// The float-vector operations both variants spell alike (P: _mm512 or _mm256); FMA and fnmadd round once.
+#define MSD_VECTOR_OPS(P)                                                                        \
+    static inline vf vzero() { return P##_setzero_ps(); }                                        \
+    static inline vf vbcast(float a) { return P##_set1_ps(a); }                                  \
+    static inline vf vload(const float* p) { return P##_load_ps(p); }                            \
+    static inline vf vloadu(const float* p) { return P##_loadu_ps(p); }                          \
+    static inline vf vfma(vf a, vf b, vf c) { return P##_fmadd_ps(a, b, c); }                    \
+    static inline vf vfnma(vf a, vf b, vf c) { return P##_fnmadd_ps(a, b, c); } /* c − a·b */   \
+    static inline vf vadd(vf a, vf b) { return P##_add_ps(a, b); }                               \
+    static inline vf vsub(vf a, vf b) { return P##_sub_ps(a, b); }                               \
+    static inline vf vmul(vf a, vf b) { return P##_mul_ps(a, b); }                               \
+    static inline vf vmax(vf a, vf b) { return P##_max_ps(a, b); }
+
+#if defined(MSD_AVX512)
+constexpr int GROUP = 8;       // rows per register block: 8 rows x 2 zmm accumulators
+constexpr int VEC = 16;
+typedef __m512 vf;
+MSD_VECTOR_OPS(_mm512)
+static inline vf vload_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)p)); }
+// 16 bf16 pairs (k even in the low half of each 32-bit lane): the even and the odd weights as float32, exactly
+static inline vf vbf16_even(const uint32_t* p) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_load_si512(p), 16)); }
+static inline vf vbf16_odd(const uint32_t* p) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_load_si512(p), _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+static inline void vstore_cols(float* y, vf v, int64_t cols) {  // cols in 1..16 (of this vector) to store
+    if (cols >= VEC) _mm512_storeu_ps(y, v);
+    else _mm512_mask_storeu_ps(y, (__mmask16)((1u << cols) - 1u), v);
+}
+static inline vf vround(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vf vpow2(vf n) {  // 2^n for integral n in [−126, 127], exactly
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+#elif defined(MSD_AVX2)
+constexpr int GROUP = 3;       // rows per register block: 3 rows x 4 ymm accumulators
+constexpr int VEC = 8;
+typedef __m256 vf;
+MSD_VECTOR_OPS(_mm256)
+static inline vf vload_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_load_si128((const __m128i*)p)); }
+static inline vf vbf16_even(const uint32_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_load_si256((const __m256i*)p), 16));
+}
+static inline vf vbf16_odd(const uint32_t* p) {
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_load_si256((const __m256i*)p), _mm256_set1_epi32((int)0xFFFF0000u)));
+}
+static inline void vstore_cols(float* y, vf v, int64_t cols) {
+    if (cols >= VEC) { _mm256_storeu_ps(y, v); return; }
+    alignas(32) int32_t m[VEC];
+    for (int i = 0; i < VEC; i++) m[i] = i < cols ? -1 : 0;
+    _mm256_maskstore_ps(y, _mm256_load_si256((const __m256i*)m), v);
+}
+static inline vf vround(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vf vpow2(vf n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+#else
+#error "build with -DMSD_AVX512 or -DMSD_AVX2"
+#endif
+
+constexpr int NV = PANEL / VEC;  // vectors per panel row
+template <typename X, typename W>
+using Block = void (*)(const X*, int64_t, const W*, int64_t, float*, int64_t, int64_t, int64_t);
+
+// e^x for x <= 0 (softmax's shifted scores), lane by lane: 2^n · p(r) with n = round(x·log2 e), r = x − n·ln 2 in
+// two parts, p Cephes' degree-6 polynomial (relative error ~2e-7); lanes below −87 give 0 (or a subnormal). The same
+// bits for a value wherever it sits, so a row's weights never depend on its neighbours.
+static inline vf vexp(vf x) {
+    x = vmax(x, vbcast(-87.0f));
+    vf n = vround(vmul(x, vbcast(1.44269504088896341f)));
+    vf r = vfnma(n, vbcast(-2.12194440e-4f), vfnma(n, vbcast(0.693359375f), x));
+    vf p = vbcast(1.9875691500e-4f);
+    for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+        p = vfma(p, r, vbcast(c));
+    p = vfma(p, vmul(r, r), vadd(r, vbcast(1.0f)));
+    return vmul(p, vpow2(n));
+}
+
+static inline void store_block(float* y, int64_t y_stride, int rows, vf acc[][NV], int64_t col0, int64_t n) {
+    for (int r = 0; r < rows; r++)
+        for (int v = 0; v < NV; v++) {
+            int64_t c = col0 + v * VEC;
+            if (c < n) vstore_cols(y + r * y_stride + c, acc[r][v], n - c);
+        }
+}
+
+// One register block: R rows of x against one panel of float32 or float16 weights (widened exactly on load).
+static inline vf wload(const float* p) { return vload(p); }
+static inline vf wload(const uint16_t* p) { return vload_f16(p); }
+
+template <int R, typename W>
+static void block_fma(const float* x, int64_t xs, const W* w, int64_t k, float* y, int64_t ys, int64_t col0, int64_t n) {
+    vf acc[R][NV];
+    for (int r = 0; r < R; r++) for (int v = 0; v < NV; v++) acc[r][v] = vzero();
+    for (int64_t i = 0; i < k; i++) {
+        const W* wk = w + i * PANEL;
+        vf wv[NV];
+        for (int v = 0; v < NV; v++) wv[v] = wload(wk + v * VEC);
+        for (int r = 0; r < R; r++) {
+            vf b = vbcast(x[r * xs + i]);
+            for (int v = 0; v < NV; v++) acc[r][v] = vfma(b, wv[v], acc[r][v]);
+        }
+    }
+    store_block(y, ys, R, acc, col0, n);
+}
+
+// bf16: x is given as bfloat16 pairs (xp[r][i] = x[r][2i] | x[r][2i+1] << 16), the panel as k-pairs.
+#if defined(MSD_AVX512) && defined(__AVX512BF16__)
+template <int R>
+static void block_bf16(const uint32_t* xp, int64_t xs, const uint32_t* w, int64_t k2, float* y, int64_t ys, int64_t col0, int64_t n) {
+    vf acc[R][NV];
+    for (int r = 0; r < R; r++) for (int v = 0; v < NV; v++) acc[r][v] = vzero();
+    for (int64_t i = 0; i < k2; i++) {
+        const uint32_t* wk = w + i * PANEL;
+        __m512bh wv[NV];
+        for (int v = 0; v < NV; v++) wv[v] = (__m512bh)_mm512_load_si512(wk + v * VEC);
+        for (int r = 0; r < R; r++) {
+            __m512bh b = (__m512bh)_mm512_set1_epi32((int)xp[r * xs + i]);
+            for (int v = 0; v < NV; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], b, wv[v]);
+        }
+    }
+    store_block(y, ys, R, acc, col0, n);
+}
+#else
+static inline float bf16_lo(uint32_t p) { uint32_t u = p << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline float bf16_hi(uint32_t p) { uint32_t u = p & 0xFFFF0000u; float f; memcpy(&f, &u, 4); return f; }
+template <int R>
+static void block_bf16(const uint32_t* xp, int64_t xs, const uint32_t* w, int64_t k2, float* y, int64_t ys, int64_t col0, int64_t n) {
+    vf acc[R][NV];
+    for (int r = 0; r < R; r++) for (int v = 0; v < NV; v++) acc[r][v] = vzero();
+    for (int64_t i = 0; i < k2; i++) {
+        const uint32_t* wk = w + i * PANEL;
+        for (int r = 0; r < R; r++) {
+            uint32_t p = xp[r * xs + i];
+            vf be = vbcast(bf16_lo(p)), bo = vbcast(bf16_hi(p));
+            for (int v = 0; v < NV; v++) acc[r][v] = vfma(be, vbf16_even(wk + v * VEC), acc[r][v]);
+            for (int v = 0; v < NV; v++) acc[r][v] = vfma(bo, vbf16_odd(wk + v * VEC), acc[r][v]);
+        }
+    }
+    store_block(y, ys, R, acc, col0, n);
+}
+#endif
+
+// Every panel once; within a panel, the rows GROUP at a time (the panel stays in L1/L2 for the next group).
+template <typename X, typename W>
+static void run_panels(const Block<X, W>* blocks, const X* x, int64_t m, int64_t xs, const W* w, int64_t kk, int64_t panel_elems,
+                       float* y, int64_t ys, int64_t n) {
+    int64_t panels = (n + PANEL - 1) / PANEL;
+    for (int64_t p = 0; p < panels; p++) {
+        const W* wp = w + p * panel_elems;
+        for (int64_t r0 = 0; r0 < m; r0 += GROUP) {
+            int64_t rows = m - r0 < GROUP ? m - r0 : GROUP;
+            blocks[rows - 1](x + r0 * xs, xs, wp, kk, y + r0 * ys, ys, p * PANEL, n);
+        }
+    }
+}
+
+// The register blocks by row count: BLOCKS[R − 1] computes R rows (Block: x, its row stride, a panel, K, y, its
+// row stride, the panel's first column, N).
+#if defined(MSD_AVX512)
+#define MSD_BLOCKS(f, ...) {f<1, ##__VA_ARGS__>, f<2, ##__VA_ARGS__>, f<3, ##__VA_ARGS__>, f<4, ##__VA_ARGS__>, \
+                            f<5, ##__VA_ARGS__>, f<6, ##__VA_ARGS__>, f<7, ##__VA_ARGS__>, f<8, ##__VA_ARGS__>}
+#else
+#define MSD_BLOCKS(f, ...) {f<1, ##__VA_ARGS__>, f<2, ##__VA_ARGS__>, f<3, ##__VA_ARGS__>}
+#endif
+static const Block<float, float> F32[GROUP] = MSD_BLOCKS(block_fma, float);
+static const Block<float, uint16_t> F16[GROUP] = MSD_BLOCKS(block_fma, uint16_t);
+static const Block<uint32_t, uint32_t> BF16[GROUP] = MSD_BLOCKS(block_bf16);
+
+static inline uint16_t to_bf16(float f) {  // round to nearest even; NaN stays NaN (torch's rule)
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+static bool bad(int64_t m, int64_t k, int64_t n, int64_t xs, int64_t ys, const void* x, const void* w, const void* y) {
+    return m < 1 || k < 1 || n < 1 || xs < k || ys < n || !x || !w || !y || ((uintptr_t)w % 64) != 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// The read bandwidth one core reaches here: sum n floats (64-byte aligned, n a multiple of 4·VEC) with four
+// independent vector accumulators, the way the kernel streams its panels. The sum is returned so the loop stays.
+double msd_stream_read(const float* p, int64_t n) {
+    if (!p || n < 4 * VEC || n % (4 * VEC) || ((uintptr_t)p % 64) != 0) return -1.0;
+    vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+    for (int64_t i = 0; i < n; i += 4 * VEC) {
+        a0 = vfma(vbcast(1.0f), vload(p + i), a0);
+        a1 = vfma(vbcast(1.0f), vload(p + i + VEC), a1);
+        a2 = vfma(vbcast(1.0f), vload(p + i + 2 * VEC), a2);
+        a3 = vfma(vbcast(1.0f), vload(p + i + 3 * VEC), a3);
+    }
+    alignas(64) float lanes[VEC];
+    double s = 0.0;
+    for (vf a : {a0, a1, a2, a3}) {
+        memcpy(lanes, &a, sizeof(lanes));
+        for (int l = 0; l < VEC; l++) s += lanes[l];
+    }
+    return s;
+}
+
+// The variant this file was built as: 2 = AVX2, 3 = AVX-512, 4 = AVX-512 with BF16 dot products.
+int msd_variant(void) {
+#if defined(MSD_AVX512) && defined(__AVX512BF16__)
+    return 4;
+#elif defined(MSD_AVX512)
+    return 3;
+#else
+    return 2;
+#endif
+}
+
+int msd_panel(void) { return (int)PANEL; }
+
+// Packing (called once per weight). w: row-major [K, N] float32 (row stride ws). Output buffers are
+// zero-filled by the caller and 64-byte aligned: f32 panels*K*32 floats; f16 the same count of uint16 (F16C,
+// round to nearest even); bf16 panels*ceil(K/2)*32 uint32 (pairs of bf16, k even in the low half).
+int msd_pack_f32(const float* w, int64_t k, int64_t n, int64_t ws, float* out) {
+    if (k < 1 || n < 1 || ws < n || !w || !out) return 1;
+    int64_t panels = (n + PANEL - 1) / PANEL;
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t i = 0; i < k; i++)
+            for (int64_t j = 0; j < PANEL && p * PANEL + j < n; j++) out[(p * k + i) * PANEL + j] = w[i * ws + p * PANEL + j];
+    return 0;
+}
+
+int msd_pack_f16(const float* w, int64_t k, int64_t n, int64_t ws, uint16_t* out) {
+    if (k < 1 || n < 1 || ws < n || !w || !out) return 1;
+    int64_t panels = (n + PANEL - 1) / PANEL;
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t i = 0; i < k; i++)
+            for (int64_t j = 0; j < PANEL && p * PANEL + j < n; j++)
+                out[(p * k + i) * PANEL + j] = _cvtss_sh(w[i * ws + p * PANEL + j], _MM_FROUND_TO_NEAREST_INT);
+    return 0;
+}
+
+int msd_pack_bf16(const float* w, int64_t k, int64_t n, int64_t ws, uint32_t* out) {
+    if (k < 1 || n < 1 || ws < n || !w || !out) return 1;
+    int64_t panels = (n + PANEL - 1) / PANEL, k2 = (k + 1) / 2;
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t i = 0; i < k2; i++)
+            for (int64_t j = 0; j < PANEL && p * PANEL + j < n; j++) {
+                uint32_t lo = to_bf16(w[(2 * i) * ws + p * PANEL + j]);
+                uint32_t hi = 2 * i + 1 < k ? to_bf16(w[(2 * i + 1) * ws + p * PANEL + j]) : 0u;
+                out[(p * k2 + i) * PANEL + j] = lo | (hi << 16);
+            }
+    return 0;
+}
+
+// y[m, n] (row stride ys) = x[m, k] (row stride xs) @ packed W. Returns 0, or 1 on arguments it refuses.
+int msd_linear_f32(const float* x, int64_t m, int64_t k, int64_t xs, const float* w, int64_t n, float* y, int64_t ys) {
+    if (bad(m, k, n, xs, ys, x, w, y)) return 1;
+    run_panels<float, float>(F32, x, m, xs, w, k, k * PANEL, y, ys, n);
+    return 0;
+}
+
+int msd_linear_f16(const float* x, int64_t m, int64_t k, int64_t xs, const uint16_t* w, int64_t n, float* y, int64_t ys) {
+    if (bad(m, k, n, xs, ys, x, w, y)) return 1;
+    run_panels<float, uint16_t>(F16, x, m, xs, w, k, k * PANEL, y, ys, n);
+    return 0;
+}
+
+int msd_linear_bf16(const float* x, int64_t m, int64_t k, int64_t xs, const uint32_t* w, int64_t n, float* y, int64_t ys) {
+    if (bad(m, k, n, xs, ys, x, w, y)) return 1;
+    int64_t k2 = (k + 1) / 2;
+    thread_local std::vector<uint32_t> xp;  // x as bf16 pairs [m, k2]
+    if ((int64_t)xp.size() < m * k2) xp.resize(m * k2);
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t i = 0; i < k2; i++) {
+            uint32_t lo = to_bf16(x[r * xs + 2 * i]);
+            uint32_t hi = 2 * i + 1 < k ? to_bf16(x[r * xs + 2 * i + 1]) : 0u;
+            xp[r * k2 + i] = lo | (hi << 16);
+        }
+    run_panels<uint32_t, uint32_t>(BF16, xp.data(), m, k2, w, k2, k2 * PANEL, y, ys, n);
+    return 0;
+}
+
+
+}  // extern "C"
+
+// -- one Llama-family decoder layer over T new rows, every row computed alone -----------------------------------
+// The layer's own arithmetic (norms, RoPE, attention, SiLU) runs row by row with fixed loop orders, and its linear
+// maps are the kernel above, so a row's output depends only on its own input and the cache entries before it:
+// an AR step and a window give every position the same bits without any row plan.
+struct msd_layer {
+    int64_t hidden, heads, kv_heads, head_dim, inter;
+    int32_t fmt;                      // 0 float32, 1 float16, 2 bfloat16 (the packed weights' format)
+    float eps, scale;                 // RMS-norm epsilon; attention's 1/sqrt(D)
+    const float* ln1;                 // [H]
+    const float* ln2;                 // [H]
+    const void* w_qkv;                // packed [H, (Hq + 2·Hkv)·D]
+    const float* b_qkv;               // [(Hq + 2·Hkv)·D] or NULL (Qwen2)
+    const float* q_norm;              // [D] or NULL (Qwen3)
+    const float* k_norm;              // [D] or NULL
+    const void* w_o;                  // packed [Hq·D, H]
+    const void* w_gate_up;            // packed [H, 2·I]
+    const void* w_down;               // packed [I, H]
+};
+
+namespace {
+
+static int linear(int32_t fmt, const float* x, int64_t m, int64_t k, const void* w, int64_t n, float* y) {
+    if (fmt == 0) return msd_linear_f32(x, m, k, k, (const float*)w, n, y, n);
+    if (fmt == 1) return msd_linear_f16(x, m, k, k, (const uint16_t*)w, n, y, n);
+    if (fmt == 2) return msd_linear_bf16(x, m, k, k, (const uint32_t*)w, n, y, n);
+    return 1;
+}
+
+// y = gain · x / sqrt(mean(x²) + eps) over n values (LlamaRMSNorm's order: normalise, then the gain)
+static void rms_norm_row(const float* x, const float* gain, int64_t n, float eps, float* y) {
+    float lanes[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) lanes[l] += x[i + l] * x[i + l];
+    float ss = 0.0f;
+    for (int l = 0; l < 16; l++) ss += lanes[l];
+    for (; i < n; i++) ss += x[i] * x[i];
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t j = 0; j < n; j++) y[j] = gain[j] * (x[j] * inv);
+}
+
+static inline float hsum(vf v) {  // the lanes added in a fixed order
+    alignas(64) float l[VEC];
+    memcpy(l, &v, sizeof(l));
+    float s = 0.0f;
+    for (int i = 0; i < VEC; i++) s += l[i];
+    return s;
+}
+
+
+static float dot(const float* a, const float* b, int64_t n) {  // one FMA chain per lane, then hsum, then the tail
+    vf acc = vzero();
+    int64_t i = 0;
+    for (; i + VEC <= n; i += VEC) acc = vfma(vloadu(a + i), vloadu(b + i), acc);
+    float s = hsum(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+// One query row of one head over its n visible keys: out[D] = Σ_j softmax(q·k_j · scale)_j v_j. w: n floats scratch.
+static void attend_row(const float* q, const float* keys, const float* values, int64_t n, int64_t d, float scale,
+                       float* w, float* out) {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; j++) {
+        w[j] = dot(q, keys + j * d, d) * scale;
+        mx = w[j] > mx ? w[j] : mx;
+    }
+    vf vsum = vzero(), vmx = vbcast(mx);
+    int64_t j = 0;
+    for (; j + VEC <= n; j += VEC) {
+        vf e = vexp(vsub(vloadu(w + j), vmx));
+        vstore_cols(w + j, e, VEC);
+        vsum = vadd(vsum, e);
+    }
+    alignas(64) float tail[VEC];
+    for (int l = 0; l < VEC; l++) tail[l] = j + l < n ? w[j + l] - mx : -INFINITY;
+    vf e = vexp(vloadu(tail));
+    vstore_cols(w + j, e, n - j);
+    alignas(64) float el[VEC];
+    memcpy(el, &e, sizeof(el));
+    float sum = hsum(vsum);
+    for (int l = 0; j + l < n; l++) sum += el[l];
+    const float inv = 1.0f / sum;
+    for (int64_t i = 0; i < d; i++) out[i] = 0.0f;
+    for (int64_t k = 0; k < n; k++) {
+        const float p = w[k] * inv;
+        const float* v = values + k * d;
+        for (int64_t i = 0; i < d; i++) out[i] += p * v[i];
+    }
+}
+
+// x[d] ← x[d]·cos[d] + rotate_half(x)[d]·sin[d]  (rotate_half(x) = [−x[D/2:], x[:D/2]])
+static void rope(float* x, const float* cos, const float* sin, int64_t d) {
+    int64_t h = d / 2;
+    float tmp[512];
+    for (int64_t i = 0; i < d; i++) tmp[i] = x[i];
+    for (int64_t i = 0; i < h; i++) x[i] = tmp[i] * cos[i] + (-tmp[i + h]) * sin[i];
+    for (int64_t i = h; i < d; i++) x[i] = tmp[i] * cos[i] + tmp[i - h] * sin[i];
+}
+
+}  // namespace
+
+extern "C" {
+
+// x [t, H] (in/out: the residual stream) through one layer at positions start..start+t−1; the layer's keys and
+// values are written into kc/vc [Hkv, cap, D] at those positions, and row r attends to entries 0..start+r.
+// cos/sin: [t, D]. Returns 0, or 1 on arguments it refuses.
+int msd_layer_forward(const msd_layer* L, float* x, int64_t t, const float* cos, const float* sin,
+                      float* kc, float* vc, int64_t cap, int64_t start) {
+    if (!L || !x || !cos || !sin || !kc || !vc || t < 1 || start < 0 || start + t > cap) return 1;
+    const int64_t H = L->hidden, Hq = L->heads, Hkv = L->kv_heads, D = L->head_dim, I = L->inter;
+    if (H < 1 || Hq < 1 || Hkv < 1 || Hq % Hkv || D < 2 || D % 2 || D > 512 || I < 1) return 1;
+    const int64_t nq = Hq * D, nkv = Hkv * D, nqkv = nq + 2 * nkv, rep = Hq / Hkv, keys = start + t;
+    thread_local std::vector<float> buf;
+    size_t need = (size_t)(t * H + t * nqkv + t * nq + t * 2 * I + t * I + keys + VEC);
+    if (buf.size() < need) buf.resize(need);
+    float* xn = buf.data();            // [t, H]
+    float* qkv = xn + t * H;           // [t, nqkv]
+    float* att = qkv + t * nqkv;       // [t, nq]
+    float* gu = att + t * nq;          // [t, 2I]
+    float* act = gu + t * 2 * I;       // [t, I]
+    float* w = act + t * I;            // [keys] attention weights of one row and head
+
+    for (int64_t r = 0; r < t; r++) rms_norm_row(x + r * H, L->ln1, H, L->eps, xn + r * H);
+    if (linear(L->fmt, xn, t, H, L->w_qkv, nqkv, qkv)) return 1;
+    for (int64_t r = 0; r < t; r++) {
+        float* row = qkv + r * nqkv;
+        if (L->b_qkv) for (int64_t j = 0; j < nqkv; j++) row[j] = row[j] + L->b_qkv[j];
+        for (int64_t h = 0; h < Hq + Hkv; h++) {  // the query heads, then the key heads
+            float* head = row + h * D;
+            if (L->q_norm) {
+                float tmp[512];
+                rms_norm_row(head, h < Hq ? L->q_norm : L->k_norm, D, L->eps, tmp);
+                memcpy(head, tmp, sizeof(float) * D);
+            }
+            rope(head, cos + r * D, sin + r * D, D);
+        }
+        for (int64_t g = 0; g < Hkv; g++) {
+            memcpy(kc + (g * cap + start + r) * D, row + nq + g * D, sizeof(float) * D);
+            memcpy(vc + (g * cap + start + r) * D, row + nq + nkv + g * D, sizeof(float) * D);
+        }
+    }
+    for (int64_t r = 0; r < t; r++) {
+        const int64_t n = start + r + 1;  // the entries row r may see
+        for (int64_t h = 0; h < Hq; h++) {
+            const float* q = qkv + r * nqkv + h * D;
+            const float* kg = kc + (h / rep) * cap * D;
+            const float* vg = vc + (h / rep) * cap * D;
+            attend_row(q, kg, vg, n, D, L->scale, w, att + r * nq + h * D);
+        }
+    }
+    if (linear(L->fmt, att, t, nq, L->w_o, H, xn)) return 1;                    // xn ← o_proj(att)
+    for (int64_t i = 0; i < t * H; i++) x[i] = x[i] + xn[i];
+    for (int64_t r = 0; r < t; r++) rms_norm_row(x + r * H, L->ln2, H, L->eps, xn + r * H);
+    if (linear(L->fmt, xn, t, H, L->w_gate_up, 2 * I, gu)) return 1;
+    for (int64_t r = 0; r < t; r++)
+        for (int64_t j = 0; j < I; j++) {
+            const float g = gu[r * 2 * I + j], u = gu[r * 2 * I + I + j];
+            act[r * I + j] = g / (1.0f + expf(-g)) * u;                          // silu(gate) · up
+        }
+    if (linear(L->fmt, act, t, I, L->w_down, H, xn)) return 1;
+    for (int64_t i = 0; i < t * H; i++) x[i] = x[i] + xn[i];
+    return 0;
+}
+
+}  // extern "C"
