@@ -39,7 +39,9 @@ constexpr int64_t PANEL = 32;  // columns per packed panel (2 AVX-512 or 4 AVX2 
     static inline vf vadd(vf a, vf b) { return P##_add_ps(a, b); }                               \
     static inline vf vsub(vf a, vf b) { return P##_sub_ps(a, b); }                               \
     static inline vf vmul(vf a, vf b) { return P##_mul_ps(a, b); }                               \
-    static inline vf vmax(vf a, vf b) { return P##_max_ps(a, b); }
+    static inline vf vmax(vf a, vf b) { return P##_max_ps(a, b); }                               \
+    static inline vf vmin(vf a, vf b) { return P##_min_ps(a, b); }                               \
+    static inline vf vdiv(vf a, vf b) { return P##_div_ps(a, b); }
 
 #if defined(MSD_AVX512)
 constexpr int GROUP = 8;       // rows per register block: 8 rows x 2 zmm accumulators
@@ -90,11 +92,11 @@ constexpr int NV = PANEL / VEC;  // vectors per panel row
 template <typename X, typename W>
 using Block = void (*)(const X*, int64_t, const W*, int64_t, float*, int64_t, int64_t, int64_t);
 
-// e^x for x <= 0 (softmax's shifted scores), lane by lane: 2^n · p(r) with n = round(x·log2 e), r = x − n·ln 2 in
-// two parts, p Cephes' degree-6 polynomial (relative error ~2e-7); lanes below −87 give 0 (or a subnormal). The same
-// bits for a value wherever it sits, so a row's weights never depend on its neighbours.
+// e^x lane by lane (softmax's shifted scores, SiLU's sigmoid): 2^n · p(r) with n = round(x·log2 e), r = x − n·ln 2
+// in two parts, p Cephes' degree-6 polynomial (relative error ~2e-7); x is clamped to [−87, 88]. The same bits for a
+// value wherever it sits, so a row's result never depends on its neighbours.
 static inline vf vexp(vf x) {
-    x = vmax(x, vbcast(-87.0f));
+    x = vmin(vmax(x, vbcast(-87.0f)), vbcast(88.0f));
     vf n = vround(vmul(x, vbcast(1.44269504088896341f)));
     vf r = vfnma(n, vbcast(-2.12194440e-4f), vfnma(n, vbcast(0.693359375f), x));
     vf p = vbcast(1.9875691500e-4f);
@@ -350,12 +352,32 @@ static void rms_norm_row(const float* x, const float* gain, int64_t n, float eps
     for (int64_t j = 0; j < n; j++) y[j] = gain[j] * (x[j] * inv);
 }
 
-static inline float hsum(vf v) {  // the lanes added in a fixed order
-    alignas(64) float l[VEC];
-    memcpy(l, &v, sizeof(l));
-    float s = 0.0f;
-    for (int i = 0; i < VEC; i++) s += l[i];
-    return s;
+static inline float hsum(vf v) {  // the lanes added pairwise in a fixed tree (the same for every call)
+#if defined(MSD_AVX512)
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+#else
+    __m256 h = v;
+#endif
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+
+// act[j] = silu(g[j]) · u[j] = g / (1 + e^(−g)) · u over n values, VEC at a time (the tail through the same vexp)
+static void silu_mul(const float* g, const float* u, int64_t n, float* act) {
+    int64_t j = 0;
+    for (; j + VEC <= n; j += VEC) {
+        vf gv = vloadu(g + j);
+        vstore_cols(act + j, vmul(vdiv(gv, vadd(vbcast(1.0f), vexp(vsub(vzero(), gv)))), vloadu(u + j)), VEC);
+    }
+    if (j < n) {
+        alignas(64) float gt[VEC] = {0}, ut[VEC] = {0};
+        memcpy(gt, g + j, sizeof(float) * (n - j));
+        memcpy(ut, u + j, sizeof(float) * (n - j));
+        vf gv = vloadu(gt);
+        vstore_cols(act + j, vmul(vdiv(gv, vadd(vbcast(1.0f), vexp(vsub(vzero(), gv)))), vloadu(ut)), n - j);
+    }
 }
 
 
@@ -464,11 +486,7 @@ int msd_layer_forward(const msd_layer* L, float* x, int64_t t, const float* cos,
     for (int64_t i = 0; i < t * H; i++) x[i] = x[i] + xn[i];
     for (int64_t r = 0; r < t; r++) rms_norm_row(x + r * H, L->ln2, H, L->eps, xn + r * H);
     if (linear(L->fmt, xn, t, H, L->w_gate_up, 2 * I, gu)) return 1;
-    for (int64_t r = 0; r < t; r++)
-        for (int64_t j = 0; j < I; j++) {
-            const float g = gu[r * 2 * I + j], u = gu[r * 2 * I + I + j];
-            act[r * I + j] = g / (1.0f + expf(-g)) * u;                          // silu(gate) · up
-        }
+    for (int64_t r = 0; r < t; r++) silu_mul(gu + r * 2 * I, gu + r * 2 * I + I, I, act + r * I);  // silu(gate)·up
     if (linear(L->fmt, act, t, I, L->w_down, H, xn)) return 1;
     for (int64_t i = 0; i < t * H; i++) x[i] = x[i] + xn[i];
     return 0;
