@@ -367,6 +367,61 @@ def test_the_what_if_reproduces_the_latency_model_and_moves_with_its_knobs():
     assert "modelled" in page and "Table 1 means" in page and page.count("mirror-bar") == 3
 
 
+def test_the_roofline_view_plots_the_forward_by_rows_against_both_limits_and_says_where_the_ridge_is():
+    from dataclasses import replace as with_
+
+    from mirror_core.records import Roofline
+    from ui.learn import GLOSSARY
+    from ui.roofline import ridge_rows, roofline_figure, roofline_sentence, roofline_view
+
+    # 100 MB at 10 GB/s: a 10 ms memory limit; 2 · 50 M multiply-adds at 50 GFLOP/s: 2 ms of arithmetic per row, so
+    # the rows are memory-bound at 1..4 (2..8 ms < 10), meet at 5 and are compute-bound at 8 (16 ms)
+    roof = Roofline("avx512", "", "bfloat16", 100_000_000, 10.0, (12.5, 12.6, 12.8, 13.0, 13.5, 14.6, 16.8, 19.0),
+                    50_000_000, 50.0)
+    assert ridge_rows(roof) == pytest.approx(5.0)
+    traces = {t.name: t for t in roofline_figure(roof).data}
+    assert list(traces) == ["measured at load", "memory limit: weights ÷ bandwidth",
+                            "compute limit: arithmetic ÷ peak rate", "modelled: the larger limit"]
+    measured, memory, compute, modelled = traces.values()
+    assert measured.mode == "lines+markers" and list(measured.x) == list(range(1, 9)) and measured.y == roof.rows_ms
+    assert list(memory.y) == pytest.approx([10.0] * 8)
+    assert list(compute.y) == pytest.approx([2.0 * m for m in range(1, 9)])
+    assert modelled.line.dash == "dash" and list(modelled.y) == pytest.approx([10.0] * 5 + [12.0, 14.0, 16.0])
+    assert all(memory.y[m - 1] >= compute.y[m - 1] for m in range(1, 5)) and compute.y[7] > memory.y[7]
+    figure = roofline_figure(roof)
+    assert [s.x0 for s in figure.layout.shapes] == [pytest.approx(5.0)]          # the ridge, marked at 5 rows
+    assert figure.layout.annotations[0].text == "ridge ≈ 5.0 rows"
+    text = roofline_sentence(roof, gamma=3)
+    assert "the step reaches 80% of the roofline" in text and "(100 MB of weights ÷ 10.0 GB/s) is 10.0 ms" in text
+    assert "a window of γ+1 = 4 rows cost 1.04 steps measured: verifying a window is nearly free" in text
+    assert "crosses the memory line at the ridge, 5.0 rows" in text and "stops paying more per extra row" in text
+    assert "A window of γ+1 = 8 rows is past the ridge" in roofline_sentence(roof, gamma=7)
+    cheap = with_(roof, peak_gflops=500.0)                                        # the ridge at 50 rows: off the chart
+    assert not roofline_figure(cheap).layout.shapes
+    assert "stays under the memory line for all 8 rows" in roofline_sentence(cheap)
+    assert [t.name for t in roofline_figure(with_(roof, read_gbs=0.0, peak_gflops=0.0)).data] == ["measured at load"]
+    assert "the ridge is unknown" in roofline_sentence(with_(roof, peak_gflops=0.0))
+    assert {"roofline step", "read bandwidth", "weight bytes per token", "compute limit", "ridge",
+            "share of the roofline", "window cost"} <= {term for term, _ in GLOSSARY}  # each figure defined on the page
+    run = mirror_run()
+    run.start = with_(run.start, settings=with_(run.start.settings, roofline=roof))
+    session = Session()
+    session.history.append(run)
+    shown, note = roofline_view(session)
+    assert len(shown.data) == 4 and html.escape(roofline_sentence(roof, gamma=2)) in note  # the run's γ = 2
+
+
+def test_the_roofline_view_says_it_appears_after_a_run_before_any_run():
+    from ui.roofline import roofline_view
+
+    figure, note = roofline_view(Session())
+    assert figure is None and "The roofline appears after a run" in note and "error" not in note.lower()
+    session = Session()
+    session.history.append(mirror_run())                                           # a run whose target recorded none
+    figure, note = roofline_view(session)
+    assert figure is None and "recorded no roofline" in note and "FastLlamaRunner" in note
+
+
 def test_at_t_above_zero_the_numbers_say_whether_texts_match_ar_and_why():
     from dataclasses import replace as with_
 

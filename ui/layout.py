@@ -42,8 +42,8 @@ def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[s
             with gr.Tab("Run", id="run"):
                 controls = run_tab.build_controls(presets, examples or [])
                 shown = views.build(controls.status)
-            with gr.Tab("Learn", id="learn"):
-                player = learn.build(state, loader)
+            with gr.Tab("Learn", id="learn") as learn_tab:
+                player = learn.build(state, loader, learn_tab)
         run_tab.wire(demo, loader, presets, state, controls, shown)
         _wire_learn_link(state, shown, tabs, player)
     demo.queue(max_size=QUEUE_MAX_SIZE, default_concurrency_limit=1)  # one run on the lanes at a time

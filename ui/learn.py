@@ -1,7 +1,9 @@
-"""The Learn tab: what-if on other hardware (modelled, ui/whatif.py) and a glossary of every term the page uses.
+"""The Learn tab: the step player and tree, experiments, the target against its roofline (ui/roofline.py), what-if on
+other hardware (modelled, ui/whatif.py) and a glossary of every term the page uses.
 
-Its handlers touch no engine: the what-if is arithmetic on the latency model, and "start from my last run" only
-reads the visitor's own session (the Run tab's last AR and Mirror-SD runs).
+Its handlers touch no engine but the experiments' runs: the roofline is the last run's load-time record, the what-if
+is arithmetic on the latency model, and "start from my last run" only reads the visitor's own session (the Run tab's
+last AR and Mirror-SD runs).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from .numbers import latency_model
 from .session import Session
 from .experiments import EXPERIMENTS, NEW_TOKENS, plot_html, run_experiment
 from .player import player_html
+from .roofline import AFTER_A_RUN_HTML, roofline_view
 from .tree import first_steps, tree_html
 from .whatif import KNOBS, PRESETS, WhatIf, whatif_html
 
@@ -56,7 +59,19 @@ GLOSSARY = (
     ("SS draft", "A speculative-streaming draft: extra lookahead streams propose several tokens per forward."),
     ("Rule E / Rule R", "At T > 0: exact match against the target's sample (E), or rejection sampling (R): different "
                         "text, same distribution."),
-    ("modelled", "Computed from the latency model (docs/ALGORITHM.md §4), not timed."),
+    ("modelled", "Computed from a model, not timed: the latency model (docs/ALGORITHM.md §4), or the roofline's "
+                 "larger limit."),
+    ("weight bytes per token", "The bytes of weights one target forward reads: every layer's linear maps and the LM "
+                               "head, whatever the number of rows."),
+    ("read bandwidth", "How many GB/s one core streams from memory, measured on the target lane when the pair loads."),
+    ("roofline step", "Weight bytes per token ÷ read bandwidth: the least one target step can cost here (the memory "
+                      "limit, flat in rows)."),
+    ("share of the roofline", "Roofline step ÷ the measured AR step: 100% means the step runs at the memory limit."),
+    ("window cost", "A forward of γ+1 new rows in one-token steps: ≈ 1 while the pass is memory-bound."),
+    ("compute limit", "2 × rows × the linear maps' multiply-adds ÷ their peak rate measured at load (GFLOP/s): the "
+                      "least the arithmetic of that many rows can cost (rising with rows)."),
+    ("ridge", "The number of rows where the compute limit meets the memory limit: below it an extra row is nearly "
+              "free, past it each row costs its arithmetic."),
 )
 
 
@@ -71,9 +86,10 @@ class StepPlayer:
     views: Callable  # (session, step, phase) → (player HTML, tree HTML)
 
 
-def build(state: gr.State, loader) -> StepPlayer:
+def build(state: gr.State, loader, tab: gr.Tab) -> StepPlayer:
     player = _step(state)
     _experiments(state, loader)
+    _roofline(state, tab)
     _whatif(state)
     return player
 
@@ -183,6 +199,25 @@ def _experiments(state: gr.State, loader) -> None:
                 show_progress="hidden")
     stop.click(lambda session: session.experiment_stop.set(), state, None, api_name=False, queue=False)
     pick.change(lambda key: plot_html(EXPERIMENTS[key], []), pick, plot, api_name=False, queue=False)
+
+
+def _roofline(state: gr.State, tab: gr.Tab) -> None:
+    gr.Markdown("## Why is verifying a window nearly free? The roofline\nThe target's forward time against its "
+                "number of new rows (1 = an AR step, γ+1 = a verification window), measured when your last run's pair "
+                "loaded, beside the two limits no forward beats: reading every weight once (weights ÷ bandwidth, "
+                "flat) and doing the arithmetic (the compute limit, rising). Their larger is the model (dashed, "
+                "*modelled*). The what-if's *Verify γ+1 tokens / one step* knob below is this chart's window cost. "
+                "It redraws when you open this tab.")
+    show = gr.Button("Show my last run's roofline", elem_id="mirror-roofline-show", size="sm")
+    plot = gr.Plot(visible=False, show_label=False, elem_id="mirror-roofline-plot")
+    note = gr.HTML(AFTER_A_RUN_HTML, elem_id="mirror-roofline")
+
+    def redraw(session: Session):
+        figure, text = roofline_view(session)
+        return gr.Plot(figure, visible=figure is not None), text
+
+    show.click(redraw, state, [plot, note], api_name="roofline", queue=False)
+    tab.select(redraw, state, [plot, note], api_name=False, queue=False)
 
 
 def _whatif(state: gr.State) -> None:
