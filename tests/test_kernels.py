@@ -170,7 +170,7 @@ def test_native_layer_refuses_bad_calls(pairs):
             layer(*args)
 
 
-@pytest.mark.parametrize("kernel", ("torch",) + VARIANTS[1:])
+@pytest.mark.parametrize("kernel", ["torch"] + [pytest.param(v, marks=pytest.mark.slow) for v in VARIANTS[1:]])
 def test_every_decoder_equals_ar_on_each_kernel(pairs, kernel):
     """Lossless on every linear-map path a machine may take: torch's matmul under a measured row plan (no compiler)
     and the kernel variants of the other CPU kinds forced here (the best variant runs in every other test)."""

@@ -183,7 +183,7 @@ def _time_rows(runner, cal: Calibration, dtype: str) -> Calibration:
     runner.forward(cache, prefix)
     shapes = {f"rows{m}": (lambda c, m=m: runner.forward(c, ids[:m])) for m in range(1, ROOFLINE_ROWS + 1)}
     samples: dict[tuple[str, str], list[float]] = {(dtype, s): [] for s in shapes}
-    for rnd in range(MIN_ROUNDS + 1):  # round 0 warms up
+    for rnd in range(2 * MIN_ROUNDS + 1):  # round 0 warms up
         _time_shapes(runner, shapes, cache, len(prefix), {s: samples[dtype, s] for s in shapes} if rnd else None)
     kernel = getattr(runner, "kernel", None)
     cpu = runner.device.type == "cpu"
