@@ -111,7 +111,7 @@ def test_the_learn_tabs_what_if_answers_its_knobs_and_starts_from_a_run(app):
     plot, note = c.predict(api_name="/roofline")  # the run's target, measured at load, against its two limits
     names = [t["name"] for t in json.loads(plot["value"]["plot"])["data"]]
     assert plot["visible"] and names[0] == "measured at load" and names[-1] == "modelled: the larger limit"
-    assert "of the roofline" in note and "a window of γ+1 = 4 rows cost" in note  # args: γ = 3
+    assert "of the roofline" in note and "window of γ+1 = 4 rows" in note  # args: γ = 3 (timings pick the wording)
     knobs = c.predict(api_name="/whatif_from_run")
     assert knobs[-1].startswith("Started from your last run") and knobs[0] > 0 and knobs[6] >= 1  # T_AR, τ
     step, phase, player, tree = c.predict(api_name="/tree_first_hit")  # the run's first hit: player and tree
