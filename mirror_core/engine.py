@@ -369,7 +369,14 @@ def _roofline(runner, cal: Calibration | None, choice: str) -> Roofline | None:
     if not rows or not hasattr(runner, "weight_bytes"):
         return None
     kernel = getattr(runner, "kernel", None)
-    note = "" if kernel is not None else kernel_unavailable(choice)
+    if kernel is not None:
+        note = ""
+    elif runner.device.type != "cpu":
+        note = f"the kernel is for CPUs; the target runs on {runner.device}"
+    elif str(runner.dtype) != "torch.float32":
+        note = f"the kernel takes float32 models; this one is loaded in {str(runner.dtype).removeprefix('torch.')}"
+    else:
+        note = kernel_unavailable(choice)
     return Roofline("torch" if kernel is None else kernel.variant, note, cal.sequence, runner.weight_bytes,
                     cal.read_gbs, rows, runner.weight_params, cal.peak_gflops)
 

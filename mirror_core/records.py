@@ -176,14 +176,15 @@ ROOFLINE_ROWS = 8  # the target's forward is timed at load for 1..8 new rows (th
 @dataclass(frozen=True)
 class Roofline:
     """The target's forward against the memory roofline, measured at load on its lane: the kernel that runs its
-    linear maps, the bytes of weights a forward streams, one core's read bandwidth, and the forward's time by its
-    number of new rows (an AR step is 1 row, a verification γ + 1). Every figure measured, none modelled."""
+    linear maps, the bytes of weights a forward streams, the target lane's read bandwidth, and the forward's time by
+    its number of new rows (an AR step is 1 row, a verification γ + 1). The fields are measured; the limits derived
+    from them (roofline_ms, compute_ms) are modelled."""
 
     kernel: str                  # the exact small-row kernel's variant (kernels/native.py), or "torch" (matmul + plan)
     kernel_note: str             # why "torch" where the kernel is not used ("" when it is)
     weight_format: str           # the target's weight format (float32, bfloat16, float16; accumulation float32)
     weight_bytes: int            # bytes of weights one forward streams (linear maps and LM head)
-    read_gbs: float              # one core's read bandwidth (GB/s), measured on the target lane
+    read_gbs: float              # the target lane's read bandwidth (GB/s): one thread's stream with the kernel
     rows_ms: tuple[float, ...]   # the forward of 1, 2, .. new rows (ms)
     weight_params: int = 0       # multiply-adds per row of the linear maps and LM head (a row costs 2 × this in flops)
     peak_gflops: float = 0.0     # the linear maps' arithmetic rate here with nothing to wait for (GFLOP/s, measured)

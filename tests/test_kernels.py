@@ -200,3 +200,18 @@ def test_a_kernel_this_cpu_cannot_run_is_a_clear_error(pairs):
         pytest.skip("this CPU runs every variant")
     with pytest.raises(MirrorError, match=f"kernel {missing[0]}"):
         MirrorEngine.load(pairs["llama"][0], None, LaneConfig(kind="inline", kernel=missing[0]))
+
+
+@needs_kernel
+def test_a_nan_in_the_cache_poisons_the_row_as_torchs_softmax_does(pairs):
+    """A NaN or infinite attention score makes the row NaN (torch's softmax gives NaN), never finite garbage."""
+    _, runner = _runner(pairs["llama"][0], native.runnable_variants()[0], "float32")
+    layer, cache = runner.native_layers[0], runner.new_cache()
+    h, d = runner.embed.shape[1], runner.head_dim
+    cos, sin = torch.ones(1, d), torch.zeros(1, d)
+    for bad in (float("nan"), float("inf")):
+        cache.k[0].zero_()
+        cache.k[0][:, 0] = bad                                           # entry 0 of every KV head
+        x = torch.randn(1, h, generator=torch.Generator().manual_seed(0))
+        layer(x, cos, sin, cache.k[0], cache.v[0], 1)                    # position 1 sees entries 0 and 1
+        assert torch.isnan(x).all(), bad

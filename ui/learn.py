@@ -63,7 +63,7 @@ GLOSSARY = (
                  "larger limit."),
     ("weight bytes per token", "The bytes of weights one target forward reads: every layer's linear maps and the LM "
                                "head, whatever the number of rows."),
-    ("read bandwidth", "How many GB/s one core streams from memory, measured on the target lane when the pair loads."),
+    ("read bandwidth", "How many GB/s the target lane streams from memory (one thread on the kernel), measured when the pair loads."),
     ("roofline step", "Weight bytes per token ÷ read bandwidth: the least one target step can cost here (the memory "
                       "limit, flat in rows)."),
     ("share of the roofline", "Roofline step ÷ the measured AR step: 100% means the step runs at the memory limit."),

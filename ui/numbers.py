@@ -155,7 +155,7 @@ def roofline_html(roof) -> str:
             ("weight bytes per token", f"{roof.weight_bytes / 1e6:.0f} MB",
              "bytes of weights one forward streams: every layer's linear maps and the LM head"),
             ("read bandwidth", f"{roof.read_gbs:.1f} GB/s" if roof.read_gbs else "—",
-             "what one core streams from memory here, measured on the target lane at load"),
+             "what the target lane streams from memory here (one thread on the kernel), measured at load"),
             ("roofline step", _f(roof.roofline_ms, "{:.1f} ms"), "weight bytes ÷ read bandwidth: the least a token can cost"),
             ("AR step", f"{roof.rows_ms[0]:.1f} ms", "the target's one-token forward, timed at load"),
             ("share of the roofline", _f(roof.step_fraction, "{:.0%}"), "roofline step ÷ AR step (100% = at the limit)"),

@@ -21,6 +21,7 @@ import hashlib
 import os
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -68,8 +69,6 @@ class Build:
 
 def _build(variant: str, cxx: str) -> Build:
     """Compile small_rows.cpp for one variant into the cache folder (keyed by source, flags and compiler)."""
-    import time
-
     flags = _BASE_FLAGS + VARIANTS[variant][1]
     with open(SOURCE, "rb") as f:
         source = f.read()
@@ -84,7 +83,8 @@ def _build(variant: str, cxx: str) -> Build:
     try:
         done = subprocess.run([cxx, *flags, SOURCE, "-o", tmp], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         if done.returncode != 0:
-            raise OSError(f"{os.path.basename(cxx)} failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}")
+            last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+            raise OSError(f"{os.path.basename(cxx)} failed: {last}")
         os.replace(tmp, path)  # atomic: a second process building at once finds a whole library or none
     finally:
         if os.path.exists(tmp):
@@ -127,11 +127,9 @@ def _load(build: Build) -> Library:
 def read_bandwidth(lib: Library, megabytes: int = 256, passes: int = 3) -> float:
     """GB/s one thread streams from memory here: the best of `passes` reads of a buffer far larger than the caches
     (the denominator of a step's roofline: weight bytes ÷ this)."""
-    import time
-
     buf = _aligned_zeros(megabytes * (1 << 20) // 4, torch.float32)
     best = float("inf")
-    for _ in range(passes + 1):  # the first pass pages the buffer in
+    for _ in range(passes + 1):  # one more read than kept best-of: the first warms the TLB and prefetchers
         t0 = time.perf_counter()
         lib.dll.msd_stream_read(buf.data_ptr(), buf.numel())
         best = min(best, time.perf_counter() - t0)
@@ -141,8 +139,6 @@ def read_bandwidth(lib: Library, megabytes: int = 256, passes: int = 3) -> float
 def peak_gflops(lib: Library | None, fmt: str, rows: int = 16) -> float:
     """GFLOP/s of the kernel (lib) or of torch's matmul (None) in a weight format when arithmetic, not memory, is the
     limit: `rows` rows against a weight small enough to stay in the core's cache (best of several calls)."""
-    import time
-
     k, n = 576, 256
     w = torch.randn(k, n, generator=torch.Generator().manual_seed(0)) / k ** 0.5
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(1))
@@ -240,10 +236,6 @@ class PackedLinear:
         """Bytes one call streams (the packed weights, padding included)."""
         return self.data.numel() * self.data.element_size()
 
-    def unpacked(self) -> torch.Tensor:
-        """W as the kernel sees it, [K, N] float32 (float16/bfloat16 values widened): for tests and fallbacks."""
-        return self(torch.eye(self.k, dtype=torch.float32))  # identity rows read W's rows back exactly
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] float32 on the CPU (any strides) → [..., N] float32. Checked here, then handed over as
         contiguous rows [M, K]; the packed weights were checked (dtype, size, 64-byte alignment) when packed."""
@@ -292,7 +284,7 @@ class NativeLayer:
         fmts = {m.format for m in (qkv, o, gate_up, down)}
         if len(fmts) != 1:
             raise ValueError(f"a layer's linear maps must share one format, got {sorted(fmts)}")
-        if heads % kv_heads or head_dim % 2 or head_dim > 512:
+        if kv_heads < 1 or heads < 1 or heads % kv_heads or head_dim < 2 or head_dim % 2 or head_dim > 512:
             raise ValueError(f"unsupported attention shape: {heads} heads, {kv_heads} KV heads, head dim {head_dim}")
         shapes = {"q|k|v": (qkv.shape, (h, (heads + 2 * kv_heads) * head_dim)), "o": (o.shape, (heads * head_dim, h)),
                   "gate|up": (gate_up.shape, (h, 2 * i)), "down": (down.shape, (i, h))}

@@ -93,10 +93,11 @@ template <typename X, typename W>
 using Block = void (*)(const X*, int64_t, const W*, int64_t, float*, int64_t, int64_t, int64_t);
 
 // e^x lane by lane (softmax's shifted scores, SiLU's sigmoid): 2^n · p(r) with n = round(x·log2 e), r = x − n·ln 2
-// in two parts, p Cephes' degree-6 polynomial (relative error ~2e-7); x is clamped to [−87, 88]. The same bits for a
-// value wherever it sits, so a row's result never depends on its neighbours.
+// in two parts, p Cephes' degree-6 polynomial (relative error ~2e-7); x is clamped to [−87, 88], and a NaN stays NaN
+// (max/min return their second operand when one is NaN), so a NaN or infinite score poisons its row as torch's
+// softmax does. The same bits for a value wherever it sits, so a row's result never depends on its neighbours.
 static inline vf vexp(vf x) {
-    x = vmin(vmax(x, vbcast(-87.0f)), vbcast(88.0f));
+    x = vmin(vbcast(88.0f), vmax(vbcast(-87.0f), x));
     vf n = vround(vmul(x, vbcast(1.44269504088896341f)));
     vf r = vfnma(n, vbcast(-2.12194440e-4f), vfnma(n, vbcast(0.693359375f), x));
     vf p = vbcast(1.9875691500e-4f);
@@ -197,7 +198,7 @@ static const Block<float, float> F32[GROUP] = MSD_BLOCKS(block_fma, float);
 static const Block<float, uint16_t> F16[GROUP] = MSD_BLOCKS(block_fma, uint16_t);
 static const Block<uint32_t, uint32_t> BF16[GROUP] = MSD_BLOCKS(block_bf16);
 
-static inline uint16_t to_bf16(float f) {  // round to nearest even; NaN stays NaN (torch's rule)
+static inline uint16_t to_bf16(float f) {  // round to nearest even; a NaN stays a (quiet) NaN
     uint32_t u;
     memcpy(&u, &f, 4);
     if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u);
@@ -444,8 +445,11 @@ int msd_layer_forward(const msd_layer* L, float* x, int64_t t, const float* cos,
     const int64_t H = L->hidden, Hq = L->heads, Hkv = L->kv_heads, D = L->head_dim, I = L->inter;
     if (H < 1 || Hq < 1 || Hkv < 1 || Hq % Hkv || D < 2 || D % 2 || D > 512 || I < 1) return 1;
     const int64_t nq = Hq * D, nkv = Hkv * D, nqkv = nq + 2 * nkv, rep = Hq / Hkv, keys = start + t;
-    thread_local std::vector<float> buf;
-    size_t need = (size_t)(t * H + t * nqkv + t * nq + t * 2 * I + t * I + keys + VEC);
+    // scratch: kept between calls for windows (no allocation per step); a long prefill's is freed when it returns
+    thread_local std::vector<float> kept;
+    std::vector<float> once;
+    size_t need = (size_t)(t * H + t * nqkv + t * nq + t * 2 * I + t * I + keys);
+    std::vector<float>& buf = need <= ((size_t)1 << 22) ? kept : once;
     if (buf.size() < need) buf.resize(need);
     float* xn = buf.data();            // [t, H]
     float* qkv = xn + t * H;           // [t, nqkv]

@@ -77,13 +77,18 @@ class FeatureDraft(nn.Module):
         self.head_bias = nn.Parameter(torch.zeros(h))                                     # b [H]
         self.head_gain = nn.Parameter(torch.ones(h))                                      # g_o [H]
         self.register_buffer("inv_freq", default_inv_freq(cfg.head_dim, cfg.rope_theta, "cpu"), persistent=False)
-        # the runner's packed linear maps (runners/feature.py: the exact kernel), keyed by their weight's data_ptr;
-        # empty: every product is torch's matmul (training, other devices)
-        self.packed: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {}
+        # the runner's packed linear maps (runners/feature.py: the exact kernel), keyed by their weight's storage,
+        # shape and strides (a weight and its transpose differ); empty: every product is torch's matmul (training,
+        # other devices)
+        self.packed: dict[tuple, Callable[[torch.Tensor], torch.Tensor]] = {}
+
+    @staticmethod
+    def weight_key(w: torch.Tensor) -> tuple:
+        return w.data_ptr(), tuple(w.shape), tuple(w.stride())
 
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x [..., in] @ wᵀ for a weight w [out, in] of this model: its packed map when the runner packed it."""
-        packed = self.packed.get(w.data_ptr())
+        packed = self.packed.get(self.weight_key(w)) if self.packed else None
         return x @ w.t() if packed is None else packed(x)
 
     def matmul_weights(self) -> list[torch.Tensor]:

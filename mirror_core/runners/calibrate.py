@@ -194,7 +194,8 @@ def _time_rows(runner, cal: Calibration, dtype: str) -> Calibration:
 
 
 def _torch_read_bandwidth(megabytes: int = 256, passes: int = 3) -> float:
-    """GB/s of torch's sum over a buffer far larger than the caches, with the calling thread's torch threads."""
+    """GB/s of torch's sum over a buffer far larger than the caches, with the calling thread's torch threads (the
+    target lane's: one core where the lanes split the machine)."""
     buf = torch.ones(megabytes * (1 << 20) // 4)
     best = float("inf")
     for _ in range(passes + 1):
@@ -298,7 +299,7 @@ def _cache_key(runner, lane: str, names: list[str], shapes: list[str], config) -
     device = str(runner.device) + ("" if runner.device.type == "cpu" else " " + machine.describe(str(runner.device)))
     ident = {"v": CACHE_VERSION, "cpu": cpu_model(), "torch": torch.__version__, "device": device,
              "threads": torch.get_num_threads(), "runner": type(runner).__name__, "lane": lane, "dtypes": names,
-             "kernel": getattr(getattr(runner, "kernel", None), "variant", "torch"),
+             "kernel": os.path.basename(runner.kernel.build.path) if getattr(runner, "kernel", None) else "torch",
              "shapes": shapes, "prefix": PREFIX, "window": WINDOW, "branch_rows": BRANCH_ROWS,
              "config": config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]

@@ -146,6 +146,7 @@ class FastLlamaRunner:
         or packed for the kernel (then the LM head too)."""
         self._master = (layers, lm_head)
         self._weights: dict[torch.dtype, tuple[list[_Layer], object, list[NativeLayer] | None]] = {}
+        self._exit_packs: dict[torch.dtype, dict] = {}  # the exit head's packed readout per format
         self.set_dtypes(self.dtype)
 
     def set_dtypes(self, sequence: torch.dtype, rows: torch.dtype | None = None) -> None:
@@ -157,14 +158,15 @@ class FastLlamaRunner:
         self.layers, self.lm_head, self.native_layers = self._weights_in(sequence)
         self.row_layers, self.row_head, _ = self._weights_in(rows or sequence)
         if self.kernel is not None and self.exit_head is not None:  # the readout in the same format
-            fmt = str(sequence).removeprefix("torch.")
-            self.exit_head.packed = {"adapter": PackedLinear(self.exit_head.adapter, fmt, self.kernel),
-                                     "head": PackedLinear(self.exit_head.w, fmt, self.kernel)}
+            if sequence not in self._exit_packs:
+                self._exit_packs[sequence] = self._pack_exit_head(sequence)
+            self.exit_head.packed = self._exit_packs[sequence]
 
     def drop_unused_dtypes(self) -> None:
         """Free the weight copies that neither set_dtypes choice uses (the loaded ones included)."""
         used = {self.sequence_dtype, self.rows_dtype}
         self._weights = {d: w for d, w in self._weights.items() if d in used}
+        self._exit_packs = {d: p for d, p in self._exit_packs.items() if d in used}
         self._master = None
 
     @property
@@ -208,6 +210,11 @@ class FastLlamaRunner:
                                   w_gate_up=pack(layer.w_gate_up), w_down=pack(layer.w_down)) for layer in layers]
             self._weights[dtype] = (layers, head, None if self.kernel is None else [self._native(x) for x in layers])
         return self._weights[dtype]
+
+    def _pack_exit_head(self, dtype: torch.dtype) -> dict:
+        fmt = str(dtype).removeprefix("torch.")
+        return {"adapter": PackedLinear(self.exit_head.adapter, fmt, self.kernel),
+                "head": PackedLinear(self.exit_head.w, fmt, self.kernel)}
 
     def _native(self, layer: _Layer) -> NativeLayer:
         return NativeLayer(self.kernel, ln1=layer.ln1, ln2=layer.ln2, qkv=layer.w_qkv, b_qkv=layer.b_qkv,

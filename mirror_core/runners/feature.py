@@ -50,7 +50,6 @@ class FeatureRunner:
         # the exact small-row kernel (kernels/native.py) where it runs: the weights stay float32 and every product
         # runs packed in the chosen format; else set_dtype moves the whole model
         self.kernel = kernel if self.device.type == "cpu" and self.dtype == torch.float32 else None
-        self.weight_format = self.dtype
         self._to_draft = vmap.to_draft.to(self.device)
         self._ids = vmap.target_ids.to(self.device)
 
@@ -62,12 +61,11 @@ class FeatureRunner:
         """Run the draft's products in `dtype` (runners/calibrate.py chooses it): with the kernel, its linear maps
         packed in that format (activations and the KV cache stay float32); else the whole draft (weights,
         activations, KV cache) in `dtype`. The logits and predicted features it returns stay float32."""
-        self.weight_format = dtype
         if self.kernel is None:
             self.model.to(dtype)
             return
         fmt = str(dtype).removeprefix("torch.")
-        self.model.packed = {w.data_ptr(): PackedLinear(w.detach().t(), fmt, self.kernel)
+        self.model.packed = {self.model.weight_key(w): PackedLinear(w.detach().t(), fmt, self.kernel)
                              for w in self.model.matmul_weights()}
 
     # -- sequences -------------------------------------------------------------------------------
