@@ -153,11 +153,15 @@ def test_a_target_on_the_kernel_is_one_function_without_a_plan(pairs, variant, f
         runner.truncate(cache, len(prefix))
 
 
+def _first_layer(pairs):
+    """The toy Llama target's first NativeLayer (best variant, float32), a cache, its width H and head size D."""
+    _, runner = _runner(pairs["llama"][0], native.runnable_variants()[0], "float32")
+    return runner.native_layers[0], runner.new_cache(), runner.embed.shape[1], runner.head_dim
+
+
 @needs_kernel
 def test_native_layer_refuses_bad_calls(pairs):
-    _, runner = _runner(pairs["llama"][0], native.runnable_variants()[0], "float32")
-    layer, cache = runner.native_layers[0], runner.new_cache()
-    h, d = runner.embed.shape[1], runner.head_dim
+    layer, cache, h, d = _first_layer(pairs)
     x, cos = torch.zeros(2, h), torch.zeros(2, d)
     layer(x, cos, cos, cache.k[0], cache.v[0], 0)  # a good call
     bad = [((torch.zeros(2, h + 1), cos, cos, cache.k[0], cache.v[0], 0), "x"),
@@ -205,9 +209,7 @@ def test_a_kernel_this_cpu_cannot_run_is_a_clear_error(pairs):
 @needs_kernel
 def test_a_nan_in_the_cache_poisons_the_row_as_torchs_softmax_does(pairs):
     """A NaN or infinite attention score makes the row NaN (torch's softmax gives NaN), never finite garbage."""
-    _, runner = _runner(pairs["llama"][0], native.runnable_variants()[0], "float32")
-    layer, cache = runner.native_layers[0], runner.new_cache()
-    h, d = runner.embed.shape[1], runner.head_dim
+    layer, cache, h, d = _first_layer(pairs)
     cos, sin = torch.ones(1, d), torch.zeros(1, d)
     for bad in (float("nan"), float("inf")):
         cache.k[0].zero_()
