@@ -29,7 +29,7 @@ import torch
 from .. import machine
 
 SOURCE = os.path.join(os.path.dirname(__file__), "small_rows.cpp")
-FORMATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FORMATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # weight formats by name
 _BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-ffp-contract=off")
 VARIANTS = {  # name → (CPU flags it needs, compiler flags)
     "avx512_bf16": (("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma", "f16c"),
@@ -45,6 +45,11 @@ ALIGN = 64  # bytes: packed panels are read with aligned vector loads
 
 class KernelError(RuntimeError):
     """A call the kernel refuses (the Python side checks first; this is the C side's own refusal)."""
+
+
+def format_name(dtype: torch.dtype) -> str:
+    """The weight format's name for a torch dtype ("bfloat16"), or the dtype's own name where it is no format."""
+    return next((n for n, d in FORMATS.items() if d == dtype), str(dtype).removeprefix("torch."))
 
 
 def runnable_variants() -> tuple[str, ...]:
@@ -118,22 +123,34 @@ def _load(build: Build) -> Library:
         run.argtypes, run.restype = [_P, _I64, _I64, _I64, _P, _I64, _P, _I64], ctypes.c_int
     dll.msd_variant.restype = dll.msd_panel.restype = ctypes.c_int
     dll.msd_stream_read.argtypes, dll.msd_stream_read.restype = [_P, _I64], ctypes.c_double
+    dll.msd_layer_forward.argtypes = [ctypes.POINTER(_LayerSpec), _P, _I64, _P, _P, _P, _P, _I64, _I64]
+    dll.msd_layer_forward.restype = ctypes.c_int
     got = VARIANT_CODES.get(dll.msd_variant())
     if got != build.variant:
         raise OSError(f"{build.path} is the {got} variant, not {build.variant}")
     return Library(build, dll)
 
 
-def read_bandwidth(lib: Library, megabytes: int = 256, passes: int = 3) -> float:
-    """GB/s one thread streams from memory here: the best of `passes` reads of a buffer far larger than the caches
-    (the denominator of a step's roofline: weight bytes ÷ this)."""
-    buf = _aligned_zeros(megabytes * (1 << 20) // 4, torch.float32)
+def _best_seconds(run, calls: int) -> float:
+    """The fastest of `calls` timed calls of run() (the least interference: a cost, not a typical wall time)."""
     best = float("inf")
-    for _ in range(passes + 1):  # one more read than kept best-of: the first warms the TLB and prefetchers
+    for _ in range(calls):
         t0 = time.perf_counter()
-        lib.dll.msd_stream_read(buf.data_ptr(), buf.numel())
+        run()
         best = min(best, time.perf_counter() - t0)
-    return round(buf.numel() * 4 / best / 1e9, 1)
+    return best
+
+
+def read_bandwidth(lib: Library | None, megabytes: int = 256, passes: int = 4) -> float:
+    """GB/s streamed from memory here by the kernel's one-thread read (lib), or by torch's sum with the calling
+    thread's torch threads (None): the best of `passes` reads of a buffer far larger than the caches (the
+    denominator of a step's roofline: weight bytes ÷ this)."""
+    buf = _aligned_zeros(megabytes * (1 << 20) // 4, torch.float32)
+    if lib is not None:
+        run = lambda: lib.dll.msd_stream_read(buf.data_ptr(), buf.numel())  # noqa: E731
+    else:
+        run = buf.sum
+    return round(buf.numel() * 4 / _best_seconds(run, passes) / 1e9, 1)
 
 
 def peak_gflops(lib: Library | None, fmt: str, rows: int = 16) -> float:
@@ -148,12 +165,7 @@ def peak_gflops(lib: Library | None, fmt: str, rows: int = 16) -> float:
     else:
         wd, xd = w.to(FORMATS[fmt]), x.to(FORMATS[fmt])
         run = lambda: xd @ wd  # noqa: E731
-    best = float("inf")
-    for _ in range(30):
-        t0 = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - t0)
-    return round(2 * rows * k * n / best / 1e9, 1)
+    return round(2 * rows * k * n / _best_seconds(run, 30) / 1e9, 1)
 
 
 _failures: dict[str, str] = {}
@@ -303,8 +315,6 @@ class NativeLayer:
                                 float(head_dim ** -0.5), ptr(ln1_), ptr(ln2_), qkv.data.data_ptr(), ptr(b_),
                                 ptr(qn_), ptr(kn_), o.data.data_ptr(), gate_up.data.data_ptr(), down.data.data_ptr())
         self._run = lib.fn("msd_layer_forward")
-        self._run.argtypes = [ctypes.POINTER(_LayerSpec), _P, _I64, _P, _P, _P, _P, _I64, _I64]
-        self._run.restype = ctypes.c_int
         self._spec_ref = ctypes.byref(self._spec)
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,

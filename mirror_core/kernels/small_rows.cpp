@@ -28,8 +28,10 @@ namespace {
 
 constexpr int64_t PANEL = 32;  // columns per packed panel (2 AVX-512 or 4 AVX2 vectors)
 
-// The float-vector operations both variants spell alike (P: _mm512 or _mm256); FMA and fnmadd round once.
-#define MSD_VECTOR_OPS(P)                                                                        \
+// The vector operations both variants spell alike (P: _mm512 or _mm256, B: its width in bits); FMA and fnmadd
+// round once. vbf16_even/odd read 16 (8) bf16 pairs, k even in the low half of each 32-bit lane, and give the even
+// and the odd weights as float32, exactly; vpow2 is 2^n for integral n in [−126, 127], exactly.
+#define MSD_VECTOR_OPS(P, B)                                                                     \
     static inline vf vzero() { return P##_setzero_ps(); }                                        \
     static inline vf vbcast(float a) { return P##_set1_ps(a); }                                  \
     static inline vf vload(const float* p) { return P##_load_ps(p); }                            \
@@ -41,39 +43,35 @@ constexpr int64_t PANEL = 32;  // columns per packed panel (2 AVX-512 or 4 AVX2 
     static inline vf vmul(vf a, vf b) { return P##_mul_ps(a, b); }                               \
     static inline vf vmax(vf a, vf b) { return P##_max_ps(a, b); }                               \
     static inline vf vmin(vf a, vf b) { return P##_min_ps(a, b); }                               \
-    static inline vf vdiv(vf a, vf b) { return P##_div_ps(a, b); }
+    static inline vf vdiv(vf a, vf b) { return P##_div_ps(a, b); }                               \
+    static inline vf vbf16_even(const uint32_t* p) {                                             \
+        return P##_castsi##B##_ps(P##_slli_epi32(P##_load_si##B((const __m##B##i*)p), 16));      \
+    }                                                                                            \
+    static inline vf vbf16_odd(const uint32_t* p) {                                              \
+        return P##_castsi##B##_ps(P##_and_si##B(P##_load_si##B((const __m##B##i*)p),             \
+                                                P##_set1_epi32((int)0xFFFF0000u)));              \
+    }                                                                                            \
+    static inline vf vpow2(vf n) {                                                               \
+        return P##_castsi##B##_ps(P##_slli_epi32(P##_add_epi32(P##_cvtps_epi32(n), P##_set1_epi32(127)), 23)); \
+    }
 
 #if defined(MSD_AVX512)
 constexpr int GROUP = 8;       // rows per register block: 8 rows x 2 zmm accumulators
 constexpr int VEC = 16;
 typedef __m512 vf;
-MSD_VECTOR_OPS(_mm512)
+MSD_VECTOR_OPS(_mm512, 512)
 static inline vf vload_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)p)); }
-// 16 bf16 pairs (k even in the low half of each 32-bit lane): the even and the odd weights as float32, exactly
-static inline vf vbf16_even(const uint32_t* p) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_load_si512(p), 16)); }
-static inline vf vbf16_odd(const uint32_t* p) {
-    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_load_si512(p), _mm512_set1_epi32((int)0xFFFF0000u)));
-}
 static inline void vstore_cols(float* y, vf v, int64_t cols) {  // cols in 1..16 (of this vector) to store
     if (cols >= VEC) _mm512_storeu_ps(y, v);
     else _mm512_mask_storeu_ps(y, (__mmask16)((1u << cols) - 1u), v);
 }
 static inline vf vround(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-static inline vf vpow2(vf n) {  // 2^n for integral n in [−126, 127], exactly
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
-}
 #elif defined(MSD_AVX2)
 constexpr int GROUP = 3;       // rows per register block: 3 rows x 4 ymm accumulators
 constexpr int VEC = 8;
 typedef __m256 vf;
-MSD_VECTOR_OPS(_mm256)
+MSD_VECTOR_OPS(_mm256, 256)
 static inline vf vload_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_load_si128((const __m128i*)p)); }
-static inline vf vbf16_even(const uint32_t* p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_load_si256((const __m256i*)p), 16));
-}
-static inline vf vbf16_odd(const uint32_t* p) {
-    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_load_si256((const __m256i*)p), _mm256_set1_epi32((int)0xFFFF0000u)));
-}
 static inline void vstore_cols(float* y, vf v, int64_t cols) {
     if (cols >= VEC) { _mm256_storeu_ps(y, v); return; }
     alignas(32) int32_t m[VEC];
@@ -81,9 +79,6 @@ static inline void vstore_cols(float* y, vf v, int64_t cols) {
     _mm256_maskstore_ps(y, _mm256_load_si256((const __m256i*)m), v);
 }
 static inline vf vround(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-static inline vf vpow2(vf n) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
-}
 #else
 #error "build with -DMSD_AVX512 or -DMSD_AVX2"
 #endif
@@ -205,6 +200,26 @@ static inline uint16_t to_bf16(float f) {  // round to nearest even; a NaN stays
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+// One packed element from the weights at w (the next k's weight `stride` floats on, present or not).
+static inline float as_f32(const float* w, int64_t, bool) { return w[0]; }
+static inline uint16_t as_f16(const float* w, int64_t, bool) { return _cvtss_sh(w[0], _MM_FROUND_TO_NEAREST_INT); }
+static inline uint32_t as_bf16_pair(const float* w, int64_t stride, bool has_next) {  // k even low, k + 1 high
+    return (uint32_t)to_bf16(w[0]) | ((has_next ? (uint32_t)to_bf16(w[stride]) : 0u) << 16);
+}
+
+// W [k, n] (row stride ws) into panels of PANEL columns, `per` rows of k in each packed element (2: bf16 pairs);
+// columns past n stay as the caller zeroed them.
+template <typename T, T (*ELEMENT)(const float*, int64_t, bool)>
+static int pack_panels(const float* w, int64_t k, int64_t n, int64_t ws, T* out, int64_t per) {
+    if (k < 1 || n < 1 || ws < n || !w || !out) return 1;
+    const int64_t panels = (n + PANEL - 1) / PANEL, kp = (k + per - 1) / per;
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t i = 0; i < kp; i++)
+            for (int64_t j = 0; j < PANEL && p * PANEL + j < n; j++)
+                out[(p * kp + i) * PANEL + j] = ELEMENT(w + (per * i) * ws + p * PANEL + j, ws, per * i + 1 < k);
+    return 0;
+}
+
 static bool bad(int64_t m, int64_t k, int64_t n, int64_t xs, int64_t ys, const void* x, const void* w, const void* y) {
     return m < 1 || k < 1 || n < 1 || xs < k || ys < n || !x || !w || !y || ((uintptr_t)w % 64) != 0;
 }
@@ -250,35 +265,15 @@ int msd_panel(void) { return (int)PANEL; }
 // zero-filled by the caller and 64-byte aligned: f32 panels*K*32 floats; f16 the same count of uint16 (F16C,
 // round to nearest even); bf16 panels*ceil(K/2)*32 uint32 (pairs of bf16, k even in the low half).
 int msd_pack_f32(const float* w, int64_t k, int64_t n, int64_t ws, float* out) {
-    if (k < 1 || n < 1 || ws < n || !w || !out) return 1;
-    int64_t panels = (n + PANEL - 1) / PANEL;
-    for (int64_t p = 0; p < panels; p++)
-        for (int64_t i = 0; i < k; i++)
-            for (int64_t j = 0; j < PANEL && p * PANEL + j < n; j++) out[(p * k + i) * PANEL + j] = w[i * ws + p * PANEL + j];
-    return 0;
+    return pack_panels<float, as_f32>(w, k, n, ws, out, 1);
 }
 
 int msd_pack_f16(const float* w, int64_t k, int64_t n, int64_t ws, uint16_t* out) {
-    if (k < 1 || n < 1 || ws < n || !w || !out) return 1;
-    int64_t panels = (n + PANEL - 1) / PANEL;
-    for (int64_t p = 0; p < panels; p++)
-        for (int64_t i = 0; i < k; i++)
-            for (int64_t j = 0; j < PANEL && p * PANEL + j < n; j++)
-                out[(p * k + i) * PANEL + j] = _cvtss_sh(w[i * ws + p * PANEL + j], _MM_FROUND_TO_NEAREST_INT);
-    return 0;
+    return pack_panels<uint16_t, as_f16>(w, k, n, ws, out, 1);
 }
 
 int msd_pack_bf16(const float* w, int64_t k, int64_t n, int64_t ws, uint32_t* out) {
-    if (k < 1 || n < 1 || ws < n || !w || !out) return 1;
-    int64_t panels = (n + PANEL - 1) / PANEL, k2 = (k + 1) / 2;
-    for (int64_t p = 0; p < panels; p++)
-        for (int64_t i = 0; i < k2; i++)
-            for (int64_t j = 0; j < PANEL && p * PANEL + j < n; j++) {
-                uint32_t lo = to_bf16(w[(2 * i) * ws + p * PANEL + j]);
-                uint32_t hi = 2 * i + 1 < k ? to_bf16(w[(2 * i + 1) * ws + p * PANEL + j]) : 0u;
-                out[(p * k2 + i) * PANEL + j] = lo | (hi << 16);
-            }
-    return 0;
+    return pack_panels<uint32_t, as_bf16_pair>(w, k, n, ws, out, 2);
 }
 
 // y[m, n] (row stride ys) = x[m, k] (row stride xs) @ packed W. Returns 0, or 1 on arguments it refuses.
@@ -300,11 +295,7 @@ int msd_linear_bf16(const float* x, int64_t m, int64_t k, int64_t xs, const uint
     thread_local std::vector<uint32_t> xp;  // x as bf16 pairs [m, k2]
     if ((int64_t)xp.size() < m * k2) xp.resize(m * k2);
     for (int64_t r = 0; r < m; r++)
-        for (int64_t i = 0; i < k2; i++) {
-            uint32_t lo = to_bf16(x[r * xs + 2 * i]);
-            uint32_t hi = 2 * i + 1 < k ? to_bf16(x[r * xs + 2 * i + 1]) : 0u;
-            xp[r * k2 + i] = lo | (hi << 16);
-        }
+        for (int64_t i = 0; i < k2; i++) xp[r * k2 + i] = as_bf16_pair(x + r * xs + 2 * i, 1, 2 * i + 1 < k);
     run_panels<uint32_t, uint32_t>(BF16, xp.data(), m, k2, w, k2, k2 * PANEL, y, ys, n);
     return 0;
 }

@@ -31,12 +31,12 @@ import torch
 
 from .. import machine
 from ..config import DEFAULT_GAMMA, DEFAULT_KAPPA
-from ..kernels.native import peak_gflops, read_bandwidth
+from ..kernels.native import FORMATS, format_name, peak_gflops, read_bandwidth
 from ..machine import cache_dir, cpu_flags, cpu_model
 from ..records import ROOFLINE_ROWS, Calibration, RowCheck, Timing
 from .exactness import check_rows, probe_ids
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = FORMATS  # the dtypes a lane may run, by name (the kernel's weight formats)
 PREFIX = 96                                              # tokens in the cache before each timed forward
 WINDOW = DEFAULT_GAMMA + 1                               # the target's window at the default γ
 BRANCH_ROWS = DEFAULT_KAPPA * (DEFAULT_GAMMA + 1)        # the draft's branch batch at the default κ, γ
@@ -52,7 +52,7 @@ def candidates(runner) -> list[str]:
     matmul units (avx512_fp16, amx_fp16): without them it is far slower than float32, never a candidate."""
     loaded = runner.dtype
     if loaded != torch.float32:
-        return [_name(loaded)]
+        return [format_name(loaded)]
     if getattr(runner, "kernel", None) is not None:  # the exact kernel runs every format with float32 arithmetic
         return list(DTYPES)
     if runner.device.type == "cpu":
@@ -165,13 +165,18 @@ def step_ms(runner, rounds: int = 12) -> float:
     """The runner's median one-token step after the cached probe prefix, on the calling thread's cores (ms): the
     calibration's own timing round, not cached (the engine times the target on its lane and on every core with it)."""
     prefix, ids = _probe(runner, 1)
+    times = _rounds(runner, prefix, {"step": lambda c: runner.forward(c, ids)}, rounds, warmup=2)["step"]
+    return round(1e3 * statistics.median(times), 2)
+
+
+def _rounds(runner, prefix: list[int], shapes: dict, rounds: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds of each shape's forward after the cached prefix, over `rounds` rounds after `warmup` untimed ones."""
     cache = runner.new_cache()
     runner.forward(cache, prefix)
-    shapes = {"step": lambda c: runner.forward(c, ids)}
-    times: list[float] = []
-    for rnd in range(rounds + 2):  # two warm-up rounds, not kept
-        _time_shapes(runner, shapes, cache, len(prefix), {"step": times} if rnd >= 2 else None)
-    return round(1e3 * statistics.median(times), 2)
+    times: dict[str, list[float]] = {s: [] for s in shapes}
+    for rnd in range(warmup + rounds):
+        _time_shapes(runner, shapes, cache, len(prefix), times if rnd >= warmup else None)
+    return times
 
 
 def _time_rows(runner, cal: Calibration, dtype: str) -> Calibration:
@@ -179,30 +184,13 @@ def _time_rows(runner, cal: Calibration, dtype: str) -> Calibration:
     the probe prefix, and one core's read bandwidth (GB/s), both on the calling thread's cores."""
     t0 = time.perf_counter()
     prefix, ids = _probe(runner, ROOFLINE_ROWS)
-    cache = runner.new_cache()
-    runner.forward(cache, prefix)
     shapes = {f"rows{m}": (lambda c, m=m: runner.forward(c, ids[:m])) for m in range(1, ROOFLINE_ROWS + 1)}
-    samples: dict[tuple[str, str], list[float]] = {(dtype, s): [] for s in shapes}
-    for rnd in range(2 * MIN_ROUNDS + 1):  # round 0 warms up
-        _time_shapes(runner, shapes, cache, len(prefix), {s: samples[dtype, s] for s in shapes} if rnd else None)
-    kernel = getattr(runner, "kernel", None)
-    cpu = runner.device.type == "cpu"
-    gbs = read_bandwidth(kernel) if kernel is not None else _torch_read_bandwidth() if cpu else 0.0
+    times = _rounds(runner, prefix, shapes, 2 * MIN_ROUNDS, warmup=1)
+    kernel, cpu = getattr(runner, "kernel", None), runner.device.type == "cpu"
+    gbs = read_bandwidth(kernel) if cpu else 0.0  # the kernel's one-thread read, else torch's on the lane's threads
     peak = peak_gflops(kernel, dtype) if cpu else 0.0
-    return replace(cal, table=cal.table + _table(samples), read_gbs=gbs, peak_gflops=peak,
-                   seconds=round(cal.seconds + time.perf_counter() - t0, 2))
-
-
-def _torch_read_bandwidth(megabytes: int = 256, passes: int = 3) -> float:
-    """GB/s of torch's sum over a buffer far larger than the caches, with the calling thread's torch threads (the
-    target lane's: one core where the lanes split the machine)."""
-    buf = torch.ones(megabytes * (1 << 20) // 4)
-    best = float("inf")
-    for _ in range(passes + 1):
-        t0 = time.perf_counter()
-        buf.sum()
-        best = min(best, time.perf_counter() - t0)
-    return round(buf.numel() * 4 / best / 1e9, 1)
+    return replace(cal, table=cal.table + _table({(dtype, s): v for s, v in times.items()}), read_gbs=gbs,
+                   peak_gflops=peak, seconds=round(cal.seconds + time.perf_counter() - t0, 2))
 
 
 def _probe(runner, new: int) -> tuple[list[int], list[int]]:
@@ -247,7 +235,7 @@ def calibrate_generic(runner, lane: str, requested: str) -> Calibration:
     """The generic runner: the whole model in one dtype (forced ones are applied here, auto keeps the loaded)."""
     if requested != "auto":
         runner.model.to(DTYPES[requested])
-    name = _name(next(runner.model.parameters()).dtype)
+    name = format_name(next(runner.model.parameters()).dtype)
     return Calibration(lane, requested, name, name,
                        note="forced by --dtype" if requested != "auto" else "generic runner: the loaded dtype, not timed")
 
@@ -327,5 +315,3 @@ def _write(path: str, cal: Calibration) -> None:
         pass  # a read-only cache only costs the next load its calibration
 
 
-def _name(dtype: torch.dtype) -> str:
-    return next((n for n, d in DTYPES.items() if d == dtype), str(dtype).removeprefix("torch."))

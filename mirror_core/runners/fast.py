@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from ..models.ops import apply_rope, attend, attend_blocks, rms_norm, rope_tables
 from ..records import RowBand, RowPlan
 from .exactness import EXACT_ROWS, RowOp, pad_rows
-from ..kernels.native import Library, NativeLayer, PackedLinear
+from ..kernels.native import Library, NativeLayer, PackedLinear, format_name
 from .protocol import ExitPass
 
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -198,7 +198,7 @@ class FastLlamaRunner:
                 raise RuntimeError(f"no {dtype} weights: the loaded ones were freed (drop_unused_dtypes)")
             layers, head = self._master
             if self.kernel is not None:
-                fmt = str(dtype).removeprefix("torch.")
+                fmt = format_name(dtype)
                 pack = lambda w: PackedLinear(w, fmt, self.kernel)  # noqa: E731
                 head = pack(head)
             elif dtype == self.dtype:
@@ -212,7 +212,7 @@ class FastLlamaRunner:
         return self._weights[dtype]
 
     def _pack_exit_head(self, dtype: torch.dtype) -> dict:
-        fmt = str(dtype).removeprefix("torch.")
+        fmt = format_name(dtype)
         return {"adapter": PackedLinear(self.exit_head.adapter, fmt, self.kernel),
                 "head": PackedLinear(self.exit_head.w, fmt, self.kernel)}
 

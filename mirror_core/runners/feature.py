@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.native import Library, PackedLinear
+from ..kernels.native import Library, PackedLinear, format_name
 from ..models.feature_draft import FeatureDraft
 from ..models.vocab import VocabMap
 
@@ -64,7 +64,7 @@ class FeatureRunner:
         if self.kernel is None:
             self.model.to(dtype)
             return
-        fmt = str(dtype).removeprefix("torch.")
+        fmt = format_name(dtype)
         self.model.packed = {self.model.weight_key(w): PackedLinear(w.detach().t(), fmt, self.kernel)
                              for w in self.model.matmul_weights()}
 
