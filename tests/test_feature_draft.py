@@ -29,7 +29,7 @@ def pair(tmp_path_factory):
 @pytest.fixture(scope="module")
 def inline(pair):
     target, draft = pair
-    with MirrorEngine.load(target, draft, LaneConfig(kind="inline")) as engine:
+    with MirrorEngine.load(target, draft, LaneConfig(kind="inline", dtype="float32")) as engine:
         yield engine
 
 
@@ -60,7 +60,7 @@ def test_every_decoder_equals_the_targets_greedy_tokens(pair, inline):
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_parallel_lanes_equal_the_inline_lane(pair, inline, kind):
     target, draft = pair
-    with MirrorEngine.load(target, draft, LaneConfig(kind=kind)) as engine:
+    with MirrorEngine.load(target, draft, LaneConfig(kind=kind, dtype="float32")) as engine:
         for prompt in prompts(3, seed=8):
             for decoder in ("sd", "mirror"):
                 assert list(_run(engine, prompt, decoder).token_ids) == list(_run(inline, prompt, decoder).token_ids)

@@ -31,7 +31,7 @@ def heavy_pair(pair_root):
 
 @pytest.fixture(scope="module")
 def process_engine(heavy_pair):
-    lanes = auto_lanes(kind="process")
+    lanes = auto_lanes(kind="process", dtype="float32")  # compared with transformers' float32 greedy
     with MirrorEngine.load(*heavy_pair, lanes) as engine:
         yield engine
 
@@ -104,12 +104,12 @@ def test_draft_fault_finishes_on_the_target_alone(pairs, kind, mode):
     target, draft = pairs["llama"]
     ref = hf_greedy(target, (7, 8, 9), 40)
     for fault_step in (0, 1, 3) if mode == "raise" else (2,):  # each "exit" costs a process respawn
-        with MirrorEngine.load(target, draft, LaneConfig(kind=kind, fault=FaultPlan(fault_step, mode))) as engine:
+        with MirrorEngine.load(target, draft, LaneConfig(kind=kind, dtype="float32", fault=FaultPlan(fault_step, mode))) as engine:
             for decoder in ("sd", "mirror", "mirror"):  # the lane recovers for each request (an exited one respawns)
                 end = engine.generate(Request((7, 8, 9), decoder, 40, spec=SpecConfig(3, 2, 2)))
                 assert list(end.token_ids) == ref
                 assert end.fallback and "draft lane failed" in end.fallback
-    with MirrorEngine.load(target, draft, LaneConfig(kind=kind)) as engine:
+    with MirrorEngine.load(target, draft, LaneConfig(kind=kind, dtype="float32")) as engine:
         end = engine.generate(Request((7, 8, 9), "mirror", 40, spec=SpecConfig(3, 2, 2)))
         assert list(end.token_ids) == ref and end.fallback is None
 
