@@ -1,97 +1,232 @@
-"""Sequence-level distillation data: the target's own greedy chat answers to chat_prompts, generated in batches.
+"""Sequence-level distillation data: the target's own chat answers, generated in batches, in resumable shards.
 
-`python -m mirror_core.train.chat_data --target smollm2-135m-instruct --out DIR` writes DIR/answers_*.pt shards,
-each a list of {"prompt": [ids], "answer": [ids]} (the answer ends with the eos token unless it hit the limit).
-Generation runs the target in bfloat16 with left padding (Hugging Face generate): the labels are the bf16 model's
-greedy tokens, a close stand-in for the float32 model's, which is all a draft's training text needs to be.
+    python -m mirror_core.train.chat_data --sources templated,sampled,self_questions,multi_turn,code --out OUT
+    python -m mirror_core.train.chat_data --more --out DIR              # the legacy set (today's draft's data)
+    python -m mirror_core.train.chat_data --held-out --more --limit 96 --out DIR   # held-out answers (evaluation)
+
+With --sources each source (chat_sources.py) writes OUT/<source>/answers_s<stage>_<shard>.pt and OUT/<source>/
+generation.json (tokens, records and seconds per shard), and OUT/manifest.json sums them per source; without it the
+legacy set writes DIR/answers_<shard>.pt and DIR/generation.json. A shard is a list of records {"prompt": [ids],
+"answer": [ids], "answer_spans": [[start, end), …] over prompt + answer (where the target's own tokens lie), "source",
+"stage", "temperature", "user": [the user turns]}; the answer ends with the eos token unless it hit the limit.
+A shard that exists is never made again, so a stopped run continues where it stopped (`--out` the same).
+Generation runs the target in bfloat16 (or --dtype float32) with left padding (Hugging Face generate); sampled rows
+draw from one torch.Generator per shard, seeded from --seed, the source, the stage and the shard.
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import time
+import zlib
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from mirror_core.train.chat_sources import SOURCES, STAGES, ChatTokens, DataConfig, Job, answer_spans
 
 
-def generate(target: str, out: str, batch: int = 128, new_tokens: int = 160, threads: int = 0,
-             limit: int = 0, held_out: bool = False, more: bool = False, only_more: bool = False,
-             temperature: float = 0.0, seed: int = 0) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+class RowSampler(LogitsProcessor):
+    """Each row with a temperature > 0 draws its token (from the explicit generator) and keeps only that one, so
+    greedy generate takes it; rows at temperature 0 stay greedy. Rows of one batch may differ in temperature."""
 
-    from mirror_core.models.prepared import resolve_source
-    if threads:
-        torch.set_num_threads(threads)
-    folder = resolve_source(target)
-    tok = AutoTokenizer.from_pretrained(folder)
-    tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
-    eos = tok.eos_token_id
-    items = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-             for p in _chosen(held_out, more, only_more)]
-    items = items[:limit] if limit else items
-    items.sort(key=len)  # similar lengths share a batch: less padding
-    os.makedirs(out, exist_ok=True)
-    start, done = time.time(), 0
-    for b in range(0, len(items), batch):
-        path = os.path.join(out, f"answers_{b // batch:04d}.pt")
+    def __init__(self, temperatures: torch.Tensor, generator: torch.Generator):
+        self.temperatures = temperatures                                   # [rows] float32
+        self.rows = temperatures > 0                                       # [rows] bool
+        self.generator = generator
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if not self.rows.any():
+            return scores
+        probs = torch.softmax(scores[self.rows].float() / self.temperatures[self.rows, None], dim=-1)
+        pick = torch.multinomial(probs, 1, generator=self.generator)   # [sampled rows, 1]
+        only = torch.full_like(scores[self.rows], float("-inf")).scatter_(1, pick, 0.0)
+        out = scores.clone()
+        out[self.rows] = only
+        return out
+
+
+class Target:
+    """The target model and its tokenizer, answering a batch of jobs."""
+
+    def __init__(self, cfg: DataConfig):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from mirror_core.models.prepared import resolve_source
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        folder = resolve_source(cfg.target)
+        tok = AutoTokenizer.from_pretrained(folder)
+        if tok.chat_template is None:
+            raise SystemExit(f"{cfg.target}: the tokenizer has no chat template (chat_data needs an instruct target)")
+        self.chat = ChatTokens(tok)
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, cfg.dtype)).eval()
+        self.eos = tok.eos_token_id
+        self.pad = tok.pad_token_id if tok.pad_token_id is not None else (self.eos if self.eos is not None else 0)
+        self.new_tokens = cfg.new_tokens
+
+    @torch.inference_mode()
+    def answer(self, jobs: list[Job], generator: torch.Generator) -> list[list[int]]:
+        """Each job's answer ids (cut after its eos), all jobs in one left-padded batch."""
+        width = max(len(j.prompt) for j in jobs)
+        ids = torch.full((len(jobs), width), self.pad, dtype=torch.long)          # [rows, width]
+        mask = torch.zeros((len(jobs), width), dtype=torch.long)
+        for r, j in enumerate(jobs):
+            ids[r, width - len(j.prompt):] = torch.tensor(j.prompt)
+            mask[r, width - len(j.prompt):] = 1
+        sampler = RowSampler(torch.tensor([j.temperature for j in jobs], dtype=torch.float32), generator)
+        gen = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.new_tokens,
+                                  do_sample=False, pad_token_id=self.pad, eos_token_id=self.eos,
+                                  logits_processor=LogitsProcessorList([sampler]))
+        out = []
+        for row in gen[:, width:].tolist():
+            out.append(row[: row.index(self.eos) + 1] if self.eos in row else row)
+        return out
+
+
+def _save(obj, path: str) -> None:
+    """Write then rename: a stopped run never leaves half a shard (or half a record) behind; the temporary name is
+    the process's own, so two runs on disjoint sources may share the manifest."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    if path.endswith(".json"):
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1)
+    else:
+        torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _record(folder: str) -> dict:
+    try:
+        with open(os.path.join(folder, "generation.json"), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {"shards": {}, "notes": {}}
+
+
+def _note_shard(folder: str, cfg: DataConfig, name: str, rows: list[dict], seconds: float) -> dict:
+    """Add one shard's counts to the folder's generation.json (totals = sums over its shards, whichever run)."""
+    rec = _record(folder)
+    rec["shards"][name] = {"records": len(rows), "answer_tokens": sum(len(r["answer"]) for r in rows),
+                           "seconds": round(seconds, 2), "threads": torch.get_num_threads(), "batch": cfg.batch,
+                           "dtype": cfg.dtype}
+    shards = rec["shards"].values()
+    rec.update(records=sum(s["records"] for s in shards), answer_tokens=sum(s["answer_tokens"] for s in shards),
+               seconds=round(sum(s["seconds"] for s in shards), 1), batch=cfg.batch,
+               threads=torch.get_num_threads(), dtype=cfg.dtype, new_tokens=cfg.new_tokens)
+    _save(rec, os.path.join(folder, "generation.json"))
+    return rec
+
+
+def _shard_seed(cfg: DataConfig, source: str, stage: int, shard: int) -> int:
+    return zlib.crc32(f"{cfg.seed}/{source}/{stage}/{shard}".encode())
+
+
+def run_stage(target: Target, cfg: DataConfig, source: str, stage: int, earlier: list[dict],
+              keep: bool = False) -> list[dict]:
+    """Answer one stage's jobs shard by shard (skipping shards that exist); return all its records if `keep`
+    (the next stage is built from them)."""
+    folder = os.path.join(cfg.out, source) if cfg.sources else cfg.out
+    os.makedirs(folder, exist_ok=True)
+    plan = STAGES[source][stage - 1](target.chat, cfg, earlier)
+    jobs = sorted(plan.jobs[: cfg.limit or None], key=lambda j: len(j.prompt))  # similar lengths: less padding
+    rec = _record(folder)
+    rec["notes"][str(stage)] = {"jobs": len(jobs), **plan.notes}
+    _save(rec, os.path.join(folder, "generation.json"))
+    prefix = f"answers_s{stage}_" if cfg.sources else "answers_"
+    for n, b in enumerate(range(0, len(jobs), cfg.batch)):
+        path = os.path.join(folder, f"{prefix}{n:04d}.pt")
         if os.path.exists(path):
             continue
-        enc = tok(items[b: b + batch], return_tensors="pt", padding=True)
-        with torch.inference_mode():
-            if temperature > 0:  # sampled answers: other texts on the same prompts (the labels stay the target's own)
-                torch.manual_seed(seed + b)
-                gen = model.generate(**enc, max_new_tokens=new_tokens, do_sample=True, temperature=temperature,
-                                     top_k=0, top_p=1.0, pad_token_id=eos)
-            else:
-                gen = model.generate(**enc, max_new_tokens=new_tokens, do_sample=False, pad_token_id=eos)
-        rows = []
-        width = enc.input_ids.shape[1]
-        for r in range(gen.shape[0]):
-            prompt = enc.input_ids[r][enc.attention_mask[r].bool()].tolist()
-            answer = gen[r, width:].tolist()
-            if eos in answer:
-                answer = answer[: answer.index(eos) + 1]
-            rows.append({"prompt": prompt, "answer": answer})
-        torch.save(rows, path)
-        done += sum(len(r["answer"]) for r in rows)
-        print(f"{path}: {len(rows)} answers, {done} answer tokens, {done / (time.time() - start):.0f} tok/s", flush=True)
-    if done:  # this run's cost (shards made by an earlier run are not counted)
-        with open(os.path.join(out, "generation.json"), "w", encoding="utf-8") as f:
-            json.dump({"answer_tokens": done, "seconds": round(time.time() - start, 1), "batch": batch,
-                       "threads": torch.get_num_threads()}, f)
+        chunk = jobs[b: b + cfg.batch]
+        t0 = time.perf_counter()
+        answers = target.answer(chunk, torch.Generator().manual_seed(_shard_seed(cfg, source, stage, n)))
+        seconds = time.perf_counter() - t0
+        rows = [{**{k: v for k, v in j.meta.items() if k != "first_answer"}, "prompt": list(j.prompt), "answer": a,
+                 "answer_spans": answer_spans(j, a), "source": source, "stage": stage, "temperature": j.temperature}
+                for j, a in zip(chunk, answers)]
+        _save(rows, path)
+        total = _note_shard(folder, cfg, os.path.basename(path), rows, seconds)
+        tokens = total["shards"][os.path.basename(path)]["answer_tokens"]
+        print(f"{path}: {len(rows)} answers, {tokens} answer tokens, {tokens / seconds:.0f} tok/s "
+              f"({total['answer_tokens']} in this folder)", flush=True)
+        if cfg.sources:
+            write_manifest(cfg)
+    if not keep:
+        return []
+    return [r for p in sorted(glob.glob(os.path.join(folder, f"{prefix}[0-9]*.pt"))) for r in torch.load(p)]
 
 
-def _chosen(held_out: bool, more: bool, only_more: bool) -> list[str]:
-    """The prompts to answer: chat_prompts' train (or held-out) set, with MORE_FORMS if asked; `only_more` keeps
-    just the prompts that MORE_FORMS adds (to extend an earlier run's answers without repeating them)."""
-    from mirror_core.train.chat_prompts import prompts
+def write_manifest(cfg: DataConfig) -> dict:
+    """OUT/manifest.json: per source, the answer tokens, records and seconds its shards took (every run's), and the
+    machine they were made on."""
+    from mirror_core.machine import cpu_model
 
-    chosen = prompts(held_out, more=more or only_more)
-    if only_more:
-        before = set(prompts(held_out))
-        chosen = [p for p in chosen if p not in before]
-    return chosen
+    per = {s: {k: _record(os.path.join(cfg.out, s)).get(k, 0) for k in ("answer_tokens", "records", "seconds")}
+           | {"notes": _record(os.path.join(cfg.out, s))["notes"]}
+           for s in SOURCES if os.path.isdir(os.path.join(cfg.out, s))}
+    manifest = {"target": cfg.target, "cpu": cpu_model(), "threads": torch.get_num_threads(), "batch": cfg.batch,
+                "dtype": cfg.dtype, "new_tokens": cfg.new_tokens, "sources": per,
+                "answer_tokens": sum(p["answer_tokens"] for p in per.values()),
+                "seconds": round(sum(p["seconds"] for p in per.values()), 1)}
+    _save(manifest, os.path.join(cfg.out, "manifest.json"))
+    return manifest
+
+
+def generate(cfg: DataConfig) -> None:
+    """Every chosen source, stage by stage (the legacy set when no source is chosen)."""
+    target = Target(cfg)
+    for source in cfg.sources or ("legacy",):
+        earlier: list[dict] = []
+        stages = len(STAGES[source])
+        for stage in range(1, stages + 1):
+            earlier = run_stage(target, cfg, source, stage, earlier, keep=stage < stages)
+    if cfg.sources:
+        m = write_manifest(cfg)
+        print(f"{cfg.out}/manifest.json: {m['answer_tokens']} answer tokens in {m['seconds'] / 60:.1f} min "
+              f"({m['cpu']}, {m['threads']} threads)", flush=True)
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in text.split(",") if v.strip())
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m mirror_core.train.chat_data", description=__doc__)
-    parser.add_argument("--target", default="smollm2-135m-instruct")
+    d = {f: DataConfig.__dataclass_fields__[f].default for f in DataConfig.__dataclass_fields__ if f != "out"}
+    parser = argparse.ArgumentParser(prog="python -m mirror_core.train.chat_data", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=160)
-    parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument("--limit", type=int, default=0, help="only the first N prompts (0 = all)")
-    parser.add_argument("--held-out", action="store_true", help="the held-out topics' prompts (for evaluation)")
-    parser.add_argument("--more", action="store_true", help="add chat_prompts.MORE_FORMS")
-    parser.add_argument("--only-more", action="store_true", help="only the prompts MORE_FORMS adds")
-    parser.add_argument("--temperature", type=float, default=0.0, help="sample the answers at this temperature "
-                        "(0: greedy); the teacher pass still labels every position with the target's own top-k")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--target", default=d["target"])
+    parser.add_argument("--sources", default="", help=f"comma-separated, from {','.join(SOURCES)} (none: legacy)")
+    parser.add_argument("--batch", type=int, default=d["batch"], help="rows answered together = jobs per shard")
+    parser.add_argument("--new-tokens", type=int, default=d["new_tokens"])
+    parser.add_argument("--threads", type=int, default=d["threads"])
+    parser.add_argument("--dtype", default=d["dtype"], help="bfloat16 or float32")
+    parser.add_argument("--limit", type=int, default=d["limit"], help="only the first N jobs of each stage (0 = all)")
+    parser.add_argument("--seed", type=int, default=d["seed"])
+    parser.add_argument("--samples", type=int, default=d["samples"], help="sampled answers per prompt (sampled)")
+    parser.add_argument("--temperatures", default=",".join(map(str, d["temperatures"])),
+                        help="sampling temperatures, used in turn (sampled; the first: self_questions' stage 1)")
+    parser.add_argument("--sampled-every", type=int, default=d["sampled_every"])
+    parser.add_argument("--questions", type=int, default=d["questions"], help="questions per request (self_questions)")
+    parser.add_argument("--multi-turn-every", type=int, default=d["multi_turn_every"])
+    parser.add_argument("--held-out", action="store_true", help="legacy set: the held-out topics' prompts")
+    parser.add_argument("--more", action="store_true", help="legacy set: add chat_prompts.MORE_FORMS")
+    parser.add_argument("--only-more", action="store_true", help="legacy set: only the prompts MORE_FORMS adds")
+    parser.add_argument("--temperature", type=float, default=d["temperature"],
+                        help="legacy set: sample its answers at this temperature (0: greedy)")
     a = parser.parse_args(argv)
-    generate(a.target, a.out, a.batch, a.new_tokens, a.threads, a.limit, a.held_out, a.more, a.only_more,
-             a.temperature, a.seed)
+    try:
+        cfg = DataConfig(out=a.out, target=a.target, sources=tuple(s for s in a.sources.split(",") if s),
+                         batch=a.batch, new_tokens=a.new_tokens, threads=a.threads, dtype=a.dtype, limit=a.limit,
+                         seed=a.seed, samples=a.samples, temperatures=_floats(a.temperatures),
+                         sampled_every=a.sampled_every, questions=a.questions, multi_turn_every=a.multi_turn_every,
+                         held_out=a.held_out, more=a.more, only_more=a.only_more, temperature=a.temperature)
+    except ValueError as e:
+        parser.error(str(e))
+    generate(cfg)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Distil a draft and train an early-exit head for a pretrained target (the SmolLM2 pair in assets/smollm2_pair).
 
-    python -m mirror_core.train.chat_data --out WORK/answers                      # the target's chat answers
+    python -m mirror_core.train.chat_data --new-tokens 160 --out WORK/answers     # the target's chat answers
     python -m mirror_core.train.distill --answers WORK/answers --work WORK --out assets/smollm2_pair
 
 Stages (each cached in WORK, so a run can be resumed or re-run with other draft settings):
