@@ -117,13 +117,15 @@ APP_DEFAULTS = {"prompt": "w1 w2 w3", "decoders": ("ar", "mirror"), "gamma": 3, 
 
 
 def page_values(**over) -> dict:
-    """Every Run control by name (ui.settings.CONTROLS): the page's DEFAULTS, no pair, no prompt, then `over`."""
+    """Every Run control by name (ui.settings.CONTROLS): the page's DEFAULTS but one repeat (a test times one
+    comparison unless it asks for more), no pair, no prompt, then `over`."""
     from ui.settings import CONTROLS, DEFAULTS
 
     unknown = set(over) - set(CONTROLS)
     if unknown:
         raise KeyError(f"not a Run control: {', '.join(sorted(unknown))}")
-    return {"prompt": "", "target": "", "draft": "", **DEFAULTS, "decoders": list(DEFAULTS["decoders"]), **over}
+    return {"prompt": "", "target": "", "draft": "", **DEFAULTS, "decoders": list(DEFAULTS["decoders"]), "repeats": 1,
+            **over}
 
 
 def run_args(values: dict) -> list:

@@ -19,6 +19,7 @@ from testing.net import free_port
 from testing.reliability import close_demo, page_values, run_args
 from testing.toy_models import build_pair
 from ui import LAUNCH, EngineLoader, build_demo, default_presets
+from ui.render import shown_path
 from ui.views import OUTPUT_NAMES, by_name
 from ui.settings import CONTROLS
 
@@ -80,7 +81,7 @@ def test_a_full_run_streams_tokens_then_plots_and_exports_a_trace(app):
     assert 'class="mirror-prompt"' in final["mirror_tokens"]                  # the prompt, greyed, before the text
     assert "speedup vs AR" in final["numbers"] and os.path.exists(final["trace"])
     assert "Matmul dtypes" in final["numbers"] and "target: " in final["numbers"] and "draft: " in final["numbers"]
-    assert f"Ran: target {target} on cpu, draft {draft} on cpu" in final["numbers"]
+    assert f"Ran: target {shown_path(target)} on cpu, draft {shown_path(draft)} on cpu" in final["numbers"]
     replayed = [by_name(o) for o in c.submit(api_name="/replay")]  # the same session's runs, re-animated
     assert "Replay finished" in replayed[-1]["status"] and replayed[-1]["ar_text"] == final["ar_text"]
     assert len(replayed) >= 2 and "Replaying at measured speed" in replayed[0]["status"]

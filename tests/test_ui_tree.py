@@ -29,7 +29,8 @@ def test_the_tree_shows_the_hit_its_reused_branch_and_the_pruned_candidate():
     run = _run()
     assert first_steps(run) == (1, 2)
     page = tree_html(run, None)  # default: the first hit
-    assert "Step 1" in page and "hit" in page and "slot 1 decides" in page
+    assert "Step 1" in page and "hit" in page and "slot s_t = A_t + 1 = 2 decides" in page  # slots 1..γ+1
+    assert "slot 1 <span" in page and "slot 3 <span" in page and "slot 0 <span" not in page
     assert page.count("mirror-tree-slot") == 3 and page.count("mirror-tree-dim") == 1  # slot 2 unreachable
     assert page.count("mirror-node-hit") == 1 and "<code>#50</code> 0.600" in page
     assert page.count("mirror-node-reused") == 2  # row 1's γ = 2 tokens: #3 → #4

@@ -35,7 +35,10 @@ EXPERIMENTS = {
     "gamma": Experiment(
         "gamma", "Speedup and τ against γ (which γ?)",
         "At which γ does vanilla SD stop gaining, and does Mirror-SD?",
-        "Each point is a run of the last prompt at that γ; dashed: the latency model's prediction for Mirror-SD.",
+        "Each point is a run of the last prompt at that γ; dashed: the latency model's prediction for Mirror-SD. "
+        "If the τ line is flat beyond γ = 1, the draft rarely gets its first token right: d2 counts only when d1 was "
+        "accepted, so τ(γ) = 1 + a_1 + a_1·a_2 + … stays near 1 + a_1, and a longer window adds verification time "
+        "and nothing else.",
         "gamma", (1, 2, 4, 6, 8), ("sd", "mirror"), ("speedup sd", "speedup mirror", "modelled mirror", "τ mirror")),
     "kappa": Experiment(
         "kappa", "Hit rate and fallback frequency against κ",

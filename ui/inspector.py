@@ -22,7 +22,8 @@ def inspector_html(run: DecoderRun | None, step: float | None) -> str:
     kind = "bonus" if bonus else "correction"
     head = (f"<p><b>Step {rec.step}</b>: the target verified W = [w0, d1..d{rec.drafted}] in one pass, accepted "
             f"A_t = {rec.accepted}, and its {kind} c = <code>{html.escape(name(rec.token))}</code> sits at slot "
-            f"τ = {rec.accepted + 1}; {rec.committed} token(s) committed. This window was "
+            f"s_t = A_t + 1 = {rec.accepted + 1} (slots 1..γ+1; slot γ+1 is the bonus); {rec.committed} token(s) "
+            "committed. This window was "
             + ("<b>a reused branch</b> (a hit at the previous step)." if rec.from_branch else "a fresh draft rollout.")
             + "</p>")
     sampling = run.start.settings.request.sampling if run.start else None
@@ -100,20 +101,20 @@ def _branches(decoder: str, rec: StepRecord, name, last: bool) -> str:
     rows = list(rec.branch_rows)  # (slot index, candidate) of each branch row, from the engine
     if rec.hit and rec.branch_row is not None:
         verdict = (f"<b class='mirror-fast'>Hit</b>: c = <code>{html.escape(name(rec.token))}</code> is among slot "
-                   f"τ = {slot}'s candidates, so branch row {rec.branch_row} became the next window at once "
+                   f"s_t = {slot}'s candidates, so branch row {rec.branch_row} became the next window at once "
                    f"(the draft lane adopted its KV cache; no rollout after verification).")
     else:
         verdict = (f"<b class='mirror-slow'>Miss → fallback</b>: c = <code>{html.escape(name(rec.token))}</code> is not "
-                   f"among slot τ = {slot}'s κ candidates, so no precomputed branch starts with it; the draft lane "
+                   f"among slot s_t = {slot}'s κ candidates, so no precomputed branch starts with it; the draft lane "
                    f"rolled out γ fresh tokens after verification.")
-    by_slot: dict[int, list[int]] = {}  # the shown rows, grouped by slot: only slot τ's rows can be reused
+    by_slot: dict[int, list[int]] = {}  # the shown rows, grouped by slot: only slot s_t's rows can be reused
     for r in range(min(len(rec.branches), len(rows), MAX_BRANCH_ROWS)):
         by_slot.setdefault(rows[r][0], []).append(r)
     body = []
     for j, members in sorted(by_slot.items()):
         reachable = j + 1 == slot
-        why = ("the correction's slot τ: the branch starting with c is reusable" if reachable else
-               f"unreachable this step: the target's correction landed at slot τ = {slot}, so no branch of slot "
+        why = ("the correction's slot s_t: the branch starting with c is reusable" if reachable else
+               f"unreachable this step: the target's correction landed at slot s_t = {slot}, so no branch of slot "
                f"{j + 1} can follow the committed text")
         body.append(f"<tr class='mirror-slot-head{'' if reachable else ' mirror-unreachable'}'><th colspan='3'>"
                     f"slot {j + 1} · {len(members)} branch(es) · {html.escape(why, quote=False)}</th></tr>")

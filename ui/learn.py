@@ -18,6 +18,7 @@ from mirror_core import MirrorError
 from .numbers import latency_model
 from .session import Session
 from .experiments import EXPERIMENTS, NEW_TOKENS, plot_html, run_experiment
+from .glossary import GLOSSARY
 from .player import player_html
 from .roofline import AFTER_A_RUN_HTML, roofline_view
 from .tree import first_steps, tree_html
@@ -41,38 +42,6 @@ SLIDERS = (
 assert tuple(s[0] for s in SLIDERS) == KNOBS
 PHASES = 6  # ui/player.py: window in, layers 1..ℓ_e, early exit → M_t, suffix ∥ branches, acceptance, hit or miss
 SPEEDS = {"0.5 s": 0.5, "1 s": 1.0, "2 s": 2.0, "4 s": 4.0}  # wall time per phase when playing
-
-GLOSSARY = (
-    ("window", "The γ draft tokens d1..dγ the target verifies in one forward, after the last committed token w0."),
-    ("early exit (ℓ_e)", "A layer part-way through the target where its hidden state is read out through the final "
-                         "norm and LM head, before the remaining layers run."),
-    ("κ", "How many next-token candidates per window slot the early exit sends to the draft (its top-κ)."),
-    ("branch", "A γ-token continuation the draft rolls out for one candidate while the target finishes its layers."),
-    ("hit", "The target's correction (or bonus) token was a candidate: its precomputed branch is the next window."),
-    ("fallback", "No branch matched: the draft rolls out a fresh window after verification (a miss)."),
-    ("τ", "Tokens committed per verification step, the bonus or correction token included."),
-    ("α", "Acceptance rate: accepted draft tokens over drafted tokens."),
-    ("Ω̂", "Early-exit overlap: how often the target's final token is among the early exit's top-κ."),
-    ("draft-hidden fraction", "The share of the draft lane's busy time that overlapped the target's work."),
-    ("TTFT", "Time to first token: from the start of a run to its first committed token (the prefill)."),
-    ("Vanilla SD", "Speculative decoding without the mirror: the draft rolls out serially after each verification."),
-    ("SS draft", "A speculative-streaming draft: extra lookahead streams propose several tokens per forward."),
-    ("Rule E / Rule R", "At T > 0: exact match against the target's sample (E), or rejection sampling (R): different "
-                        "text, same distribution."),
-    ("modelled", "Computed from a model, not timed: the latency model (docs/ALGORITHM.md §4), or the roofline's "
-                 "larger limit."),
-    ("weight bytes per token", "The bytes of weights one target forward reads: every layer's linear maps and the LM "
-                               "head, whatever the number of rows."),
-    ("read bandwidth", "How many GB/s the target lane streams from memory (one thread on the kernel), measured when the pair loads."),
-    ("roofline step", "Weight bytes per token ÷ read bandwidth: the least one target step can cost here (the memory "
-                      "limit, flat in rows)."),
-    ("share of the roofline", "Roofline step ÷ the measured AR step: 100% means the step runs at the memory limit."),
-    ("window cost", "A forward of γ+1 new rows in one-token steps: ≈ 1 while the pass is memory-bound."),
-    ("compute limit", "2 × rows × the linear maps' multiply-adds ÷ their peak rate measured at load (GFLOP/s): the "
-                      "least the arithmetic of that many rows can cost (rising with rows)."),
-    ("ridge", "The number of rows where the compute limit meets the memory limit: below it an extra row is nearly "
-              "free, past it each row costs its arithmetic."),
-)
 
 
 @dataclass(frozen=True)

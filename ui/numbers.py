@@ -7,6 +7,7 @@ import statistics
 from mirror_core.events import STAGE_TARGET_STEP
 from mirror_core.latency import LatencyModel, latency_model_from_events, stage_mean
 
+from .render import shown_path
 from .session import DecoderRun
 from .settings import DECODER_TITLES
 from .whatif import why_model
@@ -28,13 +29,40 @@ def speedups(runs: dict[str, DecoderRun]) -> dict[str, tuple[float | None, str]]
     return {d: speedup(runs.get("ar"), r) for d, r in runs.items()}
 
 
+# The one rule for "too short to time": fewer committed tokens or (speculative runs) fewer verification steps than
+# this, and a run's time is mostly its prefill and start-up noise, so it gets no speedup verdict.
+MIN_TIMED_TOKENS = 16
+MIN_TIMED_STEPS = 4
+
+
+def too_short(run: DecoderRun | None) -> str | None:
+    """Why a finished run is too short to time (None: long enough), by MIN_TIMED_TOKENS and MIN_TIMED_STEPS."""
+    s = run.summary if run is not None else None
+    if s is None:
+        return None
+    if s.new_tokens < MIN_TIMED_TOKENS:
+        return f"{s.new_tokens} tokens committed (fewer than {MIN_TIMED_TOKENS})"
+    if run.decoder != "ar" and s.steps < MIN_TIMED_STEPS:
+        return f"{s.steps} verification steps (fewer than {MIN_TIMED_STEPS})"
+    return None
+
+
+def decode_tokens_per_s(summary) -> float | None:
+    """Tokens after the prefill ÷ the time after it: (new tokens − 1) / (wall − TTFT); None when there is none."""
+    if summary is None or summary.ttft_s is None or summary.new_tokens < 2 or summary.wall_s <= summary.ttft_s:
+        return None
+    return (summary.new_tokens - 1) / (summary.wall_s - summary.ttft_s)
+
+
 def _f(v, fmt="{:.3f}", scale=1.0) -> str:
     return "—" if v is None else fmt.format(v * scale)
 
 
 # (label, how to read it from a run, definition)
 _ROWS = (
-    ("tokens/s", lambda r, s: _f(r.summary.tokens_per_s, "{:.1f}"), "new tokens / decode wall time (prefill start → last commit)"),
+    ("tokens/s (wall)", lambda r, s: _f(r.summary.tokens_per_s, "{:.1f}"), "new tokens / wall time (prefill start → last commit)"),
+    ("tokens/s (decode)", lambda r, s: _f(decode_tokens_per_s(r.summary), "{:.1f}"),
+     "(new tokens − 1) / (wall time − TTFT): after the prefill, the part speculation speeds up"),
     ("TTFT", lambda r, s: _f(r.summary.ttft_s, "{:.1f} ms", 1e3), "time to the first new token (the prefill)"),
     ("wall time", lambda r, s: _f(r.summary.wall_s, "{:.1f} ms", 1e3), "prefill start → last commit, on the engine's clock"),
     ("speedup vs AR", lambda r, s: _speedup_cell(r, s), "AR wall time / this wall time, same prompt, settings, seed and token count"),
@@ -48,12 +76,16 @@ _ROWS = (
 )
 
 
-def _speedup_cell(run: DecoderRun, sp: dict) -> str:
+def _speedup_cell(run: DecoderRun, ctx: tuple[dict, dict]) -> str:
+    sp, shortness = ctx  # decoder → (speedup, kind); decoder → why it (or its AR run) is too short to time, or None
     value, kind = sp.get(run.decoder, (None, ""))
     if run.decoder == "ar":
         return "1.00× (baseline)"
     if value is None:
         return "— (run AR too)"
+    short = shortness.get(run.decoder)
+    if short:
+        return f'{value:.2f}× <small>too short to time: {html.escape(short)}</small>'
     cls = "mirror-slow" if value < 1 else "mirror-fast"
     note = " (stopped early)" if run.end and run.end.stopped else ""
     return f'<span class="{cls}">{value:.2f}×</span> <small>{kind}{note}</small>'
@@ -64,9 +96,9 @@ def numbers_html(runs: dict[str, DecoderRun]) -> str:
     done = [r for r in runs.values() if r.end is not None]
     if not done:
         return "<p><i>Numbers appear when a run finishes.</i></p>"
-    sp = speedups(runs)
+    ctx = (speedups(runs), {d: too_short(r) or too_short(runs.get("ar")) for d, r in runs.items()})
     head = "".join(f"<th>{html.escape(DECODER_TITLES[r.decoder])}</th>" for r in done)
-    body = "".join(f"<tr><th>{label}</th>" + "".join(f"<td>{cell(r, sp)}</td>" for r in done)
+    body = "".join(f"<tr><th>{label}</th>" + "".join(f"<td>{cell(r, ctx)}</td>" for r in done)
                    + f"<td class='mirror-def'>{html.escape(definition)}</td></tr>" for label, cell, definition in _ROWS)
     notes = "".join(f"<li><b>{html.escape(DECODER_TITLES[r.decoder])}</b>: {html.escape(n)}</li>"
                     for r in done for n in _run_notes(r))
@@ -126,8 +158,9 @@ def target_line(run: DecoderRun) -> str:
     else:
         how = rows.describe
     spread = settings.lanes.target_devices
-    ran = (f"Ran: target {settings.target} on {'+'.join(spread) if spread else settings.lanes.target_device}"
-           + (f", draft {settings.draft} on {settings.lanes.draft_device} ({settings.lanes.kind} lane)"
+    ran = (f"Ran: target {shown_path(settings.target)} on "
+           f"{'+'.join(spread) if spread else settings.lanes.target_device}"
+           + (f", draft {shown_path(settings.draft)} on {settings.lanes.draft_device} ({settings.lanes.kind} lane)"
               if settings.draft else ", no draft")
            + (f" (vocabulary: {settings.draft_vocab} most frequent tokens)" if settings.draft and settings.draft_vocab
               else "")
@@ -205,7 +238,8 @@ def dtype_line(settings) -> str:
 
 # (label, value of one finished run given its repeat's AR run, format, definition) for the spread table.
 _SPREAD = (
-    ("tokens/s", lambda r, ar: r.summary.tokens_per_s, "{:.1f}", "as above, per repeat"),
+    ("tokens/s (wall)", lambda r, ar: r.summary.tokens_per_s, "{:.1f}", "as above, per repeat"),
+    ("tokens/s (decode)", lambda r, ar: decode_tokens_per_s(r.summary), "{:.1f}", "as above, per repeat"),
     ("TTFT (ms)", lambda r, ar: None if r.summary.ttft_s is None else r.summary.ttft_s * 1e3, "{:.1f}",
      "as above, per repeat"),
     ("speedup vs AR", lambda r, ar: speedup(ar, r)[0] if r.decoder != "ar" else None, "{:.2f}×",

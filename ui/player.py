@@ -69,7 +69,7 @@ def phases(run: DecoderRun, rec: StepRecord) -> tuple[list[Phase], list[SpanEven
     n = "ℓ_e" if layer is None else str(layer)
     out.append(Phase("Layers 1..ℓ_e", f"Layers 1..{n} run over the γ+1 = {gamma + 1} positions: "
                      f"{_ms(spans, STAGE_TARGET_PREFIX):.1f} ms.", at(STAGE_TARGET_PREFIX, start)))
-    cands = "; ".join(f"slot {s}: " + ", ".join(f"{code(t)} {math.exp(lp):.2f}" for t, lp in zip(ids, lps) if t >= 0)
+    cands = "; ".join(f"slot {s + 1}: " + ", ".join(f"{code(t)} {math.exp(lp):.2f}" for t, lp in zip(ids, lps) if t >= 0)
                       for s, (ids, lps) in enumerate(zip(rec.topk_ids, rec.topk_logprobs)))
     out.append(Phase("Early exit → M_t", f"At layer {n} the early exit reads out each slot's top-κ ({cands or 'none'}) "
                      f"and sends their ids and log-probs to the draft lane: {_ms(spans, STAGE_EXIT_READOUT):.1f} ms.",
@@ -84,10 +84,11 @@ def phases(run: DecoderRun, rec: StepRecord) -> tuple[list[Phase], list[SpanEven
     kept = " ".join(code(t) for t in rec.window[1: 1 + rec.accepted]) or "none"
     kind = "bonus" if rec.accepted == rec.drafted else "correction"
     out.append(Phase("Acceptance", f"The target keeps A_t = {rec.accepted} of {gamma} draft tokens ({kept}) and adds "
-                     f"its {kind} c = {code(rec.token)}: {rec.committed} token(s) committed.", at(STAGE_ACCEPT, start)))
+                     f"its {kind} c = {code(rec.token)} at slot s_t = A_t + 1 = {rec.accepted + 1}: {rec.committed} "
+                     "token(s) committed.", at(STAGE_ACCEPT, start)))
     if rec.hit:
-        text = (f"Hit: c = {code(rec.token)} was a candidate at slot {rec.accepted}, so its branch is the next window at "
-                f"once; the draft lane adopts its cache ({_ms(spans, STAGE_SELECT_BRANCH):.1f} ms).")
+        text = (f"Hit: c = {code(rec.token)} was a candidate at slot s_t = {rec.accepted + 1}, so its branch is the "
+                f"next window at once; the draft lane adopts its cache ({_ms(spans, STAGE_SELECT_BRANCH):.1f} ms).")
     elif rec.hit is False:
         text = (f"Miss: no branch starts with c = {code(rec.token)}, so the draft rolls out {gamma} fresh tokens "
                 f"({_ms(spans, STAGE_DRAFT_ROLLOUT):.1f} ms) while the target waits ({_ms(spans, STAGE_WAIT):.1f} ms).")

@@ -119,6 +119,26 @@ class StreamHTML(AppendOnly):
         return self.text()
 
 
+# The "Hide rejected drafts" checkbox: a class on the page that page.css uses to hide the struck-through drafts (the
+# streams keep them, so unticking shows them again; no server round trip).
+HIDE_REJECTED_JS = "(hide) => { document.body.classList.toggle('mirror-hide-rejected', !!hide); return []; }"
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def shown_path(source: str | None, root: str = REPO_ROOT, home: str | None = None) -> str:
+    """A model source as the page shows it: a hub id as it is; a folder relative to the repository, or to the home
+    folder as ~/…, or else its last two parts after …/ (the page never shows the server's absolute paths)."""
+    if not source or not os.path.isabs(source):
+        return source or ""
+    home = home if home is not None else os.path.expanduser("~")
+    path = os.path.normpath(source)
+    for base, prefix in ((root, ""), (home, "~/")):
+        if base and base != os.sep and (path == base or path.startswith(base.rstrip(os.sep) + os.sep)):
+            rel = os.path.relpath(path, base)
+            return prefix + rel if rel != "." else (prefix.rstrip("/") or ".")
+    return "…/" + "/".join(path.strip(os.sep).split(os.sep)[-2:])
+
+
 def legend_html() -> str:
     chips = "".join(f'<span class="mirror-chip" style="background:{c}55">{html.escape(k)}</span>'
                     for k, c in COLOR_MAP.items())

@@ -2,6 +2,7 @@
 Run, Stop, Replay and the step inspector to the per-user Session."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import gradio as gr
@@ -9,7 +10,7 @@ import gradio as gr
 from mirror_core import MirrorError
 from mirror_core.config import MAX_PROMPT_CHARS
 
-from . import inspector
+from . import inspector, verdict
 from .loader import EngineLoader, PairPreset
 from .session import Session
 from .settings import (
@@ -24,7 +25,8 @@ from .settings import (
     settings_from_ui,
 )
 from .streaming import DONE, STATUS, Tick, final_status, replay, run_comparison
-from .views import COLUMNS, OUTPUT_NAMES, STATE, Views, refreshed
+from .render import shown_path
+from .views import COLUMNS, OUTPUT_NAMES, RAN_BEFORE, STATE, Views, refreshed
 
 CUSTOM = "Custom (type below)"
 REPLAY_SPEEDS = {"1×": 1.0, "0.5×": 0.5, "0.25×": 0.25, "0.1×": 0.1, "0.05×": 0.05}  # of the measured time
@@ -40,6 +42,8 @@ class Controls:
     replay: gr.Button
     status: gr.Markdown  # right under Run/Stop: results and errors show where the eye is
     replay_speed: gr.Dropdown  # REPLAY_SPEEDS: slow motion for the replay
+    verdict: gr.HTML  # under the status: Mirror ÷ AR, Mirror ÷ SD and why (ui/verdict.py), on the first screen
+    ran: gr.Markdown  # in "Speculation and sampling": the γ, κ, ℓ_e the last run used (0 there = chosen by the pair)
 
     def inputs(self) -> list:
         """The /run endpoint's parameters, in CONTROLS order."""
@@ -53,31 +57,33 @@ def build_controls(presets: list[PairPreset], examples: list[str]) -> Controls:
             prompt = gr.Textbox(label=BY_NAME["prompt"].label, lines=4, info=INFO["prompt"],
                                 value=examples[0] if examples else "", max_length=MAX_PROMPT_CHARS,
                                 elem_id="mirror-prompt")
-            if examples:
-                gr.Examples(examples=[[e] for e in examples], inputs=[prompt], label="Example prompts")
-            with gr.Row():
+            with gr.Row():  # Run right under the prompt: on a phone's first screen, above the examples
                 run = gr.Button("Run", variant="primary", elem_id="mirror-run")
                 stop = gr.Button("Stop", variant="stop", elem_id="mirror-stop")
                 replay_btn = gr.Button("Replay side by side", elem_id="mirror-replay")
                 replay_speed = gr.Dropdown(list(REPLAY_SPEEDS), value="1×", label="Replay speed (slow motion)",
                                            min_width=110, elem_id="mirror-replay-speed")
             status = gr.Markdown("Pick a pair and press **Run**.", elem_id="mirror-status")
+            verdict_box = gr.HTML(verdict.verdict_html(Session()), elem_id="mirror-verdict")
+            if examples:
+                gr.Examples(examples=[[e] for e in examples], inputs=[prompt], label="Example prompts")
         with gr.Column(scale=2):
             preset = gr.Dropdown([p.label for p in presets] + [CUSTOM], label="Model pair", info=INFO["preset"],
                                  value=first.label if first else CUSTOM)
             decoders = BY_NAME["decoders"]
             fields = {"prompt": prompt,
-                      "target": gr.Textbox(label=BY_NAME["target"].label, info=INFO["target"],
-                                           value=first.target if first else ""),
+                      "target": gr.Textbox(label=BY_NAME["target"].label, info=INFO["target"], elem_id="mirror-target",
+                                           value=shown_path(first.target) if first else ""),
                       "draft": gr.Textbox(label=BY_NAME["draft"].label, info=INFO["draft"],
-                                          value=(first.draft or "") if first else ""),
+                                          value=shown_path(first.draft) if first else ""),
                       "decoders": gr.CheckboxGroup([(DECODER_TITLES[d], d) for d in COLUMNS], value=decoders.default,
                                                    label=decoders.label, info=decoders.info)}
     with gr.Accordion("Speculation and sampling", open=False, elem_id="mirror-knobs"):  # the defaults suit a first run
+        ran = gr.Markdown(RAN_BEFORE, elem_id="mirror-ran")
         for row in KNOB_ROWS:
             with gr.Row():
                 fields |= {c.name: _field(c) for c in RUN_CONTROLS if c.row == row}
-    return Controls(fields, preset, run, stop, replay_btn, status, replay_speed)
+    return Controls(fields, preset, run, stop, replay_btn, status, replay_speed, verdict_box, ran)
 
 
 def _field(c: Control):
@@ -122,7 +128,7 @@ def wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], state
 
     def on_run(request: gr.Request, session: Session, *values):
         try:
-            settings = settings_from_ui(controls_by_name(values))
+            settings = settings_from_ui(with_sources(controls_by_name(values), preset_sources(presets)))
         except MirrorError as exc:
             session.status = f"**Error:** {exc}"
             gr.Warning(str(exc))  # a toast too: the page answers even when the status line is off screen
@@ -197,5 +203,22 @@ def _wire_pickers(presets: list[PairPreset], c: Controls, v: Views) -> None:
 def _pair_of(presets: list[PairPreset], label: str):
     for p in presets:
         if p.label == label:
-            return p.target, p.draft or ""
+            return shown_path(p.target), shown_path(p.draft)
     return gr.skip(), gr.skip()
+
+
+def preset_sources(presets: list[PairPreset]) -> dict[str, str]:
+    """The presets' folders as the Target and Draft boxes show them (render.shown_path) → the folders themselves."""
+    return {shown_path(src): src for p in presets for src in (p.target, p.draft) if src}
+
+
+def with_sources(values: dict, sources: dict[str, str]) -> dict:
+    """Target and Draft as typed → what to load: a preset's shown folder is that folder, ~/… is under the home
+    folder; anything else (a hub id, a typed path) as it is."""
+    out = dict(values)
+    for name in ("target", "draft"):
+        text = out.get(name)
+        if isinstance(text, str) and text.strip():
+            text = text.strip()
+            out[name] = sources.get(text) or (os.path.expanduser(text) if text.startswith("~/") else text)
+    return out

@@ -26,6 +26,7 @@ APP_MAX_NEW_TOKENS = min(1024, MAX_NEW_TOKENS_CAP)  # the page's cap per decoder
 APP_MAX_TEMPERATURE = 2.0                           # the highest temperature the page takes
 MIN_TOP_P = 0.01                                    # the lowest top-p the page takes (top-p must be > 0)
 MAX_REPEATS = 5                                     # comparisons per Run (median and range over them)
+DEFAULT_REPEATS = 3                                 # a first run shows its spread: the verdict reads the middle one
 
 
 def _signed(n: int) -> str:
@@ -55,7 +56,8 @@ RUN_CONTROLS = (
     Control("target", "Target", "Reproduced exactly: a Hugging Face id (e.g. Qwen/Qwen3-1.7B) or a folder."),
     Control("draft", "Draft", "Smaller, same vocabulary (e.g. Qwen/Qwen3-0.6B); empty: AR only."),
     Control("decoders", "Decoders to compare", "Run one after another, each with both lanes to itself; AR is the "
-            "baseline every speedup refers to.", ["ar", "mirror"]),
+            "baseline every speedup refers to; vanilla SD is the paper's comparison (Mirror ÷ SD in the verdict).",
+            ["ar", "mirror", "sd"]),
     Control("gamma", "γ (window)", f"γ: draft tokens per window the target verifies in one pass (0..{MAX_GAMMA}); "
             "0 = the value chosen for this machine when the pair loaded (its latency model; "
             f"{DEFAULT_GAMMA} for a draft without a profile).", 0, (0, MAX_GAMMA), "γ (gamma)", row="speculation"),
@@ -86,7 +88,7 @@ RUN_CONTROLS = (
             True, row="sampling"),
     Control("repeats", "Repeats", f"Run the whole comparison this many times (1..{MAX_REPEATS}); the numbers show each "
             "metric's median and range, and every other repeat runs the decoders in reverse order so none always goes "
-            "first.", 1, (1, MAX_REPEATS), "repeats", row="speculation"),
+            "first.", DEFAULT_REPEATS, (1, MAX_REPEATS), "repeats", row="speculation"),
     Control("raw_prompt", "Raw prompt", "On: the prompt's own tokens. Off: an instruct target's chat template wraps "
             "it as a user turn (models without a template always get the raw prompt).", False, row="sampling"),
 )

@@ -1,9 +1,10 @@
 """The branch tree of one Mirror-SD step: each slot's early-exit candidates as roots, each candidate's rollout as
 its chain, in one frame with what verification decided (StepRecord → HTML, no engine calls).
 
-Slot s (0..γ) is where the correction would go if the target accepted exactly s draft tokens, so only slot A_t is
-decided by this step: its candidates hold the correction on a hit. Slots after A_t are unreachable (dimmed): the
-target rejected an earlier token. Candidates the planner left out (the branch budget) are greyed as pruned.
+Slots are numbered 1..γ+1 as in every view (docs/ALGORITHM.md §1): slot j holds the target's check of draft token
+d_j, slot γ+1 the bonus. The correction lands at slot s_t = A_t + 1, so only that slot is decided by this step: its
+candidates hold the correction on a hit. Later slots are unreachable (dimmed): the target rejected an earlier token.
+Candidates the planner left out (the branch budget) are greyed as pruned.
 """
 from __future__ import annotations
 
@@ -38,21 +39,24 @@ def tree_html(run: DecoderRun | None, step: float | None) -> str:
 def _caption(rec: StepRecord, name) -> str:
     window = " ".join(f"<code>{html.escape(name(t))}</code>" for t in rec.window[1:]) or "—"
     c = f"<code>{html.escape(name(rec.token))}</code>"
+    slot = rec.accepted + 1  # s_t: the 1-based slot of the correction or bonus
     if rec.hit is None:
         verdict = "no branches reached the draft lane this step"
     elif rec.hit:
-        verdict = f"<b class='mirror-fast'>hit</b>: c = {c} was a candidate at slot {rec.accepted}, its branch is the next window"
+        verdict = f"<b class='mirror-fast'>hit</b>: c = {c} was a candidate at slot {slot}, its branch is the next window"
     else:
-        verdict = f"<b class='mirror-slow'>miss</b>: c = {c} was not a candidate at slot {rec.accepted}; the draft rolled out afresh"
+        verdict = f"<b class='mirror-slow'>miss</b>: c = {c} was not a candidate at slot {slot}; the draft rolled out afresh"
     return (f"<p><b>Step {rec.step}</b>: window d1..d{rec.drafted} = {window}; the target accepted A_t = "
-            f"{rec.accepted}, so slot {rec.accepted} decides: {verdict}.</p>"
-            "<p class='mirror-def'>Each row is a slot s: where the correction goes if the target accepts exactly s "
-            "draft tokens. Its roots are the early-exit top-κ there (p_exit), each followed by the γ tokens the draft "
+            f"{rec.accepted}, so slot s_t = A_t + 1 = {slot} decides: {verdict}.</p>"
+            "<p class='mirror-def'>Each row is a slot j (1..γ+1): the target's check of d_j, where the correction goes "
+            "if the target accepts exactly j − 1 draft tokens (slot γ+1: the bonus). Its roots are the early-exit "
+            "top-κ there (p_exit), each followed by the γ tokens the draft "
             "rolled out for it during the target's last layers. Greyed: pruned by the branch budget (no rollout). "
             "Dimmed rows: unreachable, the target rejected an earlier token.</p>")
 
 
 def _slot(rec: StepRecord, s: int, name) -> str:
+    """Slot s + 1 (s: the engine's 0-based index into the window's slots)."""
     rows = {cand: r for r, (slot, cand) in enumerate(rec.branch_rows) if slot == s}
     rows_any = bool(rec.branch_rows)  # no rows at all: nothing was rolled out this step (not a budget's choice)
     reachable = s <= rec.accepted
@@ -77,4 +81,4 @@ def _slot(rec: StepRecord, s: int, name) -> str:
                      f"{html.escape(name(token))}</code> {p}{note}</span>{chain}</div>")
     body = "".join(roots) or "<i>no candidates</i>"
     return (f"<div class='mirror-tree-slot{'' if reachable else ' mirror-tree-dim'}'><div class='mirror-tree-label'>"
-            f"slot {s} <span class='mirror-def'>{label}</span></div><div>{body}</div></div>")
+            f"slot {s + 1} <span class='mirror-def'>{label}</span></div><div>{body}</div></div>")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from . import inspector, numbers, plots, render
+from . import inspector, numbers, plots, render, verdict
 from .session import Session, plain_text, stream_html
 from .settings import DECODER_ORDER, DECODER_TITLES, DEFAULTS
 from .streaming import DONE, RESET, STATUS, TEXT, Tick
@@ -18,8 +18,11 @@ COLUMNS = DECODER_ORDER  # left to right on the page: the order they run in
 # per-user state follows them as one more output that clients never see). Tests read results with by_name().
 TOKEN_VIEWS = ("tokens", "text")  # per column: the stream (HTML: prompt, coloured tokens, rejected drafts), copy box
 OUTPUT_NAMES = ("status", *(f"{d}_{view}" for d in COLUMNS for view in TOKEN_VIEWS), "plots", "numbers", "latency",
-                "inspect_run", "inspect_step", "inspector", "trace")
+                "inspect_run", "inspect_step", "inspector", "trace",
+                "verdict",  # under the status line: Mirror ÷ AR, Mirror ÷ SD and why (ui/verdict.py)
+                "ran")      # beside the "0 = chosen by the pair" knobs: the γ, κ, ℓ_e the last run used
 STATE = "session"  # the gr.State output's name in a tick's refresh
+RAN_BEFORE = "After a run, the γ, κ and ℓ_e it used show here (0 above = chosen by the pair when it loads)."
 
 HONESTY = ("Decoders run **one after another**, each with both lanes to itself, so the columns fill in turn. "
            "Every time shown comes from the engine's spans and commit stamps (never from the page). "
@@ -57,10 +60,15 @@ class Views:
     learn: gr.Button  # the inspector's "Slow it down": the inspected step in the Learn tab's step player
 
 
-def build(status: gr.Markdown) -> Views:
-    """The views under the controls (the status line is the controls', right under Run)."""
-    out = {"status": status}
-    gr.HTML(render.legend_html())
+def build(status: gr.Markdown, verdict_box: gr.HTML, ran: gr.Markdown) -> Views:
+    """The views under the controls (the status line, the verdict and the "ran" line are the controls', right under
+    Run and beside the knobs)."""
+    out = {"status": status, "verdict": verdict_box, "ran": ran}
+    with gr.Row(elem_id="mirror-legend-row"):
+        gr.HTML(render.legend_html())
+        hide = gr.Checkbox(False, label="Hide rejected drafts", elem_id="mirror-hide-rejected", min_width=160,
+                           container=False, scale=0)
+    hide.change(None, hide, None, js=render.HIDE_REJECTED_JS, api_visibility="private")  # in the browser only
     columns = {}
     with gr.Row(equal_height=False):
         for d in COLUMNS:
@@ -129,4 +137,17 @@ def _summary(session: Session) -> dict[str, object]:
     return {"numbers": numbers.numbers_html(session.runs) + numbers.spread_html(session.history),
             "latency": numbers.latency_html(model, measured),
             "inspect_run": gr.Radio(value=pick), "inspect_step": gr.Slider(minimum=1, maximum=max(last, 2), value=1),
-            "inspector": inspector.inspector_html(run, 1), "trace": session.trace_path, STATE: session}
+            "inspector": inspector.inspector_html(run, 1), "trace": session.trace_path, STATE: session,
+            "verdict": verdict.verdict_html(session), "ran": ran_line(session)}
+
+
+def ran_line(session: Session) -> str:
+    """The γ, κ and ℓ_e the last speculative run used, for the knobs where 0 means "chosen by the pair"."""
+    run = next((r for r in (session.runs.get(d) for d in ("mirror", "sd")) if r is not None and r.start), None)
+    if run is None:
+        return RAN_BEFORE if not session.runs else "The last run was AR alone: it used no γ, κ or ℓ_e."
+    s = run.start.settings
+    spec = s.request.spec
+    chosen = f" (γ, κ chosen by the pair: {s.spec_note})" if s.spec_note else ""
+    return (f"**Last run used** γ = {spec.gamma}, κ = {spec.kappa}, ℓ_e = {s.exit_layer}{chosen}. Typing one of "
+            "these here and pressing Run again repeats that run; 0 leaves the choice to the pair.")

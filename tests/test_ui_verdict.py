@@ -1,0 +1,257 @@
+"""The Run tab's verdict (ui/verdict.py) on synthetic runs with known spans, the too-short rule, one slot numbering
+across the inspector, the branch tree and the step player, and no absolute server path on the page."""
+from __future__ import annotations
+
+import html
+import os
+import re
+
+import pytest
+
+from mirror_core import (
+    LaneConfig,
+    Request,
+    RunEnd,
+    RunSettings,
+    RunStart,
+    RunSummary,
+    SpanEvent,
+    SpecConfig,
+    StepRecord,
+    TokenEvent,
+)
+from ui.inspector import inspector_html
+from ui.numbers import MIN_TIMED_STEPS, MIN_TIMED_TOKENS, decode_tokens_per_s, numbers_html, too_short
+from ui.player import player_html
+from ui.render import shown_path
+from ui.session import DecoderRun, Session, TokenNamer
+from ui.settings import DEFAULTS
+from ui.tree import tree_html
+from ui.verdict import verdict_html, verdict_text
+from ui.views import ran_line
+
+PREFILL = 0.010  # seconds, every run's prefill
+
+
+def _settings(decoder: str, gamma: int, target: str = "target", draft: str = "draft", note: str = "") -> RunSettings:
+    return RunSettings(request=Request((1,), decoder, spec=SpecConfig(gamma=gamma, kappa=2)),
+                       lanes=LaneConfig(kind="inline"), exit_layer=2, target=target, draft=draft,
+                       target_runner="FastLlamaRunner", spec_note=note)
+
+
+def ar(steps: int, step_s: float = 0.010) -> DecoderRun:
+    """AR: a prefill token, then `steps` one-token target steps of `step_s` each."""
+    run = DecoderRun("ar", TokenNamer(None))
+    run.add(RunStart("ar", (1,), _settings("ar", 1), 0.0))
+    t = PREFILL
+    run.add(SpanEvent("target", "prefill", 0.0, t, 0))
+    run.add(TokenEvent(5, 0, 0, "target", False, t))
+    for i in range(1, steps + 1):
+        run.add(SpanEvent("target", "target_step", t, t + step_s, i))
+        t += step_s
+        run.add(TokenEvent(5, i, i, "target", False, t))
+    run.add(RunEnd((5,) * (steps + 1), RunSummary(1, new_tokens=steps + 1, single_steps=steps, wall_s=t,
+                                                  ttft_s=PREFILL), None))
+    return run
+
+
+def mirror(steps: int, pre: float, readout: float, suffix: float, accept: float, decoder: str = "mirror",
+           settings: RunSettings | None = None) -> DecoderRun:
+    """γ = 1, every window accepted (A_t = 1, the bonus at slot 2: τ = 2), each step's stages of the given seconds."""
+    run = DecoderRun(decoder, TokenNamer(None))
+    run.add(RunStart(decoder, (1,), settings or _settings(decoder, 1), 0.0))
+    t = PREFILL
+    run.add(SpanEvent("target", "prefill", 0.0, t, 0))
+    run.add(TokenEvent(5, 0, 0, "target", False, t))
+    for i in range(1, steps + 1):
+        for stage, seconds in (("target_prefix", pre), ("exit_readout", readout), ("target_suffix", suffix),
+                               ("accept", accept)):
+            run.add(SpanEvent("target", stage, t, t + seconds, i))
+            t += seconds
+        run.add(TokenEvent(5, 2 * i - 1, i, "accepted", i > 1, t))
+        run.add(TokenEvent(6, 2 * i, i, "bonus", False, t))
+        run.add(StepRecord(i, (5, 5), 1, 1, 6, 2, i > 1, True, topk_ids=((7, 8), (6, 9)),
+                           topk_logprobs=((-0.1, -2.0), (-0.2, -2.5)), target_tokens=(5, 6),
+                           branches=((5,), (6,), (7,), (8,)), branch_rows=((0, 7), (0, 8), (1, 6), (1, 9)),
+                           branch_row=2, t_end=t))
+    run.add(RunEnd((5, 6) * steps + (5,), RunSummary(1, new_tokens=2 * steps + 1, steps=steps, committed=2 * steps,
+                                                     drafted=steps, accepted=steps, branched_steps=steps, hits=steps,
+                                                     wall_s=t, ttft_s=PREFILL), None))
+    return run
+
+
+def session_of(*repeats: dict[str, DecoderRun]) -> Session:
+    session = Session()
+    for rep in repeats:
+        session.history.extend(rep.values())
+        session.runs.update(rep)
+    return session
+
+
+# 20 steps of 2 tokens against 40 AR steps of 10 ms (41 tokens each, same count): AR wall 410 ms, 100.0 tok/s.
+# SD: 20 steps of 24 ms (wall 490 ms).
+SD = dict(pre=0.012, readout=0.0, suffix=0.012, accept=0.0)
+
+
+def test_the_verdict_says_why_mirror_sd_is_slower_with_the_arithmetic():
+    # a step: 10 + 1 + 10 ms of verification (2.10 AR steps) + 1 ms acceptance = 22 ms; wall 450 ms, 91.1 tok/s
+    session = session_of({"ar": ar(40), "mirror": mirror(20, 0.010, 0.001, 0.010, 0.001), "sd": mirror(20, **SD,
+                                                                                                        decoder="sd")})
+    text = html.unescape(verdict_html(session))
+    assert ("Mirror-SD 0.91× AR (91.1 vs 100.0 tok/s) · 1.09× vanilla SD. Slower here: each verification of γ+1 = 2 "
+            "tokens cost 2.10 AR steps and committed 2.00 tokens (2.00 ÷ 2.10 ≈ 0.95). With the draft's waits and "
+            "acceptance a whole step cost 2.20 AR steps (2.00 ÷ 2.20 ≈ 0.91 per step, the prefill aside; the latency "
+            "model predicts 0.91×).") in text
+    assert "mirror-slow" not in verdict_html(session) and "mirror-fast" not in verdict_html(session)  # neutral
+
+
+def test_the_verdict_says_why_mirror_sd_is_faster_and_when_sd_beat_it():
+    # a step: 6 + 1 + 6 ms of verification (1.30 AR steps) + 1 ms = 14 ms; wall 290 ms, 141.4 tok/s
+    fast = mirror(20, 0.006, 0.001, 0.006, 0.001)
+    text = verdict_text([{"ar": ar(40), "mirror": fast, "sd": mirror(20, 0.005, 0.0, 0.005, 0.0, decoder="sd")}])
+    assert text.startswith("Mirror-SD 1.41× AR (141.4 vs 100.0 tok/s) · 0.72× vanilla SD (SD was faster). Faster "
+                           "here: each verification of γ+1 = 2 tokens cost 1.30 AR steps and committed 2.00 tokens "
+                           "(2.00 ÷ 1.30 ≈ 1.54)."), text
+    assert "tick Vanilla SD" in verdict_text([{"ar": ar(40), "mirror": fast}])  # Mirror ÷ SD only when SD ran
+
+
+def test_with_repeats_the_verdict_reads_the_middle_repeat_and_gives_the_range():
+    reps = [{"ar": ar(40), "mirror": mirror(20, pre, 0.001, pre, 0.001)} for pre in (0.010, 0.006, 0.008)]
+    text = html.unescape(verdict_html(session_of(*reps)))
+    # walls 450, 290 and 370 ms against 410: 0.91, 1.41 and 1.11×; the middle one (1.11×, 18 ms steps) is read out
+    assert "Mirror-SD 1.11× AR (110.8 vs 100.0 tok/s) [0.91–1.41× over 3 repeats, the middle one shown]" in text
+    assert "cost 1.70 AR steps" in text and "on both sides of 1×" in text
+
+
+def test_runs_too_short_to_time_get_no_verdict():
+    assert (MIN_TIMED_TOKENS, MIN_TIMED_STEPS) == (16, 4)  # the rule, defined once (ui/numbers.py)
+    assert too_short(mirror(3, 0.01, 0.0, 0.01, 0.0)) == "7 tokens committed (fewer than 16)"
+    assert too_short(ar(15)) is None and too_short(ar(14)) == "15 tokens committed (fewer than 16)"
+    text = re.sub("<[^>]+>", "", html.unescape(verdict_html(session_of({"ar": ar(40),
+                                                                     "mirror": mirror(3, 0.01, 0.0, 0.01, 0.0)}))))
+    assert "Too short to time (Mirror-SD: 7 tokens committed (fewer than 16))" in text and "× AR" not in text
+    assert "too short to time" in numbers_html({"ar": ar(6), "mirror": mirror(3, 0.01, 0.0, 0.01, 0.0)})
+    assert "The verdict appears here" in verdict_html(Session())
+    assert "tick both" in verdict_html(session_of({"ar": ar(40)}))
+
+
+def test_decode_tokens_per_s_leaves_out_the_prefill():
+    run = mirror(20, 0.010, 0.001, 0.010, 0.001)  # 41 tokens: wall 450 ms, of which 10 ms prefill
+    assert decode_tokens_per_s(run.summary) == pytest.approx(40 / 0.440)
+    page = numbers_html({"ar": ar(40), "mirror": run})
+    row = page.split("<th>tokens/s (decode)</th>")[1].split("</tr>")[0]
+    assert "<td>100.0</td><td>90.9</td>" in row and "(new tokens − 1) / (wall time − TTFT)" in row
+    assert "<td>100.0</td><td>91.1</td>" in page.split("<th>tokens/s (wall)</th>")[1].split("</tr>")[0]
+
+
+def test_first_run_defaults_repeat_three_times_with_vanilla_sd():
+    assert DEFAULTS["repeats"] == 3 and set(DEFAULTS["decoders"]) == {"ar", "mirror", "sd"}
+
+
+def test_one_slot_numbering_in_the_inspector_the_tree_and_the_player():
+    run = mirror(5, 0.004, 0.001, 0.004, 0.001)  # every step: A_t = 1 of γ = 1, the bonus at slot s_t = 2
+    inspected = html.unescape(inspector_html(run, 2))
+    tree = html.unescape(tree_html(run, 2))
+    phases = [html.unescape(player_html(run, 2, k)) for k in range(6)]
+    assert "sits at slot s_t = A_t + 1 = 2" in inspected and "slot s_t = 2's candidates" in inspected
+    assert "so slot s_t = A_t + 1 = 2 decides" in tree and "was a candidate at slot 2" in tree
+    assert any("at slot s_t = A_t + 1 = 2:" in p for p in phases) and any("slot s_t = 2, so its branch" in p
+                                                                            for p in phases)
+    # the window's slots are 1..γ+1 = 1..2 in all three views, never 0
+    assert re.findall(r"<td>(\d)</td><td><code>", inspected.split("Branches precomputed")[0]) == ["1", "2"]
+    assert re.findall(r"slot (\d) <span", tree) == ["1", "2"]
+    assert re.findall(r"slot (\d): ", next(p for p in phases if "top-κ (" in p)) == ["1", "2"]
+    assert "τ =" not in inspected.split("</p>")[0] and "slot τ" not in inspected  # τ is only the mean
+
+
+def test_the_last_runs_gamma_kappa_and_exit_layer_show_beside_the_knobs():
+    chosen = _settings("mirror", 1, note="γ 1: a 2nd draft token adds little here")
+    session = session_of({"ar": ar(40), "mirror": mirror(20, 0.01, 0.0, 0.01, 0.0, settings=chosen)})
+    line = ran_line(session)
+    assert "γ = 1, κ = 2, ℓ_e = 2" in line and "chosen by the pair: γ 1: a 2nd draft token" in line
+    assert "AR alone" in ran_line(session_of({"ar": ar(40)})) and "After a run" in ran_line(Session())
+
+
+def test_no_absolute_server_path_reaches_the_page():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    home = os.path.expanduser("~")
+    assert shown_path(os.path.join(root, "assets", "smollm2_pair", "draft")) == "assets/smollm2_pair/draft"
+    assert shown_path("/somewhere/else/cache/models/x", root="/r", home="/somewhere/else") == "~/cache/models/x"
+    assert shown_path("/var/tmp/pairs/target", root="/r", home="/h") == "…/pairs/target"
+    assert shown_path("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    target, draft = os.path.join(root, "assets", "default_pair", "target"), "/var/tmp/x/draft"
+    run = mirror(20, 0.01, 0.0, 0.01, 0.0, settings=_settings("mirror", 1, target=target, draft=draft))
+    page = numbers_html({"mirror": run})
+    assert "Ran: target assets/default_pair/target on cpu, draft …/x/draft on cpu" in page
+    assert root not in page and (home == "/" or home not in page) and "/var/tmp" not in page
+
+
+def test_the_page_shows_presets_by_short_paths_and_loads_them_by_their_folders(tmp_path):
+    from ui import EngineLoader, build_demo, default_presets
+    from ui.run_tab import preset_sources, with_sources
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    presets = default_presets(os.path.join(root, "assets", "default_pair"))
+    demo = build_demo(EngineLoader(LaneConfig(kind="inline")), presets, ["x"])
+    config = repr(demo.get_config_file())
+    assert root not in config and "assets/default_pair/target" in config
+    sources = preset_sources(presets)
+    values = with_sources({"target": "assets/default_pair/target", "draft": " ~/models/d ", "prompt": "p"}, sources)
+    assert values["target"] == os.path.join(root, "assets", "default_pair", "target")
+    assert values["draft"] == os.path.join(os.path.expanduser("~"), "models", "d") and values["prompt"] == "p"
+    assert with_sources({"target": "org/model", "draft": None}, sources) == {"target": "org/model", "draft": None}
+
+
+@pytest.mark.parametrize("steps", [MIN_TIMED_STEPS - 1, MIN_TIMED_STEPS])
+def test_the_step_rule_applies_to_speculative_runs(steps):
+    run = mirror(steps, 0.01, 0.0, 0.01, 0.0)
+    run.end = RunEnd(run.end.token_ids, RunSummary(1, new_tokens=40, steps=steps, committed=39, wall_s=0.2,
+                                                   ttft_s=PREFILL), None)
+    assert (too_short(run) is not None) == (steps < MIN_TIMED_STEPS)
+
+
+VERDICT_JS = """JSON.stringify({
+  top: document.getElementById("mirror-verdict").getBoundingClientRect().top + window.scrollY,
+  text: document.getElementById("mirror-verdict").innerText,
+  streamDels: [...document.querySelectorAll(".mirror-tokens del.mirror-rejected")].map(d => getComputedStyle(d).display),
+  legendDel: getComputedStyle(document.querySelector(".mirror-legend del.mirror-rejected")).display,
+  hidden: document.body.classList.contains("mirror-hide-rejected"),
+})"""
+
+
+@pytest.mark.slow  # headless Chromium drives the page
+def test_the_verdict_is_on_the_first_screen_and_rejected_drafts_can_be_hidden(pair_root, tmp_path):
+    import json
+    import tempfile
+
+    from testing.browser import CHROMIUM, Chromium, open_page, press_run, wait_for
+    from testing.net import free_port
+    from testing.reliability import close_demo
+    from testing.toy_models import build_pair
+    from ui import LAUNCH, EngineLoader, build_demo, default_presets
+
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    target, draft = build_pair(pair_root, "llama")
+    loader = EngineLoader(LaneConfig(kind="inline", target_threads=1, draft_threads=1))
+    demo = build_demo(loader, default_presets(str(tmp_path), target, draft), ["1, 2, 3"])
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **LAUNCH)
+    browser = Chromium(CHROMIUM, tempfile.mkdtemp(prefix="mirror-chromium-"))
+    try:
+        loader.get(target, draft)
+        open_page(browser, url)
+        press_run(browser)  # the page's defaults: AR, Mirror-SD and vanilla SD, 3 repeats, 64 new tokens
+        wait_for(browser, lambda s: "Done" in s["status"] and s["tokens"] > 0, 120)
+        page = json.loads(browser.evaluate(VERDICT_JS))
+        assert page["top"] < 800, page  # a 1280x800 window: the verdict is on the first screen, under Run
+        assert "× AR (" in page["text"] and "× vanilla SD" in page["text"] and "over 3 repeats" in page["text"], page
+        assert "AR steps and committed" in page["text"] and " ÷ " in page["text"], page
+        assert not page["hidden"] and set(page["streamDels"]) <= {"inline"}, page
+        browser.evaluate('document.querySelector("#mirror-hide-rejected input").click()')
+        wait_for(browser, lambda s: json.loads(browser.evaluate(VERDICT_JS))["hidden"], 10, poll=0.1)
+        page = json.loads(browser.evaluate(VERDICT_JS))
+        assert page["streamDels"] and set(page["streamDels"]) == {"none"} and page["legendDel"] != "none", page
+    finally:
+        browser.close()
+        close_demo(demo)
+        loader.close()

@@ -1,0 +1,61 @@
+"""The glossary: every term and symbol the page uses, in one line each (the Learn tab shows it; tests check that the
+figures shown on the page are defined here). Symbols follow docs/ALGORITHM.md §1."""
+from __future__ import annotations
+
+GLOSSARY = (
+    ("window", "The γ draft tokens d1..dγ the target verifies in one forward, after the last committed token w0."),
+    ("early exit (ℓ_e)", "A layer part-way through the target where its hidden state is read out through the final "
+                         "norm and LM head, before the remaining layers run."),
+    ("κ", "How many next-token candidates per window slot the early exit sends to the draft (its top-κ)."),
+    ("branch", "A γ-token continuation the draft rolls out for one candidate while the target finishes its layers."),
+    ("hit", "The target's correction (or bonus) token was a candidate: its precomputed branch is the next window."),
+    ("fallback", "No branch matched: the draft rolls out a fresh window after verification (a miss)."),
+    ("τ", "The mean tokens committed per verification step, the bonus or correction token included (Σ n_t / "
+          "#steps). Only the mean: one step's count has its own symbol, s_t."),
+    ("τ flat beyond γ = 1", "When the draft rarely gets its first token right, a longer window adds nothing: d2 counts "
+                            "only if d1 was accepted, so τ(γ) = 1 + a_1 + a_1·a_2 + … stays near 1 + a_1 and the "
+                            "γ experiment's τ line is flat while each longer window still costs verification time."),
+    ("slot", "Slot j (1..γ+1) holds the target's check of draft token d_j: the token it would put in d_j's place. Slot "
+             "γ+1 is the bonus slot, after the last draft token. Every view numbers slots 1..γ+1."),
+    ("A_t, D_t", "At step t: D_t draft tokens presented (γ) and A_t of them accepted (0..γ), first to last until the "
+                 "first rejection."),
+    ("s_t = A_t + 1", "The 1-based slot where step t's correction or bonus c sits, and the tokens that step committed "
+                      "(unless the run ends inside it). τ is its mean over the steps."),
+    ("c", "The target's own token at slot s_t: the correction (it replaced a rejected d_j) or the bonus."),
+    ("bonus", "The target's token after a fully accepted window (A_t = γ), at slot γ+1: a token no draft proposed."),
+    ("T_pre", "Time of the target's layers 1..ℓ_e over the window (measured per step)."),
+    ("Δ", "Time of the target's layers ℓ_e+1..N and its LM head: the overlap budget the draft's branches hide in."),
+    ("T_rv", "Rendezvous overheads: T_rv^ee (the early-exit readout and sending M_t) plus T_rv^fv (acceptance and "
+             "adopting a branch)."),
+    ("M_t", "The early-exit message of step t: each slot's top-κ candidate ids, sent to the draft lane mid-pass."),
+    ("branch budget", "How many branch rows the draft rolls out per step, the likeliest candidates first (0 = all "
+                      "κ(γ+1); auto = as many as finish during Δ). Pruned candidates cannot hit; the output never "
+                      "changes."),
+    ("exit head", "A small trained readout of the target's layer-ℓ_e hidden state (instead of the final norm and LM "
+                  "head, the logit lens) that guesses the target's final token better."),
+    ("feature-reading draft", "An EAGLE-style draft that reads the target's layer-ℓ_e hidden states (sent with M_t) "
+                              "beside the token ids, so it predicts the target's tokens more often."),
+    ("row plan", "How the target splits a window into calls of measured row counts so that every position's logits "
+                 "are bit-identical to a one-token step's: what keeps every decoder's tokens AR's on this CPU."),
+    ("α", "Acceptance rate: accepted draft tokens over drafted tokens."),
+    ("Ω̂", "Early-exit overlap: how often the target's final token is among the early exit's top-κ."),
+    ("draft-hidden fraction", "The share of the draft lane's busy time that overlapped the target's work."),
+    ("TTFT", "Time to first token: from the start of a run to its first committed token (the prefill)."),
+    ("Vanilla SD", "Speculative decoding without the mirror: the draft rolls out serially after each verification."),
+    ("SS draft", "A speculative-streaming draft: extra lookahead streams propose several tokens per forward."),
+    ("Rule E / Rule R", "At T > 0: exact match against the target's sample (E), or rejection sampling (R): different "
+                        "text, same distribution."),
+    ("modelled", "Computed from a model, not timed: the latency model (docs/ALGORITHM.md §4), or the roofline's "
+                 "larger limit."),
+    ("weight bytes per token", "The bytes of weights one target forward reads: every layer's linear maps and the LM "
+                               "head, whatever the number of rows."),
+    ("read bandwidth", "How many GB/s the target lane streams from memory (one thread on the kernel), measured when the pair loads."),
+    ("roofline step", "Weight bytes per token ÷ read bandwidth: the least one target step can cost here (the memory "
+                      "limit, flat in rows)."),
+    ("share of the roofline", "Roofline step ÷ the measured AR step: 100% means the step runs at the memory limit."),
+    ("window cost", "A forward of γ+1 new rows in one-token steps: ≈ 1 while the pass is memory-bound."),
+    ("compute limit", "2 × rows × the linear maps' multiply-adds ÷ their peak rate measured at load (GFLOP/s): the "
+                      "least the arithmetic of that many rows can cost (rising with rows)."),
+    ("ridge", "The number of rows where the compute limit meets the memory limit: below it an extra row is nearly "
+              "free, past it each row costs its arithmetic."),
+)

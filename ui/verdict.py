@@ -1,0 +1,113 @@
+"""The verdict under Run: Mirror-SD against AR and vanilla SD in one line, and why, with the arithmetic shown, from
+the figures the numbers panel already computed (ui/numbers.py: the measured wall-time speedups, and the latency
+model's stage means from the engine's spans and counters). Nothing here is timed by the page.
+
+With several repeats the line reads the middle repeat (its Mirror ÷ AR is the median for an odd count), so every
+figure in the sentence comes from one repeat and the division can be redone; the range covers all repeats.
+"""
+from __future__ import annotations
+
+import html
+
+from .numbers import MIN_TIMED_STEPS, MIN_TIMED_TOKENS, latency_model, repeats_by_decoder, speedup, too_short
+from .session import DecoderRun, Session
+from .settings import DECODER_TITLES
+
+EMPTY = ("The verdict appears here when the runs finish: Mirror-SD against target-only AR and vanilla SD, and why, "
+         "in numbers.")
+DEFINITIONS = ("× AR: AR's wall time ÷ Mirror-SD's for the same tokens (measured; tok/s = new tokens ÷ wall time). "
+               "An AR step: the AR run's mean one-token target step (T_AR). A verification: the target's pass over "
+               "the γ+1 window positions, early-exit readout included (T_pre + T_rv^ee + Δ). τ: tokens committed per "
+               "verification, correction or bonus included. The tables below hold every figure; Learn defines each "
+               "term.")
+
+
+def verdict_html(session: Session) -> str:
+    """The verdict for the session's comparison (a placeholder before any run, a line saying why there is none)."""
+    runs = session.runs
+    if not any(r.end is not None for r in runs.values()):
+        return _box(html.escape(EMPTY))
+    if session.stopped:
+        return _box("<b>Stopped</b>: no verdict, the runs did not finish. Press Run for a full comparison.")
+    if "ar" not in runs or "mirror" not in runs:
+        return _box("<b>No verdict</b>: tick both Target-only AR and Mirror-SD (and Vanilla SD for the paper's "
+                    "comparison).")
+    short: dict[str, list[str]] = {}  # why → the decoders it applies to
+    for r in runs.values():
+        if why := too_short(r):
+            short.setdefault(why, []).append(DECODER_TITLES[r.decoder])
+    if short:
+        said = "; ".join(f"{', '.join(names)}: {why}" for why, names in short.items())
+        return _box(f"<b>Too short to time</b> ({html.escape(said)}). A run this short is mostly its "
+                    f"prefill and start-up noise; a verdict needs at least {MIN_TIMED_TOKENS} tokens and "
+                    f"{MIN_TIMED_STEPS} verification steps per run. Raise <i>Max new tokens</i> or pick a longer "
+                    "example.")
+    repeats = _repeats(session.history)
+    if not repeats:
+        return _box("<b>No verdict</b>: no repeat has both a finished AR and Mirror-SD run.")
+    return _box(html.escape(verdict_text(repeats)) + f"<br><small>{html.escape(DEFINITIONS)}</small>")
+
+
+def _repeats(history: list[DecoderRun]) -> list[dict[str, DecoderRun]]:
+    """Per repeat, its finished runs by decoder (repeats without both AR and Mirror-SD left out)."""
+    by = repeats_by_decoder(history)
+    mirrors, sds = by.get("mirror", []), [r for r, _ in by.get("sd", [])]
+    out = []
+    for i, (mirror, ar) in enumerate(mirrors):
+        if ar is not None:
+            out.append({"ar": ar, "mirror": mirror} | ({"sd": sds[i]} if i < len(sds) else {}))
+    return out
+
+
+def verdict_text(repeats: list[dict[str, DecoderRun]]) -> str:
+    """'Mirror-SD 0.68× AR (10.6 vs 15.6 tok/s) · 0.92× vanilla SD. Slower here: …' from the middle repeat."""
+    ratio = lambda rep, base: speedup(rep.get(base), rep["mirror"])[0]  # noqa: E731
+    ranked = sorted((r for r in repeats if ratio(r, "ar") is not None), key=lambda r: ratio(r, "ar"))
+    if not ranked:
+        return "No verdict: the runs committed no tokens to compare."
+    middle = ranked[(len(ranked) - 1) // 2]
+    x_ar = ratio(middle, "ar")
+    head = (f"Mirror-SD {x_ar:.2f}× AR ({middle['mirror'].summary.tokens_per_s:.1f} vs "
+            f"{middle['ar'].summary.tokens_per_s:.1f} tok/s)" + _spread(ranked, "ar", len(repeats)))
+    if "sd" in middle and ratio(middle, "sd") is not None:
+        x_sd = ratio(middle, "sd")
+        head += (f" · {x_sd:.2f}× vanilla SD" + _spread([r for r in ranked if "sd" in r], "sd", len(repeats))
+                 + (" (SD was faster)" if x_sd < 1 else ""))
+    else:
+        head += " · tick Vanilla SD for Mirror ÷ SD"
+    return f"{head}. {'Faster' if x_ar >= 1 else 'Slower'} here: {_reason(middle)}{_noise(ranked)}"
+
+
+def _spread(ranked: list[dict[str, DecoderRun]], base: str, n: int) -> str:
+    """' [min–max over n repeats, middle shown]' when there are several repeats."""
+    xs = sorted(x for r in ranked if (x := speedup(r.get(base), r["mirror"])[0]) is not None)
+    if len(xs) < 2:
+        return ""
+    return f" [{xs[0]:.2f}–{xs[-1]:.2f}× over {n} repeats, the middle one shown]"
+
+
+def _reason(rep: dict[str, DecoderRun]) -> str:
+    """The verification's cost in AR steps against the tokens it committed, divided out; then the whole step's."""
+    model = latency_model(rep["mirror"], rep["ar"])
+    if model is None or not model.t_ar:
+        return "the AR run has no timed one-token steps to measure a verification against."
+    gamma = rep["mirror"].gamma
+    verify = (model.t_pre + model.t_rv_ee + model.delta) / model.t_ar
+    step = model.measured_step / model.t_ar
+    tau = model.tau
+    modelled = "" if model.speedup is None else f"; the latency model predicts {model.speedup:.2f}×"
+    return (f"each verification of γ+1 = {gamma + 1} tokens cost {verify:.2f} AR steps and committed {tau:.2f} "
+            f"tokens ({tau:.2f} ÷ {verify:.2f} ≈ {tau / verify:.2f}). With the draft's waits and acceptance a whole "
+            f"step cost {step:.2f} AR steps ({tau:.2f} ÷ {step:.2f} ≈ {tau / step:.2f} per step, the prefill aside"
+            f"{modelled}).")
+
+
+def _noise(ranked: list[dict[str, DecoderRun]]) -> str:
+    xs = [x for r in ranked if (x := speedup(r["ar"], r["mirror"])[0]) is not None]
+    if len(xs) > 1 and min(xs) < 1 <= max(xs):
+        return " The repeats fall on both sides of 1×: on this machine the two are within timing noise."
+    return ""
+
+
+def _box(body: str) -> str:
+    return f"<div class='mirror-verdict' id='mirror-verdict-text'>{body}</div>"
