@@ -165,10 +165,11 @@ def test_one_slot_numbering_in_the_inspector_the_tree_and_the_player():
 
 
 def test_the_last_runs_gamma_kappa_and_exit_layer_show_beside_the_knobs():
-    chosen = _settings("mirror", 1, note="γ 1: a 2nd draft token adds little here")
+    chosen = _settings("mirror", 1, note="chosen for this machine by the latency model (modelled): γ 1: a 2nd draft "
+                                         "token adds little here")
     session = session_of({"ar": ar(40), "mirror": mirror(20, 0.01, 0.0, 0.01, 0.0, settings=chosen)})
     line = ran_line(session)
-    assert "γ = 1, κ = 2, ℓ_e = 2" in line and "chosen by the pair: γ 1: a 2nd draft token" in line
+    assert "γ = 1, κ = 2, ℓ_e = 2 (γ, κ: chosen for this machine by the latency model" in line
     assert "AR alone" in ran_line(session_of({"ar": ar(40)})) and "After a run" in ran_line(Session())
 
 

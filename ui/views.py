@@ -148,6 +148,6 @@ def ran_line(session: Session) -> str:
         return RAN_BEFORE if not session.runs else "The last run was AR alone: it used no γ, κ or ℓ_e."
     s = run.start.settings
     spec = s.request.spec
-    chosen = f" (γ, κ chosen by the pair: {s.spec_note})" if s.spec_note else ""
+    chosen = f" (γ, κ: {s.spec_note})" if s.spec_note else ""  # the note says how the pair chose them
     return (f"**Last run used** γ = {spec.gamma}, κ = {spec.kappa}, ℓ_e = {s.exit_layer}{chosen}. Typing one of "
             "these here and pressing Run again repeats that run; 0 leaves the choice to the pair.")
