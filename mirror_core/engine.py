@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import queue
+import statistics
 import threading
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Iterator
@@ -299,6 +300,9 @@ class _TargetTiming:
     whole: WholeMachine | None   # its step on the lane's cores and on every core (None: the lane has them all)
 
 
+WHOLE_MACHINE_PAIRS = 4  # the lane's and the whole machine's step, timed alternately this many times at load
+
+
 def _plan_lanes(lanes: LaneConfig | None) -> LaneConfig:
     """The lane plan (automatic when none is given) with the fault hook resolved once here (lanes/faults.py), its
     devices checked to exist."""
@@ -355,10 +359,15 @@ def _time_target(runner, vocab: int, lanes: LaneConfig, config) -> _TargetTiming
     whole = None
     every = machine.usable_cpus()
     if lanes.target_device == "cpu" and lanes.target_cpus and len(every) > len(lanes.target_cpus):
-        with pinned(lanes.target_cpus, lanes.target_threads):
-            lane_ms = step_ms(runner)
-        with pinned(every, len(every)):  # the whole-machine baseline's step (AR on every core)
-            whole = WholeMachine(len(lanes.target_cpus), lane_ms, len(every), step_ms(runner))
+        lane, whole_machine = [], []
+        for _ in range(WHOLE_MACHINE_PAIRS):  # alternated, so that a drift of the machine falls on both alike
+            with pinned(lanes.target_cpus, lanes.target_threads):
+                lane.append(step_ms(runner))
+            with pinned(every, len(every)):  # the whole-machine baseline's step (AR on every core)
+                whole_machine.append(step_ms(runner))
+        whole = WholeMachine(len(lanes.target_cpus), statistics.median(lane), len(every),
+                             statistics.median(whole_machine),
+                             tuple(round(a / b, 3) for a, b in zip(whole_machine, lane)))
     return _TargetTiming(dtype, rows, whole)
 
 

@@ -234,9 +234,16 @@ class WholeMachine:
     whole-machine baseline: AR with nothing else running), when the target lane was given some of the cores."""
 
     lane_cores: int
-    lane_ms: float
+    lane_ms: float                    # median over the alternated timings
     all_cores: int
-    all_ms: float
+    all_ms: float                     # median over the alternated timings
+    ratios: tuple[float, ...] = ()    # all-cores step ÷ lane step, one per alternated pair of timings
+
+    @property
+    def settled(self) -> bool:
+        """Whether every pair of timings puts the whole machine on the same side of the lane (the factor is not
+        timing noise: one machine's loads read 1.05×, 1.45× and 1.23× from a single pair each)."""
+        return len(self.ratios) >= 2 and (min(self.ratios) > 1 or max(self.ratios) < 1)
 
 
 @dataclass(frozen=True)

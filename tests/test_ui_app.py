@@ -92,60 +92,6 @@ def test_a_full_run_streams_tokens_then_plots_and_exports_a_trace(app):
         assert abs(len(ticks) - (math.ceil(end_ms / step_ms) + 1)) <= 1, (len(ticks), end_ms, step_ms)
 
 
-def test_the_learn_tabs_what_if_answers_its_knobs_and_starts_from_a_run(app):
-    _, target, draft, client = app
-    c = client()
-    from ui.whatif import WhatIf
-
-    base = c.predict(*WhatIf().values(), api_name="/whatif")
-    faster = c.predict(*WhatIf(verify_ratio=1.0).values(), api_name="/whatif")
-    assert "tokens/s (modelled)" in base and base != faster
-    with pytest.raises(Exception, match="less than minimum value 0.5"):  # Gradio checks the slider bounds first
-        c.predict(0, *WhatIf().values()[1:], api_name="/whatif")
-    with pytest.raises(Exception, match="run AR and Mirror-SD on the Run tab first"):
-        c.predict(api_name="/whatif_from_run")
-    with pytest.raises(Exception, match="run Mirror-SD on the Run tab first"):
-        c.predict(api_name="/tree_first_hit")
-    plot, note = c.predict(api_name="/roofline")  # before any run: a plain line and no chart, no error
-    assert "The roofline appears after a run" in note and not plot["visible"]
-    run(c, *args(target, draft, decoders=("ar", "sd", "mirror")))
-    plot, note = c.predict(api_name="/roofline")  # the run's target, measured at load, against its two limits
-    names = [t["name"] for t in json.loads(plot["value"]["plot"])["data"]]
-    assert plot["visible"] and names[0] == "measured at load" and names[-1] == "modelled: the larger limit"
-    assert "of the roofline" in note and "window of γ+1 = 4 rows" in note  # args: γ = 3 (timings pick the wording)
-    knobs = c.predict(api_name="/whatif_from_run")
-    assert knobs[-1].startswith("Started from your last run") and knobs[0] > 0 and knobs[6] >= 1  # T_AR, τ
-    step, phase, player, tree = c.predict(api_name="/tree_first_hit")  # the run's first hit: player and tree
-    assert step >= 1 and phase == 1 and f"<b>Step {int(step)}</b>" in tree and "mirror-node-hit" in tree
-    assert "phase 1 of 6" in player and "The target reads the window" in player
-    assert "Vanilla SD on the same step</b> (the SD run's median spans)" in player
-    texts = []
-    for k in range(1, 6):  # every phase, each with its own sentence and measured milliseconds
-        phase, player, again, _ = c.predict(step, k, api_name="/player_next")
-        assert phase == k + 1 and f"phase {k + 1} of 6" in player and again == tree
-        texts.append(re.search(r"<p id='mirror-player-text'>(.*)</p>", player).group(1))
-    assert " ms" in texts[0] and texts[-1].startswith("Hit: c = ") and len(set(texts)) == 5
-    assert c.predict(step, 6, api_name="/tree") == (player, tree)
-    assert c.predict("mirror", 0, api_name="/inspect_next_hit") == step  # the Run tab's inspector finds it too
-    s, k, linked, _ = c.predict("mirror", step, api_name="/inspect_learn")  # "Slow it down": the Learn tab (and it opens)
-    assert (s, k) == (step, 1) and "phase 1 of 6" in linked
-    with pytest.raises(Exception, match="the step player plays Mirror-SD steps"):
-        c.predict("sd", 1, api_name="/inspect_learn")
-    plot = c.predict("kappa", api_name="/experiment")  # a sweep over κ on the last run's pair and prompt
-    data = json.loads(html.unescape(re.search(r"id='mirror-experiment-data' data-points='([^']*)'", plot).group(1)))
-    assert [p["x"] for p in data] == ["κ = 1", "κ = 2", "κ = 4", "κ = 8"] and "Done: 5 runs" in plot  # one ar baseline + 4 mirror
-    assert all(0 <= p["hit rate"] <= 1 and p["speedup mirror"] > 0 for p in data)
-    assert "Kept from earlier" in c.predict("kappa", api_name="/experiment")
-    plot = c.predict("exit", api_name="/experiment")  # hit rate against the early-exit layer: N/4 .. 3N/4 of the target
-    data = json.loads(html.unescape(re.search(r"id='mirror-experiment-data' data-points='([^']*)'", plot).group(1)))
-    from ui.experiments import EXPERIMENTS, exit_layer
-    layers = list(dict.fromkeys(exit_layer(f, 4) for f in EXPERIMENTS["exit"].values))  # the toy target: 4 layers
-    assert [p["x"] for p in data] == [f"ℓ_e = {n}" for n in layers] and all(0 <= p["hit rate"] <= 1 for p in data)
-    assert exit_layer((1, 4), 30) == 8 and exit_layer((2, 3), 30) == 20 and exit_layer((3, 4), 2) == 1
-    with pytest.raises(Exception, match="no hit after step 100000"):
-        c.predict("mirror", 100000, api_name="/inspect_next_hit")
-
-
 def test_stop_ends_the_run_and_says_so(app):
     _, target, draft, client = app
     c = client()

@@ -303,6 +303,56 @@ def test_the_learn_tab_redraws_the_what_if_when_a_knob_moves(tmp_path):
         browser.screenshot(str(tmp_path / "learn.png"))
 
 
+LEARN_FIRST_JS = """(() => {
+  const tab = [...document.querySelectorAll("button[role=tab]")].find(b => b.textContent.trim() === "Learn");
+  if (tab) tab.click();
+  const svg = document.querySelector("#mirror-player svg"), source = document.querySelector("#mirror-learn-source");
+  const width = document.documentElement.clientWidth;
+  const rects = svg ? [...svg.querySelectorAll("rect")].map(r => r.getBoundingClientRect()) : [];
+  const learn = [...document.querySelectorAll("[role=tabpanel]")].find(p => p.querySelector("#mirror-player"));
+  const curve = document.querySelector("#mirror-curve-text");
+  return JSON.stringify({source: source ? source.innerText : "", width, bars: rects.length,
+                         outside: rects.filter(r => r.right > width + 1 || r.left < -1).length,
+                         svgRight: svg ? svg.getBoundingClientRect().right : 1e9,
+                         errors: learn ? [...learn.querySelectorAll("*")].filter(e => e.children.length === 0 &&
+                                 e.textContent.trim() === "Error").length : -1,
+                         tree: document.querySelectorAll("#mirror-tree .mirror-node").length,
+                         curve: curve ? curve.innerText : ""});
+})()"""
+SWITCH_JS = "document.querySelector('#mirror-curve-switch input[type=checkbox]').click()"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_the_learn_tab_before_any_run_at_phone_width_shows_the_recorded_step_and_switches_the_curve(tmp_path):
+    """390x844, no run and no pair: the player (every bar of its timeline inside the screen), the tree and the curve
+    show the recorded example with no error badge; the accelerator switch redraws the curve."""
+    import json
+    import time
+
+    with page_without_models(tmp_path) as (url, browser):
+        open_page(browser, url)
+        browser.send("Emulation.setDeviceMetricsOverride", {"width": 390, "height": 844, "deviceScaleFactor": 2,
+                                                            "mobile": True})
+        state = {}
+        for _ in range(60):  # Next ▶ to the last phase, where the timeline has every bar of the step
+            state = json.loads(browser.evaluate(LEARN_FIRST_JS))
+            if "phase 6 of 6" in (browser.evaluate("document.querySelector('#mirror-player').innerText") or ""):
+                break
+            browser.evaluate("document.querySelector('#mirror-player-next').click()")
+            time.sleep(0.5)
+        assert "the recorded example" in state["source"] and state["bars"] > 3 and state["tree"] > 0, state
+        assert state["outside"] == 0 and state["svgRight"] <= state["width"] + 1 and state["errors"] == 0, state
+        browser.evaluate(SWITCH_JS)
+        after = state
+        for _ in range(40):
+            after = json.loads(browser.evaluate(LEARN_FIRST_JS))
+            if after["curve"] != state["curve"]:
+                break
+            time.sleep(0.25)
+        assert "accelerator case" in after["curve"] and "accelerator case" not in state["curve"], (state, after)
+        browser.screenshot(str(tmp_path / "learn_phone.png"))
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LONGEST_TASK_MS = 100  # the issue's budget for one main-thread task while a run streams
 

@@ -349,26 +349,6 @@ def test_the_numbers_name_each_lanes_dtype_and_say_when_ar_alone_would_be_faster
     assert dtype_line(SimpleNamespace(target_dtype=None, draft_dtype=None)) == ""
 
 
-def test_the_what_if_reproduces_the_latency_model_and_moves_with_its_knobs():
-    from dataclasses import replace as with_
-
-    from mirror_core.latency import LatencyModel
-    from ui.whatif import PRESETS, WhatIf, prediction, whatif_html, why
-
-    paper = prediction(PRESETS["Accelerators (the paper's illustrative numbers)"])
-    assert paper["mirror_x"] == pytest.approx(5 * 30 / 43.5, rel=1e-6) and paper["sd_x"] == pytest.approx(3.0)
-    cpu = WhatIf()
-    assert 1.0 < prediction(cpu)["sd_x"] < prediction(cpu)["mirror_x"] < 2.5  # this machine's scale, modelled
-    assert "not hidden" in why(cpu) and "so the draft is hidden" in why(with_(cpu, branch_factor=1.0))
-    cheaper = with_(cpu, verify_ratio=1.0)  # verification as cheap as one step, as on an accelerator
-    assert prediction(cheaper)["mirror"] > prediction(cpu)["mirror"] and prediction(cheaper)["ar"] == prediction(cpu)["ar"]
-    m = LatencyModel(0.008, 0.0007, 0.008, 0.010, 0.0003, 0.0056, ff=0.34, tau=3.2, t_ar=0.012, measured_step=0.02)
-    back = WhatIf.from_model(m, gamma=4).model()
-    assert back.expected_step == pytest.approx(m.expected_step, rel=1e-3) and back.t_sd == pytest.approx(m.t_sd, rel=1e-3)
-    page = whatif_html(cpu)
-    assert "modelled" in page and "Table 1 means" in page and page.count("mirror-bar") == 3
-
-
 def test_the_roofline_view_plots_the_forward_by_rows_against_both_limits_and_says_where_the_ridge_is():
     from dataclasses import replace as with_
 

@@ -83,10 +83,9 @@ def run_experiment(engine, exp: Experiment, prompt_ids: tuple[int, ...], spec: S
     """Yields (runs done, runs in all, points so far) after every run; the last yield has every point."""
     prompts = ([encode(p) for p in exp.values] if exp.axis == "prompt" else [prompt_ids])
     axis_values = exp.values
-    reads = getattr(engine.info, "draft_features", None)
-    if exp.axis == "exit_layer" and reads is not None:
-        raise MirrorError(f"this pair's draft reads the target's hidden states after layer {reads}, so ℓ_e is fixed "
-                          "there; choose the token-only draft in the Run tab to sweep the exit layer")
+    why = refusal(exp, getattr(engine.info, "draft_features", None))
+    if why:
+        raise MirrorError(why)
     if exp.axis == "exit_layer":  # fractions of this target's depth; two that round to one layer run once
         axis_values = tuple(dict.fromkeys(exit_layer(v, engine.info.num_layers) for v in exp.values))
     total = len(axis_values) * len(exp.decoders) + len(prompts)
@@ -115,6 +114,37 @@ def run_experiment(engine, exp: Experiment, prompt_ids: tuple[int, ...], spec: S
             yield done, total, points + [Point(_label(exp, value), dict(values))]
         points.append(Point(_label(exp, value), values))
     yield done, total, points
+
+
+def refusal(exp: Experiment, draft_features: int | None) -> str:
+    """Why this pair cannot run the experiment ("" when it can): a feature-reading draft reads one layer, so ℓ_e
+    cannot move."""
+    if exp.axis == "exit_layer" and draft_features is not None:
+        return (f"Not for this pair: its draft reads the target's hidden states after layer {draft_features}, so ℓ_e "
+                "is fixed there. Choose the token-only draft pair on the Run tab and run it once to sweep the exit "
+                "layer.")
+    return ""
+
+
+def sweep_verdict(exp: Experiment, points: list[Point], spec: SpecConfig, chosen: bool) -> str:
+    """After a γ or κ sweep: whether a swept value measured faster than the one the run used (the latency model's
+    choice for this machine when `chosen`); one run per value, so within 5 % is called a tie."""
+    if exp.axis not in ("gamma", "kappa"):
+        return ""
+    used = _label(exp, getattr(spec, exp.axis))
+    measured = {p.x: p.values.get("speedup mirror") for p in points if p.values.get("speedup mirror")}
+    if not measured:
+        return ""
+    whose = (f"{used} (the run's, chosen for this machine at load by the latency model)" if chosen else
+             f"the run's {used}")
+    if used not in measured:
+        return f"{whose[0].upper()}{whose[1:]} is not among the swept values."
+    best = max(measured, key=measured.get)
+    if best != used and measured[best] > 1.05 * measured[used]:
+        return (f"This sweep measured a better setting: {best} at {measured[best]:.3f}× AR against {whose} at "
+                f"{measured[used]:.3f}× (one {NEW_TOKENS}-token run each).")
+    return (f"{whose[0].upper()}{whose[1:]} measured {measured[used]:.3f}× AR, within 5 % of the best swept value "
+            f"({best}, {measured[best]:.3f}×).")
 
 
 def exit_layer(fraction: tuple[int, int], num_layers: int) -> int:

@@ -1,40 +1,46 @@
-"""The Learn tab: the step player and tree, experiments, the target against its roofline (ui/roofline.py), what-if on
-other hardware (modelled, ui/whatif.py) and a glossary of every term the page uses.
+"""The Learn tab: the step player and tree, experiments, what-if on other hardware (modelled, ui/whatif.py) with the
+speedup curve (ui/curve.py) beside the target against its roofline (ui/roofline.py), and a glossary of every term the
+page uses.
 
-Its handlers touch no engine but the experiments' runs: the roofline is the last run's load-time record, the what-if
-is arithmetic on the latency model, and "start from my last run" only reads the visitor's own session (the Run tab's
-last AR and Mirror-SD runs).
+It works before any run: the player and the tree show the recorded example (ui/example.py) until the visitor's own
+Mirror-SD run, the what-if starts from this machine's figures (ui/starts.py: the last run, else the loaded pair's
+load-time timings) and says where every figure comes from, and the roofline is the loaded pair's, timed at its load.
+Its handlers touch no engine but the experiments' runs; a step or an experiment that cannot be shown says why in
+place (no error badges).
 """
 from __future__ import annotations
 
+import html
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import gradio as gr
 
-from mirror_core import MirrorError
+from mirror_core import MirrorError, SpecConfig
 
-from .numbers import latency_model
-from .session import Session
-from .experiments import EXPERIMENTS, NEW_TOKENS, plot_html, run_experiment
+from .curve import curve_html
+from .example import Example, load_example, shown_runs
+from .experiments import EXPERIMENTS, NEW_TOKENS, plot_html, refusal, run_experiment, sweep_verdict
 from .glossary import GLOSSARY
 from .player import player_html
-from .roofline import AFTER_A_RUN_HTML, roofline_view
+from .roofline import roofline_view
+from .session import Session
+from .starts import STARTS, THIS_MACHINE, start
 from .tree import first_steps, tree_html
-from .whatif import KNOBS, PRESETS, WhatIf, whatif_html
+from .whatif import KNOBS, WhatIf, whatif_html
 
 # (knob, label, lowest, highest, step, one-line help)
 SLIDERS = (
-    ("t_ar_ms", "Target step T_AR (ms)", 0.5, 200.0, 0.5, "One target-only decode step (one token)."),
-    ("verify_ratio", "Verify γ+1 tokens / one step", 1.0, 6.0, 0.01,
+    ("t_ar_ms", "Target step T_AR (ms)", 0.05, 500.0, 0.05, "One target-only decode step (one token)."),
+    ("verify_ratio", "Verify γ+1 tokens / one step", 0.5, 8.0, 0.01,
      "How much a verification window costs against one token: ≈ 1 on accelerators, larger on CPUs."),
     ("suffix_share", "Share after the early exit (Δ)", 0.05, 0.95, 0.01,
      "The part of the verification pass after layer ℓ_e: the time the draft's branches can hide in."),
-    ("draft_ms", "Draft time per token (ms)", 0.05, 50.0, 0.05, "One draft forward; a fresh rollout is γ of them."),
-    ("branch_factor", "Branch batch / fresh rollout", 0.5, 20.0, 0.05,
+    ("draft_ms", "Draft time per token (ms)", 0.01, 50.0, 0.01, "One draft forward; a fresh rollout is γ of them."),
+    ("branch_factor", "Branch batch / fresh rollout", 0.1, 20.0, 0.01,
      "The batched rollout of all branches against one fresh γ-token rollout (rows are cheap on accelerators)."),
-    ("overhead_ms", "Readout + messages (ms)", 0.0, 20.0, 0.1, "T_rv: the early-exit readout, the messages, acceptance."),
+    ("overhead_ms", "Readout + messages (ms)", 0.0, 50.0, 0.01, "T_rv: the early-exit readout, the messages, acceptance."),
     ("tau", "τ (tokens per step)", 1.0, 17.0, 0.01, "Tokens committed per verification step, bonus/correction included."),
     ("ff", "Fallback frequency", 0.0, 1.0, 0.01, "Share of steps where no precomputed branch matched (a fresh rollout)."),
     ("gamma", "γ (draft tokens per window)", 1, 16, 1, "Window length."),
@@ -57,21 +63,42 @@ class StepPlayer:
 
 def build(state: gr.State, loader, tab: gr.Tab) -> StepPlayer:
     player = _step(state)
-    _experiments(state, loader)
-    _roofline(state, tab)
-    _whatif(state)
+    _experiments(state, loader, tab)
+    _whatif(state, loader, tab)
     return player
 
 
+def source_line(example: Example | None) -> str:
+    """Which run the player and the tree show: the visitor's last Mirror-SD run, or the recorded example (where)."""
+    text = ("Showing your last Mirror-SD run (the Run tab)." if example is None else
+            f"Showing {html.escape(example.where)}. Run Mirror-SD on the Run tab to play your own run here.")
+    return f"<p class='mirror-def' id='mirror-learn-source'>{text}</p>"
+
+
+def step_views(session: Session, s, k) -> tuple[str, str]:
+    """(player HTML, tree HTML) of step s at phase k: the visitor's last Mirror-SD run, else the recorded example."""
+    runs, example = shown_runs(session)
+    run = runs.get("mirror")
+    return source_line(example) + player_html(run, s, int(k) - 1, runs.get("sd")), tree_html(run, s)
+
+
+def _first_step() -> int | None:
+    """The step the player opens on before any run: the recorded example's first hit (None without the example)."""
+    runs, _ = shown_runs(Session())
+    return first_steps(runs.get("mirror"))[0]
+
+
 def _step(state: gr.State) -> StepPlayer:
-    gr.Markdown("## One step, slowed down\nPick a step of your last Mirror-SD run (the Run tab; **First hit** and "
-                "**First miss** find one of each) and play it phase by phase on its measured time axis: the window "
-                "enters the target, the early exit sends its candidates, the draft lane rolls out a branch per "
-                "candidate while the target finishes its layers, acceptance decides, and a hit reuses a branch. "
-                "Below, the same step's branch tree: each slot's candidates as roots with the branch rolled out for "
-                "each; the highlighted root is the correction on a hit, and its branch (cyan) became the next window.")
+    gr.Markdown("## One step, slowed down\nPick a step of your last Mirror-SD run (the Run tab; before your first run, "
+                "a recorded example, labelled with where it was recorded; **First hit** and **First miss** find one "
+                "of each) and play it phase by phase on its measured time axis: the window enters the target, the "
+                "early exit sends its candidates, the draft lane rolls out a branch per candidate while the target "
+                "finishes its layers, acceptance decides, and a hit reuses a branch. Below, the same step's branch "
+                "tree: each slot's candidates as roots with the branch rolled out for each; the highlighted root is "
+                "the correction on a hit, and its branch (cyan) became the next window.")
     with gr.Row():
-        step = gr.Number(value=None, label="Step", precision=0, minimum=1, elem_id="mirror-tree-step", min_width=120)
+        # no minimum: an empty or out-of-range step gets a line in the player (session.pick_step), not an error badge
+        step = gr.Number(value=_first_step(), label="Step", precision=0, elem_id="mirror-tree-step", min_width=120)
         hit = gr.Button("First hit", elem_id="mirror-tree-hit")
         miss = gr.Button("First miss", elem_id="mirror-tree-miss")
         show = gr.Button("Show", elem_id="mirror-tree-show")
@@ -83,33 +110,30 @@ def _step(state: gr.State) -> StepPlayer:
         pause = gr.Button("Pause", elem_id="mirror-player-pause")
         speed = gr.Radio(list(SPEEDS), value="1 s", label="Per phase", elem_id="mirror-player-speed", min_width=200)
     timer = gr.Timer(SPEEDS["1 s"], active=False)
-    player = gr.HTML(player_html(None, None, 0), elem_id="mirror-player")
-    tree = gr.HTML(tree_html(None, None), elem_id="mirror-tree")
-
-    def views(session: Session, s, k):
-        run = session.runs.get("mirror")
-        return player_html(run, s, int(k) - 1, session.runs.get("sd")), tree_html(run, s)
+    first_player, first_tree = step_views(Session(), _first_step(), 1)  # the recorded example (read once)
+    player = gr.HTML(first_player, elem_id="mirror-player")
+    tree = gr.HTML(first_tree, elem_id="mirror-tree")
 
     def pick(which: int):
         def handler(session: Session):
-            run = session.runs.get("mirror")
-            found = first_steps(run)[which]
-            if found is None:
-                raise gr.Error("run Mirror-SD on the Run tab first" if run is None else
-                               f"your last Mirror-SD run has no {'hit' if which == 0 else 'miss'}",
-                               print_exception=False)
-            return (found, 1) + views(session, found, 1)
+            runs, _ = shown_runs(session)
+            found = first_steps(runs.get("mirror"))[which]
+            if found is None:  # a hint where the player is, not an error badge
+                kind = "hit" if which == 0 else "miss"
+                return (gr.skip(), gr.skip(), f"<p class='mirror-def' id='mirror-learn-source'><i>This run has no "
+                        f"{kind}: pick a step by number and press Show.</i></p>", gr.skip())
+            return (found, 1) + step_views(session, found, 1)
         return handler
 
     def tick(session: Session, s, k):
         k = min(int(k) + 1, PHASES)
-        return (k,) + views(session, s, k) + (gr.Timer(active=k < PHASES),)
+        return (k,) + step_views(session, s, k) + (gr.Timer(active=k < PHASES),)
 
     hit.click(pick(0), state, [step, phase, player, tree], api_name="tree_first_hit", queue=False)
     miss.click(pick(1), state, [step, phase, player, tree], api_name="tree_first_miss", queue=False)
-    show.click(views, [state, step, phase], [player, tree], api_name="tree", queue=False)
-    phase.release(views, [state, step, phase], [player, tree], api_name=False, queue=False)
-    back.click(lambda session, s, k: (max(int(k) - 1, 1),) + views(session, s, max(int(k) - 1, 1)),
+    show.click(step_views, [state, step, phase], [player, tree], api_name="tree", queue=False)
+    phase.release(step_views, [state, step, phase], [player, tree], api_name=False, queue=False)
+    back.click(lambda session, s, k: (max(int(k) - 1, 1),) + step_views(session, s, max(int(k) - 1, 1)),
                [state, step, phase], [phase, player, tree], api_name=False, queue=False)
     forward.click(tick, [state, step, phase], [phase, player, tree, timer], api_name="player_next", queue=False)
     play.click(lambda k, v: (1 if int(k) >= PHASES else k, gr.Timer(SPEEDS[v], active=True)), [phase, speed],
@@ -117,118 +141,212 @@ def _step(state: gr.State) -> StepPlayer:
     pause.click(lambda: gr.Timer(active=False), None, timer, api_name=False, queue=False)
     speed.change(lambda v: gr.Timer(SPEEDS[v]), speed, timer, api_name=False, queue=False)
     timer.tick(tick, [state, step, phase], [phase, player, tree, timer], api_name=False, queue=False)
-    return StepPlayer(step, phase, player, tree, views)
+    return StepPlayer(step, phase, player, tree, step_views)
 
 
-def _experiments(state: gr.State, loader) -> None:
-    gr.Markdown("## Experiments\nSmall sweeps on the pair and prompt of your last run on the Run tab, each a few "
-                f"dozen real runs of {NEW_TOKENS} tokens: measured points, and dashed the latency model's prediction "
-                "from the same runs (modelled). Each asks a question the plot answers. Results are kept for this "
-                "session; Stop ends a sweep within one run.")
+@dataclass(frozen=True)
+class Sweep:
+    """What an experiment sweeps over: the pair, the prompt and the settings, and where they come from."""
+
+    target: str
+    draft: str
+    prompt_ids: tuple[int, ...] | None  # None: the recorded example's prompt, encoded when the pair is at hand
+    spec: SpecConfig | None             # None: the pair's own choice (resolved when it is at hand)
+    chosen: bool                        # γ, κ were the latency model's choice for this machine at load
+    draft_features: int | None          # ℓ_e a feature-reading draft reads (the ℓ_e sweep cannot move it)
+
+
+def _sweep_of(session: Session, loader) -> Sweep | str:
+    """The last run's pair, prompt and settings, else the loaded pair on the recorded example's prompt; or why none."""
+    last = next((r for r in (session.runs.get(d) for d in ("mirror", "sd", "ar")) if r and r.start), None)
+    if last is not None and last.start.settings.draft is not None:
+        st = last.start.settings
+        return Sweep(st.target, st.draft, last.start.prompt_ids, st.request.spec, bool(st.spec_note),
+                     st.draft_features)
+    info, example = loader.info(), load_example()
+    if info is not None and info.draft is not None and example is not None:
+        return Sweep(info.target, info.draft, None, None, info.spec_choice is not None, info.draft_features)
+    return ("The experiments sweep the pair and prompt of your last run with a draft: run one on the Run tab "
+            "(no pair with a draft is loaded yet to sweep on the recorded example's prompt).")
+
+
+def _experiments(state: gr.State, loader, tab: gr.Tab) -> None:
+    gr.Markdown("## Experiments\nSmall sweeps on the pair and prompt of your last run on the Run tab (before any run: "
+                "the loaded pair on the recorded example's prompt), each a few dozen real runs of "
+                f"{NEW_TOKENS} tokens: measured points, and dashed the latency model's prediction from the same runs "
+                "(modelled). Each asks a question the plot answers. Results are kept for this session; Stop ends a "
+                "sweep within one run.")
     first = next(iter(EXPERIMENTS))
     with gr.Row():
         pick = gr.Radio([(e.title, k) for k, e in EXPERIMENTS.items()], value=first, label="Experiment",
                         elem_id="mirror-experiment-pick")
-        start = gr.Button("Run experiment", variant="primary", elem_id="mirror-experiment-run")
+        start_button = gr.Button("Run experiment", variant="primary", elem_id="mirror-experiment-run")
         stop = gr.Button("Stop", elem_id="mirror-experiment-stop")
     plot = gr.HTML(plot_html(EXPERIMENTS[first], []), elem_id="mirror-experiment")
 
+    def offer(session: Session, key):
+        """The experiment's empty plot and whether it can run on the pair at hand (disabled, with the reason)."""
+        exp = EXPERIMENTS.get(key) if isinstance(key, str) else None
+        if exp is None:
+            return plot_html(EXPERIMENTS[first], []), gr.Button(interactive=True)
+        sweep = _sweep_of(session, loader)
+        why = sweep if isinstance(sweep, str) else refusal(exp, sweep.draft_features)
+        return plot_html(exp, [], why or ""), gr.Button(interactive=not why)
+
+    start_button.click(_experiment_runner(loader), [state, pick], plot, api_name="experiment", concurrency_id="lanes",
+                       concurrency_limit=1, show_progress="hidden")
+    stop.click(lambda session: session.experiment_stop.set(), state, None, api_name=False, queue=False)
+    pick.change(offer, [state, pick], [plot, start_button], api_name="experiment_offer", queue=False)
+    tab.select(offer, [state, pick], [plot, start_button], api_name=False, queue=False)
+
+
+def _experiment_runner(loader) -> Callable:
     def on_run(session: Session, key):
         exp = EXPERIMENTS.get(key) if isinstance(key, str) else None
-        last = next((r for r in (session.runs.get(d) for d in ("mirror", "sd", "ar")) if r and r.start), None)
-        if exp is None or last is None or last.start.settings.draft is None:
-            raise gr.Error("run the Run tab with a draft first: the experiments use its pair and prompt"
-                           if exp else f"unknown experiment {key!r}", print_exception=False)
-        settings = last.start.settings
-        spec = settings.request.spec
-        cache_key = (key, settings.target, settings.draft, last.start.prompt_ids, spec)
-        if cache_key in session.experiments:
-            yield plot_html(exp, session.experiments[cache_key], "Kept from earlier in this session.")
+        if exp is None:
+            raise gr.Error(f"unknown experiment {key!r}", print_exception=False)
+        sweep = _sweep_of(session, loader)
+        why = sweep if isinstance(sweep, str) else refusal(exp, sweep.draft_features)
+        if why:  # said in place of the plot, as the disabled button already does
+            yield plot_html(exp, [], why)
             return
         try:
-            engine = loader.get(settings.target, settings.draft)
+            engine = loader.get(sweep.target, sweep.draft)
         except MirrorError as exc:
             raise gr.Error(str(exc), print_exception=False) from None
+        example = load_example()
+        try:
+            ids = sweep.prompt_ids or engine.encode(example.prompt)
+        except MirrorError as exc:
+            yield plot_html(exp, [], f"The loaded pair cannot read the recorded example's prompt ({exc}): run it once "
+                                     "on the Run tab, and the experiments sweep your run's prompt.")
+            return
+        spec = sweep.spec or engine.info.resolve(SpecConfig())
+        cache_key = (key, sweep.target, sweep.draft, ids, spec)
+        if cache_key in session.experiments:
+            points = session.experiments[cache_key]
+            yield plot_html(exp, points, "Kept from earlier in this session. " + sweep_verdict(exp, points, spec,
+                                                                                               sweep.chosen))
+            return
         session.experiment_stop = stop_flag = threading.Event()
         points, total = [], 0
         try:
-            for done, total, points in run_experiment(engine, exp, last.start.prompt_ids, spec, stop_flag,
-                                                      encode=engine.encode):
+            for done, total, points in run_experiment(engine, exp, ids, spec, stop_flag, encode=engine.encode):
                 if stop_flag.is_set():
                     yield plot_html(exp, points, f"Stopped after {done} of {total} runs.")
                     return
                 yield plot_html(exp, points, f"Running: {done} of {total} runs…")
         except MirrorError as exc:
-            raise gr.Error(str(exc), print_exception=False) from None
+            yield plot_html(exp, points, str(exc))
+            return
         session.experiments[cache_key] = points
-        yield plot_html(exp, points, f"Done: {total} runs of {NEW_TOKENS} new tokens on {settings.target} + "
-                                     f"{settings.draft}, γ {spec.gamma}, κ {spec.kappa} unless swept.")
+        prompt = "your last run's prompt" if sweep.prompt_ids else f"the recorded example's prompt “{example.prompt}”"
+        yield plot_html(exp, points, f"Done: {total} runs of {NEW_TOKENS} new tokens on the pair of "
+                                     f"{'your last run' if sweep.prompt_ids else 'this server'} and {prompt}, "
+                                     f"γ {spec.gamma}, κ {spec.kappa} unless swept. "
+                        + sweep_verdict(exp, points, spec, sweep.chosen))
+    return on_run
 
-    start.click(on_run, [state, pick], plot, api_name="experiment", concurrency_id="lanes", concurrency_limit=1,
-                show_progress="hidden")
-    stop.click(lambda session: session.experiment_stop.set(), state, None, api_name=False, queue=False)
-    pick.change(lambda key: plot_html(EXPERIMENTS[key], []), pick, plot, api_name=False, queue=False)
 
-
-def _roofline(state: gr.State, tab: gr.Tab) -> None:
-    gr.Markdown("## Why is verifying a window nearly free? The roofline\nThe target's forward time against its "
-                "number of new rows (1 = an AR step, γ+1 = a verification window), measured when your last run's pair "
-                "loaded, beside the two limits no forward beats: reading every weight once (weights ÷ bandwidth, "
-                "flat) and doing the arithmetic (the compute limit, rising). Their larger is the model (dashed, "
-                "*modelled*). The what-if's *Verify γ+1 tokens / one step* knob below is this chart's window cost. "
-                "It redraws when you open this tab.")
-    show = gr.Button("Show my last run's roofline", elem_id="mirror-roofline-show", size="sm")
+def _roofline(state: gr.State, loader, tab: gr.Tab) -> None:
+    gr.Markdown("### Why is verifying a window nearly free? The roofline\nThe target's forward time against its "
+                "number of new rows (1 = an AR step, γ+1 = a verification window), measured when the pair loaded "
+                "(your last run's pair, else the one loaded now), beside the two limits no forward beats: reading "
+                "every weight once (weights ÷ bandwidth, flat) and doing the arithmetic (the compute limit, rising). "
+                "Their larger is the model (dashed, *modelled*). The what-if's *Verify γ+1 tokens / one step* knob "
+                "is this chart's window cost. It redraws when you open this tab.")
+    show = gr.Button("Show the roofline", elem_id="mirror-roofline-show", size="sm")
     plot = gr.Plot(visible=False, show_label=False, elem_id="mirror-roofline-plot")
-    note = gr.HTML(AFTER_A_RUN_HTML, elem_id="mirror-roofline")
+    note = gr.HTML(roofline_view(Session())[1], elem_id="mirror-roofline")
 
     def redraw(session: Session):
-        figure, text = roofline_view(session)
+        figure, text = roofline_view(session, loader.info())
         return gr.Plot(figure, visible=figure is not None), text
 
     show.click(redraw, state, [plot, note], api_name="roofline", queue=False)
     tab.select(redraw, state, [plot, note], api_name=False, queue=False)
 
 
-def _whatif(state: gr.State) -> None:
+def _whatif(state: gr.State, loader, tab: gr.Tab) -> None:
     gr.Markdown("## What if the hardware were different? *(modelled)*\n"
-                "The latency model of the Run tab's numbers, with its terms as knobs. Start from this machine, "
-                "from your last run, or from the paper's illustrative accelerator, then move a knob and watch the "
-                "three decoders' modelled speed. Nothing here is timed: every figure below is **modelled**.")
+                "The latency model of the Run tab's numbers, with its terms as knobs. It starts from this machine "
+                "(your last run, else the loaded pair's load-time timings), from the recorded example, or from the "
+                "paper's illustrative accelerator; the line under the buttons says where every figure comes from. "
+                "Move a knob and watch the three decoders' modelled speed. Nothing here is timed: every figure below "
+                "is **modelled**.")
+    first = start(THIS_MACHINE, Session(), None)  # before the tab opens: the recorded example, labelled as such
     with gr.Row():
-        preset = gr.Radio(list(PRESETS), value=next(iter(PRESETS)), label="Start from", elem_id="mirror-whatif-preset")
+        preset = gr.Radio(list(STARTS), value=THIS_MACHINE, label="Start from", elem_id="mirror-whatif-preset")
         mine = gr.Button("Start from my last run", elem_id="mirror-whatif-mine")
-    note = gr.Markdown("", elem_id="mirror-whatif-note")
-    start = next(iter(PRESETS.values()))
+    note = gr.Markdown(first.note, elem_id="mirror-whatif-note")
+    seen = gr.State(first.key)  # the figures the knobs last started from: opening the tab again keeps your knobs
     knobs = []
     with gr.Row():
         for name, label, lo, hi, step, info in SLIDERS:
-            knobs.append(gr.Slider(lo, hi, value=getattr(start, name), step=step, label=label, info=info,
+            knobs.append(gr.Slider(lo, hi, value=getattr(first.knobs, name), step=step, label=label, info=info,
                                    elem_id=f"mirror-whatif-{name}", min_width=220))
-    result = gr.HTML(whatif_html(start), elem_id="mirror-whatif")
+    result = gr.HTML(whatif_html(first.knobs), elem_id="mirror-whatif")
+    with gr.Row():
+        with gr.Column(min_width=320):
+            gr.Markdown("### The speedup curve *(modelled)*\nSpeedup over AR against τ and against what verifying "
+                        "γ+1 tokens costs in AR steps, at the knobs above; ● is where the knobs put you.")
+            accelerator = gr.Checkbox(False, label="verify ≈ 1 step (an accelerator)", elem_id="mirror-curve-switch")
+            curve = gr.HTML(curve_html(first.knobs), elem_id="mirror-curve")
+        with gr.Column(min_width=320):
+            _roofline(state, loader, tab)
     with gr.Accordion("Glossary: every term on this page, in one line", open=False):
         gr.HTML("<table class='mirror-table' id='mirror-glossary'>" + "".join(
             f"<tr><th>{term}</th><td>{text}</td></tr>" for term, text in GLOSSARY) + "</table>")
+    _wire_whatif(state, loader, tab, WhatIfParts(preset, mine, note, seen, knobs, result, accelerator, curve))
 
+
+@dataclass(frozen=True)
+class WhatIfParts:
+    preset: gr.Radio
+    mine: gr.Button
+    note: gr.Markdown
+    seen: gr.State
+    knobs: list
+    result: gr.HTML
+    accelerator: gr.Checkbox
+    curve: gr.HTML
+
+
+def _knobs(values) -> WhatIf:
+    """The knobs' values as a WhatIf, each checked against its slider's range (the endpoints take any client's)."""
+    for (_, label, lo, hi, _, _), v in zip(SLIDERS, values):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi:
+            raise gr.Error(f"{label} must be a number in {lo}..{hi}, got {v!r}", print_exception=False)
+    return WhatIf(*values[:-1], gamma=int(values[-1]))
+
+
+def _wire_whatif(state: gr.State, loader, tab: gr.Tab, p: WhatIfParts) -> None:
     def redraw(*values):
-        for (_, label, lo, hi, _, _), v in zip(SLIDERS, values):  # the endpoint takes what any client sends
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi:
-                raise gr.Error(f"{label} must be a number in {lo}..{hi}, got {v!r}", print_exception=False)
-        return whatif_html(WhatIf(*values[:-1], gamma=int(values[-1])))
+        return whatif_html(_knobs(values))
 
-    def from_preset(name: str):
-        return PRESETS[name].values() + [""]
+    def redraw_curve(*values):
+        return curve_html(_knobs(values[:-1]), bool(values[-1]))
 
-    def from_run(session: Session):
-        mirror, ar = session.runs.get("mirror"), session.runs.get("ar")
-        model = latency_model(mirror, ar)
-        if model is None or not model.t_ar:
-            raise gr.Error(str(MirrorError("run AR and Mirror-SD on the Run tab first: the knobs start from their "
-                                           "measured spans")), print_exception=False)
-        w = WhatIf.from_model(model, mirror.start.settings.request.spec.gamma)
-        return w.values() + ["Started from your last run's measured spans (the Run tab's latency table)."]
+    def from_start(session: Session, which):
+        st = start(which if which in STARTS else THIS_MACHINE, session, loader.info())
+        return st.knobs.values() + [st.note, st.key]
 
-    for knob in knobs:
-        knob.change(redraw, knobs, result, api_name=False, queue=False)
-    preset.change(from_preset, preset, knobs + [note], api_name=False, queue=False)
-    mine.click(from_run, state, knobs + [note], api_name="whatif_from_run", queue=False)
-    gr.Button("Redraw", visible=False).click(redraw, knobs, result, api_name="whatif")  # the API/tests' entry point
+    def reopen(session: Session, which, key):
+        """Opening the tab: this machine's newest figures, unless the knobs already started from them."""
+        if which != THIS_MACHINE:
+            return [gr.skip()] * (len(p.knobs) + 2)
+        st = start(THIS_MACHINE, session, loader.info())
+        return [gr.skip()] * (len(p.knobs) + 2) if st.key == key else st.knobs.values() + [st.note, st.key]
+
+    outputs = p.knobs + [p.note, p.seen]
+    for knob in p.knobs:
+        knob.change(redraw, p.knobs, p.result, api_name=False, queue=False)
+        knob.change(redraw_curve, p.knobs + [p.accelerator], p.curve, api_name=False, queue=False)
+    p.accelerator.change(redraw_curve, p.knobs + [p.accelerator], p.curve, api_name=False, queue=False)
+    p.preset.change(from_start, [state, p.preset], outputs, api_name="whatif_start", queue=False)
+    p.mine.click(lambda session: from_start(session, THIS_MACHINE), state, outputs, api_name="whatif_from_run",
+                 queue=False)
+    tab.select(reopen, [state, p.preset, p.seen], outputs, api_name=False, queue=False)
+    gr.Button("Redraw", visible=False).click(redraw, p.knobs, p.result, api_name="whatif")  # the API/tests' entry
+    gr.Button("Curve", visible=False).click(redraw_curve, p.knobs + [p.accelerator], p.curve,
+                                            api_name="speedup_curve")

@@ -125,6 +125,12 @@ class EngineLoader:
         """The (target, draft) currently loaded, or None."""
         return None if self._key is None else self._key[:2]
 
+    def info(self):
+        """The loaded pair's PairInfo (what its load measured: the Learn tab's figures for this machine), or None;
+        never waits for a load in progress."""
+        engine = self._engine
+        return None if engine is None else engine.info
+
     def close(self) -> None:
         with self._lock:
             self._close_current()

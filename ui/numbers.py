@@ -116,9 +116,18 @@ def machine_line(run: DecoderRun) -> str:
     w = settings.whole_machine
     lane, lane_ms, every, all_ms = w.lane_cores, w.lane_ms, w.all_cores, w.all_ms
     ratio = all_ms / lane_ms if lane_ms else 1.0
+    if not w.settled:  # the alternated timings disagree on which is faster: noise, not a fact about the cores
+        spread = (f" ({len(w.ratios)} alternated timings at load read {min(w.ratios):.2f}–{max(w.ratios):.2f}×)"
+                  if w.ratios else " (timed once at load)")
+        text = (f"Baselines: AR here ran on the target lane's {lane} core{'s' if lane != 1 else ''} while the draft "
+                f"lane had its own (the paper's setting). AR on all {every} cores is not shown as faster or slower: "
+                f"its one-token step against the lane's was within timing noise{spread}; `python -m mirror_core "
+                "bench` measures ar_all.")
+        return f"<p class='mirror-def'>{html.escape(text)}</p>"
     text = (f"Baselines: AR here ran on the target lane's {lane} core{'s' if lane != 1 else ''} while the draft lane "
             f"had its own (the paper's setting). On all {every} cores the target's one-token step takes {all_ms:.1f} ms "
-            f"instead of {lane_ms:.1f} ms (timed at load), so against AR on the whole machine each speedup above is "
+            f"instead of {lane_ms:.1f} ms (medians of {len(w.ratios)} alternated timings at load, every one on the "
+            "same side), so against AR on the whole machine each speedup above is "
             f"about {ratio:.2f}× of what it says (modelled from those two timings; `python -m mirror_core bench` "
             "measures ar_all and transformers' generate).")
     return f"<p class='mirror-def'>{html.escape(text)}</p>"

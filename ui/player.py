@@ -27,12 +27,11 @@ from mirror_core.events import (
 
 from mirror_core.latency import stage_median
 
+from .plots import DECODER_COLORS, STAGE_STYLE
 from .session import DecoderRun, pick_step
 
-COLOURS = {STAGE_TARGET_PREFIX: "#6366f1", STAGE_EXIT_READOUT: "#f59e0b", STAGE_TARGET_SUFFIX: "#818cf8",
-           STAGE_ACCEPT: "#10b981", STAGE_WAIT: "#e5e7eb", STAGE_DRAFT_BRANCHES: "#06b6d4",
-           STAGE_DRAFT_ROLLOUT: "#ef4444", STAGE_SELECT_BRANCH: "#0e7490"}
-WIDTH, LANE_H, LEFT = 760, 30, 60
+# One colour code and one name per stage across the page: the Run tab's lane timeline's (ui/plots.py).
+WIDTH, LANE_H, LEFT = 760, 30, 60  # the timeline's drawing units; the SVG scales to the page's width (viewBox)
 
 
 @dataclass(frozen=True)
@@ -117,8 +116,8 @@ def sd_beside(run: DecoderRun, rec: StepRecord, spans: list[SpanEvent], sd: Deco
     bar = lambda ms, colour: f"<span class='mirror-bar' style='display:inline-block;width:{ms * scale:.0f}px;background:{colour}'></span>"  # noqa: E731
     return (f"<p><b>Vanilla SD on the same step</b> ({source}): verify {verify:.1f} ms, then draft the next "
             f"{rec.drafted} tokens serially, {draft:.1f} ms: {sd_ms:.1f} ms "
-            f"{bar(sd_ms, '#f97316')}<br>Mirror-SD, this step as measured: {mirror_ms:.1f} ms "
-            f"{bar(mirror_ms, '#6366f1')} (its draft works during the target's last layers).</p>")
+            f"{bar(sd_ms, DECODER_COLORS['sd'])}<br>Mirror-SD, this step as measured: {mirror_ms:.1f} ms "
+            f"{bar(mirror_ms, DECODER_COLORS['mirror'])} (its draft works during the target's last layers).</p>")
 
 
 def player_html(run: DecoderRun | None, step, phase, sd: DecoderRun | None = None) -> str:
@@ -140,13 +139,15 @@ def player_html(run: DecoderRun | None, step, phase, sd: DecoderRun | None = Non
             continue
         y = 8 if s.lane == LANE_TARGET else 8 + LANE_H + 6
         w = max(x(s.t1) - x(s.t0), 1.0)
-        label = f"{s.stage} {1e3 * (s.t1 - s.t0):.1f} ms"
-        text = (f"<text x='{x(s.t0) + 3:.1f}' y='{y + 19}' font-size='11' fill='#111'>{html.escape(label)}</text>"
-                if w > 7 * len(label) else "")
+        name, colour = STAGE_STYLE.get(s.stage, (s.stage, "#9ca3af"))
+        label = f"{name} {1e3 * (s.t1 - s.t0):.1f} ms"
+        text = (f"<text x='{x(s.t0) + 3:.1f}' y='{y + 19}' font-size='11' fill='{_ink(colour)}'>"
+                f"{html.escape(label)}</text>" if w > 6.5 * len(label) else "")
         rects.append(f"<g><title>{html.escape(label)}</title><rect x='{x(s.t0):.1f}' y='{y}' width='{w:.1f}' "
-                     f"height='{LANE_H}' fill='{COLOURS.get(s.stage, '#9ca3af')}' rx='3'/>{text}</g>")
+                     f"height='{LANE_H}' fill='{colour}' rx='3'/>{text}</g>")
     cursor = x(min(current.until, t1))
-    svg = (f"<svg width='{WIDTH}' height='{2 * LANE_H + 40}' role='img' aria-label='step timeline'>"
+    svg = (f"<svg viewBox='0 0 {WIDTH} {2 * LANE_H + 40}' width='100%' style='max-width:{WIDTH}px;height:auto' "
+           "role='img' aria-label='step timeline'>"
            f"<text x='4' y='{8 + LANE_H // 2 + 4}' font-size='12'>target</text>"
            f"<text x='4' y='{14 + LANE_H + LANE_H // 2 + 4}' font-size='12'>draft</text>" + "".join(rects)
            + f"<line x1='{cursor:.1f}' x2='{cursor:.1f}' y1='2' y2='{2 * LANE_H + 18}' stroke='#111' "
@@ -156,7 +157,21 @@ def player_html(run: DecoderRun | None, step, phase, sd: DecoderRun | None = Non
     trail = " → ".join(f"<b>{html.escape(p.title)}</b>" if i == k else html.escape(p.title)
                        for i, p in enumerate(steps))
     return (f"<p class='mirror-def'>Step {rec.step}, phase {k + 1} of {len(steps)}: {trail}</p>{svg}"
-            f"<p id='mirror-player-text'>{current.text}</p>" + sd_beside(run, rec, spans, sd))
+            + legend(spans) + f"<p id='mirror-player-text'>{current.text}</p>" + sd_beside(run, rec, spans, sd))
+
+
+def legend(spans: list[SpanEvent]) -> str:
+    """The stages this step's timeline draws, each as a swatch and its name (readable at any width)."""
+    seen = dict.fromkeys(s.stage for s in spans)
+    items = "".join(f"<span><i style='--c:{colour}'></i>{html.escape(name)}</span>"
+                    for name, colour in (STAGE_STYLE.get(st, (st, "#9ca3af")) for st in seen))
+    return f"<div class='mirror-plot-legend' id='mirror-player-legend'>{items}</div>"
+
+
+def _ink(colour: str) -> str:
+    """Black or white text, whichever reads on a bar of this colour (#rrggbb)."""
+    r, g, b = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    return "#111" if 0.299 * r + 0.587 * g + 0.114 * b > 140 else "#fff"
 
 
 def phase_count(run: DecoderRun | None, step) -> int:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING
 
+from mirror_core import SpecConfig, machine
+
 if TYPE_CHECKING:
     from mirror_core.events import Roofline  # the record RunSettings carries (ui/ reaches records through events)
 
@@ -19,8 +21,8 @@ if TYPE_CHECKING:
 # measured = the target's verification blue (ui/plots.py), memory and compute each their own, modelled grey dashed
 COLOURS = {"measured": "#1e3a8a", "memory": "#0891b2", "compute": "#f97316", "modelled": "#6b7280"}
 NEARLY_FREE = 1.25  # a window that costs at most this many one-token steps is called "nearly free" in the sentence
-AFTER_A_RUN = ("The roofline appears after a run: run any decoder on the Run tab, then come back here (or press "
-               "Show). It plots the target's forward time by rows, measured when the run's pair loaded.")
+AFTER_A_RUN = ("The roofline appears after a run, or once a pair is loaded (the server loads its first pair when it "
+               "starts): press Show. It plots the target's forward time by rows, measured when the pair loaded.")
 
 
 def ridge_rows(roof: Roofline) -> float | None:
@@ -112,17 +114,25 @@ def _ridge_part(roof: Roofline) -> str:
             "speculation stops paying more per extra row.")
 
 
-def roofline_view(session: Session) -> tuple[object | None, str]:
-    """The figure (None when there is none to draw) and the HTML under it, from the session's last run."""
+def roofline_view(session: Session, info=None) -> tuple[object | None, str]:
+    """The figure (None when there is none to draw) and the HTML under it: the session's last run's pair, else the
+    pair loaded now (`info`: its engine.PairInfo), both as timed on this machine when that pair loaded."""
     run = next((r for r in reversed(session.history) if r.start is not None), None)
-    if run is None:
+    if run is None and info is None:
         return None, AFTER_A_RUN_HTML
-    settings = run.start.settings
-    if settings.roofline is None:
-        return None, _note(f"Your last run's target ({settings.target_runner}) recorded no roofline: the forward by "
-                           "rows is timed at load only where the engine calibrates the target (the fast runners).")
-    gamma = settings.request.spec.gamma if settings.draft and isinstance(settings.request.spec.gamma, int) else None
-    return roofline_figure(settings.roofline), _note(roofline_sentence(settings.roofline, gamma))
+    settings = None if run is None else run.start.settings
+    roof, runner = (info.roofline, info.target_runner) if run is None else (settings.roofline, settings.target_runner)
+    if roof is None:
+        whose = "The loaded pair's target" if run is None else "Your last run's target"
+        return None, _note(f"{whose} ({runner}) recorded no roofline: the forward by rows is timed at load only "
+                           "where the engine calibrates the target (the fast runners).")
+    if run is None:
+        gamma = info.resolve(SpecConfig()).gamma if info.draft else None
+    else:
+        gamma = settings.request.spec.gamma if settings.draft and isinstance(settings.request.spec.gamma, int) else None
+    source = ("" if run is not None else
+              f"Timed on this machine ({machine.cpu_model()}) when the loaded pair loaded, before any run. ")
+    return roofline_figure(roof), _note(source + roofline_sentence(roof, gamma))
 
 
 def _num(x: float) -> str:

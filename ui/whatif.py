@@ -6,13 +6,20 @@ the share of that pass after the early exit (Δ), the draft's time per token, ho
 relative to one fresh γ-token rollout, the readout and message overhead, τ and the fallback frequency. They
 map onto the model's terms, so Mirror-SD's step is T_pre + T_rv + max(Δ, T_branch) + FF·T_fresh and vanilla
 SD's is T_verify + T_fresh, exactly as the Run tab's latency table computes them from a real run.
+
+The knobs start from figures with a source (ui/starts.py): a run's measured spans (from_model), the loaded pair's
+load-time timings on this machine (from_load), or the paper's illustrative accelerator (ACCELERATOR).
 """
 from __future__ import annotations
 
 import html
 from dataclasses import dataclass, fields
 
-from mirror_core.latency import LatencyModel
+from mirror_core import SpecConfig
+from mirror_core.config import DEFAULT_GAMMA, DEFAULT_KAPPA
+from mirror_core.latency import LatencyModel, StepCosts
+from mirror_core.models.loading import local_folder
+from mirror_core.models.profile import load_profile
 
 # The paper's Table 1 means (speedup over target-only AR; Qwen3-14B/32B targets on accelerators, γ = 7,
 # κ = 8): docs/ALGORITHM.md. Reference points for the modelled bars, not measurements of this machine.
@@ -21,17 +28,17 @@ PAPER_MEANS = (("Mirror-SD", 3.44, 3.82), ("EAGLE-3", 2.70, 3.00), ("Vanilla SD"
 
 @dataclass(frozen=True)
 class WhatIf:
-    """Defaults: the shipped pair on two CPU cores, medians of docs/bench/draft_ar_128 (mirror, auto half)."""
+    """The latency model's terms as knobs (ms and ratios); every start says where its figures come from."""
 
-    t_ar_ms: float = 12.2        # one target-only decode step
-    verify_ratio: float = 1.38   # T_verify(γ+1 tokens) / T_AR
-    suffix_share: float = 0.49   # Δ / T_verify: the layers after the early exit
-    draft_ms: float = 1.40       # the draft's time per token (a fresh rollout is γ of these)
-    branch_factor: float = 1.76  # T_branch / T_fresh: the batched branch rollout against one fresh rollout
-    overhead_ms: float = 1.0     # readout + messages + acceptance (T_rv)
-    tau: float = 3.18            # τ: tokens committed per step
-    ff: float = 0.34             # fallback frequency
-    gamma: int = 4               # γ
+    t_ar_ms: float        # one target-only decode step
+    verify_ratio: float   # T_verify(γ+1 tokens) / T_AR
+    suffix_share: float   # Δ / T_verify: the layers after the early exit
+    draft_ms: float       # the draft's time per token (a fresh rollout is γ of these)
+    branch_factor: float  # T_branch / T_fresh: the batched branch rollout against one fresh rollout
+    overhead_ms: float    # readout + messages + acceptance (T_rv)
+    tau: float            # τ: tokens committed per step
+    ff: float             # fallback frequency
+    gamma: int            # γ
 
     def model(self) -> LatencyModel:
         verify = self.verify_ratio * self.t_ar_ms / 1e3
@@ -50,17 +57,42 @@ class WhatIf:
                      overhead_ms=1e3 * (m.t_rv_ee + m.t_rv_fv), tau=m.tau, ff=m.ff)
         return cls(**{k: round(v, 3) for k, v in knobs.items()}, gamma=gamma)  # a readable slider value
 
+    @classmethod
+    def from_load(cls, info) -> WhatIf | None:
+        """The knobs from what the loaded pair's load timed on this machine (engine.PairInfo: the lanes'
+        calibrations, the target's forward by rows) at the γ, κ, ℓ_e it would run, with τ and FF from the draft's
+        profile (measured on held-out answers when it was trained) as choose_spec models them; the readout and
+        messages are not timed at load (0). None where the load timed too little (no draft, a forced dtype)."""
+        target, draft = info.target_dtype, info.draft_dtype
+        profile = load_profile(local_folder(info.draft)) if info.draft else None
+        if target is None or draft is None or profile is None:
+            return None
+        spec = info.resolve(SpecConfig())
+        t_ar, d_step = target.ms(target.sequence, "step"), draft.ms(draft.sequence, "step")
+        window, d_rows = target.ms(target.sequence, "window"), draft.ms(draft.rows, "rows")
+        if None in (t_ar, d_step, window, d_rows):
+            return None
+        roof = info.roofline
+        steps = roof.window_steps(spec.gamma + 1) if roof is not None else None
+        rows = DEFAULT_GAMMA + 1  # the shapes runners/calibrate.py times: a window at the default γ, a branch batch
+        costs = StepCosts(t_ar, window, rows, spec.exit_layer / info.num_layers, d_step, d_rows, DEFAULT_KAPPA * rows,
+                          DEFAULT_GAMMA)  # at the default κ, γ (the engine's choose_spec reads them alike)
+        branch = costs.branch(spec.kappa * (spec.gamma + 1), spec.gamma)
+        knobs = dict(t_ar_ms=t_ar, verify_ratio=steps or costs.verify(spec.gamma) / t_ar,
+                     suffix_share=1 - spec.exit_layer / info.num_layers, draft_ms=d_step,
+                     branch_factor=branch / (spec.gamma * d_step), overhead_ms=0.0, tau=profile.tau(spec.gamma),
+                     ff=1 - profile.hit_rate(spec.kappa))
+        return cls(**{k: round(v, 3) for k, v in knobs.items()}, gamma=spec.gamma)
+
     def values(self) -> list:
         return [getattr(self, f.name) for f in fields(self)]
 
 
 KNOBS = tuple(f.name for f in fields(WhatIf))
 
-# Starting points: this project's CPU (the shipped pair's bench medians, docs/BENCHMARKS.md) and the paper's
-# illustrative accelerator numbers (docs/ALGORITHM.md §4: T_target 40 ms = 20 + 20, T_branch 15, T_rv 0.5,
-# T_fresh 10, FF 0.3, E[A_t] = 4, T_AR 30).
-PRESETS = {"Two CPU cores (the shipped pair, measured)": WhatIf(),
-           "Accelerators (the paper's illustrative numbers)": WhatIf(30.0, 40 / 30, 0.5, 10 / 7, 1.5, 0.5, 5.0, 0.3, 7)}
+# The paper's illustrative accelerator numbers (docs/ALGORITHM.md §4: T_target 40 ms = 20 + 20, T_branch 15,
+# T_rv 0.5, T_fresh 10, FF 0.3, E[A_t] = 4, T_AR 30): illustrative, not measured anywhere.
+ACCELERATOR = WhatIf(30.0, 40 / 30, 0.5, 10 / 7, 1.5, 0.5, 5.0, 0.3, 7)
 
 
 def prediction(w: WhatIf) -> dict[str, float]:
