@@ -257,3 +257,26 @@ def test_the_what_if_reproduces_the_latency_model_and_moves_with_its_knobs():
     assert back.expected_step == pytest.approx(m.expected_step, rel=1e-3) and back.t_sd == pytest.approx(m.t_sd, rel=1e-3)
     page = whatif_html(cpu)
     assert "modelled" in page and "Table 1 means" in page and page.count("mirror-bar") == 3
+
+
+def test_the_player_replays_a_step_accelerator_shaped_and_says_it_is_modelled():
+    from mirror_core.latency import ar_step_time
+    from ui.example import load_example
+    from ui.learn import MEASURED, SHAPED, step_views
+    from ui.retime import accelerator_shaped
+
+    example = load_example()
+    mirror, ar = example.runs["mirror"], example.runs["ar"]
+    shaped, t_ar = accelerator_shaped(mirror, ar), ar_step_time(ar.spans)
+    for rec in mirror.steps:
+        spans = {s.stage: s for s in shaped.spans if s.step == rec.step}
+        verify = sum(spans[st].t1 - spans[st].t0 for st in ("target_prefix", "exit_readout", "target_suffix"))
+        assert verify == pytest.approx(t_ar)  # one AR step, as on an accelerator
+        if "draft_branches" in spans:  # branches were rolled out (the run's last step may end first): from M_t on
+            assert spans["draft_branches"].t0 == pytest.approx(spans["exit_readout"].t1)
+            assert (rec.hit is False) == ("draft_rollout" in spans)  # a miss rolls out afresh, after the branches
+    assert accelerator_shaped(mirror, None) is None  # no AR run, no T_AR to scale to
+    measured, tree = step_views(Session(), 2, 6, MEASURED)
+    modelled, same_tree = step_views(Session(), 2, 6, SHAPED)
+    assert "Accelerator-shaped, modelled" in modelled and "Not a measurement" in modelled and tree == same_tree
+    assert "re-timed (modelled)" in modelled and "as measured" in measured and "modelled" not in measured.split("Step 2")[1]

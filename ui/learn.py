@@ -18,12 +18,14 @@ from dataclasses import dataclass
 import gradio as gr
 
 from mirror_core import MirrorError, SpecConfig
+from mirror_core.latency import ar_step_time
 
 from .curve import curve_html
 from .example import Example, load_example, shown_runs
 from .experiments import EXPERIMENTS, NEW_TOKENS, plot_html, refusal, run_experiment, sweep_verdict
 from .glossary import GLOSSARY
 from .player import player_html
+from .retime import accelerator_shaped
 from .roofline import roofline_view
 from .session import Session
 from .starts import STARTS, THIS_MACHINE, start
@@ -48,6 +50,7 @@ SLIDERS = (
 assert tuple(s[0] for s in SLIDERS) == KNOBS
 PHASES = 6  # ui/player.py: window in, layers 1..ℓ_e, early exit → M_t, suffix ∥ branches, acceptance, hit or miss
 SPEEDS = {"0.5 s": 0.5, "1 s": 1.0, "2 s": 2.0, "4 s": 4.0}  # wall time per phase when playing
+MEASURED, SHAPED = "as measured", "accelerator-shaped (modelled)"  # the player's timelines (ui/retime.py)
 
 
 @dataclass(frozen=True)
@@ -75,11 +78,23 @@ def source_line(example: Example | None) -> str:
     return f"<p class='mirror-def' id='mirror-learn-source'>{text}</p>"
 
 
-def step_views(session: Session, s, k) -> tuple[str, str]:
-    """(player HTML, tree HTML) of step s at phase k: the visitor's last Mirror-SD run, else the recorded example."""
+def step_views(session: Session, s, k, timeline: str = MEASURED) -> tuple[str, str]:
+    """(player HTML, tree HTML) of step s at phase k: the visitor's last Mirror-SD run, else the recorded example;
+    its timeline as measured, or accelerator-shaped (ui/retime.py: modelled)."""
     runs, example = shown_runs(session)
     run = runs.get("mirror")
-    return source_line(example) + player_html(run, s, int(k) - 1, runs.get("sd")), tree_html(run, s)
+    if timeline != SHAPED or run is None:
+        return source_line(example) + player_html(run, s, int(k) - 1, runs.get("sd")), tree_html(run, s)
+    shaped = accelerator_shaped(run, runs.get("ar"))
+    if shaped is None:
+        note = "<p class='mirror-def'><i>The accelerator-shaped timeline needs an AR run beside it (for T_AR).</i></p>"
+        return source_line(example) + note + player_html(run, s, int(k) - 1, runs.get("sd")), tree_html(run, s)
+    t_ar = 1e3 * ar_step_time(runs["ar"].spans)
+    note = (f"<p class='mirror-def' id='mirror-player-shaped'><b>Accelerator-shaped, modelled</b>: this run's spans "
+            f"with each verification pass scaled to one AR step ({t_ar:.1f} ms, as where a window of γ+1 rows costs "
+            "one read of the weights) and laid out as the latency model lays a step; every other span as measured. "
+            "Not a measurement.</p>")
+    return source_line(example) + note + player_html(shaped, s, int(k) - 1, None, modelled=True), tree_html(run, s)
 
 
 def _first_step() -> int | None:
@@ -95,7 +110,9 @@ def _step(state: gr.State) -> StepPlayer:
                 "early exit sends its candidates, the draft lane rolls out a branch per candidate while the target "
                 "finishes its layers, acceptance decides, and a hit reuses a branch. Below, the same step's branch "
                 "tree: each slot's candidates as roots with the branch rolled out for each; the highlighted root is "
-                "the correction on a hit, and its branch (cyan) became the next window.")
+                "the correction on a hit, and its branch (cyan) became the next window. **Timeline**: as measured, or "
+                "accelerator-shaped (*modelled*: each verification scaled to one AR step, as where a window costs one "
+                "read of the weights, the rest as measured).")
     with gr.Row():
         # no minimum: an empty or out-of-range step gets a line in the player (session.pick_step), not an error badge
         step = gr.Number(value=_first_step(), label="Step", precision=0, elem_id="mirror-tree-step", min_width=120)
@@ -109,38 +126,42 @@ def _step(state: gr.State) -> StepPlayer:
         play = gr.Button("Play", elem_id="mirror-player-play")
         pause = gr.Button("Pause", elem_id="mirror-player-pause")
         speed = gr.Radio(list(SPEEDS), value="1 s", label="Per phase", elem_id="mirror-player-speed", min_width=200)
+        timeline = gr.Radio([MEASURED, SHAPED], value=MEASURED, label="Timeline", elem_id="mirror-player-timeline",
+                            min_width=200)
     timer = gr.Timer(SPEEDS["1 s"], active=False)
     first_player, first_tree = step_views(Session(), _first_step(), 1)  # the recorded example (read once)
     player = gr.HTML(first_player, elem_id="mirror-player")
     tree = gr.HTML(first_tree, elem_id="mirror-tree")
 
     def pick(which: int):
-        def handler(session: Session):
+        def handler(session: Session, shape=MEASURED):
             runs, _ = shown_runs(session)
             found = first_steps(runs.get("mirror"))[which]
             if found is None:  # a hint where the player is, not an error badge
                 kind = "hit" if which == 0 else "miss"
                 return (gr.skip(), gr.skip(), f"<p class='mirror-def' id='mirror-learn-source'><i>This run has no "
                         f"{kind}: pick a step by number and press Show.</i></p>", gr.skip())
-            return (found, 1) + step_views(session, found, 1)
+            return (found, 1) + step_views(session, found, 1, shape)
         return handler
 
-    def tick(session: Session, s, k):
+    def tick(session: Session, s, k, shape=MEASURED):
         k = min(int(k) + 1, PHASES)
-        return (k,) + step_views(session, s, k) + (gr.Timer(active=k < PHASES),)
+        return (k,) + step_views(session, s, k, shape) + (gr.Timer(active=k < PHASES),)
 
-    hit.click(pick(0), state, [step, phase, player, tree], api_name="tree_first_hit", queue=False)
-    miss.click(pick(1), state, [step, phase, player, tree], api_name="tree_first_miss", queue=False)
-    show.click(step_views, [state, step, phase], [player, tree], api_name="tree", queue=False)
-    phase.release(step_views, [state, step, phase], [player, tree], api_name=False, queue=False)
-    back.click(lambda session, s, k: (max(int(k) - 1, 1),) + step_views(session, s, max(int(k) - 1, 1)),
-               [state, step, phase], [phase, player, tree], api_name=False, queue=False)
-    forward.click(tick, [state, step, phase], [phase, player, tree, timer], api_name="player_next", queue=False)
+    at = [state, step, phase, timeline]
+    hit.click(pick(0), [state, timeline], [step, phase, player, tree], api_name="tree_first_hit", queue=False)
+    miss.click(pick(1), [state, timeline], [step, phase, player, tree], api_name="tree_first_miss", queue=False)
+    show.click(step_views, at, [player, tree], api_name="tree", queue=False)
+    phase.release(step_views, at, [player, tree], api_name=False, queue=False)
+    timeline.change(step_views, at, [player, tree], api_name=False, queue=False)
+    back.click(lambda session, s, k, shape: (max(int(k) - 1, 1),) + step_views(session, s, max(int(k) - 1, 1), shape),
+               at, [phase, player, tree], api_name=False, queue=False)
+    forward.click(tick, at, [phase, player, tree, timer], api_name="player_next", queue=False)
     play.click(lambda k, v: (1 if int(k) >= PHASES else k, gr.Timer(SPEEDS[v], active=True)), [phase, speed],
                [phase, timer], api_name=False, queue=False)
     pause.click(lambda: gr.Timer(active=False), None, timer, api_name=False, queue=False)
     speed.change(lambda v: gr.Timer(SPEEDS[v]), speed, timer, api_name=False, queue=False)
-    timer.tick(tick, [state, step, phase], [phase, player, tree, timer], api_name=False, queue=False)
+    timer.tick(tick, at, [phase, player, tree, timer], api_name=False, queue=False)
     return StepPlayer(step, phase, player, tree, step_views)
 
 

@@ -97,7 +97,8 @@ def phases(run: DecoderRun, rec: StepRecord) -> tuple[list[Phase], list[SpanEven
     return out, spans
 
 
-def sd_beside(run: DecoderRun, rec: StepRecord, spans: list[SpanEvent], sd: DecoderRun | None) -> str:
+def sd_beside(run: DecoderRun, rec: StepRecord, spans: list[SpanEvent], sd: DecoderRun | None,
+              modelled: bool = False) -> str:
     """The same step's time under vanilla SD, from measured spans: SD verifies without an early exit, then drafts
     its next window serially (medians of the SD run's spans when one ran, else of this run's fresh rollouts)."""
     mirror_ms = (max(s.t1 for s in spans) - spans[0].t0) * 1e3
@@ -109,18 +110,22 @@ def sd_beside(run: DecoderRun, rec: StepRecord, spans: list[SpanEvent], sd: Deco
     if draft is None:
         return ("<p class='mirror-def'>Vanilla SD beside it: run SD too (or a Mirror-SD run with a miss) to have a "
                 "measured serial rollout to compare with.</p>")
-    source = "the SD run's median spans" if pool is not run.spans else "this run's verification and fresh rollouts"
+    source = ("the SD run's median spans" if pool is not run.spans else "this run's verification and fresh rollouts"
+              + (", re-timed: modelled" if modelled else ""))
     verify, draft = verify * 1e3, draft * 1e3
+    how = "re-timed (modelled)" if modelled else "as measured"
     sd_ms = verify + draft
     scale = 300 / max(sd_ms, mirror_ms)
     bar = lambda ms, colour: f"<span class='mirror-bar' style='display:inline-block;width:{ms * scale:.0f}px;background:{colour}'></span>"  # noqa: E731
     return (f"<p><b>Vanilla SD on the same step</b> ({source}): verify {verify:.1f} ms, then draft the next "
             f"{rec.drafted} tokens serially, {draft:.1f} ms: {sd_ms:.1f} ms "
-            f"{bar(sd_ms, DECODER_COLORS['sd'])}<br>Mirror-SD, this step as measured: {mirror_ms:.1f} ms "
+            f"{bar(sd_ms, DECODER_COLORS['sd'])}<br>Mirror-SD, this step {how}: {mirror_ms:.1f} ms "
             f"{bar(mirror_ms, DECODER_COLORS['mirror'])} (its draft works during the target's last layers).</p>")
 
 
-def player_html(run: DecoderRun | None, step, phase, sd: DecoderRun | None = None) -> str:
+def player_html(run: DecoderRun | None, step, phase, sd: DecoderRun | None = None, modelled: bool = False) -> str:
+    """The step's phases on its time axis, the stages' legend, the phase's sentence and vanilla SD beside it;
+    `modelled`: the run's spans are re-timed (ui/retime.py), and the comparison says so."""
     if run is None or run.decoder != "mirror" or not run.steps:
         return "<p><i>Run Mirror-SD on the Run tab, then pick a step to play.</i></p>"
     rec = pick_step(run, step, run.steps[0].step)
@@ -157,7 +162,7 @@ def player_html(run: DecoderRun | None, step, phase, sd: DecoderRun | None = Non
     trail = " → ".join(f"<b>{html.escape(p.title)}</b>" if i == k else html.escape(p.title)
                        for i, p in enumerate(steps))
     return (f"<p class='mirror-def'>Step {rec.step}, phase {k + 1} of {len(steps)}: {trail}</p>{svg}"
-            + legend(spans) + f"<p id='mirror-player-text'>{current.text}</p>" + sd_beside(run, rec, spans, sd))
+            + legend(spans) + f"<p id='mirror-player-text'>{current.text}</p>" + sd_beside(run, rec, spans, sd, modelled))
 
 
 def legend(spans: list[SpanEvent]) -> str:
