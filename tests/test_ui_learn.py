@@ -280,3 +280,10 @@ def test_the_player_replays_a_step_accelerator_shaped_and_says_it_is_modelled():
     modelled, same_tree = step_views(Session(), 2, 6, SHAPED)
     assert "Accelerator-shaped, modelled" in modelled and "Not a measurement" in modelled and tree == same_tree
     assert "re-timed (modelled)" in modelled and "as measured" in measured and "modelled" not in measured.split("Step 2")[1]
+
+
+def test_the_learn_tabs_new_terms_have_a_line_in_the_glossary():
+    from ui.glossary import GLOSSARY
+
+    assert {"verify cost", "break-even verify cost", "you are here", "recorded example", "accelerator-shaped timeline",
+            "load-time timings"} <= {term for term, _ in GLOSSARY}

@@ -58,4 +58,16 @@ GLOSSARY = (
                       "least the arithmetic of that many rows can cost (rising with rows)."),
     ("ridge", "The number of rows where the compute limit meets the memory limit: below it an extra row is nearly "
               "free, past it each row costs its arithmetic."),
+    ("verify cost", "What verifying a window of γ+1 tokens costs, in one-token AR steps: the speedup curve's x axis and "
+                    "the what-if's *Verify γ+1 tokens / one step* knob (≈ 1 on an accelerator, more on a CPU)."),
+    ("break-even verify cost", "The verify cost up to which the latency model puts Mirror-SD at or above 1× AR at the "
+                               "knobs' other values (modelled)."),
+    ("you are here", "The speedup curve's point at the what-if's knobs: this machine's run or load, or the start chosen."),
+    ("recorded example", "A real run of AR, vanilla SD and Mirror-SD on the default pair, shipped in "
+                         "assets/learn_example/ so the Learn tab works before any run; its times are the recording "
+                         "machine's, named on the page."),
+    ("accelerator-shaped timeline", "A run's steps re-timed by the latency model with each verification scaled to one "
+                                    "AR step, every other span as measured: modelled, not measured."),
+    ("load-time timings", "The target's and draft's forwards timed when the pair loaded on this machine (step, "
+                          "window, branch rows, forward by rows): what the what-if starts from before any run."),
 )
