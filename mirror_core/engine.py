@@ -170,6 +170,13 @@ class MirrorEngine:
                                                           info.default_exit_layer() / info.num_layers))
         return cls(loaded.runner, lane, info, pair.tokenizer, loaded.eos_ids)
 
+    @staticmethod
+    def check_pair(target: str, draft: str | None, lanes: LaneConfig | None = None,
+                   trust_remote_code: bool = False) -> None:
+        """load's first checks alone (both configs and tokenizers found, supported and fitting together; no
+        weights, no lanes): MirrorError when the pair cannot load, so a caller can keep the pair it has until then."""
+        _read_pair(target, draft, lanes or LaneConfig(), trust_remote_code)
+
     # -- requests --------------------------------------------------------------------------
     def validate(self, request: Request) -> Request:
         """Check a request against the loaded pair; returns it with what it left out decided by the pair
@@ -293,14 +300,14 @@ class _LoadedTarget:
         return self.model.config
 
 
+WHOLE_MACHINE_PAIRS = 4  # the lane's and the whole machine's step, timed alternately this many times at load
+
+
 @dataclass(frozen=True)
 class _TargetTiming:
     dtype: Calibration           # the target lane's dtype and its timings
     rows: RowCheck               # its call-shape check and row plan
     whole: WholeMachine | None   # its step on the lane's cores and on every core (None: the lane has them all)
-
-
-WHOLE_MACHINE_PAIRS = 4  # the lane's and the whole machine's step, timed alternately this many times at load
 
 
 def _plan_lanes(lanes: LaneConfig | None) -> LaneConfig:

@@ -25,14 +25,15 @@ def test_app_defaults_bind_localhost_without_share_or_remote_code(monkeypatch):
 def test_trust_remote_code_is_passed_on_and_the_page_warns(tmp_path):
     calls = []
     loader = EngineLoader(INLINE, load=lambda *a, **k: calls.append((a, k)) or _Fake(), warmup=False,
-                          policy=ModelPolicy(trust_remote_code=True))
+                          policy=ModelPolicy(trust_remote_code=True), check=None)
     loader.get("org/model", None)
     assert calls[0][1] == {"trust_remote_code": True}
     page = _texts(build_demo(loader, default_presets(str(tmp_path)), []))
     assert any("trust_remote_code is ON" in t for t in page)
     quiet = _texts(build_demo(EngineLoader(INLINE), default_presets(str(tmp_path)), []))
     assert not any("trust_remote_code is ON" in t for t in quiet)
-    EngineLoader(INLINE, load=lambda *a, **k: calls.append((a, k)) or _Fake(), warmup=False).get("org/model", None)
+    EngineLoader(INLINE, load=lambda *a, **k: calls.append((a, k)) or _Fake(), warmup=False,
+                 check=None).get("org/model", None)
     assert calls[1][1] == {}  # MirrorEngine.load's default: trust_remote_code=False
 
 

@@ -186,7 +186,7 @@ def test_loader_caches_one_engine_per_pair_and_closes_on_switch(tmp_path):
         made.append(FakeEngine((target, draft)))
         return made[-1]
 
-    loader = EngineLoader(LANES, load=load, warmup=False)
+    loader = EngineLoader(LANES, load=load, warmup=False, check=None)
     a = loader.get("t", "d")
     assert loader.get("t", "d") is a and len(made) == 1
     b = loader.get("t", "d2")

@@ -96,19 +96,26 @@ class EngineLoader:
     """
 
     def __init__(self, lanes: LaneConfig, load: Callable[..., MirrorEngine] = MirrorEngine.load, warmup: bool = True,
-                 policy: ModelPolicy = ModelPolicy()):
-        self.lanes, self._load, self.warmup, self.policy = lanes, load, warmup, policy
+                 policy: ModelPolicy = ModelPolicy(), check: Callable[..., None] | None = MirrorEngine.check_pair):
+        """`check(target, draft, lanes, trust_remote_code)`: the pair's files checked before the loaded pair is
+        closed for it (None: no such check, for loads that are not MirrorEngine.load's)."""
+        self.lanes, self._load, self.warmup, self.policy, self._check = lanes, load, warmup, policy, check
         self._key: tuple | None = None
         self._engine: MirrorEngine | None = None
         self._lock = threading.Lock()
+        self._seen: set[tuple] = set()  # every pair loaded before (a reload is not a first use)
 
     def get(self, target: str, draft: str | None) -> MirrorEngine:
+        """The pair's engine, loaded now unless it is the loaded one. A pair that cannot load (refused by the
+        policy, a typo, a model not found offline) fails before the loaded pair is closed: that one stays."""
         key = (target, draft, self.lanes)
         with self._lock:
             if key != self._key:
                 for source in (target, draft):
                     if source is not None:
-                        self.policy.check(source)  # before the current pair is closed
+                        self.policy.check(source)
+                if self._check is not None:
+                    self._check(target, draft, self.lanes, self.policy.trust_remote_code)
                 self._close_current()
                 engine = (self._load(target, draft, self.lanes, trust_remote_code=True) if self.policy.trust_remote_code
                           else self._load(target, draft, self.lanes))
@@ -119,6 +126,7 @@ class EngineLoader:
                     engine.close()
                     raise
                 self._engine, self._key = engine, key
+                self._seen.add(key)
             return self._engine
 
     def loaded(self) -> tuple[str, str | None] | None:
@@ -131,6 +139,10 @@ class EngineLoader:
         engine = self._engine
         return None if engine is None else engine.info
 
+    def loaded_before(self, target: str, draft: str | None) -> bool:
+        """Whether this pair was loaded once already (and closed since for another)."""
+        return (target, draft, self.lanes) in self._seen
+
     def close(self) -> None:
         with self._lock:
             self._close_current()
@@ -139,6 +151,30 @@ class EngineLoader:
         engine, self._engine, self._key = self._engine, None, None
         if engine is not None:
             engine.close()
+
+
+def load_or_stop(loader: EngineLoader, target: str, draft: str | None, stop: threading.Event,
+                 poll_s: float = 0.1) -> MirrorEngine | None:
+    """loader.get in a thread of its own, so that Stop ends the wait at once: None when `stop` is set before the
+    load ends (the load goes on in the background, and its engine is kept as the loaded pair); the load's error
+    otherwise."""
+    done: list = []
+
+    def work() -> None:
+        try:
+            done.append(loader.get(target, draft))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
+            done.append(exc)
+
+    worker = threading.Thread(target=work, name="mirror-load", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(poll_s)
+        if stop.is_set() and worker.is_alive():
+            return None
+    if isinstance(done[0], BaseException):
+        raise done[0]
+    return done[0]
 
 
 def _warm_up(engine: MirrorEngine) -> None:

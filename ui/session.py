@@ -128,6 +128,7 @@ class Session:
         self.stop = threading.Event()
         self.replay_stop = threading.Event()
         self.skipped = False                 # Stop came between two decoders: the rest did not run
+        self.load_stopped = False            # Stop came while the comparison's pair was loading
         self.idle = threading.Event()
         self.idle.set()
         self.runs: dict[str, DecoderRun] = {}   # the latest run of each decoder (what the page shows)
@@ -162,7 +163,7 @@ class Session:
         """A comparison starts (busy, a fresh stop flag); the previous one stays shown until clear_results."""
         self.stop = threading.Event()
         self.idle.clear()
-        self.error, self.skipped = None, False
+        self.error, self.skipped, self.load_stopped = None, False, False
         self.generation += 1
         return self.generation
 

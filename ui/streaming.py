@@ -17,7 +17,9 @@ from mirror_core import MirrorError, RunEnd, StepRecord, TokenEvent
 from mirror_core.events import write_trace
 
 from . import plots
+from .loader import load_or_stop
 from .numbers import speedup
+from .render import shown_path
 from .session import Session, TokenNamer, plain_text
 from .settings import DECODER_TITLES, ComparisonSettings
 
@@ -53,6 +55,10 @@ class Throttle:
         return False
 
 
+class _LoadStopped(Exception):
+    """Stop was pressed while the comparison's pair was loading."""
+
+
 def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
                    clock: Callable[[], float] = time.monotonic, every_s: float = 0.25,
                    settle_s: float = PAGE_SETTLE_S) -> Iterator[Tick]:
@@ -67,10 +73,11 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
     generation = session.begin_comparison()
     try:
         pair = (settings.target, settings.draft)
-        session.status = (f"Loading `{settings.target}` + `{settings.draft or 'no draft'}` (first use of this pair; "
-                          "Stop takes effect once it has loaded) …" if loader.loaded() != pair else "Starting …")
+        session.status = load_status(loader, settings) if loader.loaded() != pair else "Starting …"
         yield Tick(STATUS, session.status)
-        engine = loader.get(settings.target, settings.draft)
+        engine = load_or_stop(loader, settings.target, settings.draft, session.stop)
+        if engine is None:  # Stop during the load: the page is free at once (the load ends in the background)
+            raise _LoadStopped
         requests = [engine.validate(r)  # every setting checked (and what it left out decided) before anything runs
                     for r in settings.requests(engine.encode(settings.prompt, chat=not settings.raw_prompt))]
         session.clear_results()
@@ -93,6 +100,9 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
         for d, run in session.runs.items():  # the race legend names each run with its speedup over AR
             session.feed.add(plots.end_line(d, speedup(session.runs.get("ar"), run)))
         session.status = final_status(session)
+    except _LoadStopped:
+        session.load_stopped = True
+        session.status = final_status(session)
     except MirrorError as exc:
         session.error = str(exc)
         session.status = f"**Error:** {exc}"
@@ -102,6 +112,14 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
     finally:
         finish(session, generation)
     yield Tick(DONE, session.status)
+
+
+def load_status(loader, settings: ComparisonSettings) -> str:
+    """The status line while a pair loads: a first use, or a reload of a pair another one replaced."""
+    again = loader.loaded_before(settings.target, settings.draft)
+    why = "loaded before, then replaced by another pair: loading it again" if again else "first use of this pair"
+    return (f"Loading `{shown_path(settings.target)}` + `{shown_path(settings.draft) or 'no draft'}` ({why}; Stop ends "
+            "the wait) …")
 
 
 def _run_decoder(engine, session: Session, request, namer: TokenNamer, throttle: Throttle,
@@ -152,6 +170,10 @@ def finish(session: Session, generation: int) -> None:
 def final_status(session: Session) -> str:
     if session.error:
         return f"**Error:** {session.error}"
+    if session.load_stopped:
+        shown = " The results below are the previous comparison's." if session.runs else ""
+        return ("**Stopped** while the pair was loading: it goes on loading in the background and is kept for the "
+                f"next Run.{shown}")
     names = [DECODER_TITLES[d] for d in session.runs]
     repeats = len(session.history) // max(len(session.runs), 1)
     if session.stopped:

@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import os
+import socket
+import threading
+import time
 from dataclasses import dataclass, replace
+from urllib.parse import urlparse
 
 import torch
 
@@ -10,6 +14,10 @@ from .. import machine
 from ..config import MirrorError
 from .architectures import SUPPORTED_MODEL_TYPES, layout
 from .prepared import REGISTRY, resolve_source
+
+HUB_PROBE_S = 1.5   # how long loading a hub id waits to learn that the hub cannot be reached
+HUB_MEMO_S = 60.0   # a probe's answer is reused this long (a pair's config, tokenizer and weights: one probe)
+_probes: dict[str, tuple[float, bool]] = {}  # hub host → (when probed, reachable)
 
 
 @dataclass(frozen=True)
@@ -31,7 +39,10 @@ def load_config(spec: ModelSpec, draft: bool = False):
     if _looks_like_path(spec.source) and not os.path.isdir(spec.source):
         raise MirrorError(f"model folder {spec.source!r} does not exist")
     try:
-        config = AutoConfig.from_pretrained(spec.source, trust_remote_code=spec.trust_remote_code)
+        config = AutoConfig.from_pretrained(spec.source, trust_remote_code=spec.trust_remote_code,
+                                            **hub_access(spec.source))
+    except MirrorError:
+        raise
     except Exception as exc:  # OSError, ValueError, hub errors: all mean "not a loadable model here"
         raise MirrorError(f"cannot load model {spec.source!r}: {_first_line(exc)}") from None
     if getattr(config, "model_type", None) not in supported:
@@ -59,7 +70,9 @@ def load_model(spec: ModelSpec, draft: bool = False, spread: tuple[str, ...] = (
     placement = {"device_map": device_map_for(config, spread)} if spread else {}
     try:  # safetensors only: pickled .bin weights can run code when loaded
         model = AutoModelForCausalLM.from_pretrained(spec.source, dtype=dtype, trust_remote_code=spec.trust_remote_code,
-                                                     use_safetensors=True, **placement)
+                                                     use_safetensors=True, **placement, **hub_access(spec.source))
+    except MirrorError:
+        raise
     except Exception as exc:
         raise MirrorError(f"{spec.source!r} is not a loadable causal LM (safetensors weights are required): "
                           f"{_first_line(exc)}") from None
@@ -121,9 +134,55 @@ def load_tokenizer(source: str):
     if os.path.isdir(source) and not any(os.path.exists(os.path.join(source, f)) for f in _TOKENIZER_FILES):
         return None  # transformers would build an empty tokenizer from the config alone
     try:
-        return AutoTokenizer.from_pretrained(source)
+        return AutoTokenizer.from_pretrained(source, **hub_access(source))
     except Exception:
         return None
+
+
+def hub_access(source: str) -> dict:
+    """from_pretrained's keywords for `source`: {} for a folder, or a hub id the hub can serve; local_files_only for
+    a hub id in the local Hugging Face cache while the hub cannot be reached; and for one that is in neither, a
+    MirrorError at once (within HUB_PROBE_S), where the hub client would retry five times (about 30 s)."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if os.path.isdir(source) or _looks_like_path(source):
+        return {}
+    try:
+        cached = isinstance(try_to_load_from_cache(source, "config.json"), str)
+    except Exception:  # not a valid hub id: transformers says why, without the network
+        return {}
+    offline = constants.is_offline_mode()
+    if not offline and hub_reachable(constants.ENDPOINT):
+        return {}
+    if cached:
+        return {"local_files_only": True}
+    why = "HF_HUB_OFFLINE is set" if offline else f"{constants.ENDPOINT} cannot be reached"
+    raise MirrorError(f"model {source!r} not found offline: it is not a local folder, not in the local Hugging Face "
+                      f"cache, and {why}")
+
+
+def hub_reachable(endpoint: str, timeout_s: float = HUB_PROBE_S) -> bool:
+    """Whether a TCP connection to the hub's host opens within timeout_s (name lookup included: it runs in a
+    thread, since a resolver can block longer than any socket timeout). Remembered for HUB_MEMO_S."""
+    url = urlparse(endpoint)
+    host, port = url.hostname or "", url.port or (80 if url.scheme == "http" else 443)
+    seen = _probes.get(host)
+    if seen is not None and time.monotonic() - seen[0] < HUB_MEMO_S:
+        return seen[1]
+    answer: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+            answer.append(True)
+        except OSError:
+            answer.append(False)
+
+    worker = threading.Thread(target=probe, name="mirror-hub-probe", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    _probes[host] = (time.monotonic(), bool(answer and answer[0]))
+    return _probes[host][1]
 
 
 def encode_text(tokenizer, text: str, chat: bool = True) -> tuple[int, ...]:

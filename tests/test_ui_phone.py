@@ -1,0 +1,122 @@
+"""The page in headless chromium at a phone's size (390×844) and through a resize, and a failed load from the page:
+Run and the verdict reachable without sideways scrolling, the tour button off the title, the plots redrawn within a
+second of a resize, an unknown model id failing at once with the loaded pair kept.
+
+Skipped when chromium is not installed (CI installs it: .ci/run)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+import time
+
+import pytest
+
+from testing.browser import CHROMIUM, Chromium, open_page, press_run, wait_for
+from testing.net import free_port
+from testing.reliability import close_demo
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")]
+
+PHONE = (390, 844)
+RESIZE_BOUND_S = 1.0  # a resize redraws the plots within this
+BOXES_JS = """JSON.stringify({scroll: document.documentElement.scrollWidth, width: document.documentElement.clientWidth,
+  boxes: Object.fromEntries(%s.map(sel => { const e = document.querySelector(sel); if (!e) return [sel, null];
+    const b = e.getBoundingClientRect(); return [sel, [b.left, b.top + window.scrollY, b.right, b.bottom + window.scrollY]]; }))})"""
+PLOTS_JS = """JSON.stringify(["race", "steps", "gantt", "accept"].map(n => {
+  const c = document.querySelector(".mirror-plot-" + n + " canvas"); return c ? c.width : 0; })
+  .concat([document.querySelector(".mirror-plot-gantt")?.dataset.painted | 0]))"""
+
+
+@contextlib.contextmanager
+def served(pair, load: bool = True):
+    from mirror_core import LaneConfig
+    from ui import LAUNCH, EngineLoader, build_demo, default_presets
+
+    loader = EngineLoader(LaneConfig(kind="inline", target_threads=1, draft_threads=1, dtype="float32"))
+    demo = build_demo(loader, default_presets("/nonexistent", *pair), ["1, 2, 3"])
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **LAUNCH)
+    browser = Chromium(CHROMIUM, tempfile.mkdtemp(prefix="mirror-chromium-"))
+    try:
+        if load:
+            loader.get(*pair)  # loaded before the browser starts: the runs themselves are short
+        yield loader, url, browser
+    finally:
+        browser.close()
+        close_demo(demo)
+        loader.close()
+
+
+def _size(browser: Chromium, width: int, height: int) -> None:
+    browser.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1,
+                                                        "mobile": width < 600})
+
+
+def _boxes(browser: Chromium, *selectors: str) -> dict:
+    return json.loads(browser.evaluate(BOXES_JS % json.dumps(list(selectors))))
+
+
+@pytest.fixture(scope="module")
+def pair(pair_root):
+    from testing.toy_models import build_pair
+
+    return build_pair(pair_root, "llama")
+
+
+def test_a_phone_reaches_run_and_the_verdict_without_sideways_scrolling(pair):
+    with served(pair) as (_, url, browser):
+        open_page(browser, url)
+        _size(browser, *PHONE)
+        time.sleep(1.0)  # the page re-lays itself out at the phone's width
+        browser.evaluate("window.scrollTo(0, 0)")
+        first = _boxes(browser, "#mirror-run", "h1", "#mirror-tour-open")
+        run, title, tour = (first["boxes"][k] for k in ("#mirror-run", "h1", "#mirror-tour-open"))
+        assert run[3] <= PHONE[1], f"Run is below the first phone screen: {run}"
+        assert tour[1] >= title[3] or tour[0] >= title[2], f"the tour button covers the title: {tour} vs {title}"
+        press_run(browser)
+        wait_for(browser, lambda s: "Done" in s["status"] and s["tokens"] > 0, 120)
+        done = _boxes(browser, "#mirror-run", "#mirror-verdict", ".mirror-table")
+        assert done["scroll"] <= done["width"], f"the page scrolls sideways: {done}"
+        verdict = done["boxes"]["#mirror-verdict"]
+        assert verdict is not None and verdict[2] <= PHONE[0], verdict
+
+
+def test_a_resize_redraws_the_plots_within_a_second(pair):
+    with served(pair) as (_, url, browser):
+        open_page(browser, url)
+        press_run(browser)
+        wait_for(browser, lambda s: "Done" in s["status"] and all(s["plots"]) and s["tokens"] > 0, 120)
+        time.sleep(1.0)
+        painted = json.loads(browser.evaluate(PLOTS_JS))[-1]
+        for width in (900, 1280):
+            _size(browser, width, 800)
+            t0 = time.monotonic()
+            while True:
+                now = json.loads(browser.evaluate(PLOTS_JS))
+                if now[-1] >= painted and all(now[:4]) and len(set(now[:4])) == 1:
+                    break
+                assert time.monotonic() - t0 <= RESIZE_BOUND_S, f"plots not redrawn {RESIZE_BOUND_S} s after a resize"
+                time.sleep(0.05)
+
+
+def test_an_unknown_model_id_fails_at_once_on_the_page_and_keeps_the_pair(pair, monkeypatch):
+    from huggingface_hub import constants
+
+    from mirror_core.models import loading
+
+    monkeypatch.setattr(constants, "ENDPOINT", "https://127.0.0.1:9")  # a hub that refuses connections
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(loading, "_probes", {})
+    with served(pair) as (loader, url, browser):
+        open_page(browser, url)
+        browser.evaluate("""(() => { const box = document.querySelector("#mirror-target textarea, #mirror-target input");
+          box.value = "someone/no-such-model"; box.dispatchEvent(new Event("input", {bubbles: true})); })()""")
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        press_run(browser)
+        status = ""
+        while "not found offline" not in status and time.monotonic() - t0 < 30:
+            status = browser.evaluate('document.getElementById("mirror-status")?.innerText || ""')
+            time.sleep(0.05)
+        assert "not found offline" in status and time.monotonic() - t0 <= 2.5, status  # the bound, and the polls'
+        assert loader.loaded() == tuple(pair)
