@@ -227,7 +227,7 @@ CATALOGUE: list[Case] = [
          lambda m: dict(max_new_tokens="lots")),
     Case("non-numeric field (top-k, fractional)", "must be a whole number", None, None, lambda m: dict(top_k=2.5)),
     # models
-    Case("model id that does not exist (offline)", "cannot load model",
+    Case("model id that does not exist (offline)", "not found offline",
          lambda m: _ids(m, target="nobody-xyz/no-such-model"), lambda m, e: _load("nobody-xyz/no-such-model", None),
          lambda m: dict(target="nobody-xyz/no-such-model", draft="")),
     Case("model folder that does not exist", "does not exist", lambda m: _ids(m, target=m.missing),
