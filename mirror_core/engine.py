@@ -95,6 +95,7 @@ class PairInfo:
         exit_layer = request.spec.exit_layer
         return RunSettings(request=request, exit_layer=exit_layer, exit_readout=self.exit_readout(exit_layer),
                            spec_note=self.spec_note(request.spec),
+                           spec_modelled=self.spec_choice.speedup if self.spec_note(request.spec) else None,
                            **{name: getattr(self, name) for name in _SHARED_WITH_RUN_SETTINGS})
 
     def describe(self) -> dict:

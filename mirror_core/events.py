@@ -56,6 +56,7 @@ class RunSettings:
     draft_vocab: int | None = None            # V_d of a reduced-vocabulary draft (None: the target's whole vocabulary)
     draft_features: int | None = None         # ℓ_e whose hidden states a feature-reading draft reads (None: ids only)
     spec_note: str = ""                       # when γ, κ are the pair's choice for this machine: why (latency model)
+    spec_modelled: float | None = None        # and then the Mirror-SD speedup over ar it modelled at load
     whole_machine: WholeMachine | None = None  # the target's one-token step timed at load on its lane's cores and
                                                # on the whole machine
     roofline: Roofline | None = None           # the target's kernel, weight bytes per token, forward by rows against

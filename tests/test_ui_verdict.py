@@ -33,10 +33,11 @@ from ui.views import ran_line
 PREFILL = 0.010  # seconds, every run's prefill
 
 
-def _settings(decoder: str, gamma: int, target: str = "target", draft: str = "draft", note: str = "") -> RunSettings:
+def _settings(decoder: str, gamma: int, target: str = "target", draft: str = "draft", note: str = "",
+              modelled: float | None = None) -> RunSettings:
     return RunSettings(request=Request((1,), decoder, spec=SpecConfig(gamma=gamma, kappa=2)),
                        lanes=LaneConfig(kind="inline"), exit_layer=2, target=target, draft=draft,
-                       target_runner="FastLlamaRunner", spec_note=note)
+                       target_runner="FastLlamaRunner", spec_note=note, spec_modelled=modelled)
 
 
 def ar(steps: int, step_s: float = 0.010) -> DecoderRun:
@@ -170,6 +171,13 @@ def test_the_last_runs_gamma_kappa_and_exit_layer_show_beside_the_knobs():
     session = session_of({"ar": ar(40), "mirror": mirror(20, 0.01, 0.0, 0.01, 0.0, settings=chosen)})
     line = ran_line(session)
     assert "γ = 1, κ = 2, ℓ_e = 2 (γ, κ: chosen for this machine by the latency model" in line
+    assert "Modelled at load" not in line  # no modelled figure recorded: nothing to re-check
+    for modelled, verdict in ((1.5, "did not hold"), (0.2, "the choice held")):  # the choice re-checked by the run
+        settings = _settings("mirror", 1, note="chosen for this machine by the latency model (modelled): γ 1",
+                             modelled=modelled)
+        run = mirror(20, 0.01, 0.0, 0.01, 0.0, settings=settings)
+        line = ran_line(session_of({"ar": ar(40), "mirror": run}))
+        assert f"Modelled at load {modelled:.2f}× AR; this run measured" in line and verdict in line, line
     assert "AR alone" in ran_line(session_of({"ar": ar(40)})) and "After a run" in ran_line(Session())
 
 

@@ -149,5 +149,17 @@ def ran_line(session: Session) -> str:
     s = run.start.settings
     spec = s.request.spec
     chosen = f" (γ, κ: {s.spec_note})" if s.spec_note else ""  # the note says how the pair chose them
-    return (f"**Last run used** γ = {spec.gamma}, κ = {spec.kappa}, ℓ_e = {s.exit_layer}{chosen}. Typing one of "
-            "these here and pressing Run again repeats that run; 0 leaves the choice to the pair.")
+    return (f"**Last run used** γ = {spec.gamma}, κ = {spec.kappa}, ℓ_e = {s.exit_layer}{chosen}."
+            f"{_choice_checked(session, run)} Typing one of these here and pressing Run again repeats that run; 0 "
+            "leaves the choice to the pair.")
+
+
+def _choice_checked(session: Session, run) -> str:
+    """The load's modelled speedup for this machine's γ, κ, re-checked against what this Mirror-SD run measured."""
+    modelled = run.start.settings.spec_modelled
+    measured, _ = numbers.speedup(session.runs.get("ar"), run) if run.decoder == "mirror" else (None, None)
+    if modelled is None or measured is None:
+        return ""
+    held = ("the choice held" if measured >= 0.9 * modelled else "the choice did not hold here: the Learn tab's γ "
+            "and κ experiments measure the other settings on this prompt")
+    return f" Modelled at load {modelled:.2f}× AR; this run measured {measured:.2f}× ({held})."
