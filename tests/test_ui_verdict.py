@@ -27,7 +27,7 @@ from ui.render import shown_path
 from ui.session import DecoderRun, Session, TokenNamer
 from ui.settings import DEFAULTS
 from ui.tree import tree_html
-from ui.verdict import verdict_html, verdict_text
+from ui.verdict import EMPTY, verdict_html, verdict_text
 from ui.views import ran_line
 
 PREFILL = 0.010  # seconds, every run's prefill
@@ -132,7 +132,7 @@ def test_runs_too_short_to_time_get_no_verdict():
                                                                      "mirror": mirror(3, 0.01, 0.0, 0.01, 0.0)}))))
     assert "Too short to time (Mirror-SD: 7 tokens committed (fewer than 16))" in text and "× AR" not in text
     assert "too short to time" in numbers_html({"ar": ar(6), "mirror": mirror(3, 0.01, 0.0, 0.01, 0.0)})
-    assert "The verdict appears here" in verdict_html(Session())
+    assert verdict_html(Session()) == "" and "The verdict appears under this line" in EMPTY
     assert "tick both" in verdict_html(session_of({"ar": ar(40)}))
 
 

@@ -61,12 +61,15 @@ def build_controls(presets: list[PairPreset], examples: list[str]) -> Controls:
                 run = gr.Button("Run", variant="primary", elem_id="mirror-run")
                 stop = gr.Button("Stop", variant="stop", elem_id="mirror-stop")
                 replay_btn = gr.Button("Replay side by side", elem_id="mirror-replay")
-                replay_speed = gr.Dropdown(list(REPLAY_SPEEDS), value="1×", label="Replay speed (slow motion)",
-                                           min_width=110, elem_id="mirror-replay-speed")
-            status = gr.Markdown("Pick a pair and press **Run**.", elem_id="mirror-status")
+                replay_speed = gr.Dropdown([(f"replay at {k}", k) for k in REPLAY_SPEEDS], value="1×",
+                                           label="Replay speed (slow motion)", show_label=False, container=False,
+                                           min_width=110, elem_id="mirror-replay-speed")  # one line: Run's row stays low
+            status = gr.Markdown(f"Pick a pair and press **Run**. {verdict.EMPTY}", elem_id="mirror-status")
             verdict_box = gr.HTML(verdict.verdict_html(Session()), elem_id="mirror-verdict")
-            if examples:
-                gr.Examples(examples=[[e] for e in examples], inputs=[prompt], label="Example prompts")
+            if examples:  # one line, not a wall of buttons: the streams stay on the first screen
+                pick = gr.Dropdown([(_one_line(e), e) for e in examples], value=None, label="Example prompts",
+                                   elem_id="mirror-examples")
+                pick.input(lambda text: text, [pick], [prompt], api_visibility="private", show_progress="hidden")
         with gr.Column(scale=2):
             preset = gr.Dropdown([p.label for p in presets] + [CUSTOM], label="Model pair", info=INFO["preset"],
                                  value=first.label if first else CUSTOM)
@@ -84,6 +87,12 @@ def build_controls(presets: list[PairPreset], examples: list[str]) -> Controls:
             with gr.Row():
                 fields |= {c.name: _field(c) for c in RUN_CONTROLS if c.row == row}
     return Controls(fields, preset, run, stop, replay_btn, status, replay_speed, verdict_box, ran)
+
+
+def _one_line(text: str, width: int = 90) -> str:
+    """An example prompt as one line of the picker (newlines shown as ⏎, cut at `width` characters)."""
+    line = text.replace("\n", " ⏎ ").strip()
+    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 def _field(c: Control):

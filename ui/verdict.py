@@ -13,8 +13,8 @@ from .numbers import MIN_TIMED_STEPS, MIN_TIMED_TOKENS, latency_model, repeats_b
 from .session import DecoderRun, Session
 from .settings import DECODER_TITLES
 
-EMPTY = ("The verdict appears here when the runs finish: Mirror-SD against target-only AR and vanilla SD, and why, "
-         "in numbers.")
+EMPTY = ("The verdict appears under this line when the runs finish: Mirror-SD against target-only AR and vanilla SD, "
+         "and why, in numbers.")  # said by the status line before any run (the verdict's box is empty then)
 DEFINITIONS = ("× AR: AR's wall time ÷ Mirror-SD's for the same tokens (measured; tok/s = new tokens ÷ wall time). "
                "An AR step: the AR run's mean one-token target step (T_AR). A verification: the target's pass over "
                "the γ+1 window positions, early-exit readout included (T_pre + T_rv^ee + Δ). τ: tokens committed per "
@@ -26,7 +26,7 @@ def verdict_html(session: Session) -> str:
     """The verdict for the session's comparison (a placeholder before any run, a line saying why there is none)."""
     runs = session.runs
     if not any(r.end is not None for r in runs.values()):
-        return _box(html.escape(EMPTY))
+        return ""
     if session.stopped:
         return _box("<b>Stopped</b>: no verdict, the runs did not finish. Press Run for a full comparison.")
     if "ar" not in runs or "mirror" not in runs:
