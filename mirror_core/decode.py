@@ -4,7 +4,7 @@ Mirror-SD, one step (docs/ALGORITHM.md §2.3), for the window W = [w0, d1..dγ]:
   target prefix (layers 1..ℓ_e over W) → early-exit readout: top-κ per slot, sent to the draft
   lane as M_t → target suffix (layers ℓ_e+1..N) while the draft lane rolls out a branch for every
   candidate → acceptance (A_t, c) → commit d1..d_{A_t}, c → hit iff c ∈ TopK_τ: the draft lane
-  adopts branch(τ, c), else it rolls out afresh → next window.
+  adopts branch(s_t, c), else it rolls out afresh → next window.
 Vanilla SD is the same loop without the readout: no branches, so every next window is a fresh
 rollout after verification (serial).
 A feature-reading draft (models/feature_draft.py) also gets the target's hidden states h^(ℓ_e): the prompt's with
@@ -166,7 +166,7 @@ def send_candidates(state: DecodeState, lane: DraftLane, planner: BranchPlanner,
 
 
 def verdict(readout: ExitReadout | None, result: AcceptResult) -> bool | None:
-    """Hit iff c is among the candidates sent for slot τ; None when no candidates reached the draft lane."""
+    """Hit iff c is among the candidates sent for slot s_t = A_t + 1; None when no candidates reached the draft lane."""
     if readout is None or not readout.delivered:
         return None
     return result.token in readout.topk_ids[result.accepted]

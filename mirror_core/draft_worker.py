@@ -149,7 +149,7 @@ class DraftWorker:
         return tokens, p_draft
 
     def _resolve(self, cmd: ResolveRequest) -> DraftWindow:
-        """The target lane's verdict: on a hit adopt branch (τ, c) as the next window, else roll out afresh."""
+        """The target lane's verdict: on a hit adopt branch (s_t = A_t + 1, c) as the next window, else roll out afresh."""
         bs, self.branch_set = self.branch_set, None
         branches = () if bs is None else tuple(tuple(r) for r in bs.tokens.tolist())
         new = list(self.window[: cmd.accepted]) + [cmd.token]  # what this step commits: d1..d_{A_t}, c

@@ -38,7 +38,7 @@ class ResolveRequest:
     step: int
     accepted: int
     token: int
-    hit: bool   # c ∈ TopK_τ of the candidates sent: adopt branch (τ, c); else roll out afresh
+    hit: bool   # c ∈ TopK_{s_t} of the candidates sent (s_t = A_t + 1): adopt branch (s_t, c); else roll out afresh
     features: torch.Tensor | None = None   # h^(ℓ_e) of w0, d1..d_{A_t} ([A_t+1, H]; at step 0 the prompt's [P, H]),
                                            # a feature-reading draft only
 

@@ -58,8 +58,8 @@ class RunSummary:
                     "τ = Σ n_t / #steps: tokens committed per verification, counting the correction or bonus token.")
     acceptance_rate = _ratio_of("accepted", "drafted", "α = Σ A_t / Σ D_t: the share of presented draft tokens accepted.")
     hit_rate = _ratio_of("hits", "branched_steps",
-                         "#hit steps / #steps that had branches (the first step has none): c was among slot τ's "
-                         "candidates.")
+                         "#hit steps / #steps that had branches (the first step has none): c was among the "
+                         "candidates of its slot s_t = A_t + 1.")
     exit_overlap = _ratio_of("overlap_in_topk", "overlap_slots",
                              "Ω̂_κ = share of slots whose target token y_j = argmax p_target lies in the slot's sent "
                              "TopK, over the slots where y_j ≠ d_j (d_j is excluded from TopK_j) plus every bonus slot.")
@@ -77,7 +77,7 @@ class RunSummary:
 
     @property
     def hit_rate_by_kind(self) -> dict[str, float | None]:
-        """The hit rate split by where c landed: τ = 1, deeper (1 < τ ≤ γ), bonus (τ = γ + 1)."""
+        """The hit rate split by where c landed: slot s_t = A_t + 1 = 1, deeper (1 < s_t ≤ γ), bonus (s_t = γ + 1)."""
         return {k: _ratio(h, b) for k, h, b in zip(KINDS, self.hits_by_kind, self.branched_by_kind)}
 
     @property
