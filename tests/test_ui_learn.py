@@ -287,3 +287,17 @@ def test_the_learn_tabs_new_terms_have_a_line_in_the_glossary():
 
     assert {"verify cost", "break-even verify cost", "you are here", "recorded example", "accelerator-shaped timeline",
             "load-time timings"} <= {term for term, _ in GLOSSARY}
+
+
+def test_the_what_if_explains_a_negative_saving_beside_a_hidden_draft():
+    """"Draft hidden" and "−2.0 ms saved" can both be true: the sentence says which of Mirror-SD's own stages cost it."""
+    from mirror_core.latency import LatencyModel
+    from ui.whatif import why_model
+
+    costly = LatencyModel(t_pre=0.01, t_rv_ee=0.002, delta=0.005, t_branch=0.004, t_rv_fv=0.001, t_fresh=0.002,
+                          ff=0.5, tau=1.5, t_ar=0.012, measured_step=0.02)
+    text = why_model(costly)
+    assert "so the draft is hidden" in text and "-2.0 ms saved: a loss" in text and "add 4.0 ms a step" in text
+    cheap = LatencyModel(t_pre=0.01, t_rv_ee=0.0005, delta=0.005, t_branch=0.004, t_rv_fv=0.0005, t_fresh=0.008,
+                         ff=0.3, tau=1.5, t_ar=0.012, measured_step=0.02)
+    assert "+4.6 ms saved)" in why_model(cheap) and "a loss" not in why_model(cheap)

@@ -116,8 +116,15 @@ def why_model(m: LatencyModel) -> str:
               "so the draft is not hidden")
     saving = 1e3 * (m.t_sd - m.expected_step)
     verify = (f" for {(m.t_pre + m.delta) / m.t_ar:.2f} target steps of verification" if m.t_ar else "")
+    loss = ""
+    if saving < 0:  # hidden or not, Mirror-SD's own stages cost more than the serial rollout it saves SD
+        extra = 1e3 * (m.t_rv_ee + m.t_rv_fv + max(m.t_branch - m.delta, 0.0) + m.ff * m.t_fresh)
+        loss = (f": a loss, because the readouts T_rv^ee + T_rv^fv, the branches' overrun past Δ and the fallback "
+                f"rollouts FF·T_fresh add {extra:.1f} ms a step, more than the {1e3 * m.t_fresh:.1f} ms rollout SD "
+                "waits for")
     return (f"{hidden}; a Mirror-SD step costs {1e3 * m.expected_step:.1f} ms against vanilla SD's "
-            f"{1e3 * m.t_sd:.1f} ms ({saving:+.1f} ms saved), and each step commits τ = {m.tau:.2f} tokens{verify}.")
+            f"{1e3 * m.t_sd:.1f} ms ({saving:+.1f} ms saved{loss}), and each step commits τ = {m.tau:.2f} "
+            f"tokens{verify}.")
 
 
 def whatif_html(w: WhatIf) -> str:
