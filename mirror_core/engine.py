@@ -92,10 +92,9 @@ class PairInfo:
 
     def run_settings(self, request: Request) -> RunSettings:
         """What RunStart records for a request resolved on this pair (the fields the two records share copied)."""
-        exit_layer = request.spec.exit_layer
+        exit_layer, note = request.spec.exit_layer, self.spec_note(request.spec)
         return RunSettings(request=request, exit_layer=exit_layer, exit_readout=self.exit_readout(exit_layer),
-                           spec_note=self.spec_note(request.spec),
-                           spec_modelled=self.spec_choice.speedup if self.spec_note(request.spec) else None,
+                           spec_note=note, spec_modelled=self.spec_choice.speedup if note else None,
                            **{name: getattr(self, name) for name in _SHARED_WITH_RUN_SETTINGS})
 
     def describe(self) -> dict:

@@ -319,3 +319,26 @@ def learn_screenshot(url: str, path: str, prompt: str | None = None, timeout: fl
             return note
         finally:
             browser.close()
+
+
+@contextlib.contextmanager
+def served_pair(target: str, draft: str | None, lanes=None, examples: tuple[str, ...] = ("1, 2, 3",)):
+    """The page serving one pair (loaded before the browser starts, so a test's runs are short) and a fresh headless
+    chromium: yields (loader, url, browser), and closes all three. `lanes`: inline lanes on one thread each unless
+    given."""
+    from mirror_core import LaneConfig
+    from testing.net import free_port
+    from testing.reliability import close_demo
+    from ui import LAUNCH, EngineLoader, build_demo, default_presets
+
+    loader = EngineLoader(lanes or LaneConfig(kind="inline", target_threads=1, draft_threads=1))
+    demo = build_demo(loader, default_presets("/nonexistent", target, draft), list(examples))
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **LAUNCH)
+    browser = Chromium(CHROMIUM, tempfile.mkdtemp(prefix="mirror-chromium-"))
+    try:
+        loader.get(target, draft)
+        yield loader, url, browser
+    finally:
+        browser.close()
+        close_demo(demo)
+        loader.close()

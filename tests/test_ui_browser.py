@@ -113,18 +113,10 @@ def test_the_learn_tab_plays_a_step_of_the_last_run_and_shows_its_tree(pair_root
     import json
     import time
 
-    from mirror_core import LaneConfig
-    from testing.browser import press_run, wait_for
+    from testing.browser import press_run, served_pair, wait_for
     from testing.toy_models import build_pair
-    from ui import LAUNCH, EngineLoader, build_demo, default_presets
 
-    target, draft = build_pair(pair_root, "llama")
-    loader = EngineLoader(LaneConfig(kind="inline", target_threads=1, draft_threads=1))
-    demo = build_demo(loader, default_presets(str(tmp_path), target, draft), ["1, 2, 3"])
-    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **LAUNCH)
-    browser = Chromium(CHROMIUM, tempfile.mkdtemp(prefix="mirror-chromium-"))
-    try:
-        loader.get(target, draft)
+    with served_pair(*build_pair(pair_root, "llama")) as (_, url, browser):
         open_page(browser, url)
         press_run(browser)
         wait_for(browser, lambda s: "Done" in s["status"] and s["tokens"] > 0, 60)
@@ -157,10 +149,6 @@ def test_the_learn_tab_plays_a_step_of_the_last_run_and_shows_its_tree(pair_root
         assert [p["x"] for p in points] == ["γ = 1", "γ = 2", "γ = 4", "γ = 6", "γ = 8"], points
         assert all(p["speedup sd"] > 0 and p["speedup mirror"] > 0 and p["τ mirror"] >= 1 for p in points)
         browser.screenshot(str(tmp_path / "player.png"))
-    finally:
-        browser.close()
-        close_demo(demo)
-        loader.close()
 
 
 STEP_CLICK_JS = """(() => {
@@ -203,28 +191,20 @@ def test_a_token_or_a_step_bar_opens_its_step_replay_moves_a_cursor_and_the_insp
     import json
     import time
 
-    from mirror_core import LaneConfig
-    from testing.browser import press_run, wait_for
+    from testing.browser import press_run, served_pair, wait_for
     from testing.toy_models import build_pair
-    from ui import LAUNCH, EngineLoader, build_demo, default_presets
 
-    target, draft = build_pair(pair_root, "llama")
-    loader = EngineLoader(LaneConfig(kind="inline", target_threads=1, draft_threads=1))
-    demo = build_demo(loader, default_presets(str(tmp_path), target, draft), ["1, 2, 3"])
-    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **LAUNCH)
-    browser = Chromium(CHROMIUM, tempfile.mkdtemp(prefix="mirror-chromium-"))
-    act = lambda what="": json.loads(browser.evaluate(STEP_CLICK_JS % json.dumps(what)) or "{}")  # noqa: E731
+    with served_pair(*build_pair(pair_root, "llama")) as (_, url, browser):
+        act = lambda what="": json.loads(browser.evaluate(STEP_CLICK_JS % json.dumps(what)) or "{}")  # noqa: E731
 
-    def until(check, timeout=20):
-        deadline, now = time.monotonic() + timeout, act()
-        while not check(now) and time.monotonic() < deadline:
-            time.sleep(0.25)
-            now = act()
-        assert check(now), now
-        return now
+        def until(check, timeout=20):
+            deadline, now = time.monotonic() + timeout, act()
+            while not check(now) and time.monotonic() < deadline:
+                time.sleep(0.25)
+                now = act()
+            assert check(now), now
+            return now
 
-    try:
-        loader.get(target, draft)
         open_page(browser, url)
         press_run(browser)
         wait_for(browser, lambda s: "Done" in s["status"] and s["tokens"] > 0, 60)
@@ -260,10 +240,6 @@ def test_a_token_or_a_step_bar_opens_its_step_replay_moves_a_cursor_and_the_insp
         full = browser.evaluate("document.querySelector('#mirror-inspector').innerText")
         assert "pruned (budget)" in full and "Step 1:" in page["inspector"], full
         browser.screenshot(str(tmp_path / "inspector.png"))
-    finally:
-        browser.close()
-        close_demo(demo)
-        loader.close()
 
 
 LEARN_JS = """(() => {

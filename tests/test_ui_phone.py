@@ -5,16 +5,12 @@ second of a resize, an unknown model id failing at once with the loaded pair kep
 Skipped when chromium is not installed (CI installs it: .ci/run)."""
 from __future__ import annotations
 
-import contextlib
 import json
-import tempfile
 import time
 
 import pytest
 
-from testing.browser import CHROMIUM, Chromium, open_page, press_run, wait_for
-from testing.net import free_port
-from testing.reliability import close_demo
+from testing.browser import CHROMIUM, Chromium, open_page, press_run, served_pair, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")]
 
@@ -28,23 +24,11 @@ PLOTS_JS = """JSON.stringify(["race", "steps", "gantt", "accept"].map(n => {
   .concat([document.querySelector(".mirror-plot-gantt")?.dataset.painted | 0]))"""
 
 
-@contextlib.contextmanager
-def served(pair, load: bool = True):
+def served(pair):
+    """The page on the pair, float32 lanes (a quicker load: one weight format timed)."""
     from mirror_core import LaneConfig
-    from ui import LAUNCH, EngineLoader, build_demo, default_presets
 
-    loader = EngineLoader(LaneConfig(kind="inline", target_threads=1, draft_threads=1, dtype="float32"))
-    demo = build_demo(loader, default_presets("/nonexistent", *pair), ["1, 2, 3"])
-    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **LAUNCH)
-    browser = Chromium(CHROMIUM, tempfile.mkdtemp(prefix="mirror-chromium-"))
-    try:
-        if load:
-            loader.get(*pair)  # loaded before the browser starts: the runs themselves are short
-        yield loader, url, browser
-    finally:
-        browser.close()
-        close_demo(demo)
-        loader.close()
+    return served_pair(*pair, lanes=LaneConfig(kind="inline", target_threads=1, draft_threads=1, dtype="float32"))
 
 
 def _size(browser: Chromium, width: int, height: int) -> None:

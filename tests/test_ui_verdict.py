@@ -229,25 +229,15 @@ VERDICT_JS = """JSON.stringify({
 
 
 @pytest.mark.slow  # headless Chromium drives the page
-def test_the_verdict_is_on_the_first_screen_and_rejected_drafts_can_be_hidden(pair_root, tmp_path):
+def test_the_verdict_is_on_the_first_screen_and_rejected_drafts_can_be_hidden(pair_root):
     import json
-    import tempfile
 
-    from testing.browser import CHROMIUM, Chromium, open_page, press_run, wait_for
-    from testing.net import free_port
-    from testing.reliability import close_demo
+    from testing.browser import CHROMIUM, open_page, press_run, served_pair, wait_for
     from testing.toy_models import build_pair
-    from ui import LAUNCH, EngineLoader, build_demo, default_presets
 
     if CHROMIUM is None:
         pytest.skip("chromium is not installed (apt-get install -y chromium)")
-    target, draft = build_pair(pair_root, "llama")
-    loader = EngineLoader(LaneConfig(kind="inline", target_threads=1, draft_threads=1))
-    demo = build_demo(loader, default_presets(str(tmp_path), target, draft), ["1, 2, 3"])
-    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **LAUNCH)
-    browser = Chromium(CHROMIUM, tempfile.mkdtemp(prefix="mirror-chromium-"))
-    try:
-        loader.get(target, draft)
+    with served_pair(*build_pair(pair_root, "llama")) as (_, url, browser):
         open_page(browser, url)
         press_run(browser)  # the page's defaults: AR, Mirror-SD and vanilla SD, 3 repeats, 64 new tokens
         wait_for(browser, lambda s: "Done" in s["status"] and s["tokens"] > 0, 120)
@@ -260,7 +250,3 @@ def test_the_verdict_is_on_the_first_screen_and_rejected_drafts_can_be_hidden(pa
         wait_for(browser, lambda s: json.loads(browser.evaluate(VERDICT_JS))["hidden"], 10, poll=0.1)
         page = json.loads(browser.evaluate(VERDICT_JS))
         assert page["streamDels"] and set(page["streamDels"]) == {"none"} and page["legendDel"] != "none", page
-    finally:
-        browser.close()
-        close_demo(demo)
-        loader.close()

@@ -38,11 +38,9 @@ def load_config(spec: ModelSpec, draft: bool = False):
     spec = replace(spec, source=resolve_source(spec.source))
     if _looks_like_path(spec.source) and not os.path.isdir(spec.source):
         raise MirrorError(f"model folder {spec.source!r} does not exist")
+    access = hub_access(spec.source)  # a hub id that cannot be fetched: its own error, at once
     try:
-        config = AutoConfig.from_pretrained(spec.source, trust_remote_code=spec.trust_remote_code,
-                                            **hub_access(spec.source))
-    except MirrorError:
-        raise
+        config = AutoConfig.from_pretrained(spec.source, trust_remote_code=spec.trust_remote_code, **access)
     except Exception as exc:  # OSError, ValueError, hub errors: all mean "not a loadable model here"
         raise MirrorError(f"cannot load model {spec.source!r}: {_first_line(exc)}") from None
     if getattr(config, "model_type", None) not in supported:
@@ -68,11 +66,10 @@ def load_model(spec: ModelSpec, draft: bool = False, spread: tuple[str, ...] = (
             getattr(config, "dtype", None) in (torch.float16, torch.bfloat16):
         dtype = config.dtype
     placement = {"device_map": device_map_for(config, spread)} if spread else {}
+    access = hub_access(spec.source)
     try:  # safetensors only: pickled .bin weights can run code when loaded
         model = AutoModelForCausalLM.from_pretrained(spec.source, dtype=dtype, trust_remote_code=spec.trust_remote_code,
-                                                     use_safetensors=True, **placement, **hub_access(spec.source))
-    except MirrorError:
-        raise
+                                                     use_safetensors=True, **placement, **access)
     except Exception as exc:
         raise MirrorError(f"{spec.source!r} is not a loadable causal LM (safetensors weights are required): "
                           f"{_first_line(exc)}") from None
