@@ -141,6 +141,22 @@ def test_the_what_if_starts_from_this_machines_load_time_timings():
     assert "profile" in here.note and "modelled 1.32×" in here.note
 
 
+def test_a_measured_figure_outside_a_sliders_range_is_shown_at_its_end_and_said():
+    """A run's window timed cheaper than its step (noise on a toy pair: CI once measured 0.457) or a slow model's step
+    must not be refused by the sliders: the knob sits at the range's end and the note names the figure."""
+    from dataclasses import replace
+
+    from ui.learn import SLIDERS, _in_range
+    from ui.whatif import ACCELERATOR
+
+    inside, note = _in_range(ACCELERATOR)
+    assert inside == ACCELERATOR.values() and note == ""
+    low = {name: lo for name, _, lo, _, _, _ in SLIDERS}
+    values, note = _in_range(replace(ACCELERATOR, verify_ratio=low["verify_ratio"] / 2, t_ar_ms=1e6))
+    assert values[0] == SLIDERS[0][3] and values[1] == low["verify_ratio"]
+    assert "Target step T_AR (ms) measured 1e+06" in note and f"measured {low['verify_ratio'] / 2:g}" in note
+
+
 def test_the_speedup_curve_and_its_accelerator_switch():
     from ui.curve import break_even, curve_html, speedups
     from ui.example import load_example

@@ -34,12 +34,12 @@ from .whatif import KNOBS, WhatIf, whatif_html
 
 # (knob, label, lowest, highest, step, one-line help)
 SLIDERS = (
-    ("t_ar_ms", "Target step T_AR (ms)", 0.05, 500.0, 0.05, "One target-only decode step (one token)."),
-    ("verify_ratio", "Verify γ+1 tokens / one step", 0.5, 8.0, 0.01,
+    ("t_ar_ms", "Target step T_AR (ms)", 0.05, 5000.0, 0.05, "One target-only decode step (one token)."),
+    ("verify_ratio", "Verify γ+1 tokens / one step", 0.1, 8.0, 0.01,
      "How much a verification window costs against one token: ≈ 1 on accelerators, larger on CPUs."),
     ("suffix_share", "Share after the early exit (Δ)", 0.05, 0.95, 0.01,
      "The part of the verification pass after layer ℓ_e: the time the draft's branches can hide in."),
-    ("draft_ms", "Draft time per token (ms)", 0.01, 50.0, 0.01, "One draft forward; a fresh rollout is γ of them."),
+    ("draft_ms", "Draft time per token (ms)", 0.01, 500.0, 0.01, "One draft forward; a fresh rollout is γ of them."),
     ("branch_factor", "Branch batch / fresh rollout", 0.1, 20.0, 0.01,
      "The batched rollout of all branches against one fresh γ-token rollout (rows are cheap on accelerators)."),
     ("overhead_ms", "Readout + messages (ms)", 0.0, 50.0, 0.01, "T_rv: the early-exit readout, the messages, acceptance."),
@@ -341,6 +341,19 @@ def _knobs(values) -> WhatIf:
     return WhatIf(*values[:-1], gamma=int(values[-1]))
 
 
+def _in_range(knobs: WhatIf) -> tuple[list, str]:
+    """A start's figures as slider values: a measured figure outside its slider's range (a window timed cheaper than
+    a step under noise, a slow model's step) is shown at the range's end, and the note says which and by how much."""
+    values, outside = [], []
+    for (_, label, lo, hi, _, _), v in zip(SLIDERS, knobs.values()):
+        shown = min(max(v, lo), hi)
+        values.append(shown)
+        if shown != v:
+            outside.append(f"{label} measured {v:g}, shown as {shown:g}")
+    note = f" Outside the sliders' range, so the what-if uses the range's end: {'; '.join(outside)}." if outside else ""
+    return values, note
+
+
 def _wire_whatif(state: gr.State, loader, tab: gr.Tab, p: WhatIfParts) -> None:
     def redraw(*values):
         return whatif_html(_knobs(values))
@@ -350,14 +363,18 @@ def _wire_whatif(state: gr.State, loader, tab: gr.Tab, p: WhatIfParts) -> None:
 
     def from_start(session: Session, which):
         st = start(which if which in STARTS else THIS_MACHINE, session, loader.info())
-        return st.knobs.values() + [st.note, st.key]
+        values, outside = _in_range(st.knobs)
+        return values + [st.note + outside, st.key]
 
     def reopen(session: Session, which, key):
         """Opening the tab: this machine's newest figures, unless the knobs already started from them."""
         if which != THIS_MACHINE:
             return [gr.skip()] * (len(p.knobs) + 2)
         st = start(THIS_MACHINE, session, loader.info())
-        return [gr.skip()] * (len(p.knobs) + 2) if st.key == key else st.knobs.values() + [st.note, st.key]
+        if st.key == key:
+            return [gr.skip()] * (len(p.knobs) + 2)
+        values, outside = _in_range(st.knobs)
+        return values + [st.note + outside, st.key]
 
     outputs = p.knobs + [p.note, p.seen]
     for knob in p.knobs:
