@@ -40,7 +40,14 @@ def chat_target(tmp_path_factory) -> str:
 
 def _cfg(target: str, out, **over) -> S.DataConfig:
     return S.DataConfig(**{"out": str(out), "target": target, "batch": 4, "new_tokens": 5, "limit": 6,
-                           "threads": 1, "dtype": "float32", **over})
+                           "threads": 1, "dtype": "float32", "feature_layer": 1, "topk": 4, **over})
+
+
+def _same(a: list[dict], b: list[dict]) -> bool:
+    """Two shards' records are equal, tensors (the recorded teacher figures) included."""
+    return len(a) == len(b) and all(
+        x.keys() == y.keys() and all(torch.equal(x[k], y[k]) if isinstance(x[k], torch.Tensor) else x[k] == y[k]
+                                     for k in x) for x, y in zip(a, b))
 
 
 def _records(folder: str, stage: int | None = None) -> list[dict]:
@@ -89,18 +96,41 @@ def test_a_second_run_skips_finished_shards_and_remakes_a_missing_one_identicall
     real = CD.Target.answer
     monkeypatch.setattr(CD.Target, "answer", lambda self, jobs, g: calls.append(len(jobs)) or real(self, jobs, g))
     CD.generate(cfg)
-    assert calls == [4] and torch.load(shards[0]) == kept and torch.load(shards[1]) == lost
+    assert calls == [4] and _same(torch.load(shards[0]), kept) and _same(torch.load(shards[1]), lost)
     record = json.load(open(os.path.join(folder, "generation.json")))
     assert record["records"] == 8 and record["answer_tokens"] == sum(len(r["answer"]) for r in kept + lost)
 
 
 def test_the_legacy_set_keeps_its_flat_layout(chat_target, tmp_path):
     CD.main(["--target", chat_target, "--out", str(tmp_path), "--held-out", "--limit", "3", "--new-tokens", "4",
-             "--dtype", "float32", "--threads", "1"])
+             "--dtype", "float32", "--threads", "1", "--feature-layer", "0"])
     rows = _records(str(tmp_path))
     assert len(rows) == 3 and os.path.exists(tmp_path / "answers_0000.pt")
     assert all(P.held_out_mention(r["user"][0]) for r in rows)  # the held-out set is made of exactly those topics
     assert json.load(open(tmp_path / "generation.json"))["answer_tokens"] == sum(len(r["answer"]) for r in rows)
+    assert not any("feat" in r for r in rows)  # --feature-layer 0: no teacher figures recorded
+
+
+def test_generation_records_the_teacher_pass_a_full_forward_would_compute(chat_target, tmp_path):
+    """Every record's feat (h after layer 1 at positions 0..L−2) and top-k (before each answer token) equal an unpadded
+    full forward of its prompt + answer: greedy rows, sampled rows (the label is the target's argmax, not the drawn
+    token) and left-padded short prompts alike."""
+    from transformers import AutoModelForCausalLM
+
+    CD.generate(_cfg(chat_target, tmp_path, sources=("templated", "sampled"), limit=5, batch=5, new_tokens=6))
+    model = AutoModelForCausalLM.from_pretrained(chat_target, dtype=torch.float32).eval()
+    rows = _records(str(tmp_path / "templated")) + _records(str(tmp_path / "sampled"))
+    assert len({len(r["prompt"]) for r in rows}) > 1  # some rows were left-padded
+    for r in rows:
+        ids = torch.tensor([r["prompt"] + r["answer"]])
+        with torch.no_grad():
+            out = model(input_ids=ids, output_hidden_states=True)
+        p, n = len(r["prompt"]), ids.shape[1]
+        assert r["feat_layer"] == 1 and r["feat"].dtype == torch.bfloat16 and r["feat"].shape == (n - 1, 64)
+        torch.testing.assert_close(r["feat"].float(), out.hidden_states[1][0, : n - 1], atol=2e-2, rtol=2e-2)
+        top = out.logits[0, p - 1: n - 1].topk(4, dim=-1)                              # [A, 4]
+        assert torch.equal(r["top_ids"].long(), top.indices), r["source"]
+        torch.testing.assert_close(r["top_logits"].float(), top.values, atol=1e-2, rtol=1e-3)
 
 
 def test_the_guard_refuses_every_held_out_topic_and_passes_every_training_prompt():
@@ -150,12 +180,17 @@ def test_the_row_sampler_keeps_greedy_rows_and_samples_the_others_reproducibly()
     again = CD.RowSampler(temps, torch.Generator().manual_seed(7))(None, scores)
     assert torch.equal(first[0], scores[0]) and torch.equal(first, again)
     assert (torch.isfinite(first[1:]).sum(dim=1) == 1).all()
+    z = torch.tensor([[2.0, 1.0, 0.0, -1.0, -30.0]]).expand(40_000, 5)   # 40,000 draws of one row at T 0.7
+    drawn = CD.RowSampler(torch.full((40_000,), 0.7), torch.Generator().manual_seed(3))(None, z).argmax(-1)
+    freq = torch.bincount(drawn, minlength=5) / 40_000
+    torch.testing.assert_close(freq, torch.softmax(z[0] / 0.7, -1), atol=0.01, rtol=0)  # σ ≤ 0.0025 per token
+    assert freq[4] == 0  # a token of probability ~1e-19 is never drawn
 
 
 @pytest.mark.parametrize("over, message", [
     ({"sources": ("templated", "poems")}, "unknown source"), ({"dtype": "int8"}, "dtype"),
     ({"temperatures": (0.0,)}, "temperatures"), ({"sources": ("code",), "more": True}, "legacy"),
-    ({"batch": 0}, "batch")])
+    ({"batch": 0}, "batch"), ({"feature_layer": -1}, "feature_layer"), ({"topk": 0}, "topk")])
 def test_bad_settings_are_refused_with_a_reason(over, message):
     with pytest.raises(ValueError, match=message):
         S.DataConfig(out="x", **over)
@@ -165,3 +200,43 @@ def test_the_cli_turns_a_bad_flag_into_a_usage_error(capsys):
     with pytest.raises(SystemExit):
         CD.main(["--out", "x", "--sources", "templated,nope"])
     assert "unknown source" in capsys.readouterr().err
+
+
+def test_the_teacher_pass_reads_what_generation_recorded_and_computes_the_rest(chat_target, tmp_path):
+    """feature_distill's teacher pass over a chosen subset of two folders: records with figures at its layer are
+    copied exactly, records without (made with --feature-layer 0) are computed by a forward pass; the cache is named
+    by its content, and the data-volume probe's subsets are seeded and hold what they were asked for."""
+    from transformers import AutoModelForCausalLM
+
+    from mirror_core.train import feature_distill as FD
+    from mirror_core.train.distill import load_sequences
+
+    CD.generate(_cfg(chat_target, tmp_path / "rec", sources=("templated",), limit=6, batch=3))
+    CD.generate(_cfg(chat_target, tmp_path / "old", sources=("code",), limit=3, batch=3, feature_layer=0))
+    folders = [str(tmp_path / "rec" / "templated"), str(tmp_path / "old" / "code")]
+    pool = [s for f in folders for s in load_sequences(f)]
+    keep = [1, 4, 5, 6, 8]  # three recorded records, then two of the code folder's (no figures)
+    seqs = [pool[i] for i in keep]
+    path = FD.teacher_path(str(tmp_path), "t", seqs, 1, 4)
+    t = FD.teacher_pass(folders, keep, seqs, chat_target, 1, 4, path)
+    assert t["recorded"] == 3 and os.path.exists(path) and path != FD.teacher_path(str(tmp_path), "t", seqs, 2, 4)
+    records = _records(folders[0])
+    model = AutoModelForCausalLM.from_pretrained(chat_target, dtype=torch.float32).eval()
+    for i, (p, a) in enumerate(seqs):
+        f0, a0, n = t["fstart"][i], t["astart"][i], len(p) + len(a)
+        if i < 3:
+            r = records[keep[i]]
+            assert (r["prompt"], r["answer"]) == (p, a) and torch.equal(t["feat"][f0: f0 + n - 1], r["feat"])
+            assert torch.equal(t["top_ids"][a0: a0 + len(a)], r["top_ids"])
+            continue
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([p + a]), output_hidden_states=True)
+        torch.testing.assert_close(t["feat"][f0: f0 + n].float(), out.hidden_states[1][0], atol=5e-2, rtol=5e-2)
+        agree = t["top_ids"][a0: a0 + len(a), 0].long() == out.logits[0, len(p) - 1: n - 1].argmax(-1)
+        assert agree.float().mean() >= 0.8  # a bfloat16 pass against float32: near-ties may differ
+    assert torch.equal(FD.teacher_pass(folders, keep, seqs, chat_target, 1, 4, path)["feat"], t["feat"])  # cached
+    tokens = sum(len(a) for _, a in pool) // 2
+    half = FD.data_subset(pool, tokens, torch.Generator().manual_seed(0))
+    assert half == sorted(half) and sum(len(pool[i][1]) for i in half) >= tokens and len(half) < len(pool)
+    assert half == FD.data_subset(pool, tokens, torch.Generator().manual_seed(0))
+    assert FD.data_subset(pool, 0, torch.Generator()) == list(range(len(pool)))

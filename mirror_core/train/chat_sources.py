@@ -23,6 +23,8 @@ from typing import Any, Callable
 from mirror_core.train import chat_prompts as P
 
 SOURCES = ("templated", "sampled", "self_questions", "multi_turn", "code")
+FEATURE_LAYER = 20   # ℓ_e of the default pair's feature draft: the layer whose hidden states generation records
+TOPK = 32            # the target's next-token logits kept per answer position (the draft's soft targets)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class DataConfig:
     more: bool = False                            # legacy set: add MORE_FORMS
     only_more: bool = False                       # legacy set: only the prompts MORE_FORMS adds
     temperature: float = 0.0                      # legacy set: sample its answers at this temperature (0: greedy)
+    feature_layer: int = FEATURE_LAYER            # record h^(ℓ) at every position (0: record no teacher figures)
+    topk: int = TOPK                              # record the top-k next-token logits at every answer position
 
     def __post_init__(self):
         unknown = [s for s in self.sources if s not in SOURCES]
@@ -56,6 +60,8 @@ class DataConfig:
         if min(self.batch, self.new_tokens, self.samples, self.questions, self.sampled_every,
                self.multi_turn_every) < 1 or self.limit < 0:
             raise ValueError("batch, new_tokens, samples, questions and the strides must be ≥ 1, limit ≥ 0")
+        if self.feature_layer < 0 or self.topk < 1:
+            raise ValueError("feature_layer must be ≥ 0 (0: record none) and topk ≥ 1")
         if not self.temperatures or not all(0.0 < t <= 2.0 for t in self.temperatures) or \
                 not 0.0 <= self.temperature <= 2.0:
             raise ValueError("temperatures must lie in (0, 2] (the legacy --temperature in [0, 2])")

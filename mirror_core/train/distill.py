@@ -63,13 +63,17 @@ class DistillConfig:
 
 
 # -- 1. teacher pass ------------------------------------------------------------------------------
-def load_sequences(folder: str) -> list[tuple[list[int], list[int]]]:
-    rows = []
-    for path in sorted(glob.glob(os.path.join(folder, "answers_*.pt"))):
-        rows += [(r["prompt"], r["answer"]) for r in torch.load(path)]
-    if not rows:
+def shard_paths(folder: str) -> list[str]:
+    """chat_data's shards in a folder, in the one order every reader uses."""
+    paths = sorted(glob.glob(os.path.join(folder, "answers_*.pt")))
+    if not paths:
         raise SystemExit(f"no answers_*.pt in {folder}: run python -m mirror_core.train.chat_data first")
-    return rows
+    return paths
+
+
+def load_sequences(folder: str) -> list[tuple[list[int], list[int]]]:
+    """(prompt, answer) of every record, in shard_paths' order (memory-mapped: recorded features are not read)."""
+    return [(r["prompt"], r["answer"]) for path in shard_paths(folder) for r in torch.load(path, mmap=True)]
 
 
 @torch.inference_mode()

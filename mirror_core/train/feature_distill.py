@@ -23,11 +23,13 @@ import json
 import os
 import shutil
 import time
+import zlib
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from mirror_core.train.chat_sources import FEATURE_LAYER, TOPK
 from mirror_core.train.distill import (
     ExitHeadTask,
     draft_vocabulary,
@@ -38,6 +40,7 @@ from mirror_core.train.distill import (
     run_record,
     save_exit_head,
     scheduled_lr,
+    shard_paths,
     soft_targets,
     train_exit_head,
 )
@@ -50,10 +53,10 @@ class FeatureDistillConfig:
     work: str                                     # teacher-pass cache
     out: str                                      # the pair folder: the draft goes to out/feature_draft/
     target: str = "smollm2-135m-instruct"
-    feature_layer: int = 20                       # ℓ_e: the exit layer whose output the draft reads
+    feature_layer: int = FEATURE_LAYER            # ℓ_e: the exit layer whose output the draft reads
     num_layers: int = 1
     draft_vocab: int = 8192
-    topk: int = 32
+    topk: int = TOPK
     depths: int = 4                               # training-time test: tokens unrolled on own features (γ)
     depth_decay: float = 0.8
     minutes: float = 60.0
@@ -68,28 +71,66 @@ class FeatureDistillConfig:
     seed: int = 0
     threads: int = 0
     compare: str = "assets/smollm2_pair/draft"    # the token-only draft to compare against ("" = none)
+    train_tokens: int = 0                         # train on a seeded random subset of about this many answer tokens
+                                                  # (0: all): the data-volume probe
 
 
 # -- 1. teacher pass ------------------------------------------------------------------------------
 @torch.inference_mode()
-def teacher_pass(seqs, target_dir: str, layer: int, topk: int, path: str, batch: int = 16) -> dict:
-    """feat [Σ L_i, H] bf16 (h^(ℓ_e) at every position), fstart[i]; top_ids/top_logits [Σ A_i, k] at the positions
-    predicting answer tokens, astart[i]."""
+def teacher_pass(folders: list[str], keep: list[int], seqs, target_dir: str, layer: int, topk: int, path: str,
+                 batch: int = 16) -> dict:
+    """For `seqs`, the records of `folders` at indices `keep` (in shard_paths' order, counted across the folders):
+    feat [Σ L_i, H] bf16 (h^(ℓ_e) at every position), fstart[i]; top_ids/top_logits [Σ A_i, k] at the positions
+    predicting answer tokens, astart[i]. Copied from the records where chat_data recorded them at this layer with
+    ≥ k logits (their last position's feature, never read, stays 0); a pass of the bfloat16 target computes the rest.
+    Cached at `path` (teacher_path: named by the sequences, the layer and k)."""
     if os.path.exists(path):
         return torch.load(path)
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
     lens = [len(p) + len(a) for p, a in seqs]
     fstart, astart, f_at, a_at = [], [], 0, 0
     for (p, a), n in zip(seqs, lens):
         fstart.append(f_at)
         astart.append(a_at)
         f_at, a_at = f_at + n, a_at + len(a)
-    feat = torch.empty(f_at, model.config.hidden_size, dtype=torch.bfloat16)
+    hidden = AutoConfig.from_pretrained(target_dir).hidden_size
+    feat = torch.zeros(f_at, hidden, dtype=torch.bfloat16)
     top_ids = torch.empty(a_at, topk, dtype=torch.int32)
     top_logits = torch.empty(a_at, topk, dtype=torch.float16)
-    order = sorted(range(len(seqs)), key=lambda i: lens[i])
+    t0 = time.time()
+    local, missing, at = {g: i for i, g in enumerate(keep)}, [], 0
+    for path_ in [p for folder in folders for p in shard_paths(folder)]:
+        for r in torch.load(path_, mmap=True):
+            i, at = local.get(at), at + 1
+            if i is None:
+                continue
+            if r.get("feat_layer") != layer or r["top_ids"].shape[1] < topk:
+                missing.append(i)
+                continue
+            a = len(seqs[i][1])
+            feat[fstart[i]: fstart[i] + lens[i] - 1] = r["feat"]
+            top_ids[astart[i]: astart[i] + a] = r["top_ids"][:, :topk]
+            top_logits[astart[i]: astart[i] + a] = r["top_logits"][:, :topk]
+    print(f"teacher pass: {len(seqs) - len(missing)}/{len(seqs)} sequences recorded at generation, "
+          f"{time.time() - t0:.0f} s", flush=True)
+    if missing:
+        _forward_pass(seqs, missing, target_dir, layer, (feat, fstart, top_ids, top_logits, astart), batch)
+    result = {"feat": feat, "fstart": fstart, "top_ids": top_ids, "top_logits": top_logits, "astart": astart,
+              "recorded": len(seqs) - len(missing), "seconds": round(time.time() - t0, 1)}
+    torch.save(result, path)
+    return result
+
+
+def _forward_pass(seqs, which: list[int], target_dir: str, layer: int, into: tuple, batch: int) -> None:
+    """The teacher's figures for sequences `which`, by full forwards of the bfloat16 target, written into place."""
+    from transformers import AutoModelForCausalLM
+
+    feat, fstart, top_ids, top_logits, astart = into
+    topk = top_ids.shape[1]
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
+    lens = [len(p) + len(a) for p, a in seqs]
+    order = sorted(which, key=lambda i: lens[i])
     t0 = time.time()
     for b in range(0, len(order), batch):
         chunk = order[b: b + batch]
@@ -107,11 +148,30 @@ def teacher_pass(seqs, target_dir: str, layer: int, topk: int, path: str, batch:
             top_ids[astart[i]: astart[i] + len(a)] = top.indices.int()
             top_logits[astart[i]: astart[i] + len(a)] = top.values.half()
         if b // batch % 40 == 0:
-            print(f"teacher pass: {b + len(chunk)}/{len(seqs)} sequences, {time.time() - t0:.0f} s", flush=True)
-    result = {"feat": feat, "fstart": fstart, "top_ids": top_ids, "top_logits": top_logits, "astart": astart,
-              "seconds": round(time.time() - t0, 1)}
-    torch.save(result, path)
-    return result
+            print(f"teacher pass: {b + len(chunk)}/{len(order)} sequences computed, {time.time() - t0:.0f} s",
+                  flush=True)
+
+
+def teacher_path(work: str, name: str, seqs, layer: int, topk: int) -> str:
+    """The teacher cache's file, named by what it holds: a stale cache (other data, layer or k) is never read."""
+    key = zlib.crc32(f"{layer}/{topk}/{len(seqs)}".encode())
+    for p, a in seqs:
+        key = zlib.crc32(torch.tensor(p + [-1] + a, dtype=torch.int32).numpy().tobytes(), key)
+    return os.path.join(work, f"{name}_{key:08x}.pt")
+
+
+def data_subset(seqs, answer_tokens: int, g: torch.Generator) -> list[int]:
+    """A seeded random choice of records holding at least `answer_tokens` answer tokens (all: 0), in their order:
+    the data-volume probe trains on 1×, 2×, 4× of a volume from one pool."""
+    if not answer_tokens:
+        return list(range(len(seqs)))
+    keep, total = [], 0
+    for i in torch.randperm(len(seqs), generator=g).tolist():
+        if total >= answer_tokens:
+            break
+        keep.append(i)
+        total += len(seqs[i][1])
+    return sorted(keep)
 
 
 # -- 3. the draft ---------------------------------------------------------------------------------
@@ -282,13 +342,17 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     from mirror_core.models.vocab import VocabMap
 
     target_dir, g = prepare_run(cfg.threads, cfg.work, cfg.seed, cfg.target)
-    seqs = [s for folder in cfg.answers.split(",") for s in load_sequences(folder)]
+    folders = cfg.answers.split(",")
+    pool = [s for folder in folders for s in load_sequences(folder)]
+    keep = data_subset(pool, cfg.train_tokens, g)
+    seqs = [pool[i] for i in keep]
     held_seqs = load_sequences(cfg.heldout)
     timings = {}
     t = time.time()
-    teacher = teacher_pass(seqs, target_dir, cfg.feature_layer, cfg.topk, os.path.join(cfg.work, "teacher_f.pt"))
-    held_teacher = teacher_pass(held_seqs, target_dir, cfg.feature_layer, cfg.topk,
-                                os.path.join(cfg.work, "teacher_f_heldout.pt"))
+    layer, k = cfg.feature_layer, cfg.topk
+    teacher = teacher_pass(folders, keep, seqs, target_dir, layer, k, teacher_path(cfg.work, "teacher_f", seqs, layer, k))
+    held_teacher = teacher_pass([cfg.heldout], list(range(len(held_seqs))), held_seqs, target_dir, layer, k,
+                                teacher_path(cfg.work, "teacher_f_heldout", held_seqs, layer, k))
     timings["teacher_pass_s"] = round(time.time() - t, 1)
     target, readout, always = load_target(target_dir)
     vmap = VocabMap.from_ids(draft_vocabulary(seqs, cfg.draft_vocab, always), int(target.config.vocab_size))
@@ -318,6 +382,7 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     timings["candidate_head_s"] = round(time.time() - t, 1)
     _save_feature_draft(cfg, model, vmap, target, head, candidates, log, len(held_seqs))
     summary = {**run_record(cfg), "sequences": len(seqs), "answer_tokens": sum(len(a) for _, a in seqs),
+               "pool_sequences": len(pool), "teacher_recorded": teacher["recorded"],
                "heldout_sequences": len(held_seqs), "heldout_answer_tokens": sum(len(a) for _, a in held_seqs),
                "vocab_coverage": coverage, "exit_coverage": exit_cov, "candidate_coverage": candidates,
                "draft_log": log, "token_draft_heldout_agreement": compare, "timings": timings,
