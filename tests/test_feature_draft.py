@@ -107,3 +107,28 @@ def test_a_feature_draft_fixes_the_exit_layer_and_must_fit_its_target(pair, inli
     other, _ = build_pair(str(tmp_path), "llama", target_layers=3)
     with pytest.raises(MirrorError, match="trained for a target"):
         MirrorEngine.load(other, pair[1], LaneConfig(kind="inline"))
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_the_unrolled_attention_equals_masked_attention_over_every_depths_keys(depth):
+    """train_step_outputs' attention (causal over depth 1, own position over depths 2..d) is the masked sdpa it
+    replaced, values and gradients, with grouped KV heads."""
+    import torch.nn.functional as F
+
+    from mirror_core.models.feature_draft import unrolled_attention
+
+    g = torch.Generator().manual_seed(depth)
+    b, hq, hkv, t, d = 2, 6, 2, 7, 8
+    q = torch.randn(b, hq, t, d, generator=g, requires_grad=True)
+    past = [tuple(torch.randn(b, hkv, t, d, generator=g, requires_grad=True) for _ in "kv") for _ in range(depth)]
+    mask = torch.cat([torch.ones(t, t, dtype=torch.bool).tril()] + [torch.eye(t, dtype=torch.bool)] * (depth - 1), 1)
+    keys = torch.cat([k for k, _ in past], 2).repeat_interleave(hq // hkv, 1)
+    values = torch.cat([v for _, v in past], 2).repeat_interleave(hq // hkv, 1)
+    want = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    got = unrolled_attention(q, past)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    leaves = [q] + [x for kv in past for x in kv]
+    grads_want = torch.autograd.grad(want.square().sum(), leaves)
+    grads_got = torch.autograd.grad(got.square().sum(), leaves)
+    for a, w in zip(grads_got, grads_want):
+        torch.testing.assert_close(a, w, rtol=1e-4, atol=1e-5)

@@ -126,7 +126,12 @@ class FeatureDraft(nn.Module):
         rep = c.num_heads // c.num_kv_heads
         keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)       # [B, Hq, S, D]
         a = F.scaled_dot_product_attention(q, keys, values, attn_mask=may_attend.unsqueeze(1))  # [B, Hq, T, D]
-        b, _, t, _ = q.shape
+        return self.after_attention(layer, x, a)
+
+    def after_attention(self, layer, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """The layer after its attention: x [B, T, H] + o(a) (a [B, Hq, T, D]), then the MLP."""
+        c = self.cfg
+        b, _, t, _ = a.shape
         x = x + self.linear(a.transpose(1, 2).reshape(b, t, -1), layer["o"])
         hn = rms_norm(x, layer["post_norm"], c.rms_norm_eps)
         return x + self.linear(F.silu(self.linear(hn, layer["gate"])) * self.linear(hn, layer["up"]), layer["down"])
@@ -197,6 +202,26 @@ def from_target(target, vocab_ids: torch.Tensor, num_layers: int, feature_layer:
     return model
 
 
+def unrolled_attention(q: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Depth d's attention in the training-time test, without a mask over d·T keys: q [B, Hq, T, D] attends to depth
+    1's keys at positions ≤ p (causal) and to each later depth's key at its own position p only; past = the d
+    depths' (k, v) [B, Hkv, T, D]. The same function as scaled_dot_product_attention under the mask
+    [causal | diag | … | diag], at a quarter of its time here (the masked CPU kernel visits all d·T keys)."""
+    rep = q.shape[1] // past[0][0].shape[1]
+    k1, v1 = (t.repeat_interleave(rep, 1) for t in past[0])                                   # [B, Hq, T, D]
+    t = q.shape[2]
+    scale = q.shape[-1] ** -0.5
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()                        # [T, T]
+    scores = [(q @ k1.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]           # [B, Hq, T, T]
+    own = [(k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)) for k, v in past[1:]]
+    scores += [(q * k).sum(-1, keepdim=True) * scale for k, _ in own]                          # [B, Hq, T, 1] each
+    p = torch.softmax(torch.cat(scores, -1).float(), -1).to(q.dtype)                           # [B, Hq, T, T+d−1]
+    out = p[..., :t] @ v1                                                                        # [B, Hq, T, D]
+    for j, (_, v) in enumerate(own):
+        out = out + p[..., t + j: t + j + 1] * v
+    return out
+
+
 def train_step_outputs(model: FeatureDraft, ids: torch.Tensor, features: torch.Tensor, depths: int) -> list[torch.Tensor]:
     """Training-time test (EAGLE-3): the draft unrolled on its own predicted features, all positions at once.
 
@@ -207,22 +232,16 @@ def train_step_outputs(model: FeatureDraft, ids: torch.Tensor, features: torch.T
     logits predict x_{p+d+1}); rows past the end read padding and are masked by the caller.
     """
     b, t = ids.shape
-    dev = ids.device
-    pos = torch.arange(t, device=dev).expand(b, t)
-    causal = torch.ones(t, t, dtype=torch.bool, device=dev).tril()                                 # [T, T]
-    diag = torch.eye(t, dtype=torch.bool, device=dev)
+    pos = torch.arange(t, device=ids.device).expand(b, t)
     outs, feats = [], features
     kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in model.layers]
     for d in range(1, depths + 1):
         tok = ids if d == 1 else torch.cat([ids[:, d - 1:], ids.new_zeros(b, d - 1)], 1)         # x_{p+d}
         x = model.inputs(tok, feats)                                                             # [B, T, H]
-        mask = torch.cat([causal] + [diag] * (d - 1), 1).expand(b, t, t * d)                      # [B, T, d·T]
         for layer, past in zip(model.layers, kv):
             q, k, v = model.qkv(layer, x, pos + d - 1)
             past.append((k, v))
-            keys = torch.cat([kk for kk, _ in past], 2)
-            values = torch.cat([vv for _, vv in past], 2)
-            x = model.finish(layer, x, q, keys, values, mask)
+            x = model.after_attention(layer, x, unrolled_attention(q, past))
         outs.append(x)
         feats = x
     return outs
