@@ -8,7 +8,11 @@ With --sources each source (chat_sources.py) writes OUT/<source>/answers_s<stage
 generation.json (tokens, records and seconds per shard), and OUT/manifest.json sums them per source; without it the
 legacy set writes DIR/answers_<shard>.pt and DIR/generation.json. A shard is a list of records {"prompt": [ids],
 "answer": [ids], "answer_spans": [[start, end), …] over prompt + answer (where the target's own tokens lie), "source",
-"stage", "temperature", "user": [the user turns]}; the answer ends with the eos token unless it hit the limit.
+"stage", "temperature", "user": [the user turns], and what the target computed on the way (feature_distill's teacher
+pass, recorded instead of recomputed; --feature-layer 0 records none): "feat_layer" ℓ, "feat" [L − 1, H] bfloat16
+(the hidden state after layer ℓ at positions 0 … L − 2), "top_ids" / "top_logits" [len(answer), k] (the top-k
+next-token logits before each answer token, before any row samples)}; the answer ends with the eos token unless it
+hit the limit.
 A shard that exists is never made again, so a stopped run continues where it stopped (`--out` the same).
 Generation runs the target in bfloat16 (or --dtype float32) with left padding (Hugging Face generate); sampled rows
 draw from one torch.Generator per shard, seeded from --seed, the source, the stage and the shard.

@@ -6,8 +6,10 @@
         --out assets/smollm2_pair --minutes 60
 
 Stages (the teacher pass is cached in WORK):
-1. teacher pass (bfloat16 target): the hidden state after layer ℓ_e at every position of every prompt + answer (the
-   draft's input features) and the target's top-k next-token logits at answer positions.
+1. teacher pass: the hidden state after layer ℓ_e at every position of every prompt + answer (the draft's input
+   features) and the target's top-k next-token logits at answer positions, copied from the records where chat_data
+   recorded them while generating, computed by the bfloat16 target for the rest; `--train-tokens N` trains on a
+   seeded random subset of about N answer tokens (the data-volume probe).
 2. the draft vocabulary (distill.draft_vocabulary over these answers) and the exit head at ℓ_e (distill.train_exit_head).
 3. the draft, trained with EAGLE-3's training-time test: unrolled to `depths` tokens on its own predicted features
    (feature_draft.train_step_outputs), loss = KL to the target's top-k + hard_weight × CE on its greedy token +
