@@ -73,6 +73,7 @@ class FeatureDistillConfig:
     seed: int = 0
     threads: int = 0
     compare: str = "assets/smollm2_pair/draft"    # the token-only draft to compare against ("" = none)
+    eval_every: int = 500                         # steps between held-out evaluations (the agreement curve)
     train_tokens: int = 0                         # train on a seeded random subset of about this many answer tokens
                                                   # (0: all): the data-volume probe
 
@@ -329,7 +330,7 @@ def train(cfg: FeatureDistillConfig, model, seqs, train_idx, teacher, soft, to_d
             if step % 50 == 0:
                 print(f"step {step}: loss {float(loss):.3f}, batch top-1 by depth "
                       f"{[round(a, 3) for a in agree]}, {elapsed / 60:.1f} min", flush=True)
-            if step % 500 == 0:
+            if step % cfg.eval_every == 0:
                 log.append({"step": step, "minutes": round(elapsed / 60, 2), "heldout_agreement": held()})
                 print(f"held-out top-1 by depth {log[-1]['heldout_agreement']}", flush=True)
     log.append({"step": step, "minutes": round((time.time() - t0) / 60, 2), "heldout_agreement": held()})
