@@ -109,6 +109,8 @@ def test_the_legacy_set_keeps_its_flat_layout(chat_target, tmp_path):
     assert all(P.held_out_mention(r["user"][0]) for r in rows)  # the held-out set is made of exactly those topics
     assert json.load(open(tmp_path / "generation.json"))["answer_tokens"] == sum(len(r["answer"]) for r in rows)
     assert not any("feat" in r for r in rows)  # --feature-layer 0: no teacher figures recorded
+    with pytest.raises(SystemExit, match="layers 1..1"):  # the last layer's state is read after the final norm
+        CD.Target(_cfg(chat_target, tmp_path, feature_layer=2))
 
 
 def test_generation_records_the_teacher_pass_a_full_forward_would_compute(chat_target, tmp_path):
@@ -217,9 +219,11 @@ def test_the_teacher_pass_reads_what_generation_recorded_and_computes_the_rest(c
     pool = [s for f in folders for s in load_sequences(f)]
     keep = [1, 4, 5, 6, 8]  # three recorded records, then two of the code folder's (no figures)
     seqs = [pool[i] for i in keep]
-    path = FD.teacher_path(str(tmp_path), "t", seqs, 1, 4)
+    path = FD.teacher_path(str(tmp_path), "t", seqs, 1, 4, chat_target)
     t = FD.teacher_pass(folders, keep, seqs, chat_target, 1, 4, path)
-    assert t["recorded"] == 3 and os.path.exists(path) and path != FD.teacher_path(str(tmp_path), "t", seqs, 2, 4)
+    assert t["recorded"] == 3 and os.path.exists(path)
+    assert path not in (FD.teacher_path(str(tmp_path), "t", seqs, 2, 4, chat_target),
+                        FD.teacher_path(str(tmp_path), "t", seqs, 1, 4, str(tmp_path)))
     records = _records(folders[0])
     model = AutoModelForCausalLM.from_pretrained(chat_target, dtype=torch.float32).eval()
     for i, (p, a) in enumerate(seqs):

@@ -108,6 +108,8 @@ def teacher_pass(folders: list[str], keep: list[int], seqs, target_dir: str, lay
             i, at = local.get(at), at + 1
             if i is None:
                 continue
+            if (r["prompt"], r["answer"]) != seqs[i]:
+                raise SystemExit(f"{path_} changed since its sequences were read (is chat_data still writing there?)")
             if r.get("feat_layer") != layer or r["top_ids"].shape[1] < topk:
                 missing.append(i)
                 continue
@@ -155,9 +157,9 @@ def _forward_pass(seqs, which: list[int], target_dir: str, layer: int, into: tup
                   flush=True)
 
 
-def teacher_path(work: str, name: str, seqs, layer: int, topk: int) -> str:
-    """The teacher cache's file, named by what it holds: a stale cache (other data, layer or k) is never read."""
-    key = zlib.crc32(f"{layer}/{topk}/{len(seqs)}".encode())
+def teacher_path(work: str, name: str, seqs, layer: int, topk: int, target: str) -> str:
+    """The teacher cache's file, named by what it holds: a stale cache (other data, layer, k or target) is never read."""
+    key = zlib.crc32(f"{os.path.abspath(target)}/{layer}/{topk}/{len(seqs)}".encode())
     for p, a in seqs:
         key = zlib.crc32(torch.tensor(p + [-1] + a, dtype=torch.int32).numpy().tobytes(), key)
     return os.path.join(work, f"{name}_{key:08x}.pt")
@@ -353,9 +355,10 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     timings = {}
     t = time.time()
     layer, k = cfg.feature_layer, cfg.topk
-    teacher = teacher_pass(folders, keep, seqs, target_dir, layer, k, teacher_path(cfg.work, "teacher_f", seqs, layer, k))
+    teacher = teacher_pass(folders, keep, seqs, target_dir, layer, k,
+                           teacher_path(cfg.work, "teacher_f", seqs, layer, k, target_dir))
     held_teacher = teacher_pass([cfg.heldout], list(range(len(held_seqs))), held_seqs, target_dir, layer, k,
-                                teacher_path(cfg.work, "teacher_f_heldout", held_seqs, layer, k))
+                                teacher_path(cfg.work, "teacher_f_heldout", held_seqs, layer, k, target_dir))
     timings["teacher_pass_s"] = round(time.time() - t, 1)
     target, readout, always = load_target(target_dir)
     vmap = VocabMap.from_ids(draft_vocabulary(seqs, cfg.draft_vocab, always), int(target.config.vocab_size))
