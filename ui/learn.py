@@ -361,20 +361,20 @@ def _wire_whatif(state: gr.State, loader, tab: gr.Tab, p: WhatIfParts) -> None:
     def redraw_curve(*values):
         return curve_html(_knobs(values[:-1]), bool(values[-1]))
 
-    def from_start(session: Session, which):
-        st = start(which if which in STARTS else THIS_MACHINE, session, loader.info())
+    def shown(st) -> list:
+        """A start as the outputs: the knobs (in their sliders' ranges), the note, the start's key."""
         values, outside = _in_range(st.knobs)
         return values + [st.note + outside, st.key]
+
+    def from_start(session: Session, which):
+        return shown(start(which if which in STARTS else THIS_MACHINE, session, loader.info()))
 
     def reopen(session: Session, which, key):
         """Opening the tab: this machine's newest figures, unless the knobs already started from them."""
         if which != THIS_MACHINE:
             return [gr.skip()] * (len(p.knobs) + 2)
         st = start(THIS_MACHINE, session, loader.info())
-        if st.key == key:
-            return [gr.skip()] * (len(p.knobs) + 2)
-        values, outside = _in_range(st.knobs)
-        return values + [st.note + outside, st.key]
+        return [gr.skip()] * (len(p.knobs) + 2) if st.key == key else shown(st)
 
     outputs = p.knobs + [p.note, p.seen]
     for knob in p.knobs:

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from mirror_core.models.ops import rms_norm
+from mirror_core.train.chat_sources import TOPK
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class DistillConfig:
     init_layers: tuple[int, ...] = (0, 1, 29)     # target layers the draft's layers start from (its depth)
     exit_layers: tuple[int, ...] = (15, 20)       # candidate ℓ_e, one head each
     exit_layer: int = 20                          # the head shipped
-    topk: int = 32                                # teacher logits kept per position
+    topk: int = TOPK                              # teacher logits kept per position
     draft_minutes: float = 60.0
     exit_epochs: float = 2.0
     batch_sequences: int = 16

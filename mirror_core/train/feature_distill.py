@@ -119,19 +119,22 @@ def teacher_pass(folders: list[str], keep: list[int], seqs, target_dir: str, lay
             top_logits[astart[i]: astart[i] + a] = r["top_logits"][:, :topk]
     print(f"teacher pass: {len(seqs) - len(missing)}/{len(seqs)} sequences recorded at generation, "
           f"{time.time() - t0:.0f} s", flush=True)
-    if missing:
-        _forward_pass(seqs, missing, target_dir, layer, (feat, fstart, top_ids, top_logits, astart), batch)
     result = {"feat": feat, "fstart": fstart, "top_ids": top_ids, "top_logits": top_logits, "astart": astart,
-              "recorded": len(seqs) - len(missing), "seconds": round(time.time() - t0, 1)}
+              "recorded": len(seqs) - len(missing)}
+    if missing:
+        _forward_pass(seqs, missing, target_dir, layer, result, batch)
+    result["seconds"] = round(time.time() - t0, 1)
     torch.save(result, path)
     return result
 
 
-def _forward_pass(seqs, which: list[int], target_dir: str, layer: int, into: tuple, batch: int) -> None:
-    """The teacher's figures for sequences `which`, by full forwards of the bfloat16 target, written into place."""
+def _forward_pass(seqs, which: list[int], target_dir: str, layer: int, teacher: dict, batch: int) -> None:
+    """The teacher's figures for sequences `which`, by full forwards of the bfloat16 target, written into place in
+    `teacher` (teacher_pass's tensors and offsets)."""
     from transformers import AutoModelForCausalLM
 
-    feat, fstart, top_ids, top_logits, astart = into
+    feat, fstart, top_ids, top_logits, astart = (teacher[k] for k in ("feat", "fstart", "top_ids", "top_logits",
+                                                                      "astart"))
     topk = top_ids.shape[1]
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
     lens = [len(p) + len(a) for p, a in seqs]
