@@ -71,3 +71,35 @@ def test_feature_distill_writes_a_draft_the_engine_runs_losslessly(tmp_path):
             ar = engine.generate(Request(prompt, "ar", 12)).token_ids
             for decoder in ("sd", "mirror"):
                 assert engine.generate(Request(prompt, decoder, 12)).token_ids == ar
+
+
+def test_feature_distill_continues_a_saved_draft_and_refuses_one_that_does_not_fit(tmp_path):
+    """--init: the second run starts from the first run's draft (its held-out agreement before training is the
+    first's after, up to the bfloat16 it was saved in), keeps its vocabulary, and the engine still equals ar; a
+    draft of another depth is refused with the reason."""
+    import json
+
+    from mirror_core.train import feature_distill as FD
+
+    target, _ = build_pair(str(tmp_path), "llama", target_layers=4)
+    answers, held = _answers(tmp_path / "answers", 24), _answers(tmp_path / "held", 6, 1)
+    cfg = FD.FeatureDistillConfig(answers=answers, heldout=held, work=str(tmp_path / "work"), out=str(tmp_path / "a"),
+                                  target=target, feature_layer=3, draft_vocab=40, topk=8, depths=2, minutes=0.03,
+                                  exit_epochs=5.0, candidate_epochs=0.0, batch_sequences=4, compare="")
+    first = FD.distill(cfg)
+    start = os.path.join(cfg.out, "feature_draft")
+    more = _answers(tmp_path / "more", 24, 2)
+    second = FD.distill(FD.FeatureDistillConfig(**{**cfg.__dict__, "answers": f"{answers},{more}", "init": start,
+                                                   "out": str(tmp_path / "b"), "draft_vocab": 56}))
+    before, after = second["draft_log"][0]["heldout_agreement"], first["draft_log"][-1]["heldout_agreement"]
+    assert max(abs(x - y) for x, y in zip(before, after)) <= 0.1, (before, after)
+    assert second["draft_log"][0]["heldout_agreement"] != [0.0, 0.0]
+    vocab = [json.load(open(os.path.join(d, "feature_draft", "draft_vocab.json")))["target_ids"]
+             for d in (cfg.out, str(tmp_path / "b"))]
+    assert vocab[0] == vocab[1] and len(vocab[0]) == 40   # the continued draft's, not --draft-vocab 56
+    with MirrorEngine.load(target, os.path.join(tmp_path, "b", "feature_draft"), LaneConfig(kind="inline")) as engine:
+        ar = engine.generate(Request((1, 2, 3), "ar", 12)).token_ids
+        assert engine.generate(Request((1, 2, 3), "mirror", 12)).token_ids == ar
+    with pytest.raises(SystemExit, match="with 1 layer"):
+        FD.distill(FD.FeatureDistillConfig(**{**cfg.__dict__, "init": start, "num_layers": 2,
+                                              "out": str(tmp_path / "c")}))

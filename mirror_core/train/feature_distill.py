@@ -14,6 +14,8 @@ Stages (the teacher pass is cached in WORK):
 3. the draft, trained with EAGLE-3's training-time test: unrolled to `depths` tokens on its own predicted features
    (feature_draft.train_step_outputs), loss = KL to the target's top-k + hard_weight × CE on its greedy token +
    feature_weight × smooth-L1 to the true next feature, depth d weighted decay^(d−1), answer positions only.
+   `--init FOLDER` continues a saved feature draft instead (its weights, its vocabulary, its exit head as the start
+   of stage 2's): more data for a draft that has already seen the first, without paying for its first passes again.
 4. held-out (new topics, never in training prompts): teacher-forced top-1 agreement per depth, the vocabulary's
    coverage, and the same for the pair's previous token-only draft (`--compare`) on the same answers.
 """
@@ -76,6 +78,8 @@ class FeatureDistillConfig:
     eval_every: int = 500                         # steps between held-out evaluations (the agreement curve)
     train_tokens: int = 0                         # train on a seeded random subset of about this many answer tokens
                                                   # (0: all): the data-volume probe
+    init: str = ""                                # a feature_draft folder to continue from: its vocabulary, exit
+                                                  # head and weights ("": a new draft from the target's layers)
 
 
 # -- 1. teacher pass ------------------------------------------------------------------------------
@@ -333,7 +337,7 @@ def train(cfg: FeatureDistillConfig, model, seqs, train_idx, teacher, soft, to_d
             opt.step()
             step += 1
             if step % 50 == 0:
-                print(f"step {step}: loss {float(loss):.3f}, batch top-1 by depth "
+                print(f"step {step}: loss {float(loss.detach()):.3f}, batch top-1 by depth "
                       f"{[round(a, 3) for a in agree]}, {elapsed / 60:.1f} min", flush=True)
             if step % cfg.eval_every == 0:
                 log.append({"step": step, "minutes": round(elapsed / 60, 2), "heldout_agreement": held()})
@@ -364,7 +368,9 @@ def distill(cfg: FeatureDistillConfig) -> dict:
                                 teacher_path(cfg.work, "teacher_f_heldout", held_seqs, layer, k, target_dir))
     timings["teacher_pass_s"] = round(time.time() - t, 1)
     target, readout, always = load_target(target_dir)
-    vmap = VocabMap.from_ids(draft_vocabulary(seqs, cfg.draft_vocab, always), int(target.config.vocab_size))
+    start = continued_draft(cfg, target) if cfg.init else None
+    vmap = start.vmap if start else VocabMap.from_ids(draft_vocabulary(seqs, cfg.draft_vocab, always),
+                                                       int(target.config.vocab_size))
     to_draft, other = vmap.to_draft, vmap.size
     coverage = {"train": _coverage(seqs, vmap), "heldout": _coverage(held_seqs, vmap)}
     print(f"draft vocabulary: {vmap.size} tokens cover {coverage['train']} of training answer tokens, "
@@ -373,9 +379,10 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     held_soft = soft_targets(held_teacher["top_ids"], held_teacher["top_logits"], to_draft, other)
     t = time.time()
     task = _exit_head_task(cfg, teacher, seqs, readout, vmap.target_ids, soft, g)
-    head, exit_cov = train_exit_head(task, g)
+    head, exit_cov = train_exit_head(dataclasses.replace(task, init=start.head) if start else task, g)
     timings["exit_head_s"] = round(time.time() - t, 1)
-    model = from_target(target, vmap.target_ids, cfg.num_layers, cfg.feature_layer, head).float().train()
+    model = start.model if start else from_target(target, vmap.target_ids, cfg.num_layers, cfg.feature_layer, head)
+    model = model.float().train().requires_grad_(True)
     held_idx = list(range(len(held_seqs)))
 
     def held():
@@ -399,6 +406,45 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     with open(os.path.join(cfg.out, "feature_distill.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
     return summary
+
+
+@dataclass(frozen=True)
+class ContinuedDraft:
+    """Where `--init` starts: a saved feature draft's weights, vocabulary and exit head (adapter, bias, gain)."""
+    model: object
+    vmap: object
+    head: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def continued_draft(cfg: FeatureDistillConfig, target) -> ContinuedDraft:
+    """The draft in cfg.init, checked against this run's target and settings (SystemExit saying what differs)."""
+    from mirror_core.config import MirrorError
+    from mirror_core.models.exit_head import find_exit_head
+    from mirror_core.models.feature_draft import load_feature_draft
+    from mirror_core.models.vocab import load_vocab_map
+
+    try:
+        model = load_feature_draft(cfg.init)
+        vmap, head = load_vocab_map(cfg.init), find_exit_head(cfg.init)
+    except MirrorError as exc:
+        raise SystemExit(f"--init: {exc}") from None
+    tc, dc = target.config, model.cfg
+    problems = []
+    if vmap is None or head is None:
+        problems.append("it has no draft_vocab.json or no exit head beside the draft")
+    elif head.matches(tc) or head.layer != cfg.feature_layer or not torch.equal(head.ids, vmap.target_ids):
+        problems.append(f"its exit head reads layer {head.layer} over {head.ids.numel()} tokens "
+                        f"({head.matches(tc) or 'fits the target'}), not layer {cfg.feature_layer} over its vocabulary")
+    if (dc.hidden_size, dc.target_layers, dc.target_vocab_size) != (tc.hidden_size, tc.num_hidden_layers, tc.vocab_size):
+        problems.append(f"it was trained for a target with hidden size, layers, vocabulary "
+                        f"{(dc.hidden_size, dc.target_layers, dc.target_vocab_size)}")
+    if (dc.feature_layer, dc.num_layers) != (cfg.feature_layer, cfg.num_layers):
+        problems.append(f"it reads layer {dc.feature_layer} with {dc.num_layers} layer(s), not --feature-layer "
+                        f"{cfg.feature_layer} --num-layers {cfg.num_layers}")
+    if problems:
+        raise SystemExit(f"--init {cfg.init} cannot continue here: " + "; ".join(problems))
+    print(f"continuing the draft in {cfg.init} ({vmap.size} tokens, {dc.num_layers} layer(s))", flush=True)
+    return ContinuedDraft(model, vmap, (head.adapter, head.bias, head.gain))
 
 
 def _coverage(seqs, vmap) -> float:
