@@ -97,6 +97,12 @@ def test_feature_distill_continues_a_saved_draft_and_refuses_one_that_does_not_f
     vocab = [json.load(open(os.path.join(d, "feature_draft", "draft_vocab.json")))["target_ids"]
              for d in (cfg.out, str(tmp_path / "b"))]
     assert vocab[0] == vocab[1] and len(vocab[0]) == 40   # the continued draft's, not --draft-vocab 56
+    assert second["continued_from"]["draft_log"] == first["draft_log"] and first["continued_from"] is None
+    from mirror_core.train.distill_card import render_feature
+
+    card = "\n".join(render_feature(second, None, ""))
+    assert "First run" in card and "Second run" in card and "--init assets/smollm2_pair/feature_draft" in card
+    assert "Second run" not in "\n".join(render_feature(first, None, ""))
     with MirrorEngine.load(target, os.path.join(tmp_path, "b", "feature_draft"), LaneConfig(kind="inline")) as engine:
         ar = engine.generate(Request((1, 2, 3), "ar", 12)).token_ids
         assert engine.generate(Request((1, 2, 3), "mirror", 12)).token_ids == ar

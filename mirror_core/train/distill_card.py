@@ -61,38 +61,60 @@ def bench_table(bench: dict, bench_cmd: str, title: str) -> list[str]:
 
 
 def render_feature(fd: dict, bench: dict | None, bench_cmd: str) -> list[str]:
-    """The feature-reading draft's part of the card, from feature_distill.json and its bench report."""
+    """The feature-reading draft's part of the card, from feature_distill.json and its bench report; a run that
+    continued an earlier draft (`--init`, its record in "continued_from") shows both runs' data, cost and commands."""
     cfg, t, log = fd["config"], fd["timings"], fd["draft_log"]
+    first = fd.get("continued_from") or fd
     held = log[-1]["heldout_agreement"]
     cand = fd["candidate_coverage"]
-    minutes = sum(t.values()) / 60
+    runs = [first, fd] if first is not fd else [fd]
+    minutes = sum(sum(r["timings"].values()) for r in runs) / 60
+    fc = first["config"]
     lines = [
         "## Feature-reading draft (`feature_draft/`, the default)",
         f"- {cfg['num_layers']} Llama decoder layer of the target's width reading the target's hidden state after layer "
         f"{cfg['feature_layer']} (EAGLE-style, `mirror_core/models/feature_draft.py`; docs/ALGORITHM.md §2.10): input "
         "W_fc·[embed(next token); feature], output its prediction of the next position's feature, read by a head of the "
         f"exit head's form; {fd['draft_params'] / 1e6:.2f} M parameters, stored in bfloat16. Started from target layer "
-        f"{cfg['feature_layer']}, the exit head, and W_fc = [small; I].",
-        f"- Its own reduced vocabulary: the {cfg['draft_vocab']:,} most frequent target tokens of its training text, "
+        f"{cfg['feature_layer']}, the exit head, and W_fc = [small; I]"
+        + (", then continued on more data (two runs, below)." if len(runs) == 2 else "."),
+        f"- Its own reduced vocabulary: the {fc['draft_vocab']:,} most frequent target tokens of "
+        + ("the first run's" if len(runs) == 2 else "its") + " training text, "
         f"covering {fd['vocab_coverage']['train']:.2%} of the training answer tokens and "
         f"{fd['vocab_coverage']['heldout']:.2%} of the held-out ones.",
-        f"- Data: the target's greedy answers (bfloat16, ≤ 128 new tokens) to {fd['sequences']:,} chat prompts "
-        f"(`chat_prompts.py` with `MORE_FORMS`: 36 instruction forms × topics, and code requests; "
-        f"{fd['answer_tokens']:,} answer tokens). Held out: the answers to {fd['heldout_sequences']} prompts on topics "
-        f"that never occur in training ({fd['heldout_answer_tokens']:,} tokens).",
-        f"- Training-time test (EAGLE-3): unrolled {cfg['depths']} tokens on its own predicted features; loss per depth "
-        f"d × {cfg['depth_decay']}^(d−1): KL to the target's top-{cfg['topk']} + {cfg['hard_weight']} × CE + "
-        f"{cfg['feature_weight']} × smooth-L1 to the true next feature; AdamW lr {cfg['lr']}, batch "
-        f"{cfg['batch_sequences']} sequences, bf16 autocast, {cfg['minutes']:.0f} minutes ({log[-1]['step']} steps).",
+        f"- Data{' of the first run' if len(runs) == 2 else ''}: the target's greedy answers (bfloat16, ≤ 128 new "
+        f"tokens) to {first['sequences']:,} chat prompts (`chat_prompts.py` with `MORE_FORMS`: 36 instruction forms × "
+        f"topics, and code requests; {first['answer_tokens']:,} answer tokens).",
+    ]
+    if len(runs) == 2:
+        made = [(os.path.basename(os.path.normpath(f)), g) for f, g in fd.get("sources", {}).items()]
+        lines.append(f"- Data of the second run: the target's own answers from `chat_data --sources` "
+                     f"({fd['sequences']:,} records, {fd['answer_tokens']:,} answer tokens): "
+                     + ", ".join(f"{name} {g['answer_tokens']:,} tokens" if g else name for name, g in made)
+                     + " (sources: docs/TRAINING.md).")
+    lines.append(f"- Held out: the answers to {fd['heldout_sequences']} prompts on topics that never occur in training "
+                 f"({fd['heldout_answer_tokens']:,} tokens).")
+    for r, name in zip(runs, ("First run, t", "Second run, t") if len(runs) == 2 else ("T",)):
+        c, rlog = r["config"], r["draft_log"]
+        lines.append(f"- {name}raining-time test (EAGLE-3): unrolled {c['depths']} tokens on its own predicted "
+                     f"features; loss per depth d × {c['depth_decay']}^(d−1): KL to the target's top-{c['topk']} + "
+                     f"{c['hard_weight']} × CE + {c['feature_weight']} × smooth-L1 to the true next feature; AdamW lr "
+                     f"{c['lr']}, batch {c['batch_sequences']} sequences, bf16 autocast, {c['minutes']:.0f} minutes "
+                     f"({rlog[-1]['step']} steps).")
+    lines += [
         "- Held-out top-1 agreement with the target's greedy token by depth (teacher-forced tokens, depth d on d−1 of "
-        "its own features): " + "; ".join(f"{e['minutes']:.0f} min: {', '.join(f'{a:.3f}' for a in e['heldout_agreement'])}"
-                                          for e in log[:: max(1, len(log) // 5)]) + "; at the end: "
+        "its own features" + (", measured in the second run: its 0 min is the first run's draft" if len(runs) == 2
+                              else "") + "): "
+        + "; ".join(f"{e['minutes']:.0f} min: {', '.join(f'{a:.3f}' for a in e['heldout_agreement'])}"
+                    for e in log[:: max(1, len(log) // 5)]) + "; at the end: "
         + ", ".join(f"{a:.3f}" for a in held) + "."
         + (f" The token-only draft on the same held-out answers: {fd['token_draft_heldout_agreement']:.3f} (depth 1)."
            if fd.get("token_draft_heldout_agreement") is not None else ""),
         "",
         f"### Its early-exit head (`feature_draft/exit_head.*`, layer {cfg['feature_layer']})",
-        f"Trained as the token-only pair's ({cfg['exit_epochs']} epochs), then {cfg['candidate_epochs']} more epoch on the "
+        f"Trained as the token-only pair's ({cfg['exit_epochs']} epochs"
+        + (" in the second run, from the first run's head" if len(runs) == 2 else "")
+        + f"), then {cfg['candidate_epochs']} more epoch on the "
         f"positions where the draft is wrong weighted {cfg['wrong_weight']}× and the draft's own token excluded (M_t "
         "never sends it): a hit needs the target's token among the candidates exactly there. Held-out share of the "
         "draft's wrong positions whose target token is in the candidates:", "",
@@ -100,13 +122,29 @@ def render_feature(fd: dict, bench: dict | None, bench_cmd: str) -> list[str]:
     for name, c in cand.items():
         lines.append(f"| {name} the second pass | {c['draft_wrong_share']:.3f} | {c['top1']:.3f} | {c['top2']:.3f} | "
                      f"{c['top4']:.3f} |")
-    lines += ["", f"### Its training cost ({fd['cpu']}, {fd['threads']} threads, torch {fd['torch']})",
-              ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v / 60:.1f} min" for k, v in t.items())
-              + f": {minutes:.0f} min in all, plus the answers' generation. Commands:", "", "```bash",
+    generated = sum(g["seconds"] for g in fd.get("sources", {}).values() if g) if len(runs) == 2 else 0
+    lines += ["", f"### Its training cost ({fd['cpu']}, {fd['threads']} threads, torch {fd['torch']})"]
+    for r, name in zip(runs, ("first run", "second run") if len(runs) == 2 else ("",)):
+        lines.append((f"{name} ({r['cpu']}): " if name else "")
+                     + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v / 60:.1f} min" for k, v in r["timings"].items())
+                     + ".")
+    lines += ["", f"{minutes:.0f} min of training in all, plus the answers' generation"
+              + (f" ({generated / 3600:.1f} h of one-thread processes for the second run's)" if generated else "")
+              + ". Commands:", "", "```bash",
               "python -m mirror_core.train.chat_data --more --new-tokens 128 --out WORK/answers --threads 2",
               "python -m mirror_core.train.chat_data --held-out --more --limit 96 --new-tokens 128 --out WORK/heldout",
               f"python -m mirror_core.train.feature_distill --answers WORK/answers --heldout WORK/heldout --work WORK "
-              f"--out assets/smollm2_pair --minutes {cfg['minutes']:.0f} --threads 2", "```", ""]
+              f"--out assets/smollm2_pair --minutes {fc['minutes']:.0f} --threads 2"]
+    if len(runs) == 2:
+        names = ",".join(f"WORK/data/{os.path.basename(os.path.normpath(f))}" for f in fd.get("sources", {}))
+        lines += ["python -m mirror_core.train.chat_data --sources templated,code,self_questions --threads 1 "
+                  "--out WORK/data &",
+                  "python -m mirror_core.train.chat_data --sources sampled,multi_turn --threads 1 --out WORK/data",
+                  f"python -m mirror_core.train.feature_distill --answers {names} --heldout WORK/heldout --work WORK "
+                  f"--init assets/smollm2_pair/feature_draft --out assets/smollm2_pair --minutes {cfg['minutes']:.0f} "
+                  f"--lr {cfg['lr']} --exit-epochs {cfg['exit_epochs']} --candidate-epochs {cfg['candidate_epochs']} "
+                  "--threads 2"]
+    lines += ["```", ""]
     if bench is not None:
         lines += bench_table(bench, bench_cmd, "Speculative decoding with the feature-reading draft")
     return lines

@@ -369,6 +369,7 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     timings["teacher_pass_s"] = round(time.time() - t, 1)
     target, readout, always = load_target(target_dir)
     start = continued_draft(cfg, target) if cfg.init else None
+    earlier = earlier_record(cfg.init) if cfg.init else None
     vmap = start.vmap if start else VocabMap.from_ids(draft_vocabulary(seqs, cfg.draft_vocab, always),
                                                        int(target.config.vocab_size))
     to_draft, other = vmap.to_draft, vmap.size
@@ -399,6 +400,7 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     _save_feature_draft(cfg, model, vmap, target, head, candidates, log, len(held_seqs))
     summary = {**run_record(cfg), "sequences": len(seqs), "answer_tokens": sum(len(a) for _, a in seqs),
                "pool_sequences": len(pool), "teacher_recorded": teacher["recorded"],
+               "sources": {f: generation_record(f) for f in folders}, "continued_from": earlier,
                "heldout_sequences": len(held_seqs), "heldout_answer_tokens": sum(len(a) for _, a in held_seqs),
                "vocab_coverage": coverage, "exit_coverage": exit_cov, "candidate_coverage": candidates,
                "draft_log": log, "token_draft_heldout_agreement": compare, "timings": timings,
@@ -445,6 +447,27 @@ def continued_draft(cfg: FeatureDistillConfig, target) -> ContinuedDraft:
         raise SystemExit(f"--init {cfg.init} cannot continue here: " + "; ".join(problems))
     print(f"continuing the draft in {cfg.init} ({vmap.size} tokens, {dc.num_layers} layer(s))", flush=True)
     return ContinuedDraft(model, vmap, (head.adapter, head.bias, head.gain))
+
+
+def generation_record(folder: str) -> dict | None:
+    """What chat_data recorded generating a folder (its generation.json): records, answer tokens, seconds."""
+    try:
+        with open(os.path.join(folder, "generation.json"), encoding="utf-8") as f:
+            g = json.load(f)
+        return {k: g[k] for k in ("records", "answer_tokens", "seconds", "threads")}
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def earlier_record(init: str) -> dict | None:
+    """The record (feature_distill.json) of the run that wrote the draft `--init` continues: beside the draft's folder
+    (the pair folder) or in it; None when neither holds one."""
+    for folder in (init, os.path.dirname(os.path.normpath(init))):
+        path = os.path.join(folder, "feature_distill.json")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+    return None
 
 
 def _coverage(seqs, vmap) -> float:
