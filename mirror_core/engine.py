@@ -331,7 +331,7 @@ def _read_pair(target: str, draft: str | None, lanes: LaneConfig, trust_remote_c
     if draft is not None and is_feature_draft(local_folder(draft)):
         features = feature_draft_config(local_folder(draft))
         vmap = load_vocab_map(local_folder(draft))
-        _check_feature_draft(features, target_cfg, vmap)
+        check_feature_draft(features, target_cfg, vmap)
         contexts.append(features.max_positions)
     elif draft is not None:
         draft_cfg = load_config(ModelSpec(draft, lanes.draft_device, trust_remote_code), draft=True)
@@ -441,7 +441,7 @@ def _choose_spec(target: Calibration | None, draft: Calibration | None, profile,
     return choose_spec(StepCosts(t_ar, t_window, WINDOW, exit_share, d_step, d_rows, BRANCH_ROWS, WINDOW - 1), profile)
 
 
-def _check_feature_draft(cfg, target_cfg, vmap) -> None:
+def check_feature_draft(cfg, target_cfg, vmap) -> None:
     """A feature-reading draft fits a target of its hidden size, depth and vocabulary (it reads its features)."""
     mine = (cfg.hidden_size, cfg.target_layers, cfg.target_vocab_size)
     theirs = (int(target_cfg.hidden_size), int(target_cfg.num_hidden_layers), int(target_cfg.vocab_size))
@@ -450,6 +450,9 @@ def _check_feature_draft(cfg, target_cfg, vmap) -> None:
                           f"{mine}, not {theirs}")
     if vmap is None or vmap.target_vocab_size != theirs[2]:
         raise MirrorError("a feature-reading draft needs its draft_vocab.json for this target's vocabulary")
+    if cfg.vocab_size != vmap.size + 1:
+        raise MirrorError(f"the feature-reading draft reads {cfg.vocab_size} tokens but its draft_vocab.json lists "
+                          f"{vmap.size} (+1 for \"other\")")
 
 
 def _context_of(config) -> int | None:

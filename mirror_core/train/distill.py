@@ -339,7 +339,7 @@ def train_draft(cfg: DistillConfig, draft, seqs, train_idx, val_idx, teacher, to
     return log
 
 
-def _read_json(path: str) -> dict | None:
+def read_json(path: str) -> dict | None:
     """A small JSON record (chat_data's generation.json), or None when there is none."""
     try:
         with open(path, encoding="utf-8") as f:
@@ -425,7 +425,7 @@ def distill(cfg: DistillConfig) -> dict:
     summary = {**run_record(cfg), "sequences": len(seqs), "answer_tokens": sum(len(a) for _, a in seqs),
                "held_out_sequences": n_val, "draft_vocab_coverage": round(covered, 4), "exit_coverage": coverage,
                "draft_log": log, "timings": timings, "draft_params": sum(p.numel() for p in draft.parameters()),
-               "generation": _read_json(os.path.join(cfg.answers, "generation.json"))}
+               "generation": read_json(os.path.join(cfg.answers, "generation.json"))}
     with open(os.path.join(cfg.out, "distill.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
     return summary

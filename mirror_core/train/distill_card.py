@@ -60,51 +60,90 @@ def bench_table(bench: dict, bench_cmd: str, title: str) -> list[str]:
     return lines + [""]
 
 
+def training_runs(fd: dict) -> list[dict]:
+    """The runs behind a feature draft, first to last: a run that continued a draft (`--init`) holds the record of
+    the run that wrote it in "continued_from"."""
+    runs = [fd]
+    while runs[0].get("continued_from"):
+        runs.insert(0, runs[0]["continued_from"])
+    return runs
+
+
+def _source_names(run: dict) -> tuple[list[str], list[str]]:
+    """A run's answer folders: chat_data --sources output (it recorded generation.json), and the others."""
+    made = [os.path.basename(os.path.normpath(f)) for f, g in (run.get("sources") or {}).items() if g]
+    other = [f for f, g in (run.get("sources") or {}).items() if not g]
+    return made, other
+
+
+def _run_data(run: dict) -> str:
+    """One run's training data, from its record."""
+    if not run.get("sources"):  # the first draft's run recorded no sources: chat_data --more's templated answers
+        return (f"the target's greedy answers (bfloat16, ≤ 128 new tokens) to {run['sequences']:,} chat prompts "
+                f"(`chat_prompts.py` with `MORE_FORMS`: 36 instruction forms × topics, and code requests; "
+                f"{run['answer_tokens']:,} answer tokens)")
+    made, other = _source_names(run)
+    gen = [g for g in run["sources"].values() if g]
+    return (f"{run['sequences']:,} records, {run['answer_tokens']:,} answer tokens: the target's own answers from "
+            "`chat_data --sources` (" + ", ".join(f"{n} {g['answer_tokens']:,} tokens" for n, g in zip(made, gen))
+            + "; docs/TRAINING.md)" + (f", and the answers in {', '.join(other)}" if other else ""))
+
+
+def _run_commands(run: dict) -> list[str]:
+    """The commands that made one run: its answers, then feature_distill with its settings."""
+    c = run["config"]
+    if not run.get("sources"):
+        answers = ["python -m mirror_core.train.chat_data --more --new-tokens 128 --out WORK/answers --threads 2"]
+        folders = "WORK/answers"
+    else:
+        made, other = _source_names(run)
+        threads = {g.get("threads") for g in run["sources"].values() if g} - {None}
+        answers = [f"python -m mirror_core.train.chat_data --sources {','.join(made)} --out WORK/data"
+                   + (f" --threads {threads.pop()}" if len(threads) == 1 else "")]
+        folders = ",".join([f"WORK/data/{n}" for n in made] + other)
+    init = f" --init {c['init']}" if c.get("init") else ""
+    return answers + [f"python -m mirror_core.train.feature_distill --answers {folders} --heldout WORK/heldout "
+                      f"--work WORK{init} --out assets/smollm2_pair --minutes {c['minutes']:.0f} --lr {c['lr']} "
+                      f"--exit-epochs {c['exit_epochs']} --candidate-epochs {c['candidate_epochs']} "
+                      f"--threads {run['threads']}"]
+
+
 def render_feature(fd: dict, bench: dict | None, bench_cmd: str) -> list[str]:
-    """The feature-reading draft's part of the card, from feature_distill.json and its bench report; a run that
-    continued an earlier draft (`--init`, its record in "continued_from") shows both runs' data, cost and commands."""
-    cfg, t, log = fd["config"], fd["timings"], fd["draft_log"]
-    first = fd.get("continued_from") or fd
+    """The feature-reading draft's part of the card, from feature_distill.json and its bench report; a draft
+    continued on more data (`--init`) shows every run behind it: data, training, cost and commands."""
+    cfg, log = fd["config"], fd["draft_log"]
+    runs = training_runs(fd)
+    first, many = runs[0], len(runs) > 1
     held = log[-1]["heldout_agreement"]
     cand = fd["candidate_coverage"]
-    runs = [first, fd] if first is not fd else [fd]
-    minutes = sum(sum(r["timings"].values()) for r in runs) / 60
-    fc = first["config"]
+    name = (lambda i: f"Run {i + 1} of {len(runs)}: ") if many else (lambda i: "")
+    start = (f"Started from target layer {cfg['feature_layer']}, the exit head, and W_fc = [small; I]"
+             if not first["config"].get("init") else
+             f"Continued from the draft in `{first['config']['init']}`, whose training record was not found")
     lines = [
         "## Feature-reading draft (`feature_draft/`, the default)",
         f"- {cfg['num_layers']} Llama decoder layer of the target's width reading the target's hidden state after layer "
         f"{cfg['feature_layer']} (EAGLE-style, `mirror_core/models/feature_draft.py`; docs/ALGORITHM.md §2.10): input "
         "W_fc·[embed(next token); feature], output its prediction of the next position's feature, read by a head of the "
-        f"exit head's form; {fd['draft_params'] / 1e6:.2f} M parameters, stored in bfloat16. Started from target layer "
-        f"{cfg['feature_layer']}, the exit head, and W_fc = [small; I]"
-        + (", then continued on more data (two runs, below)." if len(runs) == 2 else "."),
-        f"- Its own reduced vocabulary: the {fc['draft_vocab']:,} most frequent target tokens of "
-        + ("the first run's" if len(runs) == 2 else "its") + " training text, "
-        f"covering {fd['vocab_coverage']['train']:.2%} of the training answer tokens and "
-        f"{fd['vocab_coverage']['heldout']:.2%} of the held-out ones.",
-        f"- Data{' of the first run' if len(runs) == 2 else ''}: the target's greedy answers (bfloat16, ≤ 128 new "
-        f"tokens) to {first['sequences']:,} chat prompts (`chat_prompts.py` with `MORE_FORMS`: 36 instruction forms × "
-        f"topics, and code requests; {first['answer_tokens']:,} answer tokens).",
+        f"exit head's form; {fd['draft_params'] / 1e6:.2f} M parameters, stored in bfloat16. {start}"
+        + (f"; each later run continued the one before it on more data ({len(runs)} runs)." if many else "."),
+        f"- Its own reduced vocabulary: the {fd.get('draft_vocab_size', cfg['draft_vocab']):,} most frequent target "
+        f"tokens of {'the first run' if many else 'its'}'s training text, covering "
+        f"{fd['vocab_coverage']['train']:.2%} of the training answer tokens and "
+        f"{fd['vocab_coverage']['heldout']:.2%} of the held-out ones.".replace("its's", "its"),
     ]
-    if len(runs) == 2:
-        made = [(os.path.basename(os.path.normpath(f)), g) for f, g in fd.get("sources", {}).items()]
-        lines.append(f"- Data of the second run: the target's own answers from `chat_data --sources` "
-                     f"({fd['sequences']:,} records, {fd['answer_tokens']:,} answer tokens): "
-                     + ", ".join(f"{name} {g['answer_tokens']:,} tokens" if g else name for name, g in made)
-                     + " (sources: docs/TRAINING.md).")
-    lines.append(f"- Held out: the answers to {fd['heldout_sequences']} prompts on topics that never occur in training "
-                 f"({fd['heldout_answer_tokens']:,} tokens).")
-    for r, name in zip(runs, ("First run, t", "Second run, t") if len(runs) == 2 else ("T",)):
+    for i, r in enumerate(runs):
         c, rlog = r["config"], r["draft_log"]
-        lines.append(f"- {name}raining-time test (EAGLE-3): unrolled {c['depths']} tokens on its own predicted "
-                     f"features; loss per depth d × {c['depth_decay']}^(d−1): KL to the target's top-{c['topk']} + "
-                     f"{c['hard_weight']} × CE + {c['feature_weight']} × smooth-L1 to the true next feature; AdamW lr "
-                     f"{c['lr']}, batch {c['batch_sequences']} sequences, bf16 autocast, {c['minutes']:.0f} minutes "
-                     f"({rlog[-1]['step']} steps).")
+        lines.append(f"- {name(i)}{'data' if many else 'Data'}: {_run_data(r)}. Training-time test (EAGLE-3): unrolled {c['depths']} tokens on "
+                     f"its own predicted features; loss per depth d × {c['depth_decay']}^(d−1): KL to the target's "
+                     f"top-{c['topk']} + {c['hard_weight']} × CE + {c['feature_weight']} × smooth-L1 to the true next "
+                     f"feature; AdamW lr {c['lr']}, batch {c['batch_sequences']} sequences, bf16 autocast, "
+                     f"{c['minutes']:.0f} minutes ({rlog[-1]['step']} steps).")
     lines += [
-        "- Held-out top-1 agreement with the target's greedy token by depth (teacher-forced tokens, depth d on d−1 of "
-        "its own features" + (", measured in the second run: its 0 min is the first run's draft" if len(runs) == 2
-                              else "") + "): "
+        f"- Held out: the answers to {fd['heldout_sequences']} prompts on topics that never occur in training "
+        f"({fd['heldout_answer_tokens']:,} tokens). Top-1 agreement with the target's greedy token by depth "
+        "(teacher-forced tokens, depth d on d−1 of its own features" + (", in the last run: its 0 min is the draft it "
+                                                                        "started from" if many else "") + "): "
         + "; ".join(f"{e['minutes']:.0f} min: {', '.join(f'{a:.3f}' for a in e['heldout_agreement'])}"
                     for e in log[:: max(1, len(log) // 5)]) + "; at the end: "
         + ", ".join(f"{a:.3f}" for a in held) + "."
@@ -112,38 +151,29 @@ def render_feature(fd: dict, bench: dict | None, bench_cmd: str) -> list[str]:
            if fd.get("token_draft_heldout_agreement") is not None else ""),
         "",
         f"### Its early-exit head (`feature_draft/exit_head.*`, layer {cfg['feature_layer']})",
-        f"Trained as the token-only pair's ({cfg['exit_epochs']} epochs"
-        + (" in the second run, from the first run's head" if len(runs) == 2 else "")
+        f"Trained as the token-only pair's ({cfg['exit_epochs']} epochs" + (", from the previous run's head" if many
+                                                                          else "")
         + f"), then {cfg['candidate_epochs']} more epoch on the "
         f"positions where the draft is wrong weighted {cfg['wrong_weight']}× and the draft's own token excluded (M_t "
         "never sends it): a hit needs the target's token among the candidates exactly there. Held-out share of the "
         "draft's wrong positions whose target token is in the candidates:", "",
         "| head | draft wrong | top-1 | top-2 | top-4 |", "|---|---|---|---|---|"]
-    for name, c in cand.items():
-        lines.append(f"| {name} the second pass | {c['draft_wrong_share']:.3f} | {c['top1']:.3f} | {c['top2']:.3f} | "
+    for head, c in cand.items():
+        lines.append(f"| {head} the second pass | {c['draft_wrong_share']:.3f} | {c['top1']:.3f} | {c['top2']:.3f} | "
                      f"{c['top4']:.3f} |")
-    generated = sum(g["seconds"] for g in fd.get("sources", {}).values() if g) if len(runs) == 2 else 0
-    lines += ["", f"### Its training cost ({fd['cpu']}, {fd['threads']} threads, torch {fd['torch']})"]
-    for r, name in zip(runs, ("first run", "second run") if len(runs) == 2 else ("",)):
-        lines.append((f"{name} ({r['cpu']}): " if name else "")
-                     + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v / 60:.1f} min" for k, v in r["timings"].items())
-                     + ".")
-    lines += ["", f"{minutes:.0f} min of training in all, plus the answers' generation"
-              + (f" ({generated / 3600:.1f} h of one-thread processes for the second run's)" if generated else "")
-              + ". Commands:", "", "```bash",
-              "python -m mirror_core.train.chat_data --more --new-tokens 128 --out WORK/answers --threads 2",
-              "python -m mirror_core.train.chat_data --held-out --more --limit 96 --new-tokens 128 --out WORK/heldout",
-              f"python -m mirror_core.train.feature_distill --answers WORK/answers --heldout WORK/heldout --work WORK "
-              f"--out assets/smollm2_pair --minutes {fc['minutes']:.0f} --threads 2"]
-    if len(runs) == 2:
-        names = ",".join(f"WORK/data/{os.path.basename(os.path.normpath(f))}" for f in fd.get("sources", {}))
-        lines += ["python -m mirror_core.train.chat_data --sources templated,code,self_questions --threads 1 "
-                  "--out WORK/data &",
-                  "python -m mirror_core.train.chat_data --sources sampled,multi_turn --threads 1 --out WORK/data",
-                  f"python -m mirror_core.train.feature_distill --answers {names} --heldout WORK/heldout --work WORK "
-                  f"--init assets/smollm2_pair/feature_draft --out assets/smollm2_pair --minutes {cfg['minutes']:.0f} "
-                  f"--lr {cfg['lr']} --exit-epochs {cfg['exit_epochs']} --candidate-epochs {cfg['candidate_epochs']} "
-                  "--threads 2"]
+    lines += ["", "### Its training cost", ""]
+    total = 0.0
+    for i, r in enumerate(runs):
+        t = r["timings"]
+        total += sum(t.values())
+        gen = sum(g["seconds"] for g in (r.get("sources") or {}).values() if g and g.get("seconds"))
+        lines.append(f"- {name(i)}{r['cpu']}, {r['threads']} threads, torch {r['torch']}: "
+                     + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v / 60:.1f} min" for k, v in t.items())
+                     + (f"; its answers took {gen / 3600:.1f} h of generating processes' time" if gen else "") + ".")
+    lines += ["", f"{total / 60:.0f} min of distillation in all, plus the answers' generation. Commands:", "", "```bash",
+              "python -m mirror_core.train.chat_data --held-out --more --limit 96 --new-tokens 128 --out WORK/heldout"]
+    for r in runs:
+        lines += _run_commands(r)
     lines += ["```", ""]
     if bench is not None:
         lines += bench_table(bench, bench_cmd, "Speculative decoding with the feature-reading draft")

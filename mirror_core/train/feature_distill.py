@@ -33,6 +33,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from mirror_core.models.feature_draft import FeatureDraft
+from mirror_core.models.vocab import VocabMap
+
 from mirror_core.train.chat_sources import FEATURE_LAYER, TOPK
 from mirror_core.train.distill import (
     ExitHeadTask,
@@ -41,6 +44,7 @@ from mirror_core.train.distill import (
     load_sequences,
     load_target,
     prepare_run,
+    read_json,
     run_record,
     save_exit_head,
     scheduled_lr,
@@ -337,7 +341,7 @@ def train(cfg: FeatureDistillConfig, model, seqs, train_idx, teacher, soft, to_d
             opt.step()
             step += 1
             if step % 50 == 0:
-                print(f"step {step}: loss {float(loss.detach()):.3f}, batch top-1 by depth "
+                print(f"step {step}: loss {float(loss):.3f}, batch top-1 by depth "
                       f"{[round(a, 3) for a in agree]}, {elapsed / 60:.1f} min", flush=True)
             if step % cfg.eval_every == 0:
                 log.append({"step": step, "minutes": round(elapsed / 60, 2), "heldout_agreement": held()})
@@ -351,9 +355,9 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     """Teacher passes, vocabulary, exit head, draft, candidates where they matter, saved draft (this module's
     docstring's stages)."""
     from mirror_core.models.feature_draft import from_target
-    from mirror_core.models.vocab import VocabMap
 
     target_dir, g = prepare_run(cfg.threads, cfg.work, cfg.seed, cfg.target)
+    start = continued_draft(cfg, target_dir) if cfg.init else None
     folders = cfg.answers.split(",")
     pool = [s for folder in folders for s in load_sequences(folder)]
     keep = data_subset(pool, cfg.train_tokens, g)
@@ -368,8 +372,6 @@ def distill(cfg: FeatureDistillConfig) -> dict:
                                 teacher_path(cfg.work, "teacher_f_heldout", held_seqs, layer, k, target_dir))
     timings["teacher_pass_s"] = round(time.time() - t, 1)
     target, readout, always = load_target(target_dir)
-    start = continued_draft(cfg, target) if cfg.init else None
-    earlier = earlier_record(cfg.init) if cfg.init else None
     vmap = start.vmap if start else VocabMap.from_ids(draft_vocabulary(seqs, cfg.draft_vocab, always),
                                                        int(target.config.vocab_size))
     to_draft, other = vmap.to_draft, vmap.size
@@ -400,7 +402,8 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     _save_feature_draft(cfg, model, vmap, target, head, candidates, log, len(held_seqs))
     summary = {**run_record(cfg), "sequences": len(seqs), "answer_tokens": sum(len(a) for _, a in seqs),
                "pool_sequences": len(pool), "teacher_recorded": teacher["recorded"],
-               "sources": {f: generation_record(f) for f in folders}, "continued_from": earlier,
+               "sources": {f: _generated(f) for f in folders},
+               "continued_from": start.record if start else None, "draft_vocab_size": vmap.size,
                "heldout_sequences": len(held_seqs), "heldout_answer_tokens": sum(len(a) for _, a in held_seqs),
                "vocab_coverage": coverage, "exit_coverage": exit_cov, "candidate_coverage": candidates,
                "draft_log": log, "token_draft_heldout_agreement": compare, "timings": timings,
@@ -412,61 +415,60 @@ def distill(cfg: FeatureDistillConfig) -> dict:
 
 @dataclass(frozen=True)
 class ContinuedDraft:
-    """Where `--init` starts: a saved feature draft's weights, vocabulary and exit head (adapter, bias, gain)."""
-    model: object
-    vmap: object
+    """Where `--init` starts: a saved feature draft's weights, vocabulary and exit head (adapter, bias, gain), and the
+    record of the run that wrote it (None when none was found beside it)."""
+    model: FeatureDraft
+    vmap: VocabMap
     head: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    record: dict | None
 
 
-def continued_draft(cfg: FeatureDistillConfig, target) -> ContinuedDraft:
-    """The draft in cfg.init, checked against this run's target and settings (SystemExit saying what differs)."""
+def continued_draft(cfg: FeatureDistillConfig, target_dir: str) -> ContinuedDraft:
+    """The draft in cfg.init, checked against this run's target and settings before any teacher pass (SystemExit
+    saying what differs)."""
+    from transformers import AutoConfig
+
     from mirror_core.config import MirrorError
+    from mirror_core.engine import check_feature_draft
     from mirror_core.models.exit_head import find_exit_head
     from mirror_core.models.feature_draft import load_feature_draft
     from mirror_core.models.vocab import load_vocab_map
 
     try:
-        model = load_feature_draft(cfg.init)
-        vmap, head = load_vocab_map(cfg.init), find_exit_head(cfg.init)
+        model, vmap, head = load_feature_draft(cfg.init), load_vocab_map(cfg.init), find_exit_head(cfg.init)
+        check_feature_draft(model.cfg, AutoConfig.from_pretrained(target_dir), vmap)
     except MirrorError as exc:
-        raise SystemExit(f"--init: {exc}") from None
-    tc, dc = target.config, model.cfg
-    problems = []
-    if vmap is None or head is None:
-        problems.append("it has no draft_vocab.json or no exit head beside the draft")
-    elif head.matches(tc) or head.layer != cfg.feature_layer or not torch.equal(head.ids, vmap.target_ids):
-        problems.append(f"its exit head reads layer {head.layer} over {head.ids.numel()} tokens "
-                        f"({head.matches(tc) or 'fits the target'}), not layer {cfg.feature_layer} over its vocabulary")
-    if (dc.hidden_size, dc.target_layers, dc.target_vocab_size) != (tc.hidden_size, tc.num_hidden_layers, tc.vocab_size):
-        problems.append(f"it was trained for a target with hidden size, layers, vocabulary "
-                        f"{(dc.hidden_size, dc.target_layers, dc.target_vocab_size)}")
+        raise SystemExit(f"--init {cfg.init} cannot continue here: {exc}") from None
+    dc = model.cfg
+    if head is None or head.layer != cfg.feature_layer or not torch.equal(head.ids, vmap.target_ids):
+        raise SystemExit(f"--init {cfg.init} cannot continue here: it needs its exit head at layer {cfg.feature_layer} "
+                         "over its own vocabulary beside it")
     if (dc.feature_layer, dc.num_layers) != (cfg.feature_layer, cfg.num_layers):
-        problems.append(f"it reads layer {dc.feature_layer} with {dc.num_layers} layer(s), not --feature-layer "
-                        f"{cfg.feature_layer} --num-layers {cfg.num_layers}")
-    if problems:
-        raise SystemExit(f"--init {cfg.init} cannot continue here: " + "; ".join(problems))
-    print(f"continuing the draft in {cfg.init} ({vmap.size} tokens, {dc.num_layers} layer(s))", flush=True)
-    return ContinuedDraft(model, vmap, (head.adapter, head.bias, head.gain))
+        raise SystemExit(f"--init {cfg.init} cannot continue here: it reads layer {dc.feature_layer} with "
+                         f"{dc.num_layers} layer(s), not --feature-layer {cfg.feature_layer} --num-layers {cfg.num_layers}")
+    record = earlier_record(cfg.init)
+    print(f"continuing the draft in {cfg.init} ({vmap.size} tokens, {dc.num_layers} layer(s); "
+          f"{'its run record found' if record else 'no record of its run found beside it'})", flush=True)
+    return ContinuedDraft(model, vmap, (head.adapter, head.bias, head.gain), record)
 
 
-def generation_record(folder: str) -> dict | None:
-    """What chat_data recorded generating a folder (its generation.json): records, answer tokens, seconds."""
-    try:
-        with open(os.path.join(folder, "generation.json"), encoding="utf-8") as f:
-            g = json.load(f)
-        return {k: g[k] for k in ("records", "answer_tokens", "seconds", "threads")}
-    except (OSError, ValueError, KeyError):
-        return None
+def _generated(folder: str) -> dict | None:
+    """A folder's totals from chat_data's generation.json (None for answers made otherwise)."""
+    g = read_json(os.path.join(folder, "generation.json"))
+    return {k: g.get(k) for k in ("records", "answer_tokens", "seconds", "threads")} if g else None
 
 
 def earlier_record(init: str) -> dict | None:
-    """The record (feature_distill.json) of the run that wrote the draft `--init` continues: beside the draft's folder
-    (the pair folder) or in it; None when neither holds one."""
-    for folder in (init, os.path.dirname(os.path.normpath(init))):
-        path = os.path.join(folder, "feature_distill.json")
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                return json.load(f)
+    """The record (feature_distill.json) of the run that wrote the draft in `init`: in the pair folder holding it, or
+    in the draft's own folder; only when its last held-out agreement is the draft's saved profile (the same run)."""
+    from mirror_core.models.profile import load_profile
+
+    profile = load_profile(init)
+    for folder in (os.path.dirname(os.path.normpath(init)), init):
+        record = read_json(os.path.join(folder, "feature_distill.json"))
+        if record and profile and [round(a, 4) for a in record["draft_log"][-1]["heldout_agreement"]] == \
+                [round(a, 4) for a in profile.accept]:
+            return record
     return None
 
 
