@@ -69,9 +69,9 @@ def training_runs(fd: dict) -> list[dict]:
     return runs
 
 
-def _source_names(run: dict) -> tuple[list[str], list[str]]:
-    """A run's answer folders: chat_data --sources output (it recorded generation.json), and the others."""
-    made = [os.path.basename(os.path.normpath(f)) for f, g in (run.get("sources") or {}).items() if g]
+def _source_names(run: dict) -> tuple[list[tuple[str, dict]], list[str]]:
+    """A run's answer folders: chat_data --sources output (source name, its generation.json totals), and the others."""
+    made = [(os.path.basename(os.path.normpath(f)), g) for f, g in (run.get("sources") or {}).items() if g]
     other = [f for f, g in (run.get("sources") or {}).items() if not g]
     return made, other
 
@@ -83,9 +83,8 @@ def _run_data(run: dict) -> str:
                 f"(`chat_prompts.py` with `MORE_FORMS`: 36 instruction forms × topics, and code requests; "
                 f"{run['answer_tokens']:,} answer tokens)")
     made, other = _source_names(run)
-    gen = [g for g in run["sources"].values() if g]
     return (f"{run['sequences']:,} records, {run['answer_tokens']:,} answer tokens: the target's own answers from "
-            "`chat_data --sources` (" + ", ".join(f"{n} {g['answer_tokens']:,} tokens" for n, g in zip(made, gen))
+            "`chat_data --sources` (" + ", ".join(f"{n} {g['answer_tokens']:,} tokens" for n, g in made)
             + "; docs/TRAINING.md)" + (f", and the answers in {', '.join(other)}" if other else ""))
 
 
@@ -97,10 +96,10 @@ def _run_commands(run: dict) -> list[str]:
         folders = "WORK/answers"
     else:
         made, other = _source_names(run)
-        threads = {g.get("threads") for g in run["sources"].values() if g} - {None}
-        answers = [f"python -m mirror_core.train.chat_data --sources {','.join(made)} --out WORK/data"
+        threads = {g.get("threads") for _, g in made} - {None}
+        answers = [f"python -m mirror_core.train.chat_data --sources {','.join(n for n, _ in made)} --out WORK/data"
                    + (f" --threads {threads.pop()}" if len(threads) == 1 else "")]
-        folders = ",".join([f"WORK/data/{n}" for n in made] + other)
+        folders = ",".join([f"WORK/data/{n}" for n, _ in made] + other)
     init = f" --init {c['init']}" if c.get("init") else ""
     return answers + [f"python -m mirror_core.train.feature_distill --answers {folders} --heldout WORK/heldout "
                       f"--work WORK{init} --out assets/smollm2_pair --minutes {c['minutes']:.0f} --lr {c['lr']} "
@@ -117,6 +116,7 @@ def render_feature(fd: dict, bench: dict | None, bench_cmd: str) -> list[str]:
     held = log[-1]["heldout_agreement"]
     cand = fd["candidate_coverage"]
     name = (lambda i: f"Run {i + 1} of {len(runs)}: ") if many else (lambda i: "")
+    whose = "the first run's" if many else "its"
     start = (f"Started from target layer {cfg['feature_layer']}, the exit head, and W_fc = [small; I]"
              if not first["config"].get("init") else
              f"Continued from the draft in `{first['config']['init']}`, whose training record was not found")
@@ -128,9 +128,9 @@ def render_feature(fd: dict, bench: dict | None, bench_cmd: str) -> list[str]:
         f"exit head's form; {fd['draft_params'] / 1e6:.2f} M parameters, stored in bfloat16. {start}"
         + (f"; each later run continued the one before it on more data ({len(runs)} runs)." if many else "."),
         f"- Its own reduced vocabulary: the {fd.get('draft_vocab_size', cfg['draft_vocab']):,} most frequent target "
-        f"tokens of {'the first run' if many else 'its'}'s training text, covering "
+        f"tokens of {whose} training text, covering "
         f"{fd['vocab_coverage']['train']:.2%} of the training answer tokens and "
-        f"{fd['vocab_coverage']['heldout']:.2%} of the held-out ones.".replace("its's", "its"),
+        f"{fd['vocab_coverage']['heldout']:.2%} of the held-out ones.",
     ]
     for i, r in enumerate(runs):
         c, rlog = r["config"], r["draft_log"]

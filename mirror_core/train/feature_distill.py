@@ -33,9 +33,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mirror_core.models.feature_draft import FeatureDraft
+from mirror_core.models.feature_draft import FeatureDraft, from_target
 from mirror_core.models.vocab import VocabMap
-
 from mirror_core.train.chat_sources import FEATURE_LAYER, TOPK
 from mirror_core.train.distill import (
     ExitHeadTask,
@@ -354,8 +353,6 @@ def train(cfg: FeatureDistillConfig, model, seqs, train_idx, teacher, soft, to_d
 def distill(cfg: FeatureDistillConfig) -> dict:
     """Teacher passes, vocabulary, exit head, draft, candidates where they matter, saved draft (this module's
     docstring's stages)."""
-    from mirror_core.models.feature_draft import from_target
-
     target_dir, g = prepare_run(cfg.threads, cfg.work, cfg.seed, cfg.target)
     start = continued_draft(cfg, target_dir) if cfg.init else None
     folders = cfg.answers.split(",")
@@ -436,13 +433,15 @@ def continued_draft(cfg: FeatureDistillConfig, target_dir: str) -> ContinuedDraf
 
     try:
         model, vmap, head = load_feature_draft(cfg.init), load_vocab_map(cfg.init), find_exit_head(cfg.init)
-        check_feature_draft(model.cfg, AutoConfig.from_pretrained(target_dir), vmap)
+        target_cfg = AutoConfig.from_pretrained(target_dir)
+        check_feature_draft(model.cfg, target_cfg, vmap)
     except MirrorError as exc:
         raise SystemExit(f"--init {cfg.init} cannot continue here: {exc}") from None
     dc = model.cfg
-    if head is None or head.layer != cfg.feature_layer or not torch.equal(head.ids, vmap.target_ids):
-        raise SystemExit(f"--init {cfg.init} cannot continue here: it needs its exit head at layer {cfg.feature_layer} "
-                         "over its own vocabulary beside it")
+    if head is None or head.matches(target_cfg) or head.layer != cfg.feature_layer \
+            or not torch.equal(head.ids, vmap.target_ids):
+        raise SystemExit(f"--init {cfg.init} cannot continue here: it needs its exit head for this target at layer "
+                         f"{cfg.feature_layer} over its own vocabulary beside it")
     if (dc.feature_layer, dc.num_layers) != (cfg.feature_layer, cfg.num_layers):
         raise SystemExit(f"--init {cfg.init} cannot continue here: it reads layer {dc.feature_layer} with "
                          f"{dc.num_layers} layer(s), not --feature-layer {cfg.feature_layer} --num-layers {cfg.num_layers}")
