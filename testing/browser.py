@@ -220,6 +220,40 @@ MARK_JS = """JSON.stringify({now: performance.now(), long: window.__mirror.long,
   updates: window.__mirror.updates})"""
 
 
+UNTICK_SD_JS = """(() => {
+  const box = [...document.querySelectorAll("label")].find(l => l.textContent.trim() === "Vanilla SD");
+  const input = box && box.querySelector("input[type=checkbox]");
+  if (input && input.checked) input.click();
+  return input ? input.checked : null;
+})()"""  # AR and Mirror-SD only: the 900-token measurements (tests/test_ui_browser.py, scripts/page_tasks.py)
+
+
+@contextlib.contextmanager
+def toy_pair_page():
+    """The embedded toy pair (assets/default_pair) served on the app's own lanes in this process, its page open in
+    headless Chromium (1280x800, instruments on, tour closed): yields (browser, the page's state as it opened)."""
+    from mirror_core import auto_lanes
+    from testing.net import free_port
+    from testing.reliability import close_demo
+    from ui import LAUNCH, EngineLoader, build_demo, default_presets
+
+    loader = EngineLoader(auto_lanes())
+    presets = default_presets(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets",
+                                           "default_pair"))
+    demo = build_demo(loader, presets, ["The quick brown fox"])
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **LAUNCH)
+    browser = None
+    try:
+        loader.get(presets[0].target, presets[0].draft)
+        browser = Chromium(CHROMIUM, tempfile.mkdtemp(prefix="mirror-chromium-"))
+        yield browser, open_page(browser, url)
+    finally:
+        if browser is not None:
+            browser.close()
+        close_demo(demo)
+        loader.close()
+
+
 def set_control(browser: Chromium, elem_id: str, value) -> None:
     """Type a value into one of the page's knobs (opening the accordion they live in)."""
     browser.evaluate(OPEN_KNOBS_JS)

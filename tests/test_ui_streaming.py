@@ -10,7 +10,7 @@ import pytest
 from mirror_core import LaneConfig
 from testing.reliability import page_values
 from testing.toy_models import build_pair
-from ui.views import OUTPUT_NAMES, STATE, refreshed
+from ui.views import APPEND_ONLY, OUTPUT_NAMES, STATE, Deltas, refreshed
 from ui.loader import EngineLoader, default_presets
 from ui.session import Session
 from ui.settings import settings_from_ui
@@ -42,7 +42,7 @@ def test_measure_then_show_sends_no_plot_record_until_the_runs_have_ended(pair, 
     session = Session()
     ticks = list(run_comparison(loader, session, settings(pair, ("ar", "mirror"), live_plots=False), every_s=0.0))
     assert ticks[-1].kind == DONE and "Done" in ticks[-1].status
-    live = [refreshed(session, t) for t in ticks if t.kind == TEXT]
+    live = [refreshed(session, t) for t in ticks if t.kind == TEXT and not t.whole]
     assert len(live) >= 2 and not any("plots" in out for out in live)       # text still streams, the plots wait
     feed = refreshed(session, ticks[-1])["plots"]                            # then every record at once
     assert feed.startswith("R ") and "\nT mirror " in feed and "\nS mirror 1 " in feed and "\nE mirror " in feed
@@ -64,7 +64,8 @@ def test_full_comparison_streams_only_what_grew(pair, loader):
                 assert value.startswith(last.get(name, "")), name
             last = grown
     assert [t.kind for t in ticks[:2]] == [STATUS, RESET] and ticks[-1].kind == DONE and "Done" in ticks[-1].status
-    assert {t.active for t in ticks[2:-1]} == {"ar", "sd", "mirror"}
+    assert ticks[-2].kind == TEXT and ticks[-2].whole and ticks[-2].plots  # the end's views, then the rest
+    assert {t.active for t in ticks[2:-2]} == {"ar", "sd", "mirror"}
     assert sum(t.kind == TEXT for t in ticks) >= 10
     runs = session.runs
     assert list(runs) == ["ar", "mirror", "sd"] and all(r.end and not r.end.error for r in runs.values())
@@ -90,6 +91,52 @@ def test_full_comparison_streams_only_what_grew(pair, loader):
         assert [cleared[f"{d}_tokens"], cleared[f"{d}_text"]] == ["", ""]
     assert "Numbers appear" in cleared["numbers"]
     assert list(again)[-1].kind == DONE
+
+
+def read_deltas(page: dict[str, str], sent: dict[str, object]) -> None:
+    """What ui/delta.js and its readers do with one tick's values, in Python: a delta must start where the page's
+    text ends (no update is ever skipped here)."""
+    for name in APPEND_ONLY:
+        value = sent.get(name)
+        if not isinstance(value, str):
+            continue
+        if value.startswith("+"):
+            start, chunk = value[1:].split(" ", 1)
+            assert int(start) == len(page[name]), name
+            page[name] += chunk
+        else:
+            page[name] = value
+
+
+def test_streams_and_the_feed_go_out_as_what_grew_and_whole_at_the_end(pair, loader):
+    """The Run tab's wire format (views.Deltas): while the runs stream, each append-only view's value is only what
+    it gained since the event's previous value; read in order they rebuild every tick's whole text; an event's
+    first and last values are whole (what an API client gets), and a replay starts whole again."""
+    session, deltas, page = Session(), Deltas(), {}
+    delta_chars = whole_chars = 0
+    for tick in run_comparison(loader, session, settings(pair), every_s=0.0):
+        outputs = refreshed(session, tick)
+        sent = deltas(dict(outputs), tick)
+        read_deltas(page, sent)
+        for name in APPEND_ONLY:
+            if name in outputs:
+                assert page[name] == outputs[name], name
+                delta_chars += len(sent[name])
+                whole_chars += len(outputs[name])
+        if tick.kind == DONE:
+            assert not any(sent[name].startswith("+") for name in APPEND_ONLY) and sent == outputs
+    assert whole_chars > 10 * delta_chars  # what grew, not the whole stream, on each of many ticks
+    assert page["mirror_tokens"].count('class="mirror-tok') == 24 and "\nE mirror " in page["plots"]
+    again = Deltas()
+    first = True
+    for tick in replay(session, speed=1.0, fps=200.0, sleep=lambda s: None):
+        outputs = refreshed(session, tick)
+        sent = again(dict(outputs), tick)
+        assert (first or tick.whole) != sent["plots"].startswith("+")  # whole on a new event's first tick and last
+        first = False
+        read_deltas(page, sent)
+        assert page["plots"] == outputs["plots"] and page["mirror_tokens"] == outputs["mirror_tokens"]
+    assert tick.whole
 
 
 def test_throttle_sends_at_most_one_update_per_interval():

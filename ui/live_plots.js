@@ -1,6 +1,6 @@
 // The live plots, drawn by the browser from the feed that ui/plots.py writes. Runs as the gr.HTML's js_on_load:
-// `element` is the component, `props.value` the feed (append-only text, one record per line), `props.config`
-// names and colours.
+// `element` is the component, `props.value` the feed (append-only text, one record per line; sent whole or as what
+// it gained, ui/delta.js), `props.config` names and colours.
 //
 // Only the new lines are parsed on each update, and only the new marks are painted: each plot is a <canvas>
 // whose axes grow by 1.5x when a mark falls outside them (then, and only then, it is repainted whole: O(log n)
@@ -378,6 +378,9 @@ class Timeline extends Plot {
   }
 }
 
+let feed = "";       // the feed so far (whole values and deltas put together)
+let end = 0;         // its length as the server sent it (a delta that starts elsewhere missed an update)
+let inSync = true;   // false after such a gap: the next whole value redraws from the start
 let seen = 0;        // characters of the feed already parsed
 let head = null;     // the feed's first line (R ...): a different one means a new comparison
 let S = null;        // the repeat being drawn: its plots and what changed since the last draw
@@ -480,17 +483,32 @@ function schedule(now) {
                      now ? 0 : Math.max(250, 4 * lastCost));
 }
 
-function update() {
-  const text = props.value || "";
-  const first = text.slice(0, text.indexOf("\n") + 1);
-  if (!first || first !== head || text.length < seen) {  // a new comparison (or none): start over
+function take(d) {
+  // Puts a value (ui/delta.js) into `feed`: the whole feed, or what it gained since the last update. False: nothing new.
+  if (d.whole) {
+    if (inSync && d.chunk === feed) return false;
+    if (!inSync || !d.chunk.startsWith(feed)) head = null;  // not a continuation of what was drawn: start over
+    feed = d.chunk; inSync = true;
+  } else {
+    if (!d.chunk) return false;
+    if (d.start !== end) inSync = false;  // an update that did not arrive: draw on; the event's last value is whole
+    feed += d.chunk;
+  }
+  end = d.start + d.chunk.length;
+  return true;
+}
+
+function parse() {
+  // The feed's lines not parsed yet into the plots (all of them after a new comparison or a new width).
+  const first = feed.slice(0, feed.indexOf("\n") + 1);
+  if (!first || first !== head || feed.length < seen) {  // a new comparison (or none): start over
     head = first; seen = 0; S = null;
     if (!first) { empty(); return; }
   }
-  const end = text.lastIndexOf("\n") + 1;
-  if (end <= seen) return;
-  const lines = text.slice(seen, end).split("\n");
-  seen = end;
+  const last = feed.lastIndexOf("\n") + 1;
+  if (last <= seen) return;
+  const lines = feed.slice(seen, last).split("\n");
+  seen = last;
   let ended = false;
   for (const line of lines) {
     if (!line) continue;
@@ -501,8 +519,13 @@ function update() {
   schedule(ended);
 }
 
+function update() {
+  if (take(delta(props.value))) parse();
+}
+
 watch("value", update);
 window.addEventListener("resize", () => {  // a new width: rebuild the plots from the feed
-  if (S) { head = null; update(); }
+  if (S) { head = null; parse(); }
 });
-update();
+take(delta(props.value));
+parse();

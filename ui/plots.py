@@ -2,9 +2,9 @@
 
 The page does not receive figures. It receives one append-only text, a line per record, and draws the four
 plots itself on canvases (ui/live_plots.js paints only the new marks). Between two page updates the feed
-only grows at its end, so Gradio sends each update as an "append" diff of the new lines: bytes per
-comparison grow linearly with the tokens, and the server's work per update is proportional to the new
-events only (it shares the process, and the GIL, with the target lane). Every number in the feed comes
+only grows at its end, so each update carries only the new lines (ui/views.py, Deltas): bytes per comparison
+grow linearly with the tokens, and the server's and the page's work per update is proportional to the new
+events only (the server shares the process, and the GIL, with the target lane). Every number in the feed comes
 from the engine's events: times are milliseconds since the run's RunStart.t0 on the engine's clock.
 
 Records (space-separated fields; no field contains a space except the last field of E):

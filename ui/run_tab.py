@@ -26,7 +26,7 @@ from .settings import (
 )
 from .streaming import DONE, STATUS, Tick, final_status, replay, run_comparison
 from .render import shown_path
-from .views import COLUMNS, OUTPUT_NAMES, RAN_BEFORE, STATE, Views, refreshed
+from .views import COLUMNS, OUTPUT_NAMES, RAN_BEFORE, STATE, Deltas, Views, refreshed
 
 CUSTOM = "Custom (type below)"
 REPLAY_SPEEDS = {"1×": 1.0, "0.5×": 0.5, "0.25×": 0.25, "0.1×": 0.1, "0.05×": 0.05}  # of the measured time
@@ -124,14 +124,16 @@ def _next_step(hit: bool):
     return handler
 
 
+def view(components: dict, session: Session, tick: Tick, deltas: Deltas) -> dict:
+    """{component: value} for what this tick refreshes (Gradio leaves the other outputs as they are), the streams and
+    the feed as this event's deltas."""
+    return {components[name]: value for name, value in deltas(refreshed(session, tick), tick).items()}
+
+
 def wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], state: gr.State, c: Controls,
          v: Views) -> None:
     components = {**v.outputs, STATE: state}
     outputs = [components[name] for name in (*OUTPUT_NAMES, STATE)]  # the endpoints' output order
-
-    def view(session: Session, tick: Tick) -> dict:
-        """{component: value} for what this tick refreshes; Gradio leaves the other outputs as they are."""
-        return {components[name]: value for name, value in refreshed(session, tick).items()}
 
     in_flight: dict[str, Session] = {}  # session hash → its Session while a run is going (this page's visitors)
 
@@ -141,14 +143,15 @@ def wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], state
         except MirrorError as exc:
             session.status = f"**Error:** {exc}"
             gr.Warning(str(exc))  # a toast too: the page answers even when the status line is off screen
-            yield view(session, Tick(STATUS, session.status))
+            yield view(components, session, Tick(STATUS, session.status), Deltas())
             return
         in_flight[request.session_hash] = session
+        deltas = Deltas()
         try:
             for tick in run_comparison(loader, session, settings):
                 if tick.kind == DONE and session.error:
                     gr.Warning(session.error)
-                yield view(session, tick)
+                yield view(components, session, tick, deltas)
         finally:
             in_flight.pop(request.session_hash, None)
 
@@ -163,17 +166,18 @@ def wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], state
         session.stop.set()
         session.replay_stop.set()
         session.idle.wait(timeout=60)  # the run's generator ends within one step (or is closed by `cancels`)
-        return view(session, Tick(DONE, final_status(session) if running else "Nothing was running."))
+        status = final_status(session) if running else "Nothing was running."
+        return view(components, session, Tick(DONE, status), Deltas())
 
     def on_replay(session: Session, speed="1×"):
+        deltas = Deltas()
         for tick in replay(session, speed=REPLAY_SPEEDS.get(speed, 1.0)):
-            yield view(session, tick)
+            yield view(components, session, tick, deltas)
 
-    # The controls go in as a positional list (CONTROLS order, named once in on_run): set-style inputs would
-    # reorder the public /run endpoint's parameters (Gradio sorts a set by component id).
-    # Progress only on the status line: it shows the queue position ("queue: 2/3") while waiting,
-    # and no spinner covers the live plots. No preprocessing: out-of-range or non-numeric values reach
-    # settings_from_ui, which answers each with one readable line on the status (Gradio's own checks would not).
+    # The controls go in as a positional list (CONTROLS order, named once in on_run): set-style inputs would reorder
+    # the public /run endpoint's parameters (Gradio sorts a set by component id). Progress only on the status line:
+    # it shows the queue position ("queue: 2/3") while waiting, and no spinner covers the live plots. No preprocessing:
+    # out-of-range or non-numeric values reach settings_from_ui, which answers each with one readable line.
     run_evt = c.run.click(on_run, [state, *c.inputs()], outputs, api_name="run", concurrency_id="lanes",
                           concurrency_limit=1, show_progress="minimal", show_progress_on=[v.outputs["status"]],
                           scroll_to_output=True, preprocess=False)  # raw values: settings_from_ui checks every field with one message

@@ -38,6 +38,7 @@ class Tick:
     replay_at: float | None = None  # replay: seconds since the runs' starts to show
     active: str | None = None       # the decoder running now: the other token views need no refresh
     plots: bool = False             # a TEXT tick that also sends the plots' feed (the replay's time cursor)
+    whole: bool = False             # the views go out whole, not as deltas (an event's last tick; DONE always)
 
 
 class Throttle:
@@ -60,7 +61,7 @@ class _LoadStopped(Exception):
 
 
 def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
-                   clock: Callable[[], float] = time.monotonic, every_s: float = 0.25,
+                   clock: Callable[[], float] = time.monotonic, every_s: float = 0.15,
                    settle_s: float = PAGE_SETTLE_S) -> Iterator[Tick]:
     """Load the pair (cached) and check every setting, then stream each decoder in turn with the lanes to itself,
     `settings.repeats` times (every other repeat in reverse order).
@@ -71,6 +72,7 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
     erasing them.
     """
     generation = session.begin_comparison()
+    cleared = False  # the previous comparison's views were cleared (this one started)
     try:
         pair = (settings.target, settings.draft)
         session.status = load_status(loader, settings) if loader.loaded() != pair else "Starting …"
@@ -84,6 +86,7 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
         session.prompt, session.live_plots = settings.prompt, settings.live_plots
         per_repeat = len(settings.decoders)
         yield Tick(RESET, session.status)  # clears the previous comparison's views
+        cleared = True
         namer = TokenNamer(engine.tokenizer)
         throttle = Throttle(clock, every_s)
         for i, request in enumerate(requests):
@@ -111,6 +114,8 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
         session.status = f"**Error:** {session.error}"
     finally:
         finish(session, generation)
+    if cleared:  # the end in two page updates, so that no one update does it all: the views (whole: the last
+        yield Tick(TEXT, session.status, plots=True, whole=True)  # token, the plots' legend), then the rest
     yield Tick(DONE, session.status)
 
 
@@ -207,4 +212,4 @@ def replay(session: Session, *, speed: float = 1.0, fps: float = 20.0,
         t += speed / fps
     session.feed.add(plots.cursor_line(None))
     yield Tick(TEXT, f"Replay finished ({end * 1e3:.0f} ms of decoding, measured by the engine).", replay_at=None,
-               plots=True)
+               plots=True, whole=True)

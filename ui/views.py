@@ -32,16 +32,17 @@ HONESTY = ("Decoders run **one after another**, each with both lanes to itself, 
            "some CPU from them: untick *Live plots* (under *Speculation and sampling*) to measure first and draw at "
            "the end, and use *Repeats* to see the spread.")
 
-# Each decoder's stream: the value is append-only HTML (session.stream_html). The template is only the box; the
-# script appends what the value gained since the last update (O(new) per update: re-rendering the whole stream,
-# as a template with ${value} does, cost the page tens of ms per update at 900 tokens), and the box follows the
-# newest token unless the reader scrolled up.
+# Each decoder's stream: append-only HTML (session.stream_html), sent as Deltas. The template is only the box; the
+# script appends each delta (O(new) per update: re-rendering the whole stream, as a template with ${value} does,
+# cost the page tens of ms per update at 900 tokens), and the box follows the newest token unless the reader
+# scrolled up.
 TOKENS_TEMPLATE = '<div class="mirror-tokens"></div>'
-TOKENS_JS = render.asset("tokens.js")  # the stream boxes' append-only script (ui/tokens.js)
+DELTA_JS = render.asset("delta.js")  # how the page scripts read a Deltas value (ui/delta.js)
+TOKENS_JS = DELTA_JS + render.asset("tokens.js")  # the stream boxes' script (ui/tokens.js)
 # The four live plots: the value is the feed (ui/plots.py), drawn on canvases in the browser by ui/live_plots.js.
 PLOTS_TEMPLATE = "".join(f'<div class="mirror-plot mirror-plot-{name}"></div>' for name in ("race", "steps", "gantt",
                                                                                           "accept"))
-PLOTS_JS = "live_plots.js"  # beside this module, read when the page is built
+PLOTS_JS = DELTA_JS + render.asset("live_plots.js")  # draws the feed on canvases (ui/live_plots.js)
 
 
 def by_name(outputs: Sequence) -> dict[str, object]:
@@ -81,7 +82,7 @@ def build(status: gr.Markdown, verdict_box: gr.HTML, ran: gr.Markdown) -> Views:
                                                   buttons=["copy"], elem_id=f"mirror-text-{d}")
     gr.Markdown(HONESTY)  # below the streams: the first screen shows the prompt, Run, the status and the streams
     out["plots"] = gr.HTML("", elem_id="mirror-plots", html_template=PLOTS_TEMPLATE,
-                           js_on_load=render.asset(PLOTS_JS),
+                           js_on_load=PLOTS_JS,
                            config=plots.config_json())
     with gr.Row():
         with gr.Column():
@@ -112,9 +113,9 @@ def refreshed(session: Session, tick: Tick) -> dict[str, object]:
     out: dict[str, object] = {"status": tick.status}
     if tick.kind == STATUS:
         return out
-    # Every stream goes out on every tick, unchanged ones too: Gradio diffs each output against what it sent last,
-    # so an unchanged value costs nothing and a grown one only its new characters (an output left out would be
-    # sent whole the next time).
+    # Every stream goes out whole on every tick, unchanged ones too; the Run tab sends the append-only ones as
+    # Deltas (what grew since the event's last value: an unchanged one is the same empty delta again, which Gradio
+    # does not resend).
     for d in COLUMNS:
         run = session.runs.get(d)
         upto = None if tick.replay_at is None or run is None else run.count_until(tick.replay_at)
@@ -125,6 +126,39 @@ def refreshed(session: Session, tick: Tick) -> dict[str, object]:
     if tick.kind in (DONE, RESET):
         out |= _summary(session)
     return out
+
+
+APPEND_ONLY = ("plots", *(f"{d}_tokens" for d in COLUMNS))  # the views that only grow while a run streams
+
+
+class Deltas:
+    """One event's (a /run, /replay or /stop call's) append-only views as it sends them: the whole text, or, while a
+    run streams, "+START CHUNK": only what grew since the event's previous value (the text from character START on;
+    read by ui/delta.js).
+
+    Why: Gradio's page does work in proportion to a value's length on every update (it compares, copies and
+    re-renders the whole value; the server's own diff only saves bytes on the wire), which at 900 tokens made each
+    update of the whole stream and feed a 50-200 ms task on 2 busy cores (docs/BENCHMARKS.md, "The page's cost").
+    A delta's work is in proportion to what it adds. An event's first value of each view and its last (`whole`)
+    are whole: a view that missed an update (Gradio keeps only the newest value of a component that is not on
+    screen) is right again at the end, and an API client's final result has every view whole.
+    """
+
+    def __init__(self) -> None:
+        self.sent: dict[str, str] = {}  # view → the whole text its last value brought the page to
+
+    def __call__(self, outputs: dict[str, object], tick: Tick) -> dict[str, object]:
+        """`outputs` (one tick's refresh, whole) with the append-only views as this event sends them."""
+        whole = tick.whole or tick.kind == DONE
+        for name in APPEND_ONLY:
+            text = outputs.get(name)
+            if not isinstance(text, str):
+                continue
+            before = self.sent.get(name)
+            if not whole and before and len(text) >= len(before) and text.startswith(before):
+                outputs[name] = f"+{len(before)} {text[len(before):]}"
+            self.sent[name] = text
+        return outputs
 
 
 def _summary(session: Session) -> dict[str, object]:
