@@ -160,7 +160,9 @@ class Session:
                 os.remove(self.trace_path)
 
     def begin_comparison(self) -> int:
-        """A comparison starts (busy, a fresh stop flag); the previous one stays shown until clear_results."""
+        """A comparison starts (busy, a fresh stop flag, a replay of the previous one stopped: the views are the new
+        comparison's); the previous one stays shown until clear_results."""
+        self.replay_stop.set()
         self.stop = threading.Event()
         self.idle.clear()
         self.error, self.skipped, self.load_stopped = None, False, False

@@ -201,15 +201,17 @@ def replay(session: Session, *, speed: float = 1.0, fps: float = 20.0,
     if not runs:
         yield Tick(STATUS, "Nothing to replay yet: run a comparison first.")
         return
-    session.replay_stop = threading.Event()
+    stopped = session.replay_stop = threading.Event()  # set by Stop, and by a new comparison (begin_comparison)
     end = max(r.token_times()[-1] for r in runs)
     t = 0.0
-    while t < end and not session.replay_stop.is_set():
+    while t < end and not stopped.is_set():
         pace = "measured speed" if speed == 1.0 else f"{speed:g}× measured speed"
         session.feed.add(plots.cursor_line(t))  # the time cursor on the race and the lane timeline
         yield Tick(TEXT, f"Replaying at {pace}: t = {t * 1e3:.0f} ms of {end * 1e3:.0f} ms", replay_at=t, plots=True)
         sleep(1.0 / fps)
         t += speed / fps
+    if not session.idle.is_set():  # a new comparison started: its own events own the views now
+        return
     session.feed.add(plots.cursor_line(None))
     yield Tick(TEXT, f"Replay finished ({end * 1e3:.0f} ms of decoding, measured by the engine).", replay_at=None,
                plots=True, whole=True)

@@ -8,7 +8,8 @@ element.addEventListener('scroll', (e) => {
   const b = e.target;
   if (b.classList && b.classList.contains('mirror-tokens')) follow = b.scrollTop + b.clientHeight >= b.scrollHeight - 8;
 }, true);
-const GAP = '<span class="mirror-gap" title="updates missed here: the whole stream shows when the run ends">…</span>';
+const GAP = '<span class="mirror-gap" title="updates missed here (the box was hidden): the whole stream shows when ' +
+            'the run or replay ends">…</span>';
 function sync() {
   const box = element.querySelector('.mirror-tokens'), d = delta(props.value);
   if (!box) return;
