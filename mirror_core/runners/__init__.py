@@ -24,8 +24,9 @@ def build_runner(model, vocab_size: int, choice: str = "auto", exit_head=None, k
     if isinstance(model, SSDraftForCausalLM):
         return SSRunner(model, vocab_size) if choice == "hf" else FastSSRunner(model, vocab_size)
     if choice != "hf" and model.config.model_type in FAST_MODEL_TYPES:
+        library = kernel_library(kernel)  # outside the try: a kernel this CPU cannot run is the user's error to see
         try:
-            return FastLlamaRunner(model, vocab_size, exit_head=exit_head, kernel=kernel_library(kernel))
+            return FastLlamaRunner(model, vocab_size, exit_head=exit_head, kernel=library)
         except ValueError as exc:  # e.g. sequence-length-dependent RoPE: the generic runner handles it
             if choice == "fast":
                 raise MirrorError(str(exc)) from None
