@@ -14,7 +14,7 @@ from ui.views import APPEND_ONLY, OUTPUT_NAMES, STATE, Deltas, refreshed
 from ui.loader import EngineLoader, default_presets
 from ui.session import Session
 from ui.settings import settings_from_ui
-from ui.streaming import DONE, RESET, STATUS, TEXT, Throttle, replay, run_comparison
+from ui.streaming import DONE, RESET, RESULTS, STATUS, TEXT, Throttle, replay, run_comparison
 
 LANES = LaneConfig(kind="inline", target_threads=1, draft_threads=1)
 
@@ -50,22 +50,28 @@ def test_measure_then_show_sends_no_plot_record_until_the_runs_have_ended(pair, 
 
 def test_full_comparison_streams_only_what_grew(pair, loader):
     session = Session()
-    ticks, last = [], {}
+    ticks, last, pieces = [], {}, set()
     for tick in run_comparison(loader, session, settings(pair), every_s=0.0):
         ticks.append(tick)
         outputs = refreshed(session, tick)
         assert outputs.keys() <= {*OUTPUT_NAMES, STATE} and "status" in outputs
-        if tick.kind in (DONE, RESET):
+        if tick.kind == DONE:
             assert outputs.keys() == {*OUTPUT_NAMES, STATE}                      # everything is refreshed
+        if tick.kind in (RESET, RESULTS):  # a new comparison clears everything, in two pieces (the end: three)
+            assert "plots" in outputs and "inspector" in outputs and "numbers" not in outputs if tick.kind == RESET \
+                else outputs.keys() == {"status", "numbers", "latency", "verdict", "ran"}
+            pieces |= outputs.keys()
         if tick.kind == TEXT:  # every stream and the feed only grow at their end: Gradio sends the new characters
             grown = {k: v for k, v in outputs.items() if k == "plots" or k.endswith(("_tokens", "_text"))}
             assert len(grown) == 7
             for name, value in grown.items():
                 assert value.startswith(last.get(name, "")), name
             last = grown
-    assert [t.kind for t in ticks[:2]] == [STATUS, RESET] and ticks[-1].kind == DONE and "Done" in ticks[-1].status
-    assert ticks[-2].kind == TEXT and ticks[-2].whole and ticks[-2].plots  # the end's views, then the rest
-    assert {t.active for t in ticks[2:-2]} == {"ar", "sd", "mirror"}
+    assert [t.kind for t in ticks[:3]] == [STATUS, RESET, RESULTS] and ticks[-1].kind == DONE
+    assert "Done" in ticks[-1].status and pieces == {*OUTPUT_NAMES, STATE}
+    assert ticks[-3].kind == RESULTS  # the end in pieces: the results, the views whole, the rest
+    assert ticks[-2].kind == TEXT and ticks[-2].whole and ticks[-2].plots
+    assert {t.active for t in ticks[3:-3]} == {"ar", "sd", "mirror"}
     assert sum(t.kind == TEXT for t in ticks) >= 10
     runs = session.runs
     assert list(runs) == ["ar", "mirror", "sd"] and all(r.end and not r.end.error for r in runs.values())
@@ -89,7 +95,7 @@ def test_full_comparison_streams_only_what_grew(pair, loader):
     cleared = refreshed(session, next(again))                               # then the new comparison starts empty
     for d in ("ar", "sd", "mirror"):
         assert [cleared[f"{d}_tokens"], cleared[f"{d}_text"]] == ["", ""]
-    assert "Numbers appear" in cleared["numbers"]
+    assert "Numbers appear" in refreshed(session, next(again))["numbers"]   # the results in the second piece
     assert list(again)[-1].kind == DONE
 
 

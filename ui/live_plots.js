@@ -18,25 +18,44 @@ function niceStep(raw) {
 }
 const fmt = (v) => String(Math.round(v * 100) / 100);
 
+const PARTS = {};  // plot name → its elements and size, made once and reused by each new comparison's plot
+function parts(name) {
+  // A plot host's title, canvas, legend, tooltip and cursor. Made again only where the host was emptied or
+  // replaced: a new comparison reuses them (a new canvas and a read of the host's width, which lays the page out,
+  // made every repeat's first update a long task). Listeners go to the plot that holds the canvas now.
+  const el = host(name);
+  let p = PARTS[name];
+  if (p && p.el === el && p.canvas.parentNode === el) return p;
+  const div = (cls) => { const d = document.createElement("div"); d.className = cls; return d; };
+  el.innerHTML = "";
+  p = {el, head: div("mirror-plot-title"), canvas: document.createElement("canvas"), key: div("mirror-plot-legend"),
+       tip: div("mirror-plot-tip"), cursor: null, plot: null, width: 0, shape: ""};
+  el.append(p.head, p.canvas, p.key, p.tip);
+  for (const type of ["mousemove", "mouseleave", "click", "dblclick"]) {
+    p.canvas.addEventListener(type, (e) => { if (p.plot) p.plot.on(type, e); });
+  }
+  PARTS[name] = p;
+  return p;
+}
+
 class Plot {
   // One canvas with a title, an HTML legend and a tooltip; panels are rectangles of it with their own axes.
   constructor(name, title, height, legend) {
-    const el = host(name);
-    el.innerHTML = "";
-    const head = document.createElement("div");
-    head.className = "mirror-plot-title";
-    head.textContent = title;
-    this.head = head; this.title = title;
-    this.canvas = document.createElement("canvas");
-    this.tip = document.createElement("div");
-    this.tip.className = "mirror-plot-tip";
-    const key = document.createElement("div");
-    key.className = "mirror-plot-legend";
-    key.innerHTML = legend.map(([label, color, mark]) =>
+    const p = parts(name);
+    p.plot = this;
+    this.parts = p; this.el = p.el; this.head = p.head; this.canvas = p.canvas; this.tip = p.tip;
+    this.title = title; this.height = height;
+    p.head.textContent = title;
+    const key = legend.map(([label, color, mark]) =>
       `<span><i class="${mark || "box"}" style="--c:${color}"></i>${label}</span>`).join("");
-    el.append(head, this.canvas, key, this.tip);
-    this.el = el; this.height = height;
-    this.canvas.addEventListener("mousemove", (e) => {
+    if (p.key.innerHTML !== key) p.key.innerHTML = key;
+    p.tip.style.display = "none";
+    if (p.cursor) p.cursor.style.display = "none";
+    this.cursorEl = p.cursor;
+    this.size();
+  }
+  on(type, e) {  // the canvas's events (parts): the tooltip here, clicks in the plots that take them
+    if (type === "mousemove") {
       const r = this.canvas.getBoundingClientRect();
       const text = this.describe(e.clientX - r.left, e.clientY - r.top);
       this.tip.style.display = text ? "block" : "none";
@@ -44,13 +63,15 @@ class Plot {
         this.tip.textContent = text;
         this.tip.style.left = (e.clientX - r.left + 14) + "px"; this.tip.style.top = (e.clientY - r.top + 14) + "px";
       }
-    });
-    this.canvas.addEventListener("mouseleave", () => { this.tip.style.display = "none"; });
-    this.size();
+    } else if (type === "mouseleave") this.tip.style.display = "none";
+    else if (type === "click") this.click(e);
+    else if (type === "dblclick") this.dblclick(e);
   }
+  click() {}
+  dblclick() {}
   cursor(t) {  // the replay's time cursor (ms since the runs' starts; null hides it): a line over this.panel
-    if (!this.cursorEl) { this.cursorEl = document.createElement("div"); this.cursorEl.className = "mirror-plot-cursor";
-                          this.el.append(this.cursorEl); }
+    if (!this.cursorEl) { this.cursorEl = this.parts.cursor = document.createElement("div");
+                          this.cursorEl.className = "mirror-plot-cursor"; this.el.append(this.cursorEl); }
     this.cursorT = t;
     const p = this.panel, show = t !== null && t >= p.xmin && t <= p.xmax;
     this.cursorEl.style.display = show ? "block" : "none";
@@ -61,11 +82,23 @@ class Plot {
     this.cursorEl.style.height = p.box.h + "px";
   }
   size() {
-    const ratio = window.devicePixelRatio || 1;
-    this.width = Math.max(this.el.clientWidth, 320);
-    this.canvas.width = this.width * ratio; this.canvas.height = this.height * ratio;
-    this.canvas.style.width = this.width + "px"; this.canvas.style.height = this.height + "px";
+    // The host's width is read once (again after a resize, which clears it, or while the host is hidden); the
+    // canvas is sized only when its shape changes, else cleared.
+    const p = this.parts, ratio = window.devicePixelRatio || 1;
+    if (!p.width) {
+      const w = this.el.clientWidth;  // 0 while hidden (another tab): not kept, read again by the next plot
+      this.width = Math.max(w, 320);
+      if (w > 0) p.width = this.width;
+    } else this.width = p.width;
+    const shape = `${this.width}x${this.height}@${ratio}`;
+    if (shape !== p.shape) {
+      this.canvas.width = this.width * ratio; this.canvas.height = this.height * ratio;
+      this.canvas.style.width = this.width + "px"; this.canvas.style.height = this.height + "px";
+      p.shape = shape;
+    }
     this.ctx = this.canvas.getContext("2d");
+    this.ctx.setTransform(1, 0, 0, 1, 0, 0);
+    this.ctx.clearRect(0, 0, this.canvas.width, this.canvas.height);
     this.ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
   }
   describe() { return ""; }
@@ -180,10 +213,6 @@ class Steps extends Plot {
           [...cfg.series.map(([label, color]) => [label, color]), ...cfg.hits.map(([label, , color], i) =>
             [label, color, i === 0 ? "dot" : "cross"])]);
     this.spec = spec;
-    this.canvas.addEventListener("click", (e) => {  // a bar: that step in the inspector, the lane timeline zoomed to it
-      const r = this.canvas.getBoundingClientRect(), hit = this.at(e.clientX - r.left, e.clientY - r.top);
-      if (hit) openStep(hit[0], hit[1][0], false);
-    });
     this.rows = Object.fromEntries(spec.map((d) => [d, []]));
     this.painted = Object.fromEntries(spec.map((d) => [d, 0]));
     this.panels = Object.fromEntries(spec.map((d, i) => [d, new Panel(this.ctx, {
@@ -194,6 +223,10 @@ class Steps extends Plot {
       this.ctx.fillText("Run SD or Mirror-SD to see tokens per step", this.width / 2, this.height / 2);
     }
     this.repaint();
+  }
+  click(e) {  // a bar: that step in the inspector, the lane timeline zoomed to it
+    const r = this.canvas.getBoundingClientRect(), hit = this.at(e.clientX - r.left, e.clientY - r.top);
+    if (hit) openStep(hit[0], hit[1][0], false);
   }
   gamma(d, g) { const p = this.panels[d]; if (p) { p.ymax = g + 1.8; this.repaint(); } }
   add(d, step, reused, fresh, extra, hit) { const r = this.rows[d]; if (r) r.push([step, reused, fresh, extra, hit]); }
@@ -315,9 +348,9 @@ class Timeline extends Plot {
     this.rows = rows; this.ROW = ROW; this.spans = []; this.painted = 0; this.zoomed = null;
     this.panel = new Panel(this.ctx, {x: 130, y: MARGIN.t, w: this.width - 130 - MARGIN.r, h: ROW * rows.length},
                            "ms since run start", "", 10, rows.length);
-    this.canvas.addEventListener("dblclick", () => { if (this.zoomed !== null) this.zoom(null); });
     this.repaint();
   }
+  dblclick() { if (this.zoomed !== null) this.zoom(null); }
   zoom(rowIdx, step) {  // the time range of one step's spans on these rows (null: the whole run)
     const spans = rowIdx ? this.spans.filter(([row, , , , s]) => s === step && rowIdx.includes(row)) : [];
     if (!spans.length) {
@@ -525,6 +558,7 @@ function update() {
 
 watch("value", update);
 window.addEventListener("resize", () => {  // a new width: rebuild the plots from the feed
+  for (const p of Object.values(PARTS)) p.width = 0;
   if (S) { head = null; parse(); }
 });
 take(delta(props.value));

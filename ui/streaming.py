@@ -23,17 +23,22 @@ from .render import shown_path
 from .session import Session, TokenNamer, plain_text
 from .settings import DECODER_TITLES, ComparisonSettings
 
-TEXT, STATUS, DONE, RESET = "text", "status", "done", "reset"
+TEXT, STATUS, DONE, RESET, RESULTS = "text", "status", "done", "reset", "results"
 # Pause between telling the page that a decoder starts and starting it: the page's redraw (after RESET it builds
 # new plots) would otherwise run beside the first decoder's prefill on a machine that also runs the lanes, and
 # only the first decoder's TTFT would pay for it (measured: scripts/page_cost.py, docs/BENCHMARKS.md).
 PAGE_SETTLE_S = 0.15
+# Pause between the pieces of a big page update (a comparison's start and end): each piece is then its own short
+# task in the page, laid out and painted before the next arrives (one update that did it all was the longest
+# main-thread task of a run: docs/BENCHMARKS.md, "The page's start and end in pieces").
+PAGE_PIECE_S = 0.05
 
 
 @dataclass(frozen=True)
 class Tick:
     kind: str     # STATUS: only the status line; TEXT: token views and (with live plots) the plots' feed;
-                  # DONE: everything; RESET: everything, from an emptied session (a new comparison starts)
+                  # RESET: a new comparison starts: token views, plots and step inspector, from an emptied session;
+                  # RESULTS: the numbers, latency model, verdict and ran line; DONE: everything
     status: str   # markdown for the status line
     replay_at: float | None = None  # replay: seconds since the runs' starts to show
     active: str | None = None       # the decoder running now: the other token views need no refresh
@@ -62,7 +67,7 @@ class _LoadStopped(Exception):
 
 def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
                    clock: Callable[[], float] = time.monotonic, every_s: float = 0.15,
-                   settle_s: float = PAGE_SETTLE_S) -> Iterator[Tick]:
+                   settle_s: float = PAGE_SETTLE_S, sleep: Callable[[float], None] = time.sleep) -> Iterator[Tick]:
     """Load the pair (cached) and check every setting, then stream each decoder in turn with the lanes to itself,
     `settings.repeats` times (every other repeat in reverse order).
 
@@ -85,8 +90,10 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
         session.clear_results()
         session.prompt, session.live_plots = settings.prompt, settings.live_plots
         per_repeat = len(settings.decoders)
-        yield Tick(RESET, session.status)  # clears the previous comparison's views
+        yield Tick(RESET, session.status)  # clears the previous comparison's views, in two pieces
         cleared = True
+        sleep(PAGE_PIECE_S)
+        yield Tick(RESULTS, session.status)
         namer = TokenNamer(engine.tokenizer)
         throttle = Throttle(clock, every_s)
         for i, request in enumerate(requests):
@@ -114,8 +121,11 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
         session.status = f"**Error:** {session.error}"
     finally:
         finish(session, generation)
-    if cleared:  # the end in two page updates, so that no one update does it all: the views (whole: the last
-        yield Tick(TEXT, session.status, plots=True, whole=True)  # token, the plots' legend), then the rest
+    if cleared:  # the end in three page updates, so that no one update does it all: the results, the views (whole:
+        yield Tick(RESULTS, session.status)  # the last token, the plots' legend), the rest. The views go just before
+        sleep(PAGE_PIECE_S)                  # DONE, which repeats them: Gradio sends a value equal to the same
+        yield Tick(TEXT, session.status, plots=True, whole=True)  # view's previous one as an empty diff
+        sleep(PAGE_PIECE_S)
     yield Tick(DONE, session.status)
 
 

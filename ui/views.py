@@ -10,7 +10,7 @@ import gradio as gr
 from . import inspector, numbers, plots, render, verdict
 from .session import Session, plain_text, stream_html
 from .settings import DECODER_ORDER, DECODER_TITLES, DEFAULTS
-from .streaming import DONE, RESET, STATUS, TEXT, Tick
+from .streaming import DONE, RESET, RESULTS, STATUS, TEXT, Tick
 
 COLUMNS = DECODER_ORDER  # left to right on the page: the order they run in
 
@@ -113,6 +113,8 @@ def refreshed(session: Session, tick: Tick) -> dict[str, object]:
     out: dict[str, object] = {"status": tick.status}
     if tick.kind == STATUS:
         return out
+    if tick.kind == RESULTS:
+        return out | _results(session)
     # Every stream goes out whole on every tick, unchanged ones too; the Run tab sends the append-only ones as
     # Deltas (what grew since the event's last value: an unchanged one is the same empty delta again, which Gradio
     # does not resend).
@@ -124,7 +126,9 @@ def refreshed(session: Session, tick: Tick) -> dict[str, object]:
     if tick.kind != TEXT or session.live_plots or tick.plots:
         out["plots"] = session.feed.text()
     if tick.kind in (DONE, RESET):
-        out |= _summary(session)
+        out |= _inspection(session)
+    if tick.kind == DONE:
+        out |= _results(session)
     return out
 
 
@@ -162,18 +166,22 @@ class Deltas:
         return outputs
 
 
-def _summary(session: Session) -> dict[str, object]:
-    """The numbers, the latency model, the inspector (reset to step 1 of the speculative run) and the trace."""
+def _results(session: Session) -> dict[str, object]:
+    """The comparison's numbers, the latency model, the verdict and the ran line."""
     model = numbers.latency_model(session.runs.get("mirror"), session.runs.get("ar"))
     measured = numbers.speedup(session.runs.get("ar"), session.runs.get("mirror"))[0]
+    return {"numbers": numbers.numbers_html(session.runs) + numbers.spread_html(session.history),
+            "latency": numbers.latency_html(model, measured), "verdict": verdict.verdict_html(session),
+            "ran": ran_line(session)}
+
+
+def _inspection(session: Session) -> dict[str, object]:
+    """The step inspector (reset to step 1 of the speculative run), the trace, and the session."""
     pick = "mirror" if "mirror" in session.runs else "sd"
     run = session.runs.get(pick)
     last = run.steps[-1].step if run is not None and run.steps else 1
-    return {"numbers": numbers.numbers_html(session.runs) + numbers.spread_html(session.history),
-            "latency": numbers.latency_html(model, measured),
-            "inspect_run": gr.Radio(value=pick), "inspect_step": gr.Slider(minimum=1, maximum=max(last, 2), value=1),
-            "inspector": inspector.inspector_html(run, 1), "trace": session.trace_path, STATE: session,
-            "verdict": verdict.verdict_html(session), "ran": ran_line(session)}
+    return {"inspect_run": gr.Radio(value=pick), "inspect_step": gr.Slider(minimum=1, maximum=max(last, 2), value=1),
+            "inspector": inspector.inspector_html(run, 1), "trace": session.trace_path, STATE: session}
 
 
 def ran_line(session: Session) -> str:
