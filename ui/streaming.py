@@ -121,12 +121,19 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
         session.status = f"**Error:** {session.error}"
     finally:
         finish(session, generation)
-    if cleared:  # the end in three page updates, so that no one update does it all: the results, the views (whole:
-        yield Tick(RESULTS, session.status)  # the last token, the plots' legend), the rest. The views go just before
-        sleep(PAGE_PIECE_S)                  # DONE, which repeats them: Gradio sends a value equal to the same
-        yield Tick(TEXT, session.status, plots=True, whole=True)  # view's previous one as an empty diff
-        sleep(PAGE_PIECE_S)
+    if cleared:
+        yield from _ending(session, sleep)
     yield Tick(DONE, session.status)
+
+
+def _ending(session: Session, sleep: Callable[[float], None]) -> Iterator[Tick]:
+    """Before DONE, so that no one page update does it all: the results, then the views whole (the last token, the
+    plots' legend). The views go just before DONE, which repeats them: Gradio sends a value equal to the same view's
+    previous one as an empty diff."""
+    yield Tick(RESULTS, session.status)
+    sleep(PAGE_PIECE_S)
+    yield Tick(TEXT, session.status, plots=True, whole=True)
+    sleep(PAGE_PIECE_S)
 
 
 def load_status(loader, settings: ComparisonSettings) -> str:
