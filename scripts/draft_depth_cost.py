@@ -6,8 +6,8 @@
 A deeper draft costs SD its serial rollout and Mirror-SD its branch batch, so its agreement must rise enough to pay
 for that. For the shipped 1-layer draft and two variants of it, 2 layers and a 2x wider MLP (weights copied or tiled
 from the shipped one: only their cost matters here), the engine is loaded on this machine's default lanes, and its
-load-time calibration times, with fresh timings (an empty calibration cache), the target's step and window and each
-draft's one-token step and branch batch (κ(γ+1) rows, γ deep). The latency model (mirror_core/latency.py: the one
+load-time calibration times, from an empty calibration cache, the target's step and window (once: the three loads
+share them) and each draft's one-token step and branch batch (κ(γ+1) rows, γ deep). The latency model (mirror_core/latency.py: the one
 that chooses γ and κ at load) then gives, per draft:
 
 - the modelled Mirror-SD and SD speedups over AR at the γ, κ it would choose with the shipped draft's held-out
@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; target {args.target}; the shipped draft's profile: agreement "
           f"{profile.accept}, exit hit rate {profile.hit}")
     with tempfile.TemporaryDirectory() as work:
-        os.environ["MIRROR_SD_CACHE"] = os.path.join(work, "cache")  # fresh timings for every pair
+        os.environ["MIRROR_SD_CACHE"] = os.path.join(work, "cache")  # fresh timings (the target's, timed at the
+        # first load, are reused by the next two: the same model shape)
         drafts = {"shipped (1 layer)": args.draft,
                   "2 layers": variant(shipped, args.draft, os.path.join(work, "two"), num_layers=2),
                   "MLP 2x wider": variant(shipped, args.draft, os.path.join(work, "wide"),

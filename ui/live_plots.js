@@ -51,7 +51,8 @@ class Plot {
     if (p.key.innerHTML !== key) p.key.innerHTML = key;
     p.tip.style.display = "none";
     if (p.cursor) p.cursor.style.display = "none";
-    this.cursorEl = p.cursor;
+    this.cursorEl = p.cursor; this.cursorT = null;
+    delete this.el.dataset.cursor; delete this.el.dataset.zoom;  // as on a new host: no cursor, not zoomed
     this.size();
   }
   on(type, e) {  // the canvas's events (parts): the tooltip here, clicks in the plots that take them
@@ -219,7 +220,7 @@ class Steps extends Plot {
       x: MARGIN.l, y: MARGIN.t + 18 + i * (ph + MARGIN.b + 24), w: this.width - MARGIN.l - MARGIN.r, h: ph},
       "step", "tokens", 10, 5)]));
     if (!spec.length) {
-      this.ctx.font = FONT; this.ctx.fillStyle = INK; this.ctx.textAlign = "center";
+      this.ctx.font = FONT; this.ctx.fillStyle = INK; this.ctx.textAlign = "center"; this.ctx.textBaseline = "middle";
       this.ctx.fillText("Run SD or Mirror-SD to see tokens per step", this.width / 2, this.height / 2);
     }
     this.repaint();
@@ -420,9 +421,22 @@ let S = null;        // the repeat being drawn: its plots and what changed since
 let timer = null, drawing = false, lastCost = 0;
 
 function empty() {
-  for (const name of ["race", "steps", "gantt", "accept"]) host(name).innerHTML = "";
-  host("race").innerHTML = '<p class="mirror-plot-empty">Press Run: the plots fill in as the engine reports tokens, ' +
-                           "steps and spans.</p>";
+  // No comparison to draw (the page opened, or a new one starts): plots drawn before keep their parts, blanked, for
+  // the next comparison to reuse (and the page keeps its height); before any, a line says what will come.
+  S = null;
+  let kept = false;
+  for (const name of ["race", "steps", "gantt", "accept"]) {
+    const p = PARTS[name];
+    if (!p || p.el !== host(name) || p.canvas.parentNode !== p.el) { host(name).innerHTML = ""; continue; }
+    kept = true;
+    p.plot = null;
+    p.head.textContent = ""; p.key.innerHTML = ""; p.tip.style.display = "none";
+    if (p.cursor) p.cursor.style.display = "none";
+    p.canvas.getContext("2d").clearRect(0, 0, p.canvas.width, p.canvas.height);  // (scaled by the ratio: all of it)
+    for (const key of Object.keys(p.el.dataset)) delete p.el.dataset[key];
+  }
+  if (!kept) host("race").innerHTML = '<p class="mirror-plot-empty">Press Run: the plots fill in as the engine ' +
+                                      "reports tokens, steps and spans.</p>";
 }
 
 function begin(decoders) {

@@ -94,6 +94,7 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *,
         cleared = True
         sleep(PAGE_PIECE_S)
         yield Tick(RESULTS, session.status)
+        sleep(PAGE_PIECE_S)  # then the first decoder's tick, which builds the plots
         namer = TokenNamer(engine.tokenizer)
         throttle = Throttle(clock, every_s)
         for i, request in enumerate(requests):
