@@ -19,13 +19,17 @@ function niceStep(raw) {
 const fmt = (v) => String(Math.round(v * 100) / 100);
 
 const PARTS = {};  // plot name → its elements and size, made once and reused by each new comparison's plot
+const kept = (name) => {  // the name's parts, where they are still in their host (not emptied or replaced)
+  const p = PARTS[name];
+  return p && p.el === host(name) && p.canvas.parentNode === p.el ? p : null;
+};
 function parts(name) {
   // A plot host's title, canvas, legend, tooltip and cursor. Made again only where the host was emptied or
   // replaced: a new comparison reuses them (a new canvas and a read of the host's width, which lays the page out,
   // made every repeat's first update a long task). Listeners go to the plot that holds the canvas now.
+  let p = kept(name);
+  if (p) return p;
   const el = host(name);
-  let p = PARTS[name];
-  if (p && p.el === el && p.canvas.parentNode === el) return p;
   const div = (cls) => { const d = document.createElement("div"); d.className = cls; return d; };
   el.innerHTML = "";
   p = {el, head: div("mirror-plot-title"), canvas: document.createElement("canvas"), key: div("mirror-plot-legend"),
@@ -423,19 +427,18 @@ let timer = null, drawing = false, lastCost = 0;
 function empty() {
   // No comparison to draw (the page opened, or a new one starts): plots drawn before keep their parts, blanked, for
   // the next comparison to reuse (and the page keeps its height); before any, a line says what will come.
-  S = null;
-  let kept = false;
+  let reused = false;
   for (const name of ["race", "steps", "gantt", "accept"]) {
-    const p = PARTS[name];
-    if (!p || p.el !== host(name) || p.canvas.parentNode !== p.el) { host(name).innerHTML = ""; continue; }
-    kept = true;
+    const p = kept(name);
+    if (!p) { host(name).innerHTML = ""; continue; }
+    reused = true;
     p.plot = null;
     p.head.textContent = ""; p.key.innerHTML = ""; p.tip.style.display = "none";
     if (p.cursor) p.cursor.style.display = "none";
     p.canvas.getContext("2d").clearRect(0, 0, p.canvas.width, p.canvas.height);  // (scaled by the ratio: all of it)
     for (const key of Object.keys(p.el.dataset)) delete p.el.dataset[key];
   }
-  if (!kept) host("race").innerHTML = '<p class="mirror-plot-empty">Press Run: the plots fill in as the engine ' +
+  if (!reused) host("race").innerHTML = '<p class="mirror-plot-empty">Press Run: the plots fill in as the engine ' +
                                       "reports tokens, steps and spans.</p>";
 }
 
