@@ -135,6 +135,17 @@ def test_generation_records_the_teacher_pass_a_full_forward_would_compute(chat_t
         torch.testing.assert_close(r["top_logits"].float(), top.values, atol=1e-2, rtol=1e-3)
 
 
+@pytest.mark.parametrize("speedup, chosen", [(2.0, "bfloat16"), (0.12, "float32")])  # bf16 units; AVX2 only
+def test_auto_dtype_is_resolved_by_measurement_and_the_records_name_what_ran(chat_target, tmp_path, monkeypatch,
+                                                                             speedup, chosen):
+    from mirror_core.train import precision
+
+    monkeypatch.setattr(precision, "bf16_speedup", lambda: speedup)
+    CD.generate(_cfg(chat_target, tmp_path, sources=("code",), limit=2, batch=2, dtype="auto", feature_layer=0))
+    shard = json.load(open(tmp_path / "code" / "generation.json"))["shards"]["answers_s1_0000.pt"]
+    assert json.load(open(tmp_path / "manifest.json"))["dtype"] == chosen and shard["dtype"] == chosen
+
+
 def test_the_guard_refuses_every_held_out_topic_and_passes_every_training_prompt():
     with open(os.path.join(os.path.dirname(__file__), "..", "assets", "chat_prompts.jsonl"), encoding="utf-8") as f:
         bench = [json.loads(line)["turns"][0] for line in f if line.strip()]
@@ -220,7 +231,7 @@ def test_the_teacher_pass_reads_what_generation_recorded_and_computes_the_rest(c
     keep = [1, 4, 5, 6, 8]  # three recorded records, then two of the code folder's (no figures)
     seqs = [pool[i] for i in keep]
     path = FD.teacher_path(str(tmp_path), "t", seqs, 1, 4, chat_target)
-    t = FD.teacher_pass(folders, keep, seqs, chat_target, 1, 4, path)
+    t = FD.teacher_pass(folders, keep, seqs, chat_target, 1, 4, path, "bfloat16")
     assert t["recorded"] == 3 and os.path.exists(path)
     assert path not in (FD.teacher_path(str(tmp_path), "t", seqs, 2, 4, chat_target),
                         FD.teacher_path(str(tmp_path), "t", seqs, 1, 4, str(tmp_path)))
@@ -238,7 +249,7 @@ def test_the_teacher_pass_reads_what_generation_recorded_and_computes_the_rest(c
         torch.testing.assert_close(t["feat"][f0: f0 + n].float(), out.hidden_states[1][0], atol=5e-2, rtol=5e-2)
         agree = t["top_ids"][a0: a0 + len(a), 0].long() == out.logits[0, len(p) - 1: n - 1].argmax(-1)
         assert agree.float().mean() >= 0.8  # a bfloat16 pass against float32: near-ties may differ
-    assert torch.equal(FD.teacher_pass(folders, keep, seqs, chat_target, 1, 4, path)["feat"], t["feat"])  # cached
+    assert torch.equal(FD.teacher_pass(folders, keep, seqs, chat_target, 1, 4, path, "bfloat16")["feat"], t["feat"])  # cached
     tokens = sum(len(a) for _, a in pool) // 2
     half = FD.data_subset(pool, tokens, torch.Generator().manual_seed(0))
     assert half == sorted(half) and sum(len(pool[i][1]) for i in half) >= tokens and len(half) < len(pool)

@@ -12,6 +12,7 @@ import torch
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
 from mirror_core.train import distill as D
 from mirror_core.train.distill_card import render
+from mirror_core.train.precision import resolve
 from testing.reliability import _save_tokenizer
 from testing.toy_models import VOCAB, build_pair
 
@@ -36,6 +37,7 @@ def test_distill_writes_a_pair_the_engine_runs_losslessly(tmp_path):
                           target=target, draft_vocab=56, init_layers=(0, 3), exit_layers=(1, 2), exit_layer=2,
                           topk=8, draft_minutes=0.05, exit_epochs=20.0, batch_sequences=4, val_share=0.25)
     summary = D.distill(cfg)
+    assert summary["config"]["dtype"] == resolve("auto")  # "auto" resolved where it ran, and recorded so
     folder = os.path.join(cfg.out, "draft")
     assert {"draft_vocab.json", "exit_head.json", "exit_head.safetensors", "config.json"} <= set(os.listdir(folder))
     assert summary["draft_log"][-1]["step"] > 0 and set(summary["exit_coverage"]) == {1, 2}
@@ -53,15 +55,17 @@ def test_distill_writes_a_pair_the_engine_runs_losslessly(tmp_path):
     assert "2 layers" in card and "top-1" in card and "logit lens" in card
 
 
-def test_feature_distill_writes_a_draft_the_engine_runs_losslessly(tmp_path):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])  # what "auto" takes with bf16 units, and without
+def test_feature_distill_writes_a_draft_the_engine_runs_losslessly(tmp_path, dtype):
     from mirror_core.train import feature_distill as FD
 
     target, _ = build_pair(str(tmp_path), "llama", target_layers=4)
     cfg = FD.FeatureDistillConfig(answers=_answers(tmp_path / "answers", 24), heldout=_answers(tmp_path / "held", 6, 1),
                                   work=str(tmp_path / "work"), out=str(tmp_path / "pair"), target=target,
                                   feature_layer=3, draft_vocab=56, topk=8, depths=2, minutes=0.03, exit_epochs=20.0,
-                                  candidate_epochs=5.0, batch_sequences=4, compare="")
+                                  candidate_epochs=5.0, batch_sequences=4, compare="", dtype=dtype)
     summary = FD.distill(cfg)
+    assert summary["config"]["dtype"] == dtype
     folder = os.path.join(cfg.out, "feature_draft")
     assert {"feature_draft.json", "draft_vocab.json", "draft_profile.json", "exit_head.json"} <= set(os.listdir(folder))
     assert summary["draft_log"][-1]["step"] > 0 and set(summary["candidate_coverage"]) == {"before", "after"}

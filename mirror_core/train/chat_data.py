@@ -14,7 +14,8 @@ pass, recorded instead of recomputed; --feature-layer 0 records none): "feat_lay
 next-token logits before each answer token, before any row samples)}; the answer ends with the eos token unless it
 hit the limit.
 A shard that exists is never made again, so a stopped run continues where it stopped (`--out` the same).
-Generation runs the target in bfloat16 (or --dtype float32) with left padding (Hugging Face generate); sampled rows
+Generation runs the target in the dtype precision.py measures faster here (or --dtype bfloat16 / float32; the
+records and the manifest keep the one that ran) with left padding (Hugging Face generate); sampled rows
 draw from one torch.Generator per shard, seeded from --seed, the source, the stage and the shard.
 """
 from __future__ import annotations
@@ -25,12 +26,13 @@ import json
 import os
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from mirror_core.train.chat_sources import SOURCES, STAGES, ChatTokens, DataConfig, Job, answer_spans
+from mirror_core.train.precision import PRECISIONS, resolve
 
 
 class RowSampler(LogitsProcessor):
@@ -96,7 +98,8 @@ class Target:
         if tok.chat_template is None:
             raise SystemExit(f"{cfg.target}: the tokenizer has no chat template (chat_data needs an instruct target)")
         self.chat = ChatTokens(tok)
-        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, cfg.dtype)).eval()
+        self.dtype = resolve(cfg.dtype)                  # the dtype that runs ("auto" resolved here)
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, self.dtype)).eval()
         self.eos = tok.eos_token_id
         self.pad = tok.pad_token_id if tok.pad_token_id is not None else (self.eos if self.eos is not None else 0)
         self.new_tokens = cfg.new_tokens
@@ -247,6 +250,7 @@ def write_manifest(cfg: DataConfig) -> dict:
 def generate(cfg: DataConfig) -> None:
     """Every chosen source, stage by stage (the legacy set when no source is chosen)."""
     target = Target(cfg)
+    cfg = replace(cfg, dtype=target.dtype)  # the records and the manifest name the dtype that ran
     for source in cfg.sources or ("legacy",):
         earlier: list[dict] = []
         stages = len(STAGES[source])
@@ -272,7 +276,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=d["batch"], help="rows answered together = jobs per shard")
     parser.add_argument("--new-tokens", type=int, default=d["new_tokens"])
     parser.add_argument("--threads", type=int, default=d["threads"])
-    parser.add_argument("--dtype", default=d["dtype"], help="bfloat16 or float32")
+    parser.add_argument("--dtype", default=d["dtype"], choices=PRECISIONS,
+                        help="the target's dtype while generating (auto: bfloat16 where measured faster here)")
     parser.add_argument("--limit", type=int, default=d["limit"], help="only the first N jobs of each stage (0 = all)")
     parser.add_argument("--seed", type=int, default=d["seed"])
     parser.add_argument("--samples", type=int, default=d["samples"], help="sampled answers per prompt (sampled)")

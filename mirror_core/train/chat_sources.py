@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from mirror_core.train import chat_prompts as P
+from mirror_core.train.precision import PRECISIONS
 
 SOURCES = ("templated", "sampled", "self_questions", "multi_turn", "code")
 FEATURE_LAYER = 20   # ℓ_e of the default pair's feature draft: the layer whose hidden states generation records
@@ -36,7 +37,8 @@ class DataConfig:
     batch: int = 128                              # rows answered together (left-padded) = jobs per shard
     new_tokens: int = 128                         # answer length limit
     threads: int = 0                              # torch threads (0: torch's default)
-    dtype: str = "bfloat16"                       # the target's weights while generating: bfloat16 or float32
+    dtype: str = "auto"                           # the target's weights while generating: precision.PRECISIONS
+                                                  # (auto: bfloat16 where measured faster, else float32)
     limit: int = 0                                # only the first N jobs of each stage (0 = all)
     seed: int = 0                                 # every shard's sampler is seeded from it, the source and the shard
     samples: int = 2                              # sampled answers per prompt (source `sampled`)
@@ -55,8 +57,8 @@ class DataConfig:
         unknown = [s for s in self.sources if s not in SOURCES]
         if unknown:
             raise ValueError(f"unknown source(s) {unknown}: choose from {', '.join(SOURCES)}")
-        if self.dtype not in ("bfloat16", "float32"):
-            raise ValueError(f"dtype must be bfloat16 or float32, not {self.dtype!r}")
+        if self.dtype not in PRECISIONS:
+            raise ValueError(f"dtype must be one of {', '.join(PRECISIONS)}, not {self.dtype!r}")
         if min(self.batch, self.new_tokens, self.samples, self.questions, self.sampled_every,
                self.multi_turn_every) < 1 or self.limit < 0:
             raise ValueError("batch, new_tokens, samples, questions and the strides must be ≥ 1, limit ≥ 0")

@@ -4,7 +4,8 @@
     python -m mirror_core.train.distill --answers WORK/answers --work WORK --out assets/smollm2_pair
 
 Stages (each cached in WORK, so a run can be resumed or re-run with other draft settings):
-1. teacher pass: the target (bfloat16) reads every prompt + answer once; for each answer position it keeps the
+1. teacher pass: the target (in `--dtype`: auto takes bfloat16 only where precision.py measures it faster, as it
+   does for the training's autocast) reads every prompt + answer once; for each answer position it keeps the
    next-token top-k logits and the hidden state after each candidate exit layer.
 2. draft vocabulary: the V_d most frequent tokens of the answers and prompts (FR-Spec: a small draft's cost is
    mostly its head), mapped to target ids (models/vocab.py).
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 
 from mirror_core.models.ops import rms_norm
 from mirror_core.train.chat_sources import TOPK
+from mirror_core.train.precision import autocast, resolve, torch_dtype
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class DistillConfig:
     seed: int = 0
     threads: int = 0
     init_draft: str = ""                          # continue training this saved draft folder (its vocabulary kept)
+    dtype: str = "auto"                           # the teacher pass and the training's autocast: precision.PRECISIONS
 
     def __post_init__(self):
         if self.exit_layer not in self.exit_layers:
@@ -86,7 +89,7 @@ def teacher_pass(cfg: DistillConfig, seqs: list[tuple[list[int], list[int]]], ta
         return torch.load(path)
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch_dtype(cfg.dtype)).eval()
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
     n_rows = sum(len(a) for _, a in seqs)
     top_ids = torch.empty(n_rows, cfg.topk, dtype=torch.int32)
@@ -301,7 +304,7 @@ def train_draft(cfg: DistillConfig, draft, seqs, train_idx, val_idx, teacher, to
     def evaluate() -> float:
         draft.eval()
         agree, n = 0.0, 0
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad(), autocast(cfg.dtype):
             for x, pos, sid, sprob, label in draft_batches(seqs, val_idx, teacher, soft, to_draft, other,
                                                                       cfg.batch_sequences):
                 _, a = draft_loss(draft, x, pos, sid, sprob, to_draft[label], other, cfg.hard_weight)
@@ -321,7 +324,7 @@ def train_draft(cfg: DistillConfig, draft, seqs, train_idx, val_idx, teacher, to
             for group in opt.param_groups:
                 group["lr"] = scheduled_lr(cfg.lr, step, elapsed, budget, warmup)
             x, pos, sid, sprob, label = next(draft_batches(seqs, chunk, teacher, soft, to_draft, other, len(chunk)))
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with autocast(cfg.dtype):
                 loss, agree = draft_loss(draft, x, pos, sid, sprob, to_draft[label], other, cfg.hard_weight)
             opt.zero_grad()
             loss.backward()
@@ -392,6 +395,7 @@ def run_record(cfg) -> dict:
 def distill(cfg: DistillConfig) -> dict:
     """Teacher pass, draft vocabulary, exit heads, draft, saved pair (the stages of this module's docstring)."""
     target_dir, g = prepare_run(cfg.threads, cfg.work, cfg.seed, cfg.target)
+    cfg = dataclasses.replace(cfg, dtype=resolve(cfg.dtype))  # measured at the run's threads; the record names it
     seqs = load_sequences(cfg.answers)
     timings = {}
     t = time.time()

@@ -8,7 +8,8 @@
 Stages (the teacher pass is cached in WORK):
 1. teacher pass: the hidden state after layer ℓ_e at every position of every prompt + answer (the draft's input
    features) and the target's top-k next-token logits at answer positions, copied from the records where chat_data
-   recorded them while generating, computed by the bfloat16 target for the rest; `--train-tokens N` trains on a
+   recorded them while generating, computed by the target for the rest (in `--dtype`: auto takes bfloat16 only
+   where precision.py measures it faster, as for the training's autocast); `--train-tokens N` trains on a
    seeded random subset of about N answer tokens (the data-volume probe).
 2. the draft vocabulary (distill.draft_vocabulary over these answers) and the exit head at ℓ_e (distill.train_exit_head).
 3. the draft, trained with EAGLE-3's training-time test: unrolled to `depths` tokens on its own predicted features
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 from mirror_core.models.feature_draft import FeatureDraft, from_target
 from mirror_core.models.vocab import VocabMap
 from mirror_core.train.chat_sources import FEATURE_LAYER, TOPK
+from mirror_core.train.precision import autocast, resolve, torch_dtype
 from mirror_core.train.distill import (
     ExitHeadTask,
     draft_vocabulary,
@@ -83,16 +85,17 @@ class FeatureDistillConfig:
                                                   # (0: all): the data-volume probe
     init: str = ""                                # a feature_draft folder to continue from: its vocabulary, exit
                                                   # head and weights ("": a new draft from the target's layers)
+    dtype: str = "auto"                           # the teacher pass and the training's autocast: precision.PRECISIONS
 
 
 # -- 1. teacher pass ------------------------------------------------------------------------------
 @torch.inference_mode()
 def teacher_pass(folders: list[str], keep: list[int], seqs, target_dir: str, layer: int, topk: int, path: str,
-                 batch: int = 16) -> dict:
+                 dtype: str, batch: int = 16) -> dict:
     """For `seqs`, the records of `folders` at indices `keep` (in shard_paths' order, counted across the folders):
     feat [Σ L_i, H] bf16 (h^(ℓ_e) at every position), fstart[i]; top_ids/top_logits [Σ A_i, k] at the positions
     predicting answer tokens, astart[i]. Copied from the records where chat_data recorded them at this layer with
-    ≥ k logits (their last position's feature, never read, stays 0); a pass of the bfloat16 target computes the rest.
+    ≥ k logits (their last position's feature, never read, stays 0); a pass of the target in `dtype` computes the rest.
     Cached at `path` (teacher_path: named by the sequences, the layer and k)."""
     if os.path.exists(path):
         return torch.load(path)
@@ -129,21 +132,21 @@ def teacher_pass(folders: list[str], keep: list[int], seqs, target_dir: str, lay
     result = {"feat": feat, "fstart": fstart, "top_ids": top_ids, "top_logits": top_logits, "astart": astart,
               "recorded": len(seqs) - len(missing)}
     if missing:
-        _forward_pass(seqs, missing, target_dir, layer, result, batch)
+        _forward_pass(seqs, missing, target_dir, layer, result, dtype, batch)
     result["seconds"] = round(time.time() - t0, 1)
     torch.save(result, path)
     return result
 
 
-def _forward_pass(seqs, which: list[int], target_dir: str, layer: int, teacher: dict, batch: int) -> None:
-    """The teacher's figures for sequences `which`, by full forwards of the bfloat16 target, written into place in
+def _forward_pass(seqs, which: list[int], target_dir: str, layer: int, teacher: dict, dtype: str, batch: int) -> None:
+    """The teacher's figures for sequences `which`, by full forwards of the target in `dtype`, written into place in
     `teacher` (teacher_pass's tensors and offsets)."""
     from transformers import AutoModelForCausalLM
 
     feat, fstart, top_ids, top_logits, astart = (teacher[k] for k in ("feat", "fstart", "top_ids", "top_logits",
                                                                       "astart"))
     topk = top_ids.shape[1]
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch_dtype(dtype)).eval()
     lens = [len(p) + len(a) for p, a in seqs]
     order = sorted(which, key=lambda i: lens[i])
     t0 = time.time()
@@ -253,7 +256,7 @@ def evaluate(model, seqs, idx, teacher, soft, to_draft, other, cfg) -> list[floa
     n = [0] * cfg.depths
     for b in range(0, len(idx), cfg.batch_sequences):
         batch = make_batch(seqs, idx[b: b + cfg.batch_sequences], teacher, soft, to_draft, other, cfg.depths)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with autocast(cfg.dtype):
             _, agree = draft_loss(model, batch, cfg, other, to_draft)
         for d, a in enumerate(agree):
             m = len(batch[2][d][0])
@@ -293,7 +296,7 @@ def first_predictions(model, seqs, teacher, soft, to_draft, other, cfg) -> torch
     for b in range(0, len(order), 32):
         ids, feats, per_depth = make_batch(seqs, order[b: b + 32], teacher, soft, to_draft, other, 1)
         rows, pos, *_, arow = per_depth[0]
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with autocast(cfg.dtype):
             g = train_step_outputs(model, ids, feats, 1)[0]
             z = model.logits(g[rows, pos]).float()
         z[:, other] = -1e4
@@ -332,7 +335,7 @@ def train(cfg: FeatureDistillConfig, model, seqs, train_idx, teacher, soft, to_d
             for group in opt.param_groups:
                 group["lr"] = scheduled_lr(cfg.lr, step, elapsed, budget, warmup)
             batch = make_batch(seqs, chunk, teacher, soft, to_draft, other, cfg.depths)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with autocast(cfg.dtype):
                 loss, agree = draft_loss(model, batch, cfg, other, to_draft)
             opt.zero_grad()
             loss.backward()
@@ -340,7 +343,7 @@ def train(cfg: FeatureDistillConfig, model, seqs, train_idx, teacher, soft, to_d
             opt.step()
             step += 1
             if step % 50 == 0:
-                print(f"step {step}: loss {float(loss):.3f}, batch top-1 by depth "
+                print(f"step {step}: loss {float(loss.detach()):.3f}, batch top-1 by depth "
                       f"{[round(a, 3) for a in agree]}, {elapsed / 60:.1f} min", flush=True)
             if step % cfg.eval_every == 0:
                 log.append({"step": step, "minutes": round(elapsed / 60, 2), "heldout_agreement": held()})
@@ -354,6 +357,7 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     """Teacher passes, vocabulary, exit head, draft, candidates where they matter, saved draft (this module's
     docstring's stages)."""
     target_dir, g = prepare_run(cfg.threads, cfg.work, cfg.seed, cfg.target)
+    cfg = dataclasses.replace(cfg, dtype=resolve(cfg.dtype))  # measured at the run's threads; the record names it
     start = continued_draft(cfg, target_dir) if cfg.init else None
     folders = cfg.answers.split(",")
     pool = [s for folder in folders for s in load_sequences(folder)]
@@ -364,9 +368,9 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     t = time.time()
     layer, k = cfg.feature_layer, cfg.topk
     teacher = teacher_pass(folders, keep, seqs, target_dir, layer, k,
-                           teacher_path(cfg.work, "teacher_f", seqs, layer, k, target_dir))
+                           teacher_path(cfg.work, "teacher_f", seqs, layer, k, target_dir), cfg.dtype)
     held_teacher = teacher_pass([cfg.heldout], list(range(len(held_seqs))), held_seqs, target_dir, layer, k,
-                                teacher_path(cfg.work, "teacher_f_heldout", held_seqs, layer, k, target_dir))
+                                teacher_path(cfg.work, "teacher_f_heldout", held_seqs, layer, k, target_dir), cfg.dtype)
     timings["teacher_pass_s"] = round(time.time() - t, 1)
     target, readout, always = load_target(target_dir)
     vmap = start.vmap if start else VocabMap.from_ids(draft_vocabulary(seqs, cfg.draft_vocab, always),
