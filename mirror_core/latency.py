@@ -166,6 +166,9 @@ class StepCosts:
         return self.draft_rows * rows * gamma / (self.rows * self.depth) + self.draft_step
 
 
+GAMMAS, KAPPAS = range(1, 9), range(1, 5)  # the settings choose_spec tries (a draft's profile measures τ at each γ)
+
+
 @dataclass(frozen=True)
 class DraftProfile:
     """How often a pair's draft and early exit are right, measured on held-out answers when it was trained (the draft
@@ -173,9 +176,16 @@ class DraftProfile:
     accept: tuple[float, ...]   # a_d: the d-th draft token agrees with the target given d−1 that did, d = 1, 2, ..
     hit: tuple[float, ...]      # the target's token is among the exit's top-κ (the draft's own token excluded)
                                 # where the draft was wrong, κ = 1, 2, ..
+    tau_by_gamma: tuple[float, ...] = ()  # τ(γ), γ = 1, 2, ..: greedy decoding's own rollouts replayed on the
+                                          # held-out answers (train/feature_distill.py, chains); () = not measured
 
     def tau(self, gamma: int) -> float:
-        """τ(γ) = 1 + E[A_t] = 1 + Σ_k Π_{d≤k} a_d (a_d past the measured depths: the last one)."""
+        """τ(γ): the measured one where the profile has it; else 1 + E[A_t] = 1 + Σ_k Π_{d≤k} a_d (a_d past the
+        measured depths: the last one), continued from the last measured τ."""
+        n = min(gamma, len(self.tau_by_gamma))
+        return self._product_tau(gamma) + (self.tau_by_gamma[n - 1] - self._product_tau(n) if n else 0.0)
+
+    def _product_tau(self, gamma: int) -> float:
         reach, total = 1.0, 1.0
         for d in range(gamma):
             reach *= self.accept[min(d, len(self.accept) - 1)]
@@ -207,7 +217,7 @@ def modelled_speedups(costs: StepCosts, profile: DraftProfile, gamma: int, kappa
     return tau * costs.t_ar / mirror, tau * costs.t_ar / (verify + fresh)
 
 
-def choose_spec(costs: StepCosts, profile: DraftProfile, gammas=range(1, 9), kappas=range(1, 5)) -> SpecChoice:
+def choose_spec(costs: StepCosts, profile: DraftProfile, gammas=GAMMAS, kappas=KAPPAS) -> SpecChoice:
     """The fastest (γ, κ) by the model; `why` says what one more draft token would cost and earn here."""
     table = tuple((g, k, round(modelled_speedups(costs, profile, g, k)[0], 3)) for g in gammas for k in kappas)
     gamma, kappa, best = max(table, key=lambda r: (r[2], -r[0], -r[1]))

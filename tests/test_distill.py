@@ -11,6 +11,7 @@ import torch
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
 from mirror_core.train import distill as D
+from mirror_core.models.profile import load_profile
 from mirror_core.train.distill_card import render
 from mirror_core.train.precision import resolve
 from testing.reliability import _save_tokenizer
@@ -67,6 +68,10 @@ def test_feature_distill_writes_a_draft_the_engine_runs_losslessly(tmp_path, dty
     summary = FD.distill(cfg)
     assert summary["config"]["dtype"] == dtype
     folder = os.path.join(cfg.out, "feature_draft")
+    measured, profile = summary["profile"], load_profile(folder)  # decoding's rollouts replayed at γ = 1..8
+    assert list(profile.accept) == measured["accept"] and len(profile.tau_by_gamma) == 8
+    assert [profile.tau(g) for g in range(1, 9)] == pytest.approx(measured["tau_by_gamma"])  # the model reads them
+    assert summary["draft_log"][-1]["heldout_tau"] == pytest.approx(measured["tau_by_gamma"][1])  # depths 2 = γ 2
     assert {"feature_draft.json", "draft_vocab.json", "draft_profile.json", "exit_head.json"} <= set(os.listdir(folder))
     assert summary["draft_log"][-1]["step"] > 0 and set(summary["candidate_coverage"]) == {"before", "after"}
     with MirrorEngine.load(target, folder, LaneConfig(kind="inline")) as engine:

@@ -50,6 +50,19 @@ def test_profile_round_trip_and_bad_files(tmp_path):
         load_profile(str(tmp_path))
 
 
+def test_a_measured_tau_by_gamma_is_read_as_measured_and_continued_past_its_end(tmp_path):
+    """τ replayed from decoding's own rollouts (train/feature_distill.py, chains) is what the model reads where the
+    profile has it; past its last γ the product of a_d continues it."""
+    p = DraftProfile((0.5, 0.4), (0.3,), (1.45, 1.62))
+    assert p.tau(1) == 1.45 and p.tau(2) == 1.62
+    assert p.tau(3) == pytest.approx(1.62 + 0.5 * 0.4 * 0.4)  # the product form's increment from γ 2 to 3
+    save_profile(str(tmp_path), [0.5, 0.4], [0.3], "test", [1.45, 1.62])
+    assert load_profile(str(tmp_path)) == p
+    save_profile(str(tmp_path), [0.5], [0.3], "test", [1.45, 3.5])  # 3.5 tokens a pass at γ 2 cannot be
+    with pytest.raises(MirrorError, match="tau_by_gamma"):
+        load_profile(str(tmp_path))
+
+
 def test_the_page_leaves_to_the_pair_only_what_is_left_at_zero():
     """γ, κ, ℓ_e at 0 on the page are None in the request: the loaded pair decides them in MirrorEngine.validate
     (tests/test_defaults.py checks what it decides)."""

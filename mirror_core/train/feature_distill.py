@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from mirror_core.latency import GAMMAS
 from mirror_core.models.feature_draft import FeatureDraft, from_target
 from mirror_core.models.vocab import VocabMap
 from mirror_core.train.chat_sources import FEATURE_LAYER, TOPK
@@ -228,11 +229,13 @@ def make_batch(seqs, chunk: list[int], teacher: dict, soft, to_draft: torch.Tens
 
 
 def draft_loss(model, batch, cfg: FeatureDistillConfig, other: int, to_draft: torch.Tensor):
+    """The training-time test's loss over every depth, and per depth the rows where the draft's top-1 is the
+    target's greedy token (bool [N_d], in make_batch's row order)."""
     from mirror_core.models.feature_draft import train_step_outputs
 
     ids, feats, per_depth = batch
     outs = train_step_outputs(model, ids, feats, cfg.depths)
-    loss, agree = 0.0, []
+    loss, hits = 0.0, []
     for d, (g, (rows, pos, sid, sprob, label, f_next, _)) in enumerate(zip(outs, per_depth)):
         gd = g[rows, pos]                                                                      # [N, H]
         z = model.logits(gd).float()                                                           # [N, V_d+1]
@@ -244,26 +247,66 @@ def draft_loss(model, batch, cfg: FeatureDistillConfig, other: int, to_draft: to
         hard = F.nll_loss(logp[inside], lab[inside]) if inside.any() else logp.new_zeros(())
         reg = F.smooth_l1_loss(gd.float(), f_next)
         loss = loss + cfg.depth_decay ** d * (kl + cfg.hard_weight * hard + cfg.feature_weight * reg)
-        agree.append(float((z.argmax(-1) == lab).float().mean()))
-    return loss, agree
+        hits.append(z.argmax(-1) == lab)                                                       # [N] bool
+    return loss, hits
+
+
+def chains(batch, hits: list[torch.Tensor], prompt_lens: list[int], gamma: int) -> torch.Tensor:
+    """The rollouts greedy speculative decoding at `gamma` drafts on these answers, and whether each depth was right:
+    bool [chains, gamma]. Decoding drafts from p = prompt − 1 (the target has committed x_{p+1}); a rollout's
+    accepted length k is its run of leading Trues, and the next one starts at p + k + 1, after the correction or
+    bonus token. Teacher-forced depth d reads exactly what the rollout reads when depths 1..d−1 were right, so these
+    are decoding's own rollouts (while a whole one fits in the answer): a draft's mistakes cluster, and a rollout
+    after a rejection starts where the draft was just wrong, which an average over every position would not weigh."""
+    ids, _, per_depth = batch
+    b, t = ids.shape
+    right = torch.zeros(b, t, gamma, dtype=torch.bool)
+    defined = torch.zeros(b, t, gamma, dtype=torch.bool)
+    for d, ((rows, pos, *_), hit) in enumerate(zip(per_depth[:gamma], hits)):
+        right[rows, pos, d] = hit
+        defined[rows, pos, d] = True
+    whole, runs = defined.all(-1).tolist(), right.int().cumprod(-1).sum(-1).tolist()          # [B][T] each
+    out = []
+    for r, plen in enumerate(prompt_lens):
+        p = plen - 1
+        while p < t and whole[r][p]:
+            out.append(right[r, p])
+            p += runs[r][p] + 1
+    return torch.stack(out) if out else torch.zeros(0, gamma, dtype=torch.bool)
 
 
 @torch.no_grad()
-def evaluate(model, seqs, idx, teacher, soft, to_draft, other, cfg) -> list[float]:
-    """Teacher-forced top-1 agreement with the target's greedy token per depth (depth d: d−1 own features)."""
+def evaluate(model, seqs, idx, teacher, soft, to_draft, other, cfg) -> dict:
+    """Held-out figures of the draft, teacher-forced (depth d reads d−1 of its own features), γ = cfg.depths:
+    - agreement[d]: top-1 agreement with the target's greedy token at depth d, over every answer position;
+    - accept[d]: the same given depths 1..d−1 were right, over the rollouts greedy decoding drafts at γ (`chains`):
+      the a_d of the latency model (latency.DraftProfile), and what the draft's profile keeps;
+    - tau_by_gamma[g − 1]: 1 + the mean accepted length of decoding's rollouts at γ = g ≤ depths: τ of greedy
+      speculative decoding (tokens committed per target pass, the correction or bonus token included), predicted
+      from the held-out answers; tau: the one at γ = depths."""
     model.eval()
-    hits = [0.0] * cfg.depths
+    hits = [0] * cfg.depths
     n = [0] * cfg.depths
+    runs: list[list[torch.Tensor]] = [[] for _ in range(cfg.depths)]  # per γ: [chains, γ] leading runs
     for b in range(0, len(idx), cfg.batch_sequences):
-        batch = make_batch(seqs, idx[b: b + cfg.batch_sequences], teacher, soft, to_draft, other, cfg.depths)
+        chunk = idx[b: b + cfg.batch_sequences]
+        batch = make_batch(seqs, chunk, teacher, soft, to_draft, other, cfg.depths)
         with autocast(cfg.dtype):
-            _, agree = draft_loss(model, batch, cfg, other, to_draft)
-        for d, a in enumerate(agree):
-            m = len(batch[2][d][0])
-            hits[d] += a * m
-            n[d] += m
+            _, right = draft_loss(model, batch, cfg, other, to_draft)
+        for d, r in enumerate(right):
+            hits[d] += int(r.sum())
+            n[d] += len(r)
+        for g in range(1, cfg.depths + 1):
+            runs[g - 1].append(chains(batch, right, [len(seqs[i][0]) for i in chunk], g).int().cumprod(1))
     model.train()
-    return [round(h / max(k, 1), 4) for h, k in zip(hits, n)]
+    taus = []
+    for g, parts in enumerate(runs, 1):
+        done = torch.cat(parts) if parts else torch.zeros(0, g, dtype=torch.int)
+        taus.append(round(1 + float(done.sum()) / max(len(done), 1), 4))
+    reached = done.sum(0).tolist()                               # γ = depths: rollouts right through depth d
+    accept = [reached[d] / max(reached[d - 1] if d else len(done), 1) for d in range(cfg.depths)]
+    return {"agreement": [round(h / max(k, 1), 4) for h, k in zip(hits, n)], "accept": [round(a, 4) for a in accept],
+            "tau_by_gamma": taus, "tau": taus[-1], "chains": len(done)}
 
 
 @torch.no_grad()
@@ -325,8 +368,15 @@ def train(cfg: FeatureDistillConfig, model, seqs, train_idx, teacher, soft, to_d
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     budget, warmup = cfg.minutes * 60, 50
     t0, step, log = time.time(), 0, []
-    log.append({"step": 0, "minutes": 0.0, "heldout_agreement": held()})
-    print(f"feature draft: before training, held-out top-1 by depth {log[-1]['heldout_agreement']}", flush=True)
+
+    def point(minutes: float) -> None:  # one point of the held-out curve (evaluate's figures)
+        f = held()
+        log.append({"step": step, "minutes": round(minutes, 2), "heldout_agreement": f["agreement"],
+                    "heldout_accept": f["accept"], "heldout_tau": f["tau"]})
+        print(f"held-out after {step} steps: top-1 by depth {f['agreement']}, given the earlier depths right "
+              f"{f['accept']}, predicted greedy τ at γ {cfg.depths}: {f['tau']}", flush=True)
+
+    point(0.0)
     while time.time() - t0 < budget:
         for chunk in length_chunks(seqs, train_idx, cfg.batch_sequences, g):
             elapsed = time.time() - t0
@@ -336,7 +386,7 @@ def train(cfg: FeatureDistillConfig, model, seqs, train_idx, teacher, soft, to_d
                 group["lr"] = scheduled_lr(cfg.lr, step, elapsed, budget, warmup)
             batch = make_batch(seqs, chunk, teacher, soft, to_draft, other, cfg.depths)
             with autocast(cfg.dtype):
-                loss, agree = draft_loss(model, batch, cfg, other, to_draft)
+                loss, right = draft_loss(model, batch, cfg, other, to_draft)
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -344,12 +394,10 @@ def train(cfg: FeatureDistillConfig, model, seqs, train_idx, teacher, soft, to_d
             step += 1
             if step % 50 == 0:
                 print(f"step {step}: loss {float(loss.detach()):.3f}, batch top-1 by depth "
-                      f"{[round(a, 3) for a in agree]}, {elapsed / 60:.1f} min", flush=True)
+                      f"{[round(float(r.float().mean()), 3) for r in right]}, {elapsed / 60:.1f} min", flush=True)
             if step % cfg.eval_every == 0:
-                log.append({"step": step, "minutes": round(elapsed / 60, 2), "heldout_agreement": held()})
-                print(f"held-out top-1 by depth {log[-1]['heldout_agreement']}", flush=True)
-    log.append({"step": step, "minutes": round((time.time() - t0) / 60, 2), "heldout_agreement": held()})
-    print(f"feature draft: {step} steps, held-out top-1 by depth {log[-1]['heldout_agreement']}", flush=True)
+                point(elapsed / 60)
+    point((time.time() - t0) / 60)
     return log
 
 
@@ -400,14 +448,16 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     head, candidates = candidate_pass(cfg, model, task, head, (seqs, teacher, soft), (held_seqs, held_teacher, held_soft),
                                       to_draft, other, g)
     timings["candidate_head_s"] = round(time.time() - t, 1)
-    _save_feature_draft(cfg, model, vmap, target, head, candidates, log, len(held_seqs))
+    profile = evaluate(model, held_seqs, held_idx, held_teacher, held_soft, to_draft, other,
+                       dataclasses.replace(cfg, depths=max(GAMMAS)))  # τ at every γ the latency model tries
+    _save_feature_draft(cfg, model, vmap, target, head, candidates, profile, len(held_seqs))
     summary = {**run_record(cfg), "sequences": len(seqs), "answer_tokens": sum(len(a) for _, a in seqs),
                "pool_sequences": len(pool), "teacher_recorded": teacher["recorded"],
                "sources": {f: _generated(f) for f in folders},
                "continued_from": start.record if start else None, "draft_vocab_size": vmap.size,
                "heldout_sequences": len(held_seqs), "heldout_answer_tokens": sum(len(a) for _, a in held_seqs),
                "vocab_coverage": coverage, "exit_coverage": exit_cov, "candidate_coverage": candidates,
-               "draft_log": log, "token_draft_heldout_agreement": compare, "timings": timings,
+               "draft_log": log, "profile": profile, "token_draft_heldout_agreement": compare, "timings": timings,
                "draft_params": sum(p.numel() for p in model.parameters())}
     with open(os.path.join(cfg.out, "feature_distill.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
@@ -463,14 +513,15 @@ def _generated(folder: str) -> dict | None:
 
 def earlier_record(init: str) -> dict | None:
     """The record (feature_distill.json) of the run that wrote the draft in `init`: in the pair folder holding it, or
-    in the draft's own folder; only when its last held-out agreement is the draft's saved profile (the same run)."""
+    in the draft's own folder; only when the profile it saved is the draft's (the same run)."""
     from mirror_core.models.profile import load_profile
 
     profile = load_profile(init)
     for folder in (os.path.dirname(os.path.normpath(init)), init):
         record = read_json(os.path.join(folder, "feature_distill.json"))
-        if record and profile and [round(a, 4) for a in record["draft_log"][-1]["heldout_agreement"]] == \
-                [round(a, 4) for a in profile.accept]:
+        saved = (record.get("profile") or {}).get("accept") or record["draft_log"][-1]["heldout_agreement"] \
+            if record else None  # before session 21 the profile kept the last plain agreement
+        if saved and profile and [round(a, 4) for a in saved] == [round(a, 4) for a in profile.accept]:
             return record
     return None
 
@@ -518,21 +569,21 @@ def candidate_pass(cfg: FeatureDistillConfig, model, task: ExitHeadTask, head, t
     return head, candidates
 
 
-def _save_feature_draft(cfg: FeatureDistillConfig, model, vmap, target, head, candidates: dict, log: list[dict],
+def _save_feature_draft(cfg: FeatureDistillConfig, model, vmap, target, head, candidates: dict, profile: dict,
                         n_held: int) -> None:
-    """out/feature_draft/: the draft, its vocabulary map, its acceptance profile (draft_profile.json) and the exit head
-    at its feature layer."""
+    """out/feature_draft/: the draft, its vocabulary map, its acceptance profile (draft_profile.json: evaluate's
+    figures at every γ the latency model tries) and the exit head at its feature layer."""
     from mirror_core.models.profile import save_profile
 
     folder = os.path.join(cfg.out, "feature_draft")
     shutil.rmtree(folder, ignore_errors=True)
     model.save(folder)
     vmap.save(folder)
-    accept = log[-1]["heldout_agreement"]
     cov = candidates.get("after", candidates["before"])
     hit = [cov["top1"], cov["top2"], (cov["top2"] + cov["top4"]) / 2, cov["top4"]]  # κ = 3: between the measured
-    save_profile(folder, accept, hit, f"held-out answers to {n_held} new-topic prompts, teacher-forced: "
-                 "agreement by depth (own predicted features), exit top-κ where the draft was wrong")
+    save_profile(folder, profile["accept"], hit, f"held-out answers to {n_held} new-topic prompts, teacher-forced: "
+                 "greedy decoding's rollouts replayed (τ by γ; agreement by depth given the earlier depths agreed, "
+                 "own predicted features), exit top-κ where the draft was wrong", profile["tau_by_gamma"])
     save_exit_head(folder, cfg.feature_layer, target, head, vmap.target_ids)
 
 

@@ -1,0 +1,82 @@
+"""A saved feature draft's held-out figures, and its acceptance profile measured the way decoding meets it.
+
+    python -m mirror_core.train.chat_data --held-out --more --limit 96 --out HELDOUT     # new-topic answers
+    PYTHONPATH=. python scripts/draft_profile.py --draft assets/smollm2_pair/feature_draft --heldout HELDOUT [--write]
+
+Prints, teacher-forced on the held-out answers (feature_distill.evaluate: depth d reads d−1 of the draft's own
+features): the plain top-1 agreement by depth over every answer position; τ at every γ the latency model tries,
+replayed from the rollouts greedy speculative decoding drafts (feature_distill.chains: from the prompt's end, each
+next rollout after the last one's accepted tokens and the correction); a_d, the agreement at depth d given 1..d−1
+were right over those rollouts at the largest γ; and beside them the τ(γ) the latency model reads from the draft's
+draft_profile.json now. `--write` puts the measured τ(γ) and a_d into the profile (its exit hit rates kept).
+Nothing here is a decode: the bench's τ on the same prompts is the check (docs/TRAINING.md, session 21).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import torch
+
+    from mirror_core.latency import GAMMAS, DraftProfile
+    from mirror_core.machine import cpu_model
+    from mirror_core.models.feature_draft import load_feature_draft
+    from mirror_core.models.prepared import resolve_source
+    from mirror_core.models.profile import load_profile, save_profile
+    from mirror_core.models.vocab import load_vocab_map
+    from mirror_core.train import feature_distill as FD
+    from mirror_core.train.distill import load_sequences, soft_targets
+    from mirror_core.train.precision import PRECISIONS, resolve
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--draft", default=os.path.join(ROOT, "assets", "smollm2_pair", "feature_draft"))
+    p.add_argument("--heldout", required=True, help="chat_data shards of held-out answers (with recorded features)")
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--depths", type=int, default=max(GAMMAS), help="the largest γ replayed")
+    p.add_argument("--dtype", default="auto", choices=PRECISIONS)
+    p.add_argument("--work", default="", help="the teacher cache's folder (default: a temporary one)")
+    p.add_argument("--write", action="store_true", help="write the measured τ(γ) and a_d into the draft's profile")
+    a = p.parse_args(argv)
+    print(f"CPU: {cpu_model()}, torch {torch.__version__}", flush=True)
+    target_dir = resolve_source(a.target)
+    model = load_feature_draft(a.draft).float()
+    vmap = load_vocab_map(a.draft)
+    seqs = load_sequences(a.heldout)
+    layer = model.cfg.feature_layer
+    with tempfile.TemporaryDirectory() as tmp:
+        work = a.work or tmp
+        os.makedirs(work, exist_ok=True)
+        teacher = FD.teacher_pass([a.heldout], list(range(len(seqs))), seqs, target_dir, layer, FD.TOPK,
+                                  FD.teacher_path(work, "teacher_f_heldout", seqs, layer, FD.TOPK, target_dir), a.dtype)
+    soft = soft_targets(teacher["top_ids"], teacher["top_logits"], vmap.to_draft, vmap.size)
+    cfg = FD.FeatureDistillConfig(answers="", heldout=a.heldout, work="", out="", target=a.target,
+                                  feature_layer=layer, depths=a.depths, dtype=resolve(a.dtype))
+    figures = FD.evaluate(model, seqs, list(range(len(seqs))), teacher, soft, vmap.to_draft, vmap.size, cfg)
+    profile = load_profile(a.draft)
+    measured = DraftProfile(tuple(figures["accept"]), profile.hit if profile else (0.0,), tuple(figures["tau_by_gamma"]))
+    figures["profile_tau_by_gamma"] = [round(profile.tau(g), 4) for g in range(1, a.depths + 1)] if profile else None
+    print(f"{len(seqs)} held-out answers, dtype {cfg.dtype}; {figures['chains']} rollouts of {a.depths}\n"
+          f"  top-1 agreement by depth:                 {figures['agreement']}\n"
+          f"  a_d (given depths 1..d−1 right, γ {a.depths}):   {figures['accept']}\n"
+          f"  τ by γ 1..{a.depths}, decoding's rollouts replayed: {figures['tau_by_gamma']}\n"
+          f"  τ by γ the latency model reads now:       {figures['profile_tau_by_gamma']}", flush=True)
+    if a.write:
+        if profile is None:
+            raise SystemExit(f"{a.draft} has no draft_profile.json to update (its exit hit rates come from training)")
+        save_profile(a.draft, list(measured.accept), list(measured.hit),
+                     f"held-out answers to {len(seqs)} new-topic prompts, teacher-forced: greedy decoding's rollouts "
+                     "replayed (τ by γ; agreement by depth given the earlier depths agreed, own predicted features; "
+                     "scripts/draft_profile.py), exit top-κ where the draft was wrong", list(measured.tau_by_gamma))
+        print(f"wrote {os.path.join(a.draft, 'draft_profile.json')}", flush=True)
+    return figures
+
+
+if __name__ == "__main__":
+    main()
