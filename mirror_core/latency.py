@@ -178,6 +178,8 @@ class DraftProfile:
                                 # where the draft was wrong, κ = 1, 2, ..
     tau_by_gamma: tuple[float, ...] = ()  # τ(γ), γ = 1, 2, ..: greedy decoding's own rollouts replayed on the
                                           # held-out answers (train/feature_distill.py, chains); () = not measured
+    hit_by_gamma: tuple[tuple[float, ...], ...] = ()  # [γ − 1][κ − 1]: the share of those rollouts whose correction
+                                          # or bonus token was among the exit's top-κ at its slot; () = not measured
 
     def tau(self, gamma: int) -> float:
         """τ(γ): the measured one where the profile has it; else 1 + E[A_t] = 1 + Σ_k Π_{d≤k} a_d (a_d past the
@@ -192,7 +194,11 @@ class DraftProfile:
             total += reach
         return total
 
-    def hit_rate(self, kappa: int) -> float:
+    def hit_rate(self, kappa: int, gamma: int | None = None) -> float:
+        """Mirror-SD's hit rate at κ (and γ): the replayed one where the profile has it, else `hit`."""
+        if gamma is not None and 0 < gamma <= len(self.hit_by_gamma):
+            row = self.hit_by_gamma[gamma - 1]
+            return row[min(kappa, len(row)) - 1]
         return self.hit[min(kappa, len(self.hit)) - 1]
 
 
@@ -213,7 +219,7 @@ def modelled_speedups(costs: StepCosts, profile: DraftProfile, gamma: int, kappa
     tau, verify, fresh = profile.tau(gamma), costs.verify(gamma), gamma * costs.draft_step
     pre, delta = costs.exit_share * verify, (1 - costs.exit_share) * verify
     branch = costs.branch(kappa * (gamma + 1), gamma)
-    mirror = pre + max(delta, branch) + (1 - profile.hit_rate(kappa)) * fresh
+    mirror = pre + max(delta, branch) + (1 - profile.hit_rate(kappa, gamma)) * fresh
     return tau * costs.t_ar / mirror, tau * costs.t_ar / (verify + fresh)
 
 
@@ -228,7 +234,7 @@ def choose_spec(costs: StepCosts, profile: DraftProfile, gammas=GAMMAS, kappas=K
         extra = costs.verify(gamma + 1) - costs.verify(gamma) + costs.draft_step
         why = (f"γ {gamma}: a {_nth(gamma + 1)} draft token adds {t1 - t0:.2f} expected tokens per step but costs "
                f"{extra:.1f} ms more here (modelled {more[0]:.2f}x vs {best:.2f}x ar); κ {kappa}: "
-               f"hit rate {profile.hit_rate(kappa):.2f}, {kappa * (gamma + 1)} branch rows")
+               f"hit rate {profile.hit_rate(kappa, gamma):.2f}, {kappa * (gamma + 1)} branch rows")
     else:
         why = f"γ {gamma}, κ {kappa}: the largest tried (modelled {best:.2f}x ar)"
     return SpecChoice(gamma, kappa, best, round(sd, 3), why, table)

@@ -25,14 +25,15 @@ sys.path.insert(0, ROOT)
 def main(argv: list[str] | None = None) -> dict:
     import torch
 
-    from mirror_core.latency import GAMMAS, DraftProfile
+    from mirror_core.latency import GAMMAS, KAPPAS, DraftProfile
     from mirror_core.machine import cpu_model
+    from mirror_core.models.exit_head import find_exit_head
     from mirror_core.models.feature_draft import load_feature_draft
     from mirror_core.models.prepared import resolve_source
     from mirror_core.models.profile import load_profile, save_profile
     from mirror_core.models.vocab import load_vocab_map
     from mirror_core.train import feature_distill as FD
-    from mirror_core.train.distill import load_sequences, soft_targets
+    from mirror_core.train.distill import load_sequences, load_target, soft_targets
     from mirror_core.train.precision import PRECISIONS, resolve
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -58,22 +59,34 @@ def main(argv: list[str] | None = None) -> dict:
     soft = soft_targets(teacher["top_ids"], teacher["top_logits"], vmap.to_draft, vmap.size)
     cfg = FD.FeatureDistillConfig(answers="", heldout=a.heldout, work="", out="", target=a.target,
                                   feature_layer=layer, depths=a.depths, dtype=resolve(a.dtype))
-    figures = FD.evaluate(model, seqs, list(range(len(seqs))), teacher, soft, vmap.to_draft, vmap.size, cfg)
+    head = find_exit_head(a.draft)
+    if head is None or head.layer != layer:
+        raise SystemExit(f"{a.draft}: no exit head at layer {layer} beside the draft (Mirror-SD's hit rates need it)")
+    readout = FD.exit_readout((head.adapter, head.bias, head.gain), load_target(target_dir)[1], head.ids)
+    figures = FD.evaluate(model, seqs, list(range(len(seqs))), teacher, soft, vmap.to_draft, vmap.size, cfg, readout)
     profile = load_profile(a.draft)
-    measured = DraftProfile(tuple(figures["accept"]), profile.hit if profile else (0.0,), tuple(figures["tau_by_gamma"]))
-    figures["profile_tau_by_gamma"] = [round(profile.tau(g), 4) for g in range(1, a.depths + 1)] if profile else None
+    measured = DraftProfile(tuple(figures["accept"]), profile.hit if profile else (0.0,), tuple(figures["tau_by_gamma"]),
+                            tuple(tuple(row) for row in figures["hit_by_gamma"]))
+    gammas = range(1, a.depths + 1)
+    figures["profile_tau_by_gamma"] = [round(profile.tau(g), 4) for g in gammas] if profile else None
+    figures["profile_hit_by_gamma"] = [[round(profile.hit_rate(k, g), 4) for k in KAPPAS] for g in gammas] \
+        if profile else None
     print(f"{len(seqs)} held-out answers, dtype {cfg.dtype}; {figures['chains']} rollouts of {a.depths}\n"
           f"  top-1 agreement by depth:                 {figures['agreement']}\n"
           f"  a_d (given depths 1..d−1 right, γ {a.depths}):   {figures['accept']}\n"
           f"  τ by γ 1..{a.depths}, decoding's rollouts replayed: {figures['tau_by_gamma']}\n"
-          f"  τ by γ the latency model reads now:       {figures['profile_tau_by_gamma']}", flush=True)
+          f"  τ by γ the latency model reads now:       {figures['profile_tau_by_gamma']}\n"
+          f"  hit rate by γ (rows) and κ 1..4, replayed: {figures['hit_by_gamma']}\n"
+          f"  hit rate by γ and κ the model reads now:  {figures['profile_hit_by_gamma']}", flush=True)
     if a.write:
         if profile is None:
             raise SystemExit(f"{a.draft} has no draft_profile.json to update (its exit hit rates come from training)")
         save_profile(a.draft, list(measured.accept), list(measured.hit),
                      f"held-out answers to {len(seqs)} new-topic prompts, teacher-forced: greedy decoding's rollouts "
-                     "replayed (τ by γ; agreement by depth given the earlier depths agreed, own predicted features; "
-                     "scripts/draft_profile.py), exit top-κ where the draft was wrong", list(measured.tau_by_gamma))
+                     "replayed (τ by γ; agreement by depth given the earlier depths agreed, own predicted features; the "
+                     "exit's top-κ at each rollout's correction or bonus slot; scripts/draft_profile.py); hit_by_kappa: "
+                     "exit top-κ where the draft's first token was wrong", list(measured.tau_by_gamma),
+                     [list(row) for row in measured.hit_by_gamma])
         print(f"wrote {os.path.join(a.draft, 'draft_profile.json')}", flush=True)
     return figures
 

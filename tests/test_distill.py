@@ -56,20 +56,22 @@ def test_distill_writes_a_pair_the_engine_runs_losslessly(tmp_path):
     assert "2 layers" in card and "top-1" in card and "logit lens" in card
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])  # what "auto" takes with bf16 units, and without
-def test_feature_distill_writes_a_draft_the_engine_runs_losslessly(tmp_path, dtype):
+@pytest.mark.parametrize("dtype, rollout_weight", [("bfloat16", 0.0), ("float32", 1.0)])  # "auto" with bf16 units,
+def test_feature_distill_writes_a_draft_the_engine_runs_losslessly(tmp_path, dtype, rollout_weight):  # and without
     from mirror_core.train import feature_distill as FD
 
     target, _ = build_pair(str(tmp_path), "llama", target_layers=4)
     cfg = FD.FeatureDistillConfig(answers=_answers(tmp_path / "answers", 24), heldout=_answers(tmp_path / "held", 6, 1),
                                   work=str(tmp_path / "work"), out=str(tmp_path / "pair"), target=target,
                                   feature_layer=3, draft_vocab=56, topk=8, depths=2, minutes=0.03, exit_epochs=20.0,
-                                  candidate_epochs=5.0, batch_sequences=4, compare="", dtype=dtype)
+                                  candidate_epochs=5.0, batch_sequences=4, compare="", dtype=dtype,
+                                  rollout_weight=rollout_weight)
     summary = FD.distill(cfg)
     assert summary["config"]["dtype"] == dtype
     folder = os.path.join(cfg.out, "feature_draft")
     measured, profile = summary["profile"], load_profile(folder)  # decoding's rollouts replayed at γ = 1..8
     assert list(profile.accept) == measured["accept"] and len(profile.tau_by_gamma) == 8
+    assert [list(r) for r in profile.hit_by_gamma] == measured["hit_by_gamma"] and len(profile.hit_by_gamma[0]) == 4
     assert [profile.tau(g) for g in range(1, 9)] == pytest.approx(measured["tau_by_gamma"])  # the model reads them
     assert summary["draft_log"][-1]["heldout_tau"] == pytest.approx(measured["tau_by_gamma"][1])  # depths 2 = γ 2
     assert {"feature_draft.json", "draft_vocab.json", "draft_profile.json", "exit_head.json"} <= set(os.listdir(folder))

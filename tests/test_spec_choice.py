@@ -63,6 +63,20 @@ def test_a_measured_tau_by_gamma_is_read_as_measured_and_continued_past_its_end(
         load_profile(str(tmp_path))
 
 
+def test_a_replayed_hit_rate_is_read_by_gamma_and_kappa(tmp_path):
+    p = DraftProfile((0.5,), (0.3, 0.4), (), ((0.45, 0.56), (0.40, 0.51)))
+    assert p.hit_rate(2, 1) == 0.56 and p.hit_rate(1, 2) == 0.40 and p.hit_rate(4, 2) == 0.51  # κ past the row: last
+    assert p.hit_rate(2, 3) == 0.4 and p.hit_rate(2) == 0.4  # γ not measured, or not given: the per-κ list
+    mirror, _ = modelled_speedups(COSTS, p, 1, 2)
+    verify = 20 + 10 * 1 / 4
+    assert mirror == pytest.approx(p.tau(1) * 20 / (verify * 2 / 3 + max(verify / 3, 25 * 4 * 1 / 40 + 3) + 0.44 * 3))
+    save_profile(str(tmp_path), [0.5], [0.3, 0.4], "test", None, [[0.45, 0.56], [0.40, 0.51]])
+    assert load_profile(str(tmp_path)) == p
+    save_profile(str(tmp_path), [0.5], [0.3], "test", None, [[0.45, 1.2]])
+    with pytest.raises(MirrorError, match="hit_by_gamma_kappa"):
+        load_profile(str(tmp_path))
+
+
 def test_the_page_leaves_to_the_pair_only_what_is_left_at_zero():
     """γ, κ, ℓ_e at 0 on the page are None in the request: the loaded pair decides them in MirrorEngine.validate
     (tests/test_defaults.py checks what it decides)."""

@@ -81,7 +81,7 @@ class WhatIf:
         knobs = dict(t_ar_ms=t_ar, verify_ratio=steps or costs.verify(spec.gamma) / t_ar,
                      suffix_share=1 - spec.exit_layer / info.num_layers, draft_ms=d_step,
                      branch_factor=branch / (spec.gamma * d_step), overhead_ms=0.0, tau=profile.tau(spec.gamma),
-                     ff=1 - profile.hit_rate(spec.kappa))
+                     ff=1 - profile.hit_rate(spec.kappa, spec.gamma))
         return cls(**{k: round(v, 3) for k, v in knobs.items()}, gamma=spec.gamma)
 
     def values(self) -> list:

@@ -14,11 +14,14 @@ Stages (the teacher pass is cached in WORK):
 2. the draft vocabulary (distill.draft_vocabulary over these answers) and the exit head at ℓ_e (distill.train_exit_head).
 3. the draft, trained with EAGLE-3's training-time test: unrolled to `depths` tokens on its own predicted features
    (feature_draft.train_step_outputs), loss = KL to the target's top-k + hard_weight × CE on its greedy token +
-   feature_weight × smooth-L1 to the true next feature, depth d weighted decay^(d−1), answer positions only.
+   feature_weight × smooth-L1 to the true next feature, depth d weighted decay^(d−1), answer positions only;
+   `--rollout-weight λ` weighs the KL and CE of the rows greedy decoding evaluates 1 + λ (rollout_weights).
    `--init FOLDER` continues a saved feature draft instead (its weights, its vocabulary, its exit head as the start
    of stage 2's): more data for a draft that has already seen the first, without paying for its first passes again.
-4. held-out (new topics, never in training prompts): teacher-forced top-1 agreement per depth, the vocabulary's
-   coverage, and the same for the pair's previous token-only draft (`--compare`) on the same answers.
+4. held-out (new topics, never in training prompts): teacher-forced top-1 agreement per depth; τ replayed from the
+   rollouts greedy speculative decoding drafts on those answers (evaluate, chains), logged along the way at γ =
+   depths and, with Mirror-SD's hit rate at each slot (rollout_hits), at γ 1..8 into the draft's profile for the
+   latency model; the vocabulary's coverage, and the pair's previous token-only draft (`--compare`) on the same answers.
 """
 from __future__ import annotations
 
@@ -87,6 +90,7 @@ class FeatureDistillConfig:
     init: str = ""                                # a feature_draft folder to continue from: its vocabulary, exit
                                                   # head and weights ("": a new draft from the target's layers)
     dtype: str = "auto"                           # the teacher pass and the training's autocast: precision.PRECISIONS
+    rollout_weight: float = 0.0                   # λ: rows greedy decoding evaluates weigh 1 + λ (rollout_weights)
 
 
 # -- 1. teacher pass ------------------------------------------------------------------------------
@@ -228,85 +232,158 @@ def make_batch(seqs, chunk: list[int], teacher: dict, soft, to_draft: torch.Tens
     return ids, feats, per_depth
 
 
-def draft_loss(model, batch, cfg: FeatureDistillConfig, other: int, to_draft: torch.Tensor):
-    """The training-time test's loss over every depth, and per depth the rows where the draft's top-1 is the
-    target's greedy token (bool [N_d], in make_batch's row order)."""
+def draft_loss(model, batch, cfg: FeatureDistillConfig, other: int, to_draft: torch.Tensor,
+               prompt_lens: list[int] | None = None):
+    """The training-time test's loss over every depth, and per depth the draft's top-1 token (draft ids [N_d], in
+    make_batch's row order; `agreed` compares them with the target's). With cfg.rollout_weight λ > 0 and the batch's
+    prompt lengths, the KL and CE of a row that greedy decoding evaluates (rollout_weights) count 1 + λ, the rest 1."""
     from mirror_core.models.feature_draft import train_step_outputs
 
     ids, feats, per_depth = batch
     outs = train_step_outputs(model, ids, feats, cfg.depths)
-    loss, hits = 0.0, []
-    for d, (g, (rows, pos, sid, sprob, label, f_next, _)) in enumerate(zip(outs, per_depth)):
-        gd = g[rows, pos]                                                                      # [N, H]
-        z = model.logits(gd).float()                                                           # [N, V_d+1]
-        z[:, other] = -1e4
+    gs = [g[rows, pos] for g, (rows, pos, *_) in zip(outs, per_depth)]                    # [N_d, H] per depth
+    zs = [model.logits(gd).float().index_fill_(1, torch.tensor([other]), -1e4) for gd in gs]  # [N_d, V_d+1]
+    preds = [z.argmax(-1) for z in zs]                                                     # [N_d] draft ids
+    weights = rollout_weights(batch, preds, to_draft, prompt_lens, cfg.rollout_weight) \
+        if cfg.rollout_weight and prompt_lens else [torch.ones(len(z)) for z in zs]
+    loss = 0.0
+    for d, (gd, z, w, (rows, pos, sid, sprob, label, f_next, _)) in enumerate(zip(gs, zs, weights, per_depth)):
         logp = F.log_softmax(z, -1)
-        kl = -(sprob * logp.gather(1, sid)).sum(-1).mean()
+        kl = (-(sprob * logp.gather(1, sid)).sum(-1) * w).sum() / w.sum()
         lab = to_draft[label]
         inside = lab != other
-        hard = F.nll_loss(logp[inside], lab[inside]) if inside.any() else logp.new_zeros(())
+        hard = (F.nll_loss(logp[inside], lab[inside], reduction="none") * w[inside]).sum() / w[inside].sum() \
+            if inside.any() else logp.new_zeros(())
         reg = F.smooth_l1_loss(gd.float(), f_next)
         loss = loss + cfg.depth_decay ** d * (kl + cfg.hard_weight * hard + cfg.feature_weight * reg)
-        hits.append(z.argmax(-1) == lab)                                                       # [N] bool
-    return loss, hits
+    return loss, preds
 
 
-def chains(batch, hits: list[torch.Tensor], prompt_lens: list[int], gamma: int) -> torch.Tensor:
-    """The rollouts greedy speculative decoding at `gamma` drafts on these answers, and whether each depth was right:
-    bool [chains, gamma]. Decoding drafts from p = prompt − 1 (the target has committed x_{p+1}); a rollout's
-    accepted length k is its run of leading Trues, and the next one starts at p + k + 1, after the correction or
-    bonus token. Teacher-forced depth d reads exactly what the rollout reads when depths 1..d−1 were right, so these
-    are decoding's own rollouts (while a whole one fits in the answer): a draft's mistakes cluster, and a rollout
-    after a rejection starts where the draft was just wrong, which an average over every position would not weigh."""
+def rollout_weights(batch, preds, to_draft, prompt_lens: list[int], extra: float) -> list[torch.Tensor]:
+    """Per depth, each row's loss weight: 1 + `extra` where greedy decoding at γ = depths evaluates it (the depths
+    1..k+1 of each rollout `chains` replays, k its accepted length: the positions that decide τ), else 1."""
+    ids, _, per_depth = batch
+    ro = chains(batch, preds, agreed(batch, preds, to_draft), prompt_lens, len(per_depth))
+    grid = torch.zeros(*ids.shape, len(per_depth))                                       # [B, T, γ]
+    grid[ro.row, ro.start] = (torch.arange(len(per_depth)) <= ro.accepted.unsqueeze(1)).float()
+    return [1 + extra * grid[rows, pos, d] for d, (rows, pos, *_) in enumerate(per_depth)]
+
+
+def agreed(batch, preds: list[torch.Tensor], to_draft: torch.Tensor) -> list[torch.Tensor]:
+    """Per depth, where the draft's top-1 is the target's greedy token: bool [N_d]."""
+    return [p == to_draft[label] for p, (_, _, _, _, label, *_) in zip(preds, batch[2])]
+
+
+@dataclass(frozen=True)
+class Rollouts:
+    """Greedy speculative decoding's rollouts at one γ on a batch (`chains`): where each starts, what it drafted, and
+    which of its depths were right."""
+    row: torch.Tensor      # [n] the batch row
+    start: torch.Tensor    # [n] p: the rollout drafts after the committed x_{p+1}, reading f_p
+    draft: torch.Tensor    # [n, γ] the draft's token at each depth (draft ids)
+    right: torch.Tensor    # [n, γ] bool
+
+    @property
+    def accepted(self) -> torch.Tensor:
+        """[n] each rollout's accepted length: its run of leading right depths."""
+        return self.right.int().cumprod(1).sum(1)
+
+
+def chains(batch, preds: list[torch.Tensor], hits: list[torch.Tensor], prompt_lens: list[int], gamma: int) -> Rollouts:
+    """The rollouts greedy speculative decoding at `gamma` drafts on these answers. Decoding drafts from p = prompt − 1
+    (the target has committed x_{p+1}); a rollout's accepted length k is its run of right depths, and the next one
+    starts at p + k + 1, after the correction or bonus token. Teacher-forced depth d reads exactly what the rollout
+    reads when depths 1..d−1 were right, so these are decoding's own rollouts (while a whole one fits in the answer):
+    a draft's mistakes cluster, and a rollout after a rejection starts where the draft was just wrong, which an
+    average over every position would not weigh."""
     ids, _, per_depth = batch
     b, t = ids.shape
     right = torch.zeros(b, t, gamma, dtype=torch.bool)
+    drafted = torch.zeros(b, t, gamma, dtype=torch.long)
     defined = torch.zeros(b, t, gamma, dtype=torch.bool)
-    for d, ((rows, pos, *_), hit) in enumerate(zip(per_depth[:gamma], hits)):
-        right[rows, pos, d] = hit
-        defined[rows, pos, d] = True
+    for d, ((rows, pos, *_), pred, hit) in enumerate(zip(per_depth[:gamma], preds, hits)):
+        right[rows, pos, d], drafted[rows, pos, d], defined[rows, pos, d] = hit, pred, True
     whole, runs = defined.all(-1).tolist(), right.int().cumprod(-1).sum(-1).tolist()          # [B][T] each
-    out = []
+    at = []
     for r, plen in enumerate(prompt_lens):
         p = plen - 1
         while p < t and whole[r][p]:
-            out.append(right[r, p])
+            at.append((r, p))
             p += runs[r][p] + 1
-    return torch.stack(out) if out else torch.zeros(0, gamma, dtype=torch.bool)
+    row, start = (torch.tensor([x[k] for x in at], dtype=torch.long) for k in (0, 1))
+    return Rollouts(row, start, drafted[row, start], right[row, start])
+
+
+def rollout_hits(ro: Rollouts, chunk: list[int], seqs, teacher: dict, to_draft, exit_readout) -> torch.Tensor:
+    """For each rollout whose correction or bonus token lies in the answer: is that token among the exit's top-κ
+    candidates at its slot (κ = 1..4, the draft's token there excluded; none at the bonus slot)? Bool [m, 4], what
+    Mirror-SD's hit counts. Slot s = k + 1 is the verification row at position p + s (its exit feature f_{p+s}),
+    which predicts x_{p+s+1}. `exit_readout` maps features [m, H] to logits over the draft vocabulary [m, V_d]."""
+    gamma = ro.right.shape[1]
+    k = ro.accepted
+    q = ro.start + k + 1                                                               # the slot's position
+    plen = torch.tensor([len(seqs[chunk[r]][0]) for r in ro.row.tolist()])
+    alen = torch.tensor([len(seqs[chunk[r]][1]) for r in ro.row.tolist()])
+    arow = q - (plen - 1)                                                              # its answer row
+    keep = arow < alen
+    if not bool(keep.any()):
+        return torch.zeros(0, 4, dtype=torch.bool)
+    rows = ro.row[keep].tolist()
+    f = torch.tensor([teacher["fstart"][chunk[r]] for r in rows]) + q[keep]
+    a = torch.tensor([teacher["astart"][chunk[r]] for r in rows]) + arow[keep]
+    z = exit_readout(teacher["feat"][f].float())                                        # [m, V_d]
+    kk = k[keep]
+    excluded = ro.draft[keep].gather(1, kk.clamp(max=gamma - 1).unsqueeze(1)).squeeze(1)  # d_s (bonus: none)
+    inside = (kk < gamma) & (excluded < z.shape[1])
+    z[inside.nonzero().squeeze(1), excluded[inside]] = float("-inf")
+    top = z.topk(4, -1).indices                                                        # [m, 4]
+    label = to_draft[teacher["top_ids"][a, 0].long()].unsqueeze(1)                      # [m, 1]
+    return (top == label).cumsum(1) > 0
 
 
 @torch.no_grad()
-def evaluate(model, seqs, idx, teacher, soft, to_draft, other, cfg) -> dict:
-    """Held-out figures of the draft, teacher-forced (depth d reads d−1 of its own features), γ = cfg.depths:
+def evaluate(model, seqs, idx, teacher, soft, to_draft, other, cfg, exit_readout=None) -> dict:
+    """Held-out figures of the draft, teacher-forced (depth d reads d−1 of its own features), γ up to cfg.depths:
     - agreement[d]: top-1 agreement with the target's greedy token at depth d, over every answer position;
-    - accept[d]: the same given depths 1..d−1 were right, over the rollouts greedy decoding drafts at γ (`chains`):
-      the a_d of the latency model (latency.DraftProfile), and what the draft's profile keeps;
-    - tau_by_gamma[g − 1]: 1 + the mean accepted length of decoding's rollouts at γ = g ≤ depths: τ of greedy
-      speculative decoding (tokens committed per target pass, the correction or bonus token included), predicted
-      from the held-out answers; tau: the one at γ = depths."""
+    - tau_by_gamma[γ − 1]: 1 + the mean accepted length of the rollouts greedy speculative decoding drafts at γ
+      (`chains`): its τ (tokens committed per target pass, the correction or bonus token included), replayed on the
+      held-out answers; tau: the one at γ = depths;
+    - accept[d]: the agreement at depth d given 1..d−1 were right, over those rollouts at γ = depths (the a_d of
+      latency.DraftProfile, which continues τ past the measured γ);
+    - with `exit_readout` (features → logits over the draft vocabulary, as rollout_hits takes it): hit_by_gamma[γ − 1]
+      [κ − 1], the share of those rollouts whose correction or bonus token was among the exit's top-κ at its slot:
+      Mirror-SD's hit rate, replayed."""
     model.eval()
-    hits = [0] * cfg.depths
-    n = [0] * cfg.depths
-    runs: list[list[torch.Tensor]] = [[] for _ in range(cfg.depths)]  # per γ: [chains, γ] leading runs
+    hits, n = [0] * cfg.depths, [0] * cfg.depths
+    runs: list[list[torch.Tensor]] = [[] for _ in range(cfg.depths)]      # per γ: [rollouts, γ] leading runs
+    slots: list[list[torch.Tensor]] = [[] for _ in range(cfg.depths)]     # per γ: [rollouts, 4] hit by κ
     for b in range(0, len(idx), cfg.batch_sequences):
         chunk = idx[b: b + cfg.batch_sequences]
         batch = make_batch(seqs, chunk, teacher, soft, to_draft, other, cfg.depths)
         with autocast(cfg.dtype):
-            _, right = draft_loss(model, batch, cfg, other, to_draft)
+            _, preds = draft_loss(model, batch, cfg, other, to_draft)
+        right = agreed(batch, preds, to_draft)
         for d, r in enumerate(right):
             hits[d] += int(r.sum())
             n[d] += len(r)
         for g in range(1, cfg.depths + 1):
-            runs[g - 1].append(chains(batch, right, [len(seqs[i][0]) for i in chunk], g).int().cumprod(1))
+            ro = chains(batch, preds, right, [len(seqs[i][0]) for i in chunk], g)
+            runs[g - 1].append(ro.right.int().cumprod(1))
+            if exit_readout is not None:
+                slots[g - 1].append(rollout_hits(ro, chunk, seqs, teacher, to_draft, exit_readout))
     model.train()
-    taus = []
-    for g, parts in enumerate(runs, 1):
-        done = torch.cat(parts) if parts else torch.zeros(0, g, dtype=torch.int)
-        taus.append(round(1 + float(done.sum()) / max(len(done), 1), 4))
-    reached = done.sum(0).tolist()                               # γ = depths: rollouts right through depth d
-    accept = [reached[d] / max(reached[d - 1] if d else len(done), 1) for d in range(cfg.depths)]
-    return {"agreement": [round(h / max(k, 1), 4) for h, k in zip(hits, n)], "accept": [round(a, 4) for a in accept],
-            "tau_by_gamma": taus, "tau": taus[-1], "chains": len(done)}
+    done = [torch.cat(r) if r else torch.zeros(0, g, dtype=torch.int) for g, r in enumerate(runs, 1)]
+    reached = done[-1].sum(0).tolist()                               # γ = depths: rollouts right through depth d
+    figures = {"agreement": [round(h / max(k, 1), 4) for h, k in zip(hits, n)],
+               "accept": [round(reached[d] / max(reached[d - 1] if d else len(done[-1]), 1), 4)
+                          for d in range(cfg.depths)],
+               "tau_by_gamma": [round(1 + float(r.sum()) / max(len(r), 1), 4) for r in done],
+               "chains": len(done[-1])}
+    figures["tau"] = figures["tau_by_gamma"][-1]
+    if exit_readout is not None:
+        figures["hit_by_gamma"] = [[round(float(h[:, k].float().mean()), 4) if len(h) else 0.0 for k in range(4)]
+                                   for h in (torch.cat(x) if x else torch.zeros(0, 4) for x in slots)]
+    return figures
 
 
 @torch.no_grad()
@@ -348,15 +425,21 @@ def first_predictions(model, seqs, teacher, soft, to_draft, other, cfg) -> torch
     return pred
 
 
-def hit_coverage(head, h: torch.Tensor, label: torch.Tensor, pred: torch.Tensor, lm_rows: torch.Tensor, eps: float,
-                 other: int) -> dict:
-    """Where the draft's token was wrong: the share whose target token is in the readout's top-κ with the draft's
-    token excluded (what M_t sends), κ = 1, 2, 4: the hit rate this head can give at those slots."""
+def exit_readout(head, readout, ids: torch.Tensor):
+    """The exit head (adapter, bias, gain) read out as the engine does (exit_head.py) through the target's Readout
+    over the target ids `ids` (the draft vocabulary): features [n, H] → logits [n, V_d]."""
     from mirror_core.models.ops import rms_norm
 
-    adapter, bias, gain = head
+    adapter, bias, gain = (t.float() for t in head)
+    lm_rows, eps = readout.lm_head[ids].float(), readout.eps                                  # [V_d, H]
+    return lambda h: rms_norm(h.float() @ adapter + bias, gain, eps) @ lm_rows.t()
+
+
+def hit_coverage(readout, h: torch.Tensor, label: torch.Tensor, pred: torch.Tensor) -> dict:
+    """Where the draft's token was wrong: the share whose target token is in the readout's top-κ with the draft's
+    token excluded (what M_t sends), κ = 1, 2, 4: the hit rate this head can give at those slots."""
     wrong = pred != label
-    z = rms_norm(h[wrong].float() @ adapter + bias, gain, eps) @ lm_rows.t().float()            # [n, V_d]
+    z = readout(h[wrong])                                                                       # [n, V_d]
     z.scatter_(1, pred[wrong].clamp(max=z.shape[1] - 1).unsqueeze(1), float("-inf"))
     top = z.topk(4, -1).indices
     lab = label[wrong].unsqueeze(1)
@@ -386,7 +469,7 @@ def train(cfg: FeatureDistillConfig, model, seqs, train_idx, teacher, soft, to_d
                 group["lr"] = scheduled_lr(cfg.lr, step, elapsed, budget, warmup)
             batch = make_batch(seqs, chunk, teacher, soft, to_draft, other, cfg.depths)
             with autocast(cfg.dtype):
-                loss, right = draft_loss(model, batch, cfg, other, to_draft)
+                loss, preds = draft_loss(model, batch, cfg, other, to_draft, [len(seqs[i][0]) for i in chunk])
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -394,7 +477,8 @@ def train(cfg: FeatureDistillConfig, model, seqs, train_idx, teacher, soft, to_d
             step += 1
             if step % 50 == 0:
                 print(f"step {step}: loss {float(loss.detach()):.3f}, batch top-1 by depth "
-                      f"{[round(float(r.float().mean()), 3) for r in right]}, {elapsed / 60:.1f} min", flush=True)
+                      f"{[round(float(r.float().mean()), 3) for r in agreed(batch, preds, to_draft)]}, "
+                      f"{elapsed / 60:.1f} min", flush=True)
             if step % cfg.eval_every == 0:
                 point(elapsed / 60)
     point((time.time() - t0) / 60)
@@ -448,8 +532,8 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     head, candidates = candidate_pass(cfg, model, task, head, (seqs, teacher, soft), (held_seqs, held_teacher, held_soft),
                                       to_draft, other, g)
     timings["candidate_head_s"] = round(time.time() - t, 1)
-    profile = evaluate(model, held_seqs, held_idx, held_teacher, held_soft, to_draft, other,
-                       dataclasses.replace(cfg, depths=max(GAMMAS)))  # τ at every γ the latency model tries
+    profile = evaluate(model, held_seqs, held_idx, held_teacher, held_soft, to_draft, other,  # at every γ
+                       dataclasses.replace(cfg, depths=max(GAMMAS)), exit_readout(head, task.readout, task.ids))  # choose_spec tries
     _save_feature_draft(cfg, model, vmap, target, head, candidates, profile, len(held_seqs))
     summary = {**run_record(cfg), "sequences": len(seqs), "answer_tokens": sum(len(a) for _, a in seqs),
                "pool_sequences": len(pool), "teacher_recorded": teacher["recorded"],
@@ -556,15 +640,14 @@ def candidate_pass(cfg: FeatureDistillConfig, model, task: ExitHeadTask, head, t
     label = to_draft[teacher["top_ids"][:, 0].long()]
     held_label = to_draft[held_teacher["top_ids"][:, 0].long()]
     held_h = held_teacher["feat"][_answer_rows(held_teacher, held_seqs)]
-    lm_rows, eps = task.readout.lm_head[task.ids], task.readout.eps
-    candidates = {"before": hit_coverage(head, held_h, held_label, held_pred, lm_rows, eps, other)}
+    candidates = {"before": hit_coverage(exit_readout(head, task.readout, task.ids), held_h, held_label, held_pred)}
     if cfg.candidate_epochs > 0:
         wrong = pred != label
         exclude = torch.where(wrong, pred, torch.full_like(pred, other))
         weight = 1.0 + (cfg.wrong_weight - 1.0) * wrong.float()
         head, _ = train_exit_head(dataclasses.replace(task, epochs=cfg.candidate_epochs, init=head, exclude=exclude,
                                                       row_weight=weight), g)
-        candidates["after"] = hit_coverage(head, held_h, held_label, held_pred, lm_rows, eps, other)
+        candidates["after"] = hit_coverage(exit_readout(head, task.readout, task.ids), held_h, held_label, held_pred)
     print(f"exit head where the draft is wrong (held-out): {candidates}", flush=True)
     return head, candidates
 
@@ -583,7 +666,8 @@ def _save_feature_draft(cfg: FeatureDistillConfig, model, vmap, target, head, ca
     hit = [cov["top1"], cov["top2"], (cov["top2"] + cov["top4"]) / 2, cov["top4"]]  # κ = 3: between the measured
     save_profile(folder, profile["accept"], hit, f"held-out answers to {n_held} new-topic prompts, teacher-forced: "
                  "greedy decoding's rollouts replayed (τ by γ; agreement by depth given the earlier depths agreed, "
-                 "own predicted features), exit top-κ where the draft was wrong", profile["tau_by_gamma"])
+                 "own predicted features; the exit's top-κ at each rollout's correction or bonus slot); hit_by_kappa: "
+                 "exit top-κ where the draft's first token was wrong", profile["tau_by_gamma"], profile["hit_by_gamma"])
     save_exit_head(folder, cfg.feature_layer, target, head, vmap.target_ids)
 
 
