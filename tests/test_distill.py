@@ -11,7 +11,7 @@ import torch
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
 from mirror_core.train import distill as D
-from mirror_core.models.profile import load_profile
+from mirror_core.models.profile import load_profile, save_profile
 from mirror_core.train.distill_card import render
 from mirror_core.train.precision import resolve
 from testing.reliability import _save_tokenizer
@@ -100,6 +100,9 @@ def test_feature_distill_continues_a_saved_draft_and_refuses_one_that_does_not_f
                                   exit_epochs=5.0, candidate_epochs=0.0, batch_sequences=4, compare="")
     first = FD.distill(cfg)
     start = os.path.join(cfg.out, "feature_draft")
+    p = load_profile(start)  # re-measured (scripts/draft_profile.py --write): the run's exit hit rates are kept
+    save_profile(start, [0.5] * len(p.accept), list(p.hit), "re-measured", [1.5, 1.7])
+    assert FD.earlier_record(start)["draft_log"] == first["draft_log"]
     same = FD.distill(FD.FeatureDistillConfig(**{**cfg.__dict__, "init": start, "out": str(tmp_path / "same"),
                                                  "minutes": 0.0, "exit_epochs": 0.0}))
     for name in ("feature_draft.safetensors", "exit_head.safetensors", "draft_vocab.json"):

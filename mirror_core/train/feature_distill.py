@@ -597,17 +597,23 @@ def _generated(folder: str) -> dict | None:
 
 def earlier_record(init: str) -> dict | None:
     """The record (feature_distill.json) of the run that wrote the draft in `init`: in the pair folder holding it, or
-    in the draft's own folder; only when the profile it saved is the draft's (the same run)."""
+    in the draft's own folder; only when the draft's profile keeps that run's exit hit rates (`kappa_hits` of its
+    candidate pass: scripts/draft_profile.py --write re-measures the rest of a profile, never these)."""
     from mirror_core.models.profile import load_profile
 
     profile = load_profile(init)
     for folder in (os.path.dirname(os.path.normpath(init)), init):
         record = read_json(os.path.join(folder, "feature_distill.json"))
-        saved = (record.get("profile") or {}).get("accept") or record["draft_log"][-1]["heldout_agreement"] \
-            if record else None  # before session 21 the profile kept the last plain agreement
-        if saved and profile and [round(a, 4) for a in saved] == [round(a, 4) for a in profile.accept]:
+        if record and profile and [round(h, 4) for h in kappa_hits(record["candidate_coverage"])] == \
+                [round(h, 4) for h in profile.hit]:
             return record
     return None
+
+
+def kappa_hits(candidates: dict) -> list[float]:
+    """The profile's hit_by_kappa from candidate_pass's coverage: κ = 1, 2, 3 (between the measured 2 and 4), 4."""
+    cov = candidates.get("after", candidates["before"])
+    return [cov["top1"], cov["top2"], (cov["top2"] + cov["top4"]) / 2, cov["top4"]]
 
 
 def _coverage(seqs, vmap) -> float:
@@ -662,9 +668,7 @@ def _save_feature_draft(cfg: FeatureDistillConfig, model, vmap, target, head, ca
     shutil.rmtree(folder, ignore_errors=True)
     model.save(folder)
     vmap.save(folder)
-    cov = candidates.get("after", candidates["before"])
-    hit = [cov["top1"], cov["top2"], (cov["top2"] + cov["top4"]) / 2, cov["top4"]]  # κ = 3: between the measured
-    save_profile(folder, profile["accept"], hit, f"held-out answers to {n_held} new-topic prompts, teacher-forced: "
+    save_profile(folder, profile["accept"], kappa_hits(candidates), f"held-out answers to {n_held} new-topic prompts, teacher-forced: "
                  "greedy decoding's rollouts replayed (τ by γ; agreement by depth given the earlier depths agreed, "
                  "own predicted features; the exit's top-κ at each rollout's correction or bonus slot); hit_by_kappa: "
                  "exit top-κ where the draft's first token was wrong", profile["tau_by_gamma"], profile["hit_by_gamma"])
