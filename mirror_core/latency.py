@@ -15,7 +15,7 @@ bench harness both use them, so "modelled" means the same thing everywhere.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import fmean, median
 
 from .events import (
@@ -185,7 +185,16 @@ class DraftProfile:
         """τ(γ): the measured one where the profile has it; else 1 + E[A_t] = 1 + Σ_k Π_{d≤k} a_d (a_d past the
         measured depths: the last one), continued from the last measured τ."""
         n = min(gamma, len(self.tau_by_gamma))
+        if n == gamma and n:
+            return self.tau_by_gamma[n - 1]
         return self._product_tau(gamma) + (self.tau_by_gamma[n - 1] - self._product_tau(n) if n else 0.0)
+
+    def with_accept(self, accept: tuple[float, ...]) -> DraftProfile:
+        """This profile with other a_d (a draft that agrees more, modelled): a measured τ(γ) moves by what the product
+        form says the change is worth; the hit rates stay."""
+        moved = replace(self, accept=accept, tau_by_gamma=())
+        return replace(moved, tau_by_gamma=tuple(t + moved.tau(g) - self._product_tau(g)
+                                                 for g, t in enumerate(self.tau_by_gamma, 1)))
 
     def _product_tau(self, gamma: int) -> float:
         reach, total = 1.0, 1.0
@@ -196,8 +205,8 @@ class DraftProfile:
 
     def hit_rate(self, kappa: int, gamma: int | None = None) -> float:
         """Mirror-SD's hit rate at κ (and γ): the replayed one where the profile has it, else `hit`."""
-        if gamma is not None and 0 < gamma <= len(self.hit_by_gamma):
-            row = self.hit_by_gamma[gamma - 1]
+        if gamma is not None and self.hit_by_gamma:  # past the measured γ: the last one measured
+            row = self.hit_by_gamma[min(gamma, len(self.hit_by_gamma)) - 1]
             return row[min(kappa, len(row)) - 1]
         return self.hit[min(kappa, len(self.hit)) - 1]
 

@@ -11,10 +11,12 @@ share them) and each draft's one-token step and branch batch (κ(γ+1) rows, γ 
 that chooses γ and κ at load) then gives, per draft:
 
 - the modelled Mirror-SD and SD speedups over AR at the γ, κ it would choose with the shipped draft's held-out
-  profile (assets/.../draft_profile.json: agreement by depth, exit hit rate by κ);
-- the uniform lift Δ of every depth's agreement that the variant needs for its modelled Mirror-SD speedup to equal
-  the shipped draft's (the break-even);
-- the modelled speedups at the issue's goal profile (0.65 at depth 1 to 0.58 at depth 4, the hit rates unchanged).
+  profile (assets/.../draft_profile.json: τ and hit rate by γ, κ replayed from decoding's rollouts, and a_d, the
+  agreement at depth d given the earlier depths agreed);
+- the uniform lift Δ of every a_d that the variant needs for its modelled Mirror-SD speedup to equal the shipped
+  draft's (the break-even; DraftProfile.with_accept moves the measured τ by what the product form says Δ is worth);
+- the modelled speedups at the issue's goal profile (a_d 0.65 at depth 1 to 0.58 at depth 4, the hit rates
+  unchanged).
 
 Every speedup printed is modelled from timed step costs, not a measured decode.
 """
@@ -75,11 +77,11 @@ def costs_of(target: str, draft: str):
 def break_even(costs, profile, goal: float) -> float | None:
     """The smallest uniform lift of every depth's agreement (steps of 0.005) at which the modelled Mirror-SD speedup
     reaches `goal`; None past +0.40."""
-    from mirror_core.latency import DraftProfile, choose_spec
+    from mirror_core.latency import choose_spec
 
     for step in range(81):
         lift = step * 0.005
-        lifted = DraftProfile(tuple(min(a + lift, 0.99) for a in profile.accept), profile.hit)
+        lifted = profile.with_accept(tuple(min(a + lift, 0.99) for a in profile.accept))
         if choose_spec(costs, lifted).speedup >= goal:
             return lift
     return None
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft", default=os.path.join(ROOT, "assets", "smollm2_pair", "feature_draft"))
     args = p.parse_args(argv)
 
-    from mirror_core.latency import DraftProfile, choose_spec
+    from mirror_core.latency import choose_spec
     from mirror_core.machine import cpu_model
     from mirror_core.models.feature_draft import load_feature_draft
     from mirror_core.models.prepared import resolve_source
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     target = resolve_source(args.target)
     profile = load_profile(args.draft)
     shipped = load_feature_draft(args.draft)
-    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; target {args.target}; the shipped draft's profile: agreement "
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; target {args.target}; the shipped draft's profile: a_d "
           f"{profile.accept}, exit hit rate {profile.hit}")
     with tempfile.TemporaryDirectory() as work:
         os.environ["MIRROR_SD_CACHE"] = os.path.join(work, "cache")  # fresh timings (the target's, timed at the
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                                           intermediate_size=2 * shipped.cfg.intermediate_size)}
         costs = {name: costs_of(target, folder) for name, folder in drafts.items()}
     base = choose_spec(costs["shipped (1 layer)"], profile).speedup
-    goal = DraftProfile(GOAL, profile.hit)
+    goal = profile.with_accept(GOAL)
     print("| draft | draft step ms | branch batch ms | target step / window ms | chosen γ, κ | modelled mirror, sd "
           "| break-even lift of every depth | at the goal profile: γ, κ, mirror, sd |")
     print("|---|---|---|---|---|---|---|---|")

@@ -7,8 +7,10 @@ Prints, teacher-forced on the held-out answers (feature_distill.evaluate: depth 
 features): the plain top-1 agreement by depth over every answer position; τ at every γ the latency model tries,
 replayed from the rollouts greedy speculative decoding drafts (feature_distill.chains: from the prompt's end, each
 next rollout after the last one's accepted tokens and the correction); a_d, the agreement at depth d given 1..d−1
-were right over those rollouts at the largest γ; and beside them the τ(γ) the latency model reads from the draft's
-draft_profile.json now. `--write` puts the measured τ(γ) and a_d into the profile (its exit hit rates kept).
+were right over those rollouts at the largest γ; Mirror-SD's hit rate by γ and κ at each rollout's correction or
+bonus slot (feature_distill.rollout_hits, with the exit head beside the draft); and beside them what the latency model
+reads from the draft's draft_profile.json now. `--write` puts the measured τ(γ), hit rates by γ and κ, and a_d into the profile (its
+hit_by_kappa, the training run's figure that also names the run, is kept).
 Nothing here is a decode: the bench's τ on the same prompts is the check (docs/TRAINING.md, session 21).
 """
 from __future__ import annotations
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--depths", type=int, default=max(GAMMAS), help="the largest γ replayed")
     p.add_argument("--dtype", default="auto", choices=PRECISIONS)
     p.add_argument("--work", default="", help="the teacher cache's folder (default: a temporary one)")
-    p.add_argument("--write", action="store_true", help="write the measured τ(γ) and a_d into the draft's profile")
+    p.add_argument("--write", action="store_true", help="write the measured τ(γ), hit rates by γ and κ, and a_d into the draft's profile")
     a = p.parse_args(argv)
     print(f"CPU: {cpu_model()}, torch {torch.__version__}", flush=True)
     target_dir = resolve_source(a.target)
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> dict:
         work = a.work or tmp
         os.makedirs(work, exist_ok=True)
         teacher = FD.teacher_pass([a.heldout], list(range(len(seqs))), seqs, target_dir, layer, FD.TOPK,
-                                  FD.teacher_path(work, "teacher_f_heldout", seqs, layer, FD.TOPK, target_dir), a.dtype)
+                                  FD.teacher_path(work, "teacher_f_heldout", seqs, layer, FD.TOPK, target_dir,
+                                                  resolve(a.dtype)), a.dtype)
     soft = soft_targets(teacher["top_ids"], teacher["top_logits"], vmap.to_draft, vmap.size)
     cfg = FD.FeatureDistillConfig(answers="", heldout=a.heldout, work="", out="", target=a.target,
                                   feature_layer=layer, depths=a.depths, dtype=resolve(a.dtype))

@@ -230,11 +230,12 @@ def test_the_teacher_pass_reads_what_generation_recorded_and_computes_the_rest(c
     pool = [s for f in folders for s in load_sequences(f)]
     keep = [1, 4, 5, 6, 8]  # three recorded records, then two of the code folder's (no figures)
     seqs = [pool[i] for i in keep]
-    path = FD.teacher_path(str(tmp_path), "t", seqs, 1, 4, chat_target)
+    path = FD.teacher_path(str(tmp_path), "t", seqs, 1, 4, chat_target, "bfloat16")
     t = FD.teacher_pass(folders, keep, seqs, chat_target, 1, 4, path, "bfloat16")
     assert t["recorded"] == 3 and os.path.exists(path)
-    assert path not in (FD.teacher_path(str(tmp_path), "t", seqs, 2, 4, chat_target),
-                        FD.teacher_path(str(tmp_path), "t", seqs, 1, 4, str(tmp_path)))
+    assert path not in (FD.teacher_path(str(tmp_path), "t", seqs, 2, 4, chat_target, "bfloat16"),
+                        FD.teacher_path(str(tmp_path), "t", seqs, 1, 4, str(tmp_path), "bfloat16"),
+                        FD.teacher_path(str(tmp_path), "t", seqs, 1, 4, chat_target, "float32"))
     records = _records(folders[0])
     model = AutoModelForCausalLM.from_pretrained(chat_target, dtype=torch.float32).eval()
     for i, (p, a) in enumerate(seqs):

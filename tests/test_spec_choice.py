@@ -56,6 +56,8 @@ def test_a_measured_tau_by_gamma_is_read_as_measured_and_continued_past_its_end(
     p = DraftProfile((0.5, 0.4), (0.3,), (1.45, 1.62))
     assert p.tau(1) == 1.45 and p.tau(2) == 1.62
     assert p.tau(3) == pytest.approx(1.62 + 0.5 * 0.4 * 0.4)  # the product form's increment from γ 2 to 3
+    moved = p.with_accept((0.6, 0.4))  # a modelled better draft: measured τ moves by the product form's change
+    assert moved.tau(1) == pytest.approx(1.55) and moved.tau(2) == pytest.approx(1.62 + 0.1 + 0.6 * 0.4 - 0.2)
     save_profile(str(tmp_path), [0.5, 0.4], [0.3], "test", [1.45, 1.62])
     assert load_profile(str(tmp_path)) == p
     save_profile(str(tmp_path), [0.5], [0.3], "test", [1.45, 3.5])  # 3.5 tokens a pass at γ 2 cannot be
@@ -66,7 +68,7 @@ def test_a_measured_tau_by_gamma_is_read_as_measured_and_continued_past_its_end(
 def test_a_replayed_hit_rate_is_read_by_gamma_and_kappa(tmp_path):
     p = DraftProfile((0.5,), (0.3, 0.4), (), ((0.45, 0.56), (0.40, 0.51)))
     assert p.hit_rate(2, 1) == 0.56 and p.hit_rate(1, 2) == 0.40 and p.hit_rate(4, 2) == 0.51  # κ past the row: last
-    assert p.hit_rate(2, 3) == 0.4 and p.hit_rate(2) == 0.4  # γ not measured, or not given: the per-κ list
+    assert p.hit_rate(2, 3) == 0.51 and p.hit_rate(2) == 0.4  # past the measured γ: the last; none: the per-κ list
     mirror, _ = modelled_speedups(COSTS, p, 1, 2)
     verify = 20 + 10 * 1 / 4
     assert mirror == pytest.approx(p.tau(1) * 20 / (verify * 2 / 3 + max(verify / 3, 25 * 4 * 1 / 40 + 3) + 0.44 * 3))

@@ -239,8 +239,9 @@ def write_manifest(cfg: DataConfig) -> dict:
     per = {s: {k: _record(os.path.join(cfg.out, s)).get(k, 0) for k in ("answer_tokens", "records", "seconds")}
            | {"notes": _record(os.path.join(cfg.out, s))["notes"]}
            for s in SOURCES if os.path.isdir(os.path.join(cfg.out, s))}
+    ran = sorted({shard.get("dtype", "") for s in per for shard in _record(os.path.join(cfg.out, s))["shards"].values()})
     manifest = {"target": cfg.target, "cpu": cpu_model(), "threads": torch.get_num_threads(), "batch": cfg.batch,
-                "dtype": cfg.dtype, "new_tokens": cfg.new_tokens, "sources": per,
+                "dtype": ",".join(ran) or cfg.dtype, "new_tokens": cfg.new_tokens, "sources": per,  # every shard's
                 "answer_tokens": sum(p["answer_tokens"] for p in per.values()),
                 "seconds": round(sum(p["seconds"] for p in per.values()), 1)}
     _save(manifest, os.path.join(cfg.out, "manifest.json"))

@@ -175,9 +175,10 @@ def _forward_pass(seqs, which: list[int], target_dir: str, layer: int, teacher: 
                   flush=True)
 
 
-def teacher_path(work: str, name: str, seqs, layer: int, topk: int, target: str) -> str:
-    """The teacher cache's file, named by what it holds: a stale cache (other data, layer, k or target) is never read."""
-    key = zlib.crc32(f"{os.path.abspath(target)}/{layer}/{topk}/{len(seqs)}".encode())
+def teacher_path(work: str, name: str, seqs, layer: int, topk: int, target: str, dtype: str) -> str:
+    """The teacher cache's file, named by what it holds: a stale cache (other data, layer, k, target or the dtype its
+    forward passes ran in) is never read."""
+    key = zlib.crc32(f"{os.path.abspath(target)}/{layer}/{topk}/{len(seqs)}/{dtype}".encode())
     for p, a in seqs:
         key = zlib.crc32(torch.tensor(p + [-1] + a, dtype=torch.int32).numpy().tobytes(), key)
     return os.path.join(work, f"{name}_{key:08x}.pt")
@@ -245,14 +246,18 @@ def draft_loss(model, batch, cfg: FeatureDistillConfig, other: int, to_draft: to
     zs = [model.logits(gd).float().index_fill_(1, torch.tensor([other]), -1e4) for gd in gs]  # [N_d, V_d+1]
     preds = [z.argmax(-1) for z in zs]                                                     # [N_d] draft ids
     weights = rollout_weights(batch, preds, to_draft, prompt_lens, cfg.rollout_weight) \
-        if cfg.rollout_weight and prompt_lens else [torch.ones(len(z)) for z in zs]
+        if cfg.rollout_weight and prompt_lens else [None] * len(zs)
+
+    def mean(x: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
+        return x.mean() if w is None else (x * w).sum() / w.sum()
+
     loss = 0.0
     for d, (gd, z, w, (rows, pos, sid, sprob, label, f_next, _)) in enumerate(zip(gs, zs, weights, per_depth)):
         logp = F.log_softmax(z, -1)
-        kl = (-(sprob * logp.gather(1, sid)).sum(-1) * w).sum() / w.sum()
+        kl = mean(-(sprob * logp.gather(1, sid)).sum(-1), w)
         lab = to_draft[label]
         inside = lab != other
-        hard = (F.nll_loss(logp[inside], lab[inside], reduction="none") * w[inside]).sum() / w[inside].sum() \
+        hard = mean(F.nll_loss(logp[inside], lab[inside], reduction="none"), None if w is None else w[inside]) \
             if inside.any() else logp.new_zeros(())
         reg = F.smooth_l1_loss(gd.float(), f_next)
         loss = loss + cfg.depth_decay ** d * (kl + cfg.hard_weight * hard + cfg.feature_weight * reg)
@@ -373,16 +378,18 @@ def evaluate(model, seqs, idx, teacher, soft, to_draft, other, cfg, exit_readout
                 slots[g - 1].append(rollout_hits(ro, chunk, seqs, teacher, to_draft, exit_readout))
     model.train()
     done = [torch.cat(r) if r else torch.zeros(0, g, dtype=torch.int) for g, r in enumerate(runs, 1)]
+    measured = next((g for g, r in enumerate(done) if len(r) == 0), len(done))  # γ past it: no whole rollout fits
     reached = done[-1].sum(0).tolist()                               # γ = depths: rollouts right through depth d
     figures = {"agreement": [round(h / max(k, 1), 4) for h, k in zip(hits, n)],
                "accept": [round(reached[d] / max(reached[d - 1] if d else len(done[-1]), 1), 4)
                           for d in range(cfg.depths)],
-               "tau_by_gamma": [round(1 + float(r.sum()) / max(len(r), 1), 4) for r in done],
+               "tau_by_gamma": [round(1 + float(r.sum()) / len(r), 4) for r in done[:measured]],
                "chains": len(done[-1])}
-    figures["tau"] = figures["tau_by_gamma"][-1]
+    figures["tau"] = figures["tau_by_gamma"][-1] if measured == cfg.depths else None
     if exit_readout is not None:
+        hit = [torch.cat(x) for x in slots[:measured]]
         figures["hit_by_gamma"] = [[round(float(h[:, k].float().mean()), 4) if len(h) else 0.0 for k in range(4)]
-                                   for h in (torch.cat(x) if x else torch.zeros(0, 4) for x in slots)]
+                                   for h in hit]
     return figures
 
 
@@ -500,9 +507,10 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     t = time.time()
     layer, k = cfg.feature_layer, cfg.topk
     teacher = teacher_pass(folders, keep, seqs, target_dir, layer, k,
-                           teacher_path(cfg.work, "teacher_f", seqs, layer, k, target_dir), cfg.dtype)
+                           teacher_path(cfg.work, "teacher_f", seqs, layer, k, target_dir, cfg.dtype), cfg.dtype)
     held_teacher = teacher_pass([cfg.heldout], list(range(len(held_seqs))), held_seqs, target_dir, layer, k,
-                                teacher_path(cfg.work, "teacher_f_heldout", held_seqs, layer, k, target_dir), cfg.dtype)
+                                teacher_path(cfg.work, "teacher_f_heldout", held_seqs, layer, k, target_dir, cfg.dtype),
+                                cfg.dtype)
     timings["teacher_pass_s"] = round(time.time() - t, 1)
     target, readout, always = load_target(target_dir)
     vmap = start.vmap if start else VocabMap.from_ids(draft_vocabulary(seqs, cfg.draft_vocab, always),
@@ -604,8 +612,8 @@ def earlier_record(init: str) -> dict | None:
     profile = load_profile(init)
     for folder in (os.path.dirname(os.path.normpath(init)), init):
         record = read_json(os.path.join(folder, "feature_distill.json"))
-        if record and profile and [round(h, 4) for h in kappa_hits(record["candidate_coverage"])] == \
-                [round(h, 4) for h in profile.hit]:
+        coverage = (record or {}).get("candidate_coverage")
+        if coverage and profile and [round(h, 4) for h in kappa_hits(coverage)] == [round(h, 4) for h in profile.hit]:
             return record
     return None
 
