@@ -178,6 +178,7 @@ def test_cli_trains_saves_and_writes_the_model_card(toy_dir, tmp_path):
     assert set(card["val_loss"]["target"]) == {"code", "prose"}
     assert set(card["exit_overlap"]["code"][str(card["exit_layer"])]) == {"1", "4", "8"}
     assert card["training"]["target"]["steps"] >= 1
+    assert card["config"]["precision"] in ("bf16", "fp32")  # "auto" resolved where it ran, and recorded so
     for key in ("draft_ar/sd", "draft_ar/mirror", "draft_ss/sd", "draft_ss/mirror"):  # measured by the engine
         assert card["speculation"][key]["output_equals_ar"] is True and card["speculation"][key]["tau"] >= 1.0
         assert card["speculation"][key]["runs_that_fell_back_to_the_target"] == 0

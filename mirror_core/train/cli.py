@@ -13,7 +13,8 @@ FLAGS = {
     "seed": "seed of the init and data generators",
     "device": "cpu or cuda",
     "threads": "torch intra-op threads (0 = torch default)",
-    "precision": "bf16 (autocast forward passes, fp32 weights) or fp32",
+    "precision": "auto (bf16 where measured faster here, or on an accelerator), bf16 (autocast forward passes, fp32 "
+                 "weights) or fp32",
     "compile": "torch.compile each phase's loss (~30 s of compilation per phase here, then ~1.3x faster steps)",
     "corpus_dir": "train on .py (code) and .txt/.md/.rst (prose) files under this directory instead of the stdlib",
     "init_target": "continue training the target in this folder (reusing its tokenizer) instead of a fresh one",

@@ -13,7 +13,8 @@ class TrainConfig:
     seed: int = 0
     device: str = "cpu"  # "cpu" or "cuda"
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
-    precision: str = "bf16"  # forward passes under bf16 autocast (fp32 master weights), or "fp32"
+    precision: str = "auto"  # bf16: forward passes under bf16 autocast (fp32 master weights); fp32; auto: bf16 on an
+                             # accelerator or where train/precision.py measures it faster on this CPU, else fp32
     compile: bool = False  # torch.compile each phase's loss: a pause, then faster steps (measured: docs/TRAINING.md)
     corpus_dir: str | None = None  # None: CPython stdlib + pydoc topics
     init_target: str | None = None  # continue training this target folder (its tokenizer and shapes) instead of a fresh one
@@ -76,8 +77,8 @@ class TrainConfig:
         if self.unlikelihood_share and self.continuation_prompt_tokens + self.unlikelihood_new_tokens > self.context + 1:
             raise ValueError(f"a prompt of {self.continuation_prompt_tokens} tokens plus unlikelihood_new_tokens "
                              f"must fit the context ({self.context} + 1)")
-        if self.precision not in ("bf16", "fp32"):
-            raise ValueError(f"precision must be bf16 or fp32, got {self.precision}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision}")
 
     @property
     def continuation_prompt_tokens(self) -> int:

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from mirror_core.train import build, data, evaluate, losses
+from mirror_core.train import build, data, evaluate, losses, precision
 from mirror_core.train.config import TrainConfig
 
 
@@ -226,6 +226,9 @@ def train_all(cfg: TrainConfig) -> dict:
     """Tokenizer → target → AR draft → SS draft → saved fp16 models → model card; returns the card dict."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if cfg.precision == "auto":  # measured at the run's threads; the card names what ran
+        fast = cfg.device != "cpu" or precision.resolve("auto") == "bfloat16"
+        cfg = dataclasses.replace(cfg, precision="bf16" if fast else "fp32")
     t_start = time.perf_counter()
     corpus = data.load_corpus(cfg.corpus_dir)
     gen_init = torch.Generator().manual_seed(cfg.seed)
