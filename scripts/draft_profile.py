@@ -11,7 +11,8 @@ were right over those rollouts at the largest γ; Mirror-SD's hit rate by γ and
 bonus slot (feature_distill.rollout_hits, with the exit head beside the draft); and beside them what the latency model
 reads from the draft's draft_profile.json now. `--write` puts the measured τ(γ), hit rates by γ and κ, and a_d into the profile (its
 hit_by_kappa, the training run's figure that also names the run, is kept).
-Nothing here is a decode: the bench's τ on the same prompts is the check (docs/TRAINING.md, session 21).
+Nothing here is a decode: the bench's τ on the same prompts (`--prompts-out FILE` writes them) is the check
+(docs/TRAINING.md, session 21).
 """
 from __future__ import annotations
 
@@ -45,9 +46,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--depths", type=int, default=max(GAMMAS), help="the largest γ replayed")
     p.add_argument("--dtype", default="auto", choices=PRECISIONS)
     p.add_argument("--work", default="", help="the teacher cache's folder (default: a temporary one)")
+    p.add_argument("--prompts-out", default="", help="also write the held-out user turns as a bench prompts file "
+                   "(the check: `python -m mirror_core bench --prompts FILE --decoders sd --gamma G`)")
     p.add_argument("--write", action="store_true", help="write the measured τ(γ), hit rates by γ and κ, and a_d into the draft's profile")
     a = p.parse_args(argv)
     print(f"CPU: {cpu_model()}, torch {torch.__version__}", flush=True)
+    if a.prompts_out:
+        write_prompts(a.heldout, a.prompts_out)
     target_dir = resolve_source(a.target)
     model = load_feature_draft(a.draft).float()
     vmap = load_vocab_map(a.draft)
@@ -92,6 +97,20 @@ def main(argv: list[str] | None = None) -> dict:
                      [list(row) for row in measured.hit_by_gamma])
         print(f"wrote {os.path.join(a.draft, 'draft_profile.json')}", flush=True)
     return figures
+
+
+def write_prompts(heldout: str, path: str) -> None:
+    """The held-out records' first user turns, in their order, as a Spec-Bench style prompts file."""
+    import json
+
+    import torch
+
+    from mirror_core.train.distill import shard_paths
+
+    with open(path, "w", encoding="utf-8") as f:
+        for i, r in enumerate(r for p in shard_paths(heldout) for r in torch.load(p, mmap=True)):
+            f.write(json.dumps({"question_id": f"held-{i}", "category": "chat", "turns": r["user"][:1]}) + "\n")
+    print(f"wrote {path}", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ equal ar; the card renders from the run's record) and train/feature_distill.py (
 head trained twice, its profile: the engine loads it, chooses γ and κ from it, and every decoder equals ar)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -17,6 +18,7 @@ from mirror_core.train.precision import resolve
 from testing.reliability import _save_tokenizer
 from testing.toy_models import VOCAB, build_pair
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow  # training runs (the slow tier)
 
 
@@ -74,6 +76,13 @@ def test_feature_distill_writes_a_draft_the_engine_runs_losslessly(tmp_path, dty
     assert [list(r) for r in profile.hit_by_gamma] == measured["hit_by_gamma"] and len(profile.hit_by_gamma[0]) == 4
     assert [profile.tau(g) for g in range(1, 9)] == pytest.approx(measured["tau_by_gamma"])  # the model reads them
     assert summary["draft_log"][-1]["heldout_tau"] == pytest.approx(measured["tau_by_gamma"][1])  # depths 2 = γ 2
+    script = importlib.util.spec_from_file_location("draft_profile", os.path.join(ROOT, "scripts", "draft_profile.py"))
+    draft_profile = importlib.util.module_from_spec(script)
+    script.loader.exec_module(draft_profile)
+    again = draft_profile.main(["--draft", folder, "--heldout", cfg.heldout, "--target", target, "--dtype", dtype,
+                                "--work", str(tmp_path / "again")])  # the saved (bfloat16) draft re-measured
+    assert again["tau_by_gamma"] == pytest.approx(measured["tau_by_gamma"], abs=0.25)  # a near-tie may flip
+    assert len(again["hit_by_gamma"]) == len(measured["hit_by_gamma"]) == 8
     assert {"feature_draft.json", "draft_vocab.json", "draft_profile.json", "exit_head.json"} <= set(os.listdir(folder))
     assert summary["draft_log"][-1]["step"] > 0 and set(summary["candidate_coverage"]) == {"before", "after"}
     with MirrorEngine.load(target, folder, LaneConfig(kind="inline")) as engine:
