@@ -8,9 +8,9 @@ features): the plain top-1 agreement by depth over every answer position; τ at 
 replayed from the rollouts greedy speculative decoding drafts (feature_distill.chains: from the prompt's end, each
 next rollout after the last one's accepted tokens and the correction); a_d, the agreement at depth d given 1..d−1
 were right over those rollouts at the largest γ; Mirror-SD's hit rate by γ and κ at each rollout's correction or
-bonus slot (feature_distill.rollout_hits, with the exit head beside the draft); and beside them what the latency model
-reads from the draft's draft_profile.json now. `--write` puts the measured τ(γ), hit rates by γ and κ, and a_d into the profile (its
-hit_by_kappa, the training run's figure that also names the run, is kept).
+bonus slot (feature_distill.rollout_hits, with the exit head beside the draft); and beside them what the latency
+model reads from the draft's draft_profile.json now. `--write` puts the measured τ(γ), hit rates by γ and κ, and a_d
+into the profile (its hit_by_kappa, the training run's figure that also names the run, is kept).
 Nothing here is a decode: the bench's τ on the same prompts (`--prompts-out FILE` writes them) is the check
 (docs/TRAINING.md, session 21).
 """
@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--work", default="", help="the teacher cache's folder (default: a temporary one)")
     p.add_argument("--prompts-out", default="", help="also write the held-out user turns as a bench prompts file "
                    "(the check: `python -m mirror_core bench --prompts FILE --decoders sd --gamma G`)")
-    p.add_argument("--write", action="store_true", help="write the measured τ(γ), hit rates by γ and κ, and a_d into the draft's profile")
+    p.add_argument("--write", action="store_true",
+                   help="write the measured τ(γ), hit rates by γ and κ, and a_d into the draft's profile")
     a = p.parse_args(argv)
     print(f"CPU: {cpu_model()}, torch {torch.__version__}", flush=True)
     if a.prompts_out:
@@ -57,16 +58,16 @@ def main(argv: list[str] | None = None) -> dict:
     model = load_feature_draft(a.draft).float()
     vmap = load_vocab_map(a.draft)
     seqs = load_sequences(a.heldout)
-    layer = model.cfg.feature_layer
+    layer, dtype = model.cfg.feature_layer, resolve(a.dtype)
     with tempfile.TemporaryDirectory() as tmp:
         work = a.work or tmp
         os.makedirs(work, exist_ok=True)
         teacher = FD.teacher_pass([a.heldout], list(range(len(seqs))), seqs, target_dir, layer, FD.TOPK,
-                                  FD.teacher_path(work, "teacher_f_heldout", seqs, layer, FD.TOPK, target_dir,
-                                                  resolve(a.dtype)), a.dtype)
+                                  FD.teacher_path(work, "teacher_f_heldout", seqs, layer, FD.TOPK, target_dir, dtype),
+                                  dtype)
     soft = soft_targets(teacher["top_ids"], teacher["top_logits"], vmap.to_draft, vmap.size)
     cfg = FD.FeatureDistillConfig(answers="", heldout=a.heldout, work="", out="", target=a.target,
-                                  feature_layer=layer, depths=a.depths, dtype=resolve(a.dtype))
+                                  feature_layer=layer, depths=a.depths, dtype=dtype)
     head = find_exit_head(a.draft)
     if head is None or head.layer != layer:
         raise SystemExit(f"{a.draft}: no exit head at layer {layer} beside the draft (Mirror-SD's hit rates need it)")

@@ -41,7 +41,6 @@ from mirror_core.latency import GAMMAS
 from mirror_core.models.feature_draft import FeatureDraft, from_target
 from mirror_core.models.vocab import VocabMap
 from mirror_core.train.chat_sources import FEATURE_LAYER, TOPK
-from mirror_core.train.precision import autocast, resolve, torch_dtype
 from mirror_core.train.distill import (
     ExitHeadTask,
     draft_vocabulary,
@@ -57,6 +56,7 @@ from mirror_core.train.distill import (
     soft_targets,
     train_exit_head,
 )
+from mirror_core.train.precision import autocast, resolve, torch_dtype
 
 
 @dataclass(frozen=True)
@@ -238,12 +238,7 @@ def draft_loss(model, batch, cfg: FeatureDistillConfig, other: int, to_draft: to
     """The training-time test's loss over every depth, and per depth the draft's top-1 token (draft ids [N_d], in
     make_batch's row order; `agreed` compares them with the target's). With cfg.rollout_weight λ > 0 and the batch's
     prompt lengths, the KL and CE of a row that greedy decoding evaluates (rollout_weights) count 1 + λ, the rest 1."""
-    from mirror_core.models.feature_draft import train_step_outputs
-
-    ids, feats, per_depth = batch
-    outs = train_step_outputs(model, ids, feats, cfg.depths)
-    gs = [g[rows, pos] for g, (rows, pos, *_) in zip(outs, per_depth)]                    # [N_d, H] per depth
-    zs = [model.logits(gd).float().index_fill_(1, torch.tensor([other]), -1e4) for gd in gs]  # [N_d, V_d+1]
+    gs, zs = depth_logits(model, batch, other)
     preds = [z.argmax(-1) for z in zs]                                                     # [N_d] draft ids
     weights = rollout_weights(batch, preds, to_draft, prompt_lens, cfg.rollout_weight) \
         if cfg.rollout_weight and prompt_lens else [None] * len(zs)
@@ -252,7 +247,7 @@ def draft_loss(model, batch, cfg: FeatureDistillConfig, other: int, to_draft: to
         return x.mean() if w is None else (x * w).sum() / w.sum()
 
     loss = 0.0
-    for d, (gd, z, w, (rows, pos, sid, sprob, label, f_next, _)) in enumerate(zip(gs, zs, weights, per_depth)):
+    for d, (gd, z, w, (rows, pos, sid, sprob, label, f_next, _)) in enumerate(zip(gs, zs, weights, batch[2])):
         logp = F.log_softmax(z, -1)
         kl = mean(-(sprob * logp.gather(1, sid)).sum(-1), w)
         lab = to_draft[label]
@@ -262,6 +257,17 @@ def draft_loss(model, batch, cfg: FeatureDistillConfig, other: int, to_draft: to
         reg = F.smooth_l1_loss(gd.float(), f_next)
         loss = loss + cfg.depth_decay ** d * (kl + cfg.hard_weight * hard + cfg.feature_weight * reg)
     return loss, preds
+
+
+def depth_logits(model, batch, other: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The training-time test's outputs at each depth's rows (make_batch's): features g [N_d, H] and logits
+    [N_d, V_d+1] with the "other" id masked, so that argmax is the draft's token."""
+    from mirror_core.models.feature_draft import train_step_outputs
+
+    ids, feats, per_depth = batch
+    outs = train_step_outputs(model, ids, feats, len(per_depth))
+    gs = [g[rows, pos] for g, (rows, pos, *_) in zip(outs, per_depth)]                    # [N_d, H] per depth
+    return gs, [model.logits(gd).float().index_fill_(1, torch.tensor([other]), -1e4) for gd in gs]
 
 
 def rollout_weights(batch, preds, to_draft, prompt_lens: list[int], extra: float) -> list[torch.Tensor]:
@@ -366,7 +372,7 @@ def evaluate(model, seqs, idx, teacher, soft, to_draft, other, cfg, exit_readout
         chunk = idx[b: b + cfg.batch_sequences]
         batch = make_batch(seqs, chunk, teacher, soft, to_draft, other, cfg.depths)
         with autocast(cfg.dtype):
-            _, preds = draft_loss(model, batch, cfg, other, to_draft)
+            preds = [z.argmax(-1) for z in depth_logits(model, batch, other)[1]]           # [N_d] draft ids
         right = agreed(batch, preds, to_draft)
         for d, r in enumerate(right):
             hits[d] += int(r.sum())
@@ -415,19 +421,13 @@ def token_draft_agreement(folder: str, seqs) -> float:
 @torch.no_grad()
 def first_predictions(model, seqs, teacher, soft, to_draft, other, cfg) -> torch.Tensor:
     """The draft's depth-1 greedy token (draft ids) at every answer row, teacher-forced: the d_j that M_t excludes."""
-    from mirror_core.models.feature_draft import train_step_outputs
-
     model.eval()
     pred = torch.full((teacher["top_ids"].shape[0],), other, dtype=torch.long)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
     for b in range(0, len(order), 32):
-        ids, feats, per_depth = make_batch(seqs, order[b: b + 32], teacher, soft, to_draft, other, 1)
-        rows, pos, *_, arow = per_depth[0]
+        batch = make_batch(seqs, order[b: b + 32], teacher, soft, to_draft, other, 1)
         with autocast(cfg.dtype):
-            g = train_step_outputs(model, ids, feats, 1)[0]
-            z = model.logits(g[rows, pos]).float()
-        z[:, other] = -1e4
-        pred[arow] = z.argmax(-1)
+            pred[batch[2][0][-1]] = depth_logits(model, batch, other)[1][0].argmax(-1)      # at its answer rows
     model.train()
     return pred
 
@@ -540,8 +540,8 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     head, candidates = candidate_pass(cfg, model, task, head, (seqs, teacher, soft), (held_seqs, held_teacher, held_soft),
                                       to_draft, other, g)
     timings["candidate_head_s"] = round(time.time() - t, 1)
-    profile = evaluate(model, held_seqs, held_idx, held_teacher, held_soft, to_draft, other,  # at every γ
-                       dataclasses.replace(cfg, depths=max(GAMMAS)), exit_readout(head, task.readout, task.ids))  # choose_spec tries
+    profile = evaluate(model, held_seqs, held_idx, held_teacher, held_soft, to_draft, other,  # at every γ that
+                       dataclasses.replace(cfg, depths=max(GAMMAS)), exit_readout(head, task.readout, task.ids))  # is tried
     _save_feature_draft(cfg, model, vmap, target, head, candidates, profile, len(held_seqs))
     summary = {**run_record(cfg), "sequences": len(seqs), "answer_tokens": sum(len(a) for _, a in seqs),
                "pool_sequences": len(pool), "teacher_recorded": teacher["recorded"],
@@ -676,10 +676,11 @@ def _save_feature_draft(cfg: FeatureDistillConfig, model, vmap, target, head, ca
     shutil.rmtree(folder, ignore_errors=True)
     model.save(folder)
     vmap.save(folder)
-    save_profile(folder, profile["accept"], kappa_hits(candidates), f"held-out answers to {n_held} new-topic prompts, teacher-forced: "
-                 "greedy decoding's rollouts replayed (τ by γ; agreement by depth given the earlier depths agreed, "
-                 "own predicted features; the exit's top-κ at each rollout's correction or bonus slot); hit_by_kappa: "
-                 "exit top-κ where the draft's first token was wrong", profile["tau_by_gamma"], profile["hit_by_gamma"])
+    save_profile(folder, profile["accept"], kappa_hits(candidates),
+                 f"held-out answers to {n_held} new-topic prompts, teacher-forced: greedy decoding's rollouts replayed "
+                 "(τ by γ; agreement by depth given the earlier depths agreed, own predicted features; the exit's top-κ "
+                 "at each rollout's correction or bonus slot); hit_by_kappa: exit top-κ where the draft's first token "
+                 "was wrong", profile["tau_by_gamma"], profile["hit_by_gamma"])
     save_exit_head(folder, cfg.feature_layer, target, head, vmap.target_ids)
 
 
