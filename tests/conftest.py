@@ -23,3 +23,16 @@ def calibration_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MIRROR_SD_CACHE", str(tmp_path_factory.mktemp("mirror_sd_cache")))
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temp_files(tmp_path_factory):
+    """Temporary files (the UI's trace downloads, Gradio's cache) go to a folder of this session that pytest prunes:
+    a test's server stops without closing its sessions, so their traces would otherwise stay in /tmp."""
+    import tempfile
+
+    folder = str(tmp_path_factory.mktemp("tmp"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tempfile, "tempdir", folder)
+        mp.setenv("TMPDIR", folder)
+        yield

@@ -96,7 +96,8 @@ def test_feature_distill_writes_a_draft_the_engine_runs_losslessly(tmp_path, dty
 def test_feature_distill_continues_a_saved_draft_and_refuses_one_that_does_not_fit(tmp_path):
     """--init: a run of no steps saves the draft and exit head it started from bit for bit (bfloat16 round trip);
     a run that trains keeps the vocabulary (not --draft-vocab), records its sources and the runs before it, and the
-    card shows every run; the engine still equals ar; a draft of another depth is refused before any teacher pass."""
+    card shows every run; the engine still equals ar; a larger --num-layers grows it (new layers start as identities:
+    the same held-out figures); fewer layers or another feature layer are refused before any teacher pass."""
     import json
 
     from mirror_core.train import feature_distill as FD
@@ -137,7 +138,18 @@ def test_feature_distill_continues_a_saved_draft_and_refuses_one_that_does_not_f
     with MirrorEngine.load(target, os.path.join(tmp_path, "c", "feature_draft"), LaneConfig(kind="inline")) as engine:
         ar = engine.generate(Request((1, 2, 3), "ar", 12)).token_ids
         assert engine.generate(Request((1, 2, 3), "mirror", 12)).token_ids == ar
-    with pytest.raises(SystemExit, match="with 1 layer"):
-        FD.distill(FD.FeatureDistillConfig(**{**cfg.__dict__, "init": start, "num_layers": 2,
-                                              "work": str(tmp_path / "fresh"), "out": str(tmp_path / "d")}))
+    deeper = FD.distill(FD.FeatureDistillConfig(**{**cfg.__dict__, "init": start, "num_layers": 2, "minutes": 0.0,
+                                                   "exit_epochs": 0.0, "out": str(tmp_path / "deep")}))
+    assert deeper["draft_log"][0]["heldout_agreement"] == same["draft_log"][0]["heldout_agreement"]  # new layer: identity
+    deep = os.path.join(tmp_path, "deep", "feature_draft")
+    assert json.load(open(os.path.join(deep, "feature_draft.json")))["num_layers"] == 2
+    assert f"--init {start} --num-layers 2" in "\n".join(render_feature(deeper, None, ""))
+    with MirrorEngine.load(target, deep, LaneConfig(kind="inline")) as engine:
+        ar = engine.generate(Request((1, 2, 3), "ar", 12)).token_ids
+        assert engine.generate(Request((1, 2, 3), "mirror", 12)).token_ids == ar
+    for init, layers, feature_layer in ((deep, 1, 3), (start, 1, 2)):
+        with pytest.raises(SystemExit, match="cannot continue here"):
+            FD.distill(FD.FeatureDistillConfig(**{**cfg.__dict__, "init": init, "num_layers": layers,
+                                                  "feature_layer": feature_layer, "work": str(tmp_path / "fresh"),
+                                                  "out": str(tmp_path / "d")}))
     assert not any(f.startswith("teacher") for f in os.listdir(tmp_path / "fresh"))   # refused before the teacher pass

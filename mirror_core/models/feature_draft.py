@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import torch
@@ -186,20 +186,43 @@ def from_target(target, vocab_ids: torch.Tensor, num_layers: int, feature_layer:
         emb = target.model.embed_tokens.weight.float()
         model.embed.copy_(torch.cat([emb[vocab_ids], emb.mean(0, keepdim=True)]))
         model.fc.copy_(torch.cat([torch.randn(h, h) * 0.02, torch.eye(h)], 1))
-        for mine, i in zip(model.layers, range(feature_layer, feature_layer + num_layers)):
-            theirs = target.model.layers[min(i, tc.num_hidden_layers - 1)]
-            mine["in_norm"].copy_(theirs.input_layernorm.weight)
-            mine["post_norm"].copy_(theirs.post_attention_layernorm.weight)
-            for name, lin in (("q", theirs.self_attn.q_proj), ("k", theirs.self_attn.k_proj),
-                              ("v", theirs.self_attn.v_proj), ("o", theirs.self_attn.o_proj),
-                              ("gate", theirs.mlp.gate_proj), ("up", theirs.mlp.up_proj), ("down", theirs.mlp.down_proj)):
-                mine[name].copy_(lin.weight)
+        for i, mine in enumerate(model.layers):
+            _copy_target_layer(mine, target, feature_layer + i)
         if exit_head is not None:
             adapter, bias, gain = exit_head
             model.head_adapter.copy_(adapter)
             model.head_bias.copy_(bias)
             model.head_gain.copy_(gain)
     return model
+
+
+def _copy_target_layer(mine, target, i: int) -> None:
+    """A draft layer's weights from the target's layer i (its last layer past the end)."""
+    theirs = target.model.layers[min(i, target.config.num_hidden_layers - 1)]
+    mine["in_norm"].copy_(theirs.input_layernorm.weight)
+    mine["post_norm"].copy_(theirs.post_attention_layernorm.weight)
+    for name, lin in (("q", theirs.self_attn.q_proj), ("k", theirs.self_attn.k_proj), ("v", theirs.self_attn.v_proj),
+                      ("o", theirs.self_attn.o_proj), ("gate", theirs.mlp.gate_proj), ("up", theirs.mlp.up_proj),
+                      ("down", theirs.mlp.down_proj)):
+        mine[name].copy_(lin.weight)
+
+
+def grown(model: FeatureDraft, target, num_layers: int) -> FeatureDraft:
+    """`model` with decoder layers appended up to `num_layers` (training a deeper draft from a trained one): layer i
+    starts from the target's layer ℓ_e + i, as from_target starts it, but with its output maps o and down zero, so
+    the grown draft computes exactly what `model` computes until training moves them (the residual stream passes
+    each new layer unchanged; o and down get gradients from the first step, the rest once those are non-zero)."""
+    c = model.cfg
+    if num_layers < c.num_layers:
+        raise MirrorError(f"cannot grow a {c.num_layers}-layer draft to {num_layers} layer(s)")
+    bigger = FeatureDraft(replace(c, num_layers=num_layers))
+    with torch.no_grad():
+        for i in range(c.num_layers, num_layers):
+            _copy_target_layer(bigger.layers[i], target, c.feature_layer + i)
+            bigger.layers[i]["o"].zero_()
+            bigger.layers[i]["down"].zero_()
+        bigger.load_state_dict({k: v.float() for k, v in model.state_dict().items()}, strict=False)
+    return bigger.to(next(model.parameters()).dtype)
 
 
 def unrolled_attention(q: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

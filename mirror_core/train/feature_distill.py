@@ -17,7 +17,8 @@ Stages (the teacher pass is cached in WORK):
    feature_weight × smooth-L1 to the true next feature, depth d weighted decay^(d−1), answer positions only;
    `--rollout-weight λ` weighs the KL and CE of the rows greedy decoding evaluates 1 + λ (rollout_weights).
    `--init FOLDER` continues a saved feature draft instead (its weights, its vocabulary, its exit head as the start
-   of stage 2's): more data for a draft that has already seen the first, without paying for its first passes again.
+   of stage 2's): more data for a draft that has already seen the first, without paying for its first passes again;
+   with a larger `--num-layers` it grows the draft first (feature_draft.grown: the new layers start as identities).
 4. held-out (new topics, never in training prompts): teacher-forced top-1 agreement per depth; τ replayed from the
    rollouts greedy speculative decoding drafts on those answers (evaluate, chains), logged along the way at γ =
    depths and, with Mirror-SD's hit rate at each slot (rollout_hits), at γ 1..8 into the draft's profile for the
@@ -38,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from mirror_core.latency import GAMMAS
-from mirror_core.models.feature_draft import FeatureDraft, from_target
+from mirror_core.models.feature_draft import FeatureDraft, from_target, grown
 from mirror_core.models.vocab import VocabMap
 from mirror_core.train.chat_sources import FEATURE_LAYER, TOPK
 from mirror_core.train.distill import (
@@ -525,7 +526,8 @@ def distill(cfg: FeatureDistillConfig) -> dict:
     task = _exit_head_task(cfg, teacher, seqs, readout, vmap.target_ids, soft, g)
     head, exit_cov = train_exit_head(dataclasses.replace(task, init=start.head) if start else task, g)
     timings["exit_head_s"] = round(time.time() - t, 1)
-    model = start.model if start else from_target(target, vmap.target_ids, cfg.num_layers, cfg.feature_layer, head)
+    model = grown(start.model, target, cfg.num_layers) if start else \
+        from_target(target, vmap.target_ids, cfg.num_layers, cfg.feature_layer, head)
     model = model.float().train().requires_grad_(True)
     held_idx = list(range(len(held_seqs)))
 
@@ -588,11 +590,13 @@ def continued_draft(cfg: FeatureDistillConfig, target_dir: str) -> ContinuedDraf
             or not torch.equal(head.ids, vmap.target_ids):
         raise SystemExit(f"--init {cfg.init} cannot continue here: it needs its exit head for this target at layer "
                          f"{cfg.feature_layer} over its own vocabulary beside it")
-    if (dc.feature_layer, dc.num_layers) != (cfg.feature_layer, cfg.num_layers):
+    if dc.feature_layer != cfg.feature_layer or dc.num_layers > cfg.num_layers:
         raise SystemExit(f"--init {cfg.init} cannot continue here: it reads layer {dc.feature_layer} with "
-                         f"{dc.num_layers} layer(s), not --feature-layer {cfg.feature_layer} --num-layers {cfg.num_layers}")
+                         f"{dc.num_layers} layer(s), not --feature-layer {cfg.feature_layer} --num-layers {cfg.num_layers} "
+                         "(a draft can grow layers, never drop them)")
     record = earlier_record(cfg.init)
-    print(f"continuing the draft in {cfg.init} ({vmap.size} tokens, {dc.num_layers} layer(s); "
+    grow = f", grown to {cfg.num_layers}" if cfg.num_layers > dc.num_layers else ""
+    print(f"continuing the draft in {cfg.init} ({vmap.size} tokens, {dc.num_layers} layer(s){grow}; "
           f"{'its run record found' if record else 'no record of its run found beside it'})", flush=True)
     return ContinuedDraft(model, vmap, (head.adapter, head.bias, head.gain), record)
 
