@@ -215,13 +215,15 @@ def grown(model: FeatureDraft, target, num_layers: int) -> FeatureDraft:
     c = model.cfg
     if num_layers < c.num_layers:
         raise MirrorError(f"cannot grow a {c.num_layers}-layer draft to {num_layers} layer(s)")
+    if num_layers == c.num_layers:
+        return model
     bigger = FeatureDraft(replace(c, num_layers=num_layers))
     with torch.no_grad():
         for i in range(c.num_layers, num_layers):
             _copy_target_layer(bigger.layers[i], target, c.feature_layer + i)
             bigger.layers[i]["o"].zero_()
             bigger.layers[i]["down"].zero_()
-        bigger.load_state_dict({k: v.float() for k, v in model.state_dict().items()}, strict=False)
+        bigger.load_state_dict(model.state_dict(), strict=False)  # every key but the new layers' (same shapes)
     return bigger.to(next(model.parameters()).dtype)
 
 

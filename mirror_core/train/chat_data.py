@@ -236,10 +236,10 @@ def write_manifest(cfg: DataConfig) -> dict:
     machine they were made on."""
     from mirror_core.machine import cpu_model
 
-    per = {s: {k: _record(os.path.join(cfg.out, s)).get(k, 0) for k in ("answer_tokens", "records", "seconds")}
-           | {"notes": _record(os.path.join(cfg.out, s))["notes"]}
-           for s in SOURCES if os.path.isdir(os.path.join(cfg.out, s))}
-    ran = sorted({shard.get("dtype", "") for s in per for shard in _record(os.path.join(cfg.out, s))["shards"].values()})
+    records = {s: _record(os.path.join(cfg.out, s)) for s in SOURCES if os.path.isdir(os.path.join(cfg.out, s))}
+    per = {s: {k: r.get(k, 0) for k in ("answer_tokens", "records", "seconds")} | {"notes": r["notes"]}
+           for s, r in records.items()}
+    ran = sorted({shard.get("dtype", "") for r in records.values() for shard in r["shards"].values()})
     manifest = {"target": cfg.target, "cpu": cpu_model(), "threads": torch.get_num_threads(), "batch": cfg.batch,
                 "dtype": ",".join(ran) or cfg.dtype, "new_tokens": cfg.new_tokens, "sources": per,  # every shard's
                 "answer_tokens": sum(p["answer_tokens"] for p in per.values()),

@@ -100,10 +100,10 @@ def _run_commands(run: dict) -> list[str]:
         answers = [f"python -m mirror_core.train.chat_data --sources {','.join(n for n, _ in made)} --out WORK/data"
                    + (f" --threads {threads.pop()}" if len(threads) == 1 else "")]
         folders = ",".join([f"WORK/data/{n}" for n, _ in made] + other)
-    init = f" --init {c['init']}" if c.get("init") else ""
-    init += f" --num-layers {c['num_layers']}" if c.get("num_layers", 1) != 1 else ""  # (with --init: grown)
+    start = f" --init {c['init']}" if c.get("init") else ""
+    start += f" --num-layers {c['num_layers']}" if c.get("num_layers", 1) != 1 else ""  # with --init: grown to it
     return answers + [f"python -m mirror_core.train.feature_distill --answers {folders} --heldout WORK/heldout "
-                      f"--work WORK{init} --out assets/smollm2_pair --minutes {c['minutes']:.0f} --lr {c['lr']} "
+                      f"--work WORK{start} --out assets/smollm2_pair --minutes {c['minutes']:.0f} --lr {c['lr']} "
                       f"--exit-epochs {c['exit_epochs']} --candidate-epochs {c['candidate_epochs']} "
                       f"--threads {run['threads']}"]
 
