@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
 
             if args.name not in REGISTRY:
                 raise MirrorError(f"unknown model {args.name!r}; registry: {', '.join(REGISTRY)}")
-            print(prepare(REGISTRY[args.name], lambda line: print(line, file=sys.stderr, flush=True)))
+            print(prepare(REGISTRY[args.name], lambda line: print(line, file=sys.stderr, flush=True), add_gguf=True))
             return 0
         return generate(args) if args.command == "generate" else bench(args)
     except MirrorError as exc:

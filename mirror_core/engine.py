@@ -37,7 +37,9 @@ from .latency import SpecChoice, StepCosts, choose_spec
 from .metrics import RunSummary
 from .models.exit_head import ExitHead, find_exit_head
 from .models.feature_draft import feature_draft_config, is_feature_draft
+from .models.gguf_blocks import read_blocks
 from .models.loading import ModelSpec, encode_text, load_config, load_model, load_tokenizer, local_folder, shared_vocab_size
+from .models.prepared import find_gguf
 from .models.profile import load_profile
 from .models.vocab import load_vocab_map
 from .records import UNCHECKED, Calibration, ExitHeadInfo, Roofline, RowCheck, WholeMachine
@@ -351,11 +353,18 @@ def _load_target(target: str, draft: str | None, lanes: LaneConfig, trust_remote
         raise MirrorError("the fast runner keeps a model on one device; a target spread over "
                           f"{', '.join(lanes.target_devices)} runs on the generic runner (--runner auto or hf)")
     head = _exit_head(lanes.exit_head, draft, model)
-    runner = build_runner(model, vocab, "hf" if lanes.target_devices else lanes.runner, exit_head=head,
-                          kernel=lanes.kernel if lanes.target_device == "cpu" else "torch")
+    kernel = lanes.kernel if lanes.target_device == "cpu" else "torch"
+    runner = build_runner(model, vocab, "hf" if lanes.target_devices else lanes.runner, exit_head=head, kernel=kernel,
+                          blocks=_gguf_blocks(target, model.config) if kernel != "torch" else None)
     info = None if head is None else ExitHeadInfo(
         head.layer, int(head.ids.numel()), lanes.exit_head if lanes.exit_head != "auto" else local_folder(draft))
     return _LoadedTarget(model, runner, _eos_ids(model), info)
+
+
+def _gguf_blocks(target: str, config) -> dict | None:
+    """The target's own GGUF blocks where its folder keeps the GGUF it was prepared from (models/gguf_blocks.py)."""
+    path = find_gguf(local_folder(target))
+    return None if path is None else read_blocks(path, config)
 
 
 def _time_target(runner, vocab: int, lanes: LaneConfig, config) -> _TargetTiming:

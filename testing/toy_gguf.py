@@ -27,9 +27,12 @@ def _byte_symbols() -> list[str]:
     return [chr(c) for _, c in sorted(zip(bs, cs))]
 
 
-def write_tiny_gguf(path: str, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2, seed: int = 0) -> int:
-    """Write the checkpoint to `path`; returns its vocabulary size."""
+def write_tiny_gguf(path: str, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2, seed: int = 0,
+                    quantised: bool = False) -> int:
+    """Write the checkpoint to `path`; returns its vocabulary size. quantised: the layers' linear maps as Q4_1 blocks
+    and the (tied) embedding as Q8_0, as the default target's own GGUF stores them."""
     import gguf
+    from gguf import GGMLQuantizationType as Q
 
     merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"]
     tokens = list(SPECIALS) + _byte_symbols() + [m.replace(" ", "") for m in merges]
@@ -58,17 +61,23 @@ def write_tiny_gguf(path: str, layers: int = 2, hidden: int = 64, heads: int = 4
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_chat_template(CHAT_TEMPLATE)
-    writer.add_tensor("token_embd.weight", w(vocab, hidden))
+    def add(name: str, value: np.ndarray, kind=None) -> None:
+        if quantised and kind is not None:
+            writer.add_tensor(name, gguf.quants.quantize(value, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(name, value)
+
+    add("token_embd.weight", w(vocab, hidden), Q.Q8_0)
     for i in range(layers):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", 1 + w(hidden))
-        writer.add_tensor(f"blk.{i}.attn_q.weight", w(hidden, hidden))
-        writer.add_tensor(f"blk.{i}.attn_k.weight", w(kv_heads * head_dim, hidden))
-        writer.add_tensor(f"blk.{i}.attn_v.weight", w(kv_heads * head_dim, hidden))
-        writer.add_tensor(f"blk.{i}.attn_output.weight", w(hidden, hidden))
+        add(f"blk.{i}.attn_q.weight", w(hidden, hidden), Q.Q4_1)
+        add(f"blk.{i}.attn_k.weight", w(kv_heads * head_dim, hidden), Q.Q4_1)
+        add(f"blk.{i}.attn_v.weight", w(kv_heads * head_dim, hidden), Q.Q4_1)
+        add(f"blk.{i}.attn_output.weight", w(hidden, hidden), Q.Q4_1)
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", 1 + w(hidden))
-        writer.add_tensor(f"blk.{i}.ffn_gate.weight", w(ffn, hidden))
-        writer.add_tensor(f"blk.{i}.ffn_up.weight", w(ffn, hidden))
-        writer.add_tensor(f"blk.{i}.ffn_down.weight", w(hidden, ffn))
+        add(f"blk.{i}.ffn_gate.weight", w(ffn, hidden), Q.Q4_1)
+        add(f"blk.{i}.ffn_up.weight", w(ffn, hidden), Q.Q4_1)
+        add(f"blk.{i}.ffn_down.weight", w(hidden, ffn), Q.Q4_1)
     writer.add_tensor("output_norm.weight", 1 + w(hidden))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

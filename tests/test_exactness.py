@@ -53,7 +53,7 @@ class Unfixable(FastLlamaRunner):
 
 
 def _load(monkeypatch, runner_cls, target, draft=None, **attrs):
-    def build(model, vocab, choice="auto", exit_head=None, kernel="auto"):  # torch matmul: another CPU's kernels
+    def build(model, vocab, choice="auto", exit_head=None, kernel="auto", blocks=None):  # torch matmul: another CPU's kernels
         runner = runner_cls(model, vocab, exit_head=exit_head)
         for k, v in attrs.items():
             setattr(runner, k, v)

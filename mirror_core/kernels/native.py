@@ -6,6 +6,15 @@ AR step (1 row) and a window (γ + 1 rows), and the exact plan that repairs it (
 cost several steps. This kernel gives every row the same float32 chain whatever the call's size (small_rows.cpp's
 header says how), and streams the weights once per call, so a window of a few rows costs about one step.
 
+Weights may also stay in a GGUF file's own blocks (q4_1, q8_0: models/gguf_blocks.py's BlockWeights, checked here
+field by field before they are packed): they are dequantised in registers
+to exactly the float32 weights gguf's dequantisation gives, so such a map computes the float32 format's function
+bit for bit while it reads 5 (q4_1) or 8.5 (q8_0) bits a weight instead of 32.
+
+Threads: `set_threads(n)` gives the calling thread a pool of n kernel threads (it and n − 1 workers, which inherit
+its CPU affinity); its later calls split their output columns (and a layer its attention heads) between them.
+Every output stays one thread's one chain, so the bits do not depend on n.
+
 Variants, by the CPU's flags (the best one this CPU runs is the default; tests force the others):
     avx512_bf16   AVX-512 with bf16 dot products (bfloat16 weights: one vdpbf16ps per pair of k)
     avx512        AVX-512 (F, BW, VL) with FMA and F16C
@@ -21,6 +30,7 @@ import hashlib
 import os
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -30,7 +40,7 @@ from .. import machine
 
 SOURCE = os.path.join(os.path.dirname(__file__), "small_rows.cpp")
 FORMATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # weight formats by name
-_BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-ffp-contract=off")
+_BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c++20", "-fno-math-errno", "-ffp-contract=off")
 VARIANTS = {  # name → (CPU flags it needs, compiler flags)
     "avx512_bf16": (("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma", "f16c"),
                     ("-DMSD_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mf16c")),
@@ -41,6 +51,8 @@ VARIANTS = {  # name → (CPU flags it needs, compiler flags)
 VARIANT_CODES = {4: "avx512_bf16", 3: "avx512", 2: "avx2"}
 BUILD_TIMEOUT_S = 120
 ALIGN = 64  # bytes: packed panels are read with aligned vector loads
+HUGE_PAGE = 2 << 20  # bytes: packed weights of at least this size start on a 2 MB boundary and ask for 2 MB pages
+BLOCK_FORMATS = {"q4_1": 3, "q8_0": 4}  # GGUF block storages the kernel streams, by small_rows.cpp's format code
 
 
 class KernelError(RuntimeError):
@@ -114,6 +126,17 @@ class Library:
     def fn(self, name: str):
         return getattr(self.dll, name)
 
+    def set_threads(self, threads: int) -> None:
+        """The calling thread's kernel calls run on `threads` threads from now on (this thread and threads − 1
+        workers that inherit its CPU affinity; idle workers sleep)."""
+        if self.dll.msd_set_threads(int(threads)):
+            raise ValueError(f"kernel threads must be in 1..64, got {threads}")
+
+    @property
+    def threads(self) -> int:
+        """The calling thread's kernel threads (1 until set_threads)."""
+        return self.dll.msd_threads()
+
 
 def _load(build: Build) -> Library:
     dll = ctypes.CDLL(build.path)
@@ -121,7 +144,18 @@ def _load(build: Build) -> Library:
         pack, run = getattr(dll, f"msd_pack_{fmt}"), getattr(dll, f"msd_linear_{fmt}")
         pack.argtypes, pack.restype = [_P, _I64, _I64, _I64, _P], ctypes.c_int
         run.argtypes, run.restype = [_P, _I64, _I64, _I64, _P, _I64, _P, _I64], ctypes.c_int
-    dll.msd_variant.restype = dll.msd_panel.restype = ctypes.c_int
+    for fmt in BLOCK_FORMATS:
+        run = getattr(dll, f"msd_linear_{fmt}")
+        run.argtypes, run.restype = [_P, _I64, _I64, _I64, _P, _I64, _P, _I64], ctypes.c_int
+    dll.msd_pack_q4_1.argtypes, dll.msd_pack_q4_1.restype = [_P, _P, _P, _I64, _I64, _P], ctypes.c_int
+    dll.msd_pack_q8_0.argtypes, dll.msd_pack_q8_0.restype = [_P, _P, _I64, _I64, _P], ctypes.c_int
+    dll.msd_variant.restype = dll.msd_panel.restype = dll.msd_threads.restype = dll.msd_qk.restype = ctypes.c_int
+    dll.msd_set_threads.argtypes, dll.msd_set_threads.restype = [ctypes.c_int], ctypes.c_int
+    dll.msd_block_bytes.argtypes, dll.msd_block_bytes.restype = [ctypes.c_int], _I64
+    dll.msd_advise_huge.argtypes, dll.msd_advise_huge.restype = [_P, _I64], ctypes.c_int
+    dll.msd_layer_size.restype = _I64
+    if dll.msd_layer_size() != ctypes.sizeof(_LayerSpec):
+        raise OSError(f"{build.path}: msd_layer is {dll.msd_layer_size()} bytes, _LayerSpec {ctypes.sizeof(_LayerSpec)}")
     dll.msd_stream_read.argtypes, dll.msd_stream_read.restype = [_P, _I64], ctypes.c_double
     dll.msd_layer_forward.argtypes = [ctypes.POINTER(_LayerSpec), _P, _I64, _P, _P, _P, _P, _I64, _I64]
     dll.msd_layer_forward.restype = ctypes.c_int
@@ -189,10 +223,31 @@ def library(variant: str | None = None) -> Library | None:
         _failures[str(variant)] = "no C++ compiler found (g++, c++ or clang++; set $CXX)"
         return None
     try:
-        return _load(_build(name, cxx))
+        lib = _load(_build(name, cxx))
     except (OSError, subprocess.SubprocessError) as e:
         _failures[str(variant)] = f"the kernel could not be built or loaded: {e}"
         return None
+    _loaded.append(lib)
+    lib.set_threads(kernel_threads())
+    return lib
+
+
+_loaded: list[Library] = []  # every library loaded in this process (set_kernel_threads reaches each)
+
+
+def set_kernel_threads(threads: int) -> None:
+    """The calling thread's kernel threads in every loaded library and in those loaded later from this thread."""
+    _wanted.threads = threads
+    for lib in _loaded:
+        lib.set_threads(threads)
+
+
+def kernel_threads() -> int:
+    """The calling thread's kernel threads (set_kernel_threads; 1 by default)."""
+    return getattr(_wanted, "threads", 1)
+
+
+_wanted = threading.local()
 
 
 def unavailable(variant: str | None = None) -> str:
@@ -201,22 +256,49 @@ def unavailable(variant: str | None = None) -> str:
 
 
 # -- packed weights ---------------------------------------------------------------------------------------------
-def _aligned_zeros(count: int, dtype: torch.dtype) -> torch.Tensor:
-    """A zero tensor of `count` elements whose data starts on an ALIGN-byte boundary."""
+def _aligned_zeros(count: int, dtype: torch.dtype, huge: Library | None = None) -> torch.Tensor:
+    """A zero tensor of `count` elements whose data starts on an ALIGN-byte boundary; with `huge` (a library) and at
+    least HUGE_PAGE bytes, on a 2 MB boundary with 2 MB pages asked for before the memory is first written."""
     item = torch.empty((), dtype=dtype).element_size()
-    raw = torch.zeros(count + ALIGN // item, dtype=dtype)
-    skip = (-raw.data_ptr() % ALIGN) // item
-    return raw[skip: skip + count]
+    if huge is None or count * item < HUGE_PAGE:
+        raw = torch.zeros(count + ALIGN // item, dtype=dtype)
+        skip = (-raw.data_ptr() % ALIGN) // item
+        return raw[skip: skip + count]
+    raw = torch.empty(count * item + 2 * HUGE_PAGE, dtype=torch.uint8)  # untouched pages until zeroed below
+    skip = -raw.data_ptr() % HUGE_PAGE
+    span = -(-count * item // HUGE_PAGE) * HUGE_PAGE
+    huge.dll.msd_advise_huge(raw.data_ptr() + skip, span)  # a refusal only costs speed
+    return raw[skip: skip + count * item].zero_().view(dtype)
+
+
+def _check_blocks(b, qk: int) -> None:
+    """GGUF blocks as the packer reads them: kind q4_1 or q8_0; d [N, K/qk] float16; q [N, K/qk, qk] uint8 with
+    values 0..15 (q4_1) or int8 (q8_0); m like d (q4_1 only); all on the CPU."""
+    want = {"q4_1": torch.uint8, "q8_0": torch.int8}.get(getattr(b, "kind", None))
+    d, q, m = getattr(b, "d", None), getattr(b, "q", None), getattr(b, "m", None)
+    tensors = all(isinstance(t, torch.Tensor) and t.is_cpu for t in (d, q) + ((m,) if want == torch.uint8 else ()))
+    ok = (want is not None and tensors and d.dim() == 2 and d.dtype == torch.float16 and q.dtype == want
+          and tuple(q.shape) == (*d.shape, qk)
+          and (m is None if want == torch.int8 else (m.dtype == torch.float16 and m.shape == d.shape)))
+    if not ok:
+        raise ValueError(f"GGUF blocks must be q4_1 or q8_0 with d [N, K/{qk}] float16, q [N, K/{qk}, {qk}] and, for "
+                         f"q4_1, m like d; got {getattr(b, 'kind', b)!r}")
+    if want == torch.uint8 and q.numel() and int(q.max()) > 15:
+        raise ValueError("q4_1 values must lie in 0..15")
 
 
 _PACK = {"float32": ("f32", torch.float32, 1), "float16": ("f16", torch.int16, 1), "bfloat16": ("bf16", torch.int32, 2)}
+_FORMAT_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
 class PackedLinear:
     """W [K, N] packed for the kernel in one format; calling it computes x [..., K] float32 → [..., N] float32,
-    every row by the same chain whatever the number of rows (small_rows.cpp)."""
+    every row by the same chain whatever the number of rows (small_rows.cpp).
 
-    def __init__(self, w: torch.Tensor, fmt: str, lib: Library):
+    With `blocks` (W's own GGUF blocks, checked to dequantise to exactly w), a float32 map is stored as those blocks:
+    the same function as the float32 pack, bit for bit, at the blocks' bytes."""
+
+    def __init__(self, w: torch.Tensor, fmt: str, lib: Library, blocks=None):
         if fmt not in _PACK:
             raise ValueError(f"unknown weight format {fmt!r} (known: {', '.join(_PACK)})")
         if w.dim() != 2 or w.device.type != "cpu" or not w.dtype.is_floating_point:
@@ -224,16 +306,45 @@ class PackedLinear:
                              f"{w.dtype} on {w.device}")
         self.format, self.lib = fmt, lib
         self.k, self.n = int(w.shape[0]), int(w.shape[1])
-        suffix, store, per = _PACK[fmt]
+        self.storage = fmt if blocks is None else blocks.kind  # what one call streams: a format or a block format
         panel = lib.dll.msd_panel()
         panels = -(-self.n // panel)
-        rows = -(-self.k // per)  # k (float32/float16) or k pairs (bfloat16)
-        src = w.detach().to(torch.float32).contiguous()
-        self.data = _aligned_zeros(panels * rows * panel, store)
-        if lib.fn(f"msd_pack_{suffix}")(src.data_ptr(), self.k, self.n, src.stride(0), self.data.data_ptr()):
-            raise KernelError(f"packing a {self.k}x{self.n} weight was refused")
-        self._run = lib.fn(f"msd_linear_{suffix}")
+        if blocks is not None:
+            self._pack_blocks(w, blocks, panels)
+        else:
+            suffix, store, per = _PACK[fmt]
+            rows = -(-self.k // per)  # k (float32/float16) or k pairs (bfloat16)
+            src = w.detach().to(torch.float32).contiguous()
+            self.data = _aligned_zeros(panels * rows * panel, store, huge=lib)
+            if lib.fn(f"msd_pack_{suffix}")(src.data_ptr(), self.k, self.n, src.stride(0), self.data.data_ptr()):
+                raise KernelError(f"packing a {self.k}x{self.n} weight was refused")
+        self.code = BLOCK_FORMATS.get(self.storage, _FORMAT_CODES[fmt])  # small_rows.cpp's format code
+        self._run = lib.fn(f"msd_linear_{_PACK[fmt][0] if blocks is None else blocks.kind}")
         self._data_ptr = self.data.data_ptr()
+
+    def _pack_blocks(self, w: torch.Tensor, blocks, panels: int) -> None:
+        qk = self.lib.dll.msd_qk()  # k per block, as small_rows.cpp packs them
+        _check_blocks(blocks, qk)
+        if self.format != "float32":
+            raise ValueError(f"GGUF blocks dequantise to float32 weights; they cannot be packed as {self.format}")
+        if blocks.shape != (self.n, self.k):
+            raise ValueError(f"{blocks.kind} blocks of shape {blocks.shape} for a {self.k}x{self.n} weight (want "
+                             f"{(self.n, self.k)})")
+        same = torch.equal(blocks.dequantize().view(torch.int32), w.detach().t().contiguous().view(torch.int32))
+        if w.dtype != torch.float32 or not same:
+            raise ValueError(f"these {blocks.kind} blocks do not dequantise to this weight bit for bit")
+        d = blocks.d.contiguous().view(torch.int16)
+        q = blocks.q.contiguous()
+        self.data = _aligned_zeros(panels * (self.k // qk) * self.lib.dll.msd_block_bytes(BLOCK_FORMATS[blocks.kind]),
+                                   torch.uint8, huge=self.lib)
+        if blocks.kind == "q4_1":
+            m = blocks.m.contiguous().view(torch.int16)
+            bad = self.lib.dll.msd_pack_q4_1(d.data_ptr(), m.data_ptr(), q.data_ptr(), self.k, self.n,
+                                             self.data.data_ptr())
+        else:
+            bad = self.lib.dll.msd_pack_q8_0(d.data_ptr(), q.data_ptr(), self.k, self.n, self.data.data_ptr())
+        if bad:
+            raise KernelError(f"packing {blocks.kind} blocks of a {self.k}x{self.n} weight was refused")
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -266,12 +377,9 @@ class PackedLinear:
 
 
 # -- a whole decoder layer ------------------------------------------------------------------------------------
-_FORMAT_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
-
-
 class _LayerSpec(ctypes.Structure):  # small_rows.cpp's msd_layer, field for field
     _fields_ = [("hidden", _I64), ("heads", _I64), ("kv_heads", _I64), ("head_dim", _I64), ("inter", _I64),
-                ("fmt", ctypes.c_int32), ("eps", ctypes.c_float), ("scale", ctypes.c_float),
+                ("fmt", ctypes.c_int32 * 4), ("eps", ctypes.c_float), ("scale", ctypes.c_float),
                 ("ln1", _P), ("ln2", _P), ("w_qkv", _P), ("b_qkv", _P), ("q_norm", _P), ("k_norm", _P),
                 ("w_o", _P), ("w_gate_up", _P), ("w_down", _P)]
 
@@ -311,7 +419,8 @@ class NativeLayer:
             raise ValueError("q_norm and k_norm come together")
         ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
         ln1_, ln2_, b_, qn_, kn_ = self._keep[:5]
-        self._spec = _LayerSpec(h, heads, kv_heads, head_dim, i, _FORMAT_CODES[qkv.format], float(eps),
+        codes = (ctypes.c_int32 * 4)(qkv.code, o.code, gate_up.code, down.code)
+        self._spec = _LayerSpec(h, heads, kv_heads, head_dim, i, codes, float(eps),
                                 float(head_dim ** -0.5), ptr(ln1_), ptr(ln2_), qkv.data.data_ptr(), ptr(b_),
                                 ptr(qn_), ptr(kn_), o.data.data_ptr(), gate_up.data.data_ptr(), down.data.data_ptr())
         self._run = lib.fn("msd_layer_forward")

@@ -11,11 +11,20 @@
 //
 // Formats (the weights' bytes; accumulation is always float32):
 //   f32   float32 weights, float32 x: one FMA per (row, k, column).
+//   q4_1, q8_0   GGUF's own blocks (32 consecutive k of one column share a float16 scale d, and for q4_1 a float16
+//         minimum m), streamed as they are and dequantised in registers to float32 with gguf's arithmetic:
+//         q4_1 w = fp32(d)·q + fp32(m) (q in 0..15), q8_0 w = fp32(d)·q (q in −128..127). fp32(d)·q is exact in
+//         float32 (11 by 8 significant bits), so w = fma(d, q, m) rounds once, as gguf's `d * q + m` does: w is bit
+//         for bit the float32 weight gguf's dequantisation gives, and the chain below is then f32's, term for term.
+//         A model stored in these blocks computes exactly what its dequantised float32 copy computes under f32.
 //   f16   float16 weights widened exactly to float32 (F16C), float32 x: the same chain as f32.
 //   bf16  bfloat16 weights, x rounded to bfloat16 (round to nearest even, as torch's .to(torch.bfloat16)):
 //         with AVX512-BF16 one dot-product instruction per pair of k (vdpbf16ps: acc += x[2i]·w[2i] + x[2i+1]·w[2i+1]),
 //         else both widened exactly to float32 and two FMAs (k even, then k odd). The two variants round differently
 //         from each other; each is the same function for every M.
+// Threads: a calling thread may own a pool (msd_set_threads); a call then splits its panels (and a layer its
+// attention heads) between the pool's threads in contiguous ranges. Each output is still one thread's one chain, so
+// the result is the same bits for any thread count. Idle workers spin briefly, then sleep on a futex.
 // Built once per machine by mirror_core/kernels/native.py with one of: -DMSD_AVX512 (with or without
 // -mavx512bf16) or -DMSD_AVX2; the Python side checks dtype, shape, strides and alignment before every call.
 #include <immintrin.h>
@@ -23,6 +32,10 @@
 #include <math.h>
 #include <string.h>
 #include <vector>
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <sys/mman.h>
 
 namespace {
 
@@ -167,18 +180,162 @@ static void block_bf16(const uint32_t* xp, int64_t xs, const uint32_t* w, int64_
 }
 #endif
 
-// Every panel once; within a panel, the rows GROUP at a time (the panel stays in L1/L2 for the next group).
-template <typename X, typename W>
-static void run_panels(const Block<X, W>* blocks, const X* x, int64_t m, int64_t xs, const W* w, int64_t kk, int64_t panel_elems,
-                       float* y, int64_t ys, int64_t n) {
-    int64_t panels = (n + PANEL - 1) / PANEL;
-    for (int64_t p = 0; p < panels; p++) {
-        const W* wp = w + p * panel_elems;
-        for (int64_t r0 = 0; r0 < m; r0 += GROUP) {
-            int64_t rows = m - r0 < GROUP ? m - r0 : GROUP;
-            blocks[rows - 1](x + r0 * xs, xs, wp, kk, y + r0 * ys, ys, p * PANEL, n);
+// GGUF blocks: per panel and block of 32 k, the panel's 32 scales (and minima) as float16, then the 32 k's values,
+// one row of 32 columns each. q4_1: byte j of a row holds column j in its low nibble and column j + 16 in its high.
+constexpr int64_t QK = 32;                                   // k per block (GGUF's QK4_1 and QK8_0)
+constexpr int64_t Q4_1_BYTES = 2 * PANEL * 2 + QK * PANEL / 2;  // 640: d[32], m[32], 32 rows of 16 bytes
+constexpr int64_t Q8_0_BYTES = PANEL * 2 + QK * PANEL;           // 1088: d[32], 32 rows of 32 int8
+constexpr int64_t PREFETCH = 4096;                           // bytes ahead of the block being read
+
+#if defined(MSD_AVX512)
+static inline void q4_1_row(const uint8_t* q, const vf d[NV], const vf m[NV], vf w[NV]) {
+    __m512i v = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i*)q));                 // 16 bytes → 16 lanes
+    w[0] = vfma(d[0], _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))), m[0]);  // columns 0..15
+    w[1] = vfma(d[1], _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), m[1]);                     // columns 16..31
+}
+static inline void q8_0_row(const uint8_t* q, const vf d[NV], vf w[NV]) {
+    __m256i v = _mm256_load_si256((const __m256i*)q);
+    w[0] = vmul(d[0], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v))));
+    w[1] = vmul(d[1], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1))));
+}
+#else
+static inline void q4_1_row(const uint8_t* q, const vf d[NV], const vf m[NV], vf w[NV]) {
+    __m128i b = _mm_load_si128((const __m128i*)q);
+    __m256i a = _mm256_cvtepu8_epi32(b), c = _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8));   // bytes 0..7, 8..15
+    __m256i lo = _mm256_set1_epi32(15);
+    w[0] = vfma(d[0], _mm256_cvtepi32_ps(_mm256_and_si256(a, lo)), m[0]);                // columns 0..7
+    w[1] = vfma(d[1], _mm256_cvtepi32_ps(_mm256_and_si256(c, lo)), m[1]);                // 8..15
+    w[2] = vfma(d[2], _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), m[2]);                // 16..23
+    w[3] = vfma(d[3], _mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4)), m[3]);                // 24..31
+}
+static inline void q8_0_row(const uint8_t* q, const vf d[NV], vf w[NV]) {
+    for (int v = 0; v < NV; v++)
+        w[v] = vmul(d[v], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(q + v * VEC)))));
+}
+#endif
+
+// R rows against one panel of q4_1 (MIN) or q8_0 blocks; kb blocks of QK k each. The dequantised weight of each k is
+// made once and used by every row, so R rows cost one dequantisation and R FMAs per weight vector.
+template <int R, bool MIN>
+static void block_gguf(const float* x, int64_t xs, const uint8_t* w, int64_t kb, float* y, int64_t ys, int64_t col0, int64_t n) {
+    constexpr int64_t BYTES = MIN ? Q4_1_BYTES : Q8_0_BYTES, ROW = MIN ? PANEL / 2 : PANEL;
+    vf acc[R][NV];
+    for (int r = 0; r < R; r++) for (int v = 0; v < NV; v++) acc[r][v] = vzero();
+    for (int64_t b = 0; b < kb; b++) {
+        const uint8_t* blk = w + b * BYTES;
+        vf d[NV], m[NV];
+        for (int v = 0; v < NV; v++) {
+            d[v] = vload_f16((const uint16_t*)blk + v * VEC);
+            m[v] = MIN ? vload_f16((const uint16_t*)blk + PANEL + v * VEC) : vzero();
+        }
+        const uint8_t* q = blk + (MIN ? 2 : 1) * PANEL * 2;
+        for (int64_t i = 0; i < QK; i++) {
+            if (i * 64 < BYTES) _mm_prefetch((const char*)blk + PREFETCH + i * 64, _MM_HINT_T0);
+            vf wv[NV];
+            if (MIN) q4_1_row(q + i * ROW, d, m, wv); else q8_0_row(q + i * ROW, d, wv);
+            const float* xk = x + b * QK + i;
+            for (int r = 0; r < R; r++) {
+                vf bx = vbcast(xk[r * xs]);
+                for (int v = 0; v < NV; v++) acc[r][v] = vfma(bx, wv[v], acc[r][v]);
+            }
         }
     }
+    store_block(y, ys, R, acc, col0, n);
+}
+
+// -- the calling thread's pool: workers that run a job's share and sleep when idle ------------------------------
+constexpr int MAX_THREADS = 64;
+constexpr auto SPIN = std::chrono::microseconds(100);  // an idle worker spins this long before it sleeps
+
+struct Pool {
+    using Fn = void (*)(void*, int);
+    std::vector<std::thread> workers;
+    std::atomic<uint32_t> gen{0};     // bumped once per job
+    std::atomic<int> sleepers{0};     // workers asleep on gen (a job wakes them only when some are)
+    std::atomic<int> pending{0};      // workers yet to finish the current job
+    std::atomic<bool> quit{false};
+    Fn fn = nullptr;
+    void* ctx = nullptr;
+    int active = 1;                   // threads a job uses, the caller included
+
+    void work(int tid, uint32_t seen) {  // seen: the job count when this worker was made (it runs only later jobs)
+        for (;;) {
+            auto t0 = std::chrono::steady_clock::now();
+            uint32_t g;
+            for (int spins = 0; (g = gen.load(std::memory_order_acquire)) == seen; spins++) {
+                _mm_pause();
+                if ((spins & 255) == 255 && std::chrono::steady_clock::now() - t0 > SPIN) {
+                    sleepers.fetch_add(1);
+                    gen.wait(seen);
+                    sleepers.fetch_sub(1);
+                    t0 = std::chrono::steady_clock::now();
+                }
+            }
+            seen = g;
+            if (quit.load(std::memory_order_acquire)) return;
+            if (tid < active) fn(ctx, tid);
+            pending.fetch_sub(1, std::memory_order_release);
+        }
+    }
+
+    void run(Fn f, void* c, int threads) {  // f(c, tid) for tid 0..threads−1; tid 0 on the calling thread
+        fn = f, ctx = c, active = threads;
+        pending.store((int)workers.size(), std::memory_order_relaxed);
+        gen.fetch_add(1);
+        if (sleepers.load() > 0) gen.notify_all();
+        f(c, 0);
+        while (pending.load(std::memory_order_acquire) != 0) _mm_pause();
+    }
+
+    void resize(int threads) {  // threads − 1 workers (kept when fewer are asked for later: they sleep)
+        active = threads;
+        while ((int)workers.size() < threads - 1) {
+            int tid = (int)workers.size() + 1;
+            uint32_t now = gen.load();
+            workers.emplace_back([this, tid, now] { work(tid, now); });
+        }
+    }
+
+    ~Pool() {
+        quit.store(true, std::memory_order_release);
+        pending.store((int)workers.size());
+        gen.fetch_add(1);
+        gen.notify_all();
+        for (auto& t : workers) t.join();
+    }
+};
+
+thread_local Pool tl_pool;
+
+// f(lo, hi, tid) over [0, units) split into the calling thread's pool's contiguous shares (on this thread alone when the
+// pool has one thread or there is one unit).
+template <typename F>
+static void parallel_for(int64_t units, F&& f) {
+    int threads = (int)(tl_pool.active < units ? tl_pool.active : units);
+    if (threads <= 1) { f((int64_t)0, units, 0); return; }
+    struct Ctx { F* f; int64_t units; int threads; } ctx{&f, units, threads};
+    tl_pool.run([](void* c, int tid) {
+        auto* k = (Ctx*)c;
+        int64_t lo = k->units * tid / k->threads, hi = k->units * (tid + 1) / k->threads;
+        if (lo < hi) (*k->f)(lo, hi, tid);
+    }, &ctx, threads);
+}
+
+// Every panel once, the panels split between the pool's threads; within a panel, the rows GROUP at a time (the panel
+// stays in L1/L2 for the next group). panel_bytes: one panel's packed bytes.
+template <typename X, typename W>
+static void run_panels(const Block<X, W>* blocks, const X* x, int64_t m, int64_t xs, const W* w, int64_t kk, int64_t panel_bytes,
+                       float* y, int64_t ys, int64_t n) {
+    int64_t panels = (n + PANEL - 1) / PANEL;
+    parallel_for(panels, [&](int64_t first, int64_t last, int) {
+        for (int64_t p = first; p < last; p++) {
+            const W* wp = (const W*)((const uint8_t*)w + p * panel_bytes);
+            for (int64_t r0 = 0; r0 < m; r0 += GROUP) {
+                int64_t rows = m - r0 < GROUP ? m - r0 : GROUP;
+                blocks[rows - 1](x + r0 * xs, xs, wp, kk, y + r0 * ys, ys, p * PANEL, n);
+            }
+        }
+    });
 }
 
 // The register blocks by row count: BLOCKS[R − 1] computes R rows (Block: x, its row stride, a panel, K, y, its
@@ -192,6 +349,8 @@ static void run_panels(const Block<X, W>* blocks, const X* x, int64_t m, int64_t
 static const Block<float, float> F32[GROUP] = MSD_BLOCKS(block_fma, float);
 static const Block<float, uint16_t> F16[GROUP] = MSD_BLOCKS(block_fma, uint16_t);
 static const Block<uint32_t, uint32_t> BF16[GROUP] = MSD_BLOCKS(block_bf16);
+static const Block<float, uint8_t> Q4_1[GROUP] = MSD_BLOCKS(block_gguf, true);
+static const Block<float, uint8_t> Q8_0[GROUP] = MSD_BLOCKS(block_gguf, false);
 
 static inline uint16_t to_bf16(float f) {  // round to nearest even; a NaN stays a (quiet) NaN
     uint32_t u;
@@ -261,6 +420,31 @@ int msd_variant(void) {
 
 int msd_panel(void) { return (int)PANEL; }
 
+int msd_qk(void) { return (int)QK; }
+
+// The packed bytes of one panel and block of 32 k in a GGUF block format (3 q4_1, 4 q8_0), or 0.
+int64_t msd_block_bytes(int fmt) { return fmt == 3 ? Q4_1_BYTES : fmt == 4 ? Q8_0_BYTES : 0; }
+
+// The calling thread's pool: later calls from this thread use `threads` threads (itself and threads − 1 workers,
+// created now with this thread's CPU affinity). Returns 0, or 1 for a count outside 1..MAX_THREADS.
+int msd_set_threads(int threads) {
+    if (threads < 1 || threads > MAX_THREADS) return 1;
+    tl_pool.resize(threads);
+    return 0;
+}
+
+int msd_threads(void) { return tl_pool.active; }
+
+// Ask the OS for 2 MB pages under [p, p + n) (p 2 MB aligned, not yet written): packed weights are read once per
+// token from end to end, and 4 KB pages cost a TLB miss every 4 KB of that stream. 0, or the OS's refusal.
+int msd_advise_huge(void* p, int64_t n) {
+#ifdef MADV_HUGEPAGE
+    return madvise(p, (size_t)n, MADV_HUGEPAGE);
+#else
+    return 1;
+#endif
+}
+
 // Packing (called once per weight). w: row-major [K, N] float32 (row stride ws). Output buffers are
 // zero-filled by the caller and 64-byte aligned: f32 panels*K*32 floats; f16 the same count of uint16 (F16C,
 // round to nearest even); bf16 panels*ceil(K/2)*32 uint32 (pairs of bf16, k even in the low half).
@@ -276,16 +460,54 @@ int msd_pack_bf16(const float* w, int64_t k, int64_t n, int64_t ws, uint32_t* ou
     return pack_panels<uint32_t, as_bf16_pair>(w, k, n, ws, out, 2);
 }
 
+// GGUF blocks of a weight W [n, k] (GGUF's own order: column j of y, its k in blocks of 32) into panels:
+// d, m [n, k/32] float16 bits, q [n, k/32, 32] the blocks' values (q4_1: 0..15; q8_0: int8), k a multiple of 32.
+// out (zero-filled, 64-byte aligned): panels·(k/32)·Q4_1_BYTES (Q8_0_BYTES) bytes; columns past n stay zero.
+int msd_pack_q4_1(const uint16_t* d, const uint16_t* m, const uint8_t* q, int64_t k, int64_t n, uint8_t* out) {
+    if (k < QK || k % QK || n < 1 || !d || !m || !q || !out) return 1;
+    const int64_t kb = k / QK, panels = (n + PANEL - 1) / PANEL;
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t b = 0; b < kb; b++) {
+            uint8_t* blk = out + (p * kb + b) * Q4_1_BYTES;
+            for (int64_t j = 0; j < PANEL && p * PANEL + j < n; j++) {
+                int64_t col = p * PANEL + j;
+                memcpy(blk + 2 * j, d + col * kb + b, 2);
+                memcpy(blk + 2 * PANEL + 2 * j, m + col * kb + b, 2);
+                for (int64_t i = 0; i < QK; i++) {
+                    uint8_t v = q[(col * kb + b) * QK + i];
+                    if (v > 15) return 1;
+                    blk[4 * PANEL + i * (PANEL / 2) + j % (PANEL / 2)] |= (uint8_t)(j < PANEL / 2 ? v : v << 4);
+                }
+            }
+        }
+    return 0;
+}
+
+int msd_pack_q8_0(const uint16_t* d, const int8_t* q, int64_t k, int64_t n, uint8_t* out) {
+    if (k < QK || k % QK || n < 1 || !d || !q || !out) return 1;
+    const int64_t kb = k / QK, panels = (n + PANEL - 1) / PANEL;
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t b = 0; b < kb; b++) {
+            uint8_t* blk = out + (p * kb + b) * Q8_0_BYTES;
+            for (int64_t j = 0; j < PANEL && p * PANEL + j < n; j++) {
+                int64_t col = p * PANEL + j;
+                memcpy(blk + 2 * j, d + col * kb + b, 2);
+                for (int64_t i = 0; i < QK; i++) blk[2 * PANEL + i * PANEL + j] = (uint8_t)q[(col * kb + b) * QK + i];
+            }
+        }
+    return 0;
+}
+
 // y[m, n] (row stride ys) = x[m, k] (row stride xs) @ packed W. Returns 0, or 1 on arguments it refuses.
 int msd_linear_f32(const float* x, int64_t m, int64_t k, int64_t xs, const float* w, int64_t n, float* y, int64_t ys) {
     if (bad(m, k, n, xs, ys, x, w, y)) return 1;
-    run_panels<float, float>(F32, x, m, xs, w, k, k * PANEL, y, ys, n);
+    run_panels<float, float>(F32, x, m, xs, w, k, k * PANEL * 4, y, ys, n);
     return 0;
 }
 
 int msd_linear_f16(const float* x, int64_t m, int64_t k, int64_t xs, const uint16_t* w, int64_t n, float* y, int64_t ys) {
     if (bad(m, k, n, xs, ys, x, w, y)) return 1;
-    run_panels<float, uint16_t>(F16, x, m, xs, w, k, k * PANEL, y, ys, n);
+    run_panels<float, uint16_t>(F16, x, m, xs, w, k, k * PANEL * 2, y, ys, n);
     return 0;
 }
 
@@ -296,10 +518,21 @@ int msd_linear_bf16(const float* x, int64_t m, int64_t k, int64_t xs, const uint
     if ((int64_t)xp.size() < m * k2) xp.resize(m * k2);
     for (int64_t r = 0; r < m; r++)
         for (int64_t i = 0; i < k2; i++) xp[r * k2 + i] = as_bf16_pair(x + r * xs + 2 * i, 1, 2 * i + 1 < k);
-    run_panels<uint32_t, uint32_t>(BF16, xp.data(), m, k2, w, k2, k2 * PANEL, y, ys, n);
+    run_panels<uint32_t, uint32_t>(BF16, xp.data(), m, k2, w, k2, k2 * PANEL * 4, y, ys, n);
     return 0;
 }
 
+int msd_linear_q4_1(const float* x, int64_t m, int64_t k, int64_t xs, const uint8_t* w, int64_t n, float* y, int64_t ys) {
+    if (bad(m, k, n, xs, ys, x, w, y) || k % QK) return 1;
+    run_panels<float, uint8_t>(Q4_1, x, m, xs, w, k / QK, k / QK * Q4_1_BYTES, y, ys, n);
+    return 0;
+}
+
+int msd_linear_q8_0(const float* x, int64_t m, int64_t k, int64_t xs, const uint8_t* w, int64_t n, float* y, int64_t ys) {
+    if (bad(m, k, n, xs, ys, x, w, y) || k % QK) return 1;
+    run_panels<float, uint8_t>(Q8_0, x, m, xs, w, k / QK, k / QK * Q8_0_BYTES, y, ys, n);
+    return 0;
+}
 
 }  // extern "C"
 
@@ -309,7 +542,8 @@ int msd_linear_bf16(const float* x, int64_t m, int64_t k, int64_t xs, const uint
 // an AR step and a window give every position the same bits without any row plan.
 struct msd_layer {
     int64_t hidden, heads, kv_heads, head_dim, inter;
-    int32_t fmt;                      // 0 float32, 1 float16, 2 bfloat16 (the packed weights' format)
+    int32_t fmt[4];                   // each map's packed format (q|k|v, o, gate|up, down): 0 float32, 1 float16,
+                                      // 2 bfloat16, 3 q4_1, 4 q8_0
     float eps, scale;                 // RMS-norm epsilon; attention's 1/sqrt(D)
     const float* ln1;                 // [H]
     const float* ln2;                 // [H]
@@ -328,6 +562,8 @@ static int linear(int32_t fmt, const float* x, int64_t m, int64_t k, const void*
     if (fmt == 0) return msd_linear_f32(x, m, k, k, (const float*)w, n, y, n);
     if (fmt == 1) return msd_linear_f16(x, m, k, k, (const uint16_t*)w, n, y, n);
     if (fmt == 2) return msd_linear_bf16(x, m, k, k, (const uint32_t*)w, n, y, n);
+    if (fmt == 3) return msd_linear_q4_1(x, m, k, k, (const uint8_t*)w, n, y, n);
+    if (fmt == 4) return msd_linear_q8_0(x, m, k, k, (const uint8_t*)w, n, y, n);
     return 1;
 }
 
@@ -430,6 +666,8 @@ extern "C" {
 // x [t, H] (in/out: the residual stream) through one layer at positions start..start+t−1; the layer's keys and
 // values are written into kc/vc [Hkv, cap, D] at those positions, and row r attends to entries 0..start+r.
 // cos/sin: [t, D]. Returns 0, or 1 on arguments it refuses.
+int64_t msd_layer_size(void) { return (int64_t)sizeof(msd_layer); }
+
 int msd_layer_forward(const msd_layer* L, float* x, int64_t t, const float* cos, const float* sin,
                       float* kc, float* vc, int64_t cap, int64_t start) {
     if (!L || !x || !cos || !sin || !kc || !vc || t < 1 || start < 0 || start + t > cap) return 1;
@@ -439,7 +677,8 @@ int msd_layer_forward(const msd_layer* L, float* x, int64_t t, const float* cos,
     // scratch: kept between calls for windows (no allocation per step); a long prefill's is freed when it returns
     thread_local std::vector<float> kept;
     std::vector<float> once;
-    size_t need = (size_t)(t * H + t * nqkv + t * nq + t * 2 * I + t * I + keys);
+    const int64_t threads = tl_pool.active;
+    size_t need = (size_t)(t * H + t * nqkv + t * nq + t * 2 * I + t * I + threads * keys);
     std::vector<float>& buf = need <= ((size_t)1 << 22) ? kept : once;
     if (buf.size() < need) buf.resize(need);
     float* xn = buf.data();            // [t, H]
@@ -447,10 +686,10 @@ int msd_layer_forward(const msd_layer* L, float* x, int64_t t, const float* cos,
     float* att = qkv + t * nqkv;       // [t, nq]
     float* gu = att + t * nq;          // [t, 2I]
     float* act = gu + t * 2 * I;       // [t, I]
-    float* w = act + t * I;            // [keys] attention weights of one row and head
+    float* w = act + t * I;            // [threads, keys] attention weights of one row and head, per thread
 
     for (int64_t r = 0; r < t; r++) rms_norm_row(x + r * H, L->ln1, H, L->eps, xn + r * H);
-    if (linear(L->fmt, xn, t, H, L->w_qkv, nqkv, qkv)) return 1;
+    if (linear(L->fmt[0], xn, t, H, L->w_qkv, nqkv, qkv)) return 1;
     for (int64_t r = 0; r < t; r++) {
         float* row = qkv + r * nqkv;
         if (L->b_qkv) for (int64_t j = 0; j < nqkv; j++) row[j] = row[j] + L->b_qkv[j];
@@ -468,21 +707,21 @@ int msd_layer_forward(const msd_layer* L, float* x, int64_t t, const float* cos,
             memcpy(vc + (g * cap + start + r) * D, row + nq + nkv + g * D, sizeof(float) * D);
         }
     }
-    for (int64_t r = 0; r < t; r++) {
-        const int64_t n = start + r + 1;  // the entries row r may see
-        for (int64_t h = 0; h < Hq; h++) {
+    parallel_for(t * Hq, [&](int64_t lo, int64_t hi, int tid) {  // (row, head) pairs split between the threads
+        float* scratch = w + tid * keys;                           // this thread's own
+        for (int64_t u = lo; u < hi; u++) {
+            const int64_t r = u / Hq, h = u % Hq, n = start + r + 1;  // row r sees entries 0..start+r
             const float* q = qkv + r * nqkv + h * D;
-            const float* kg = kc + (h / rep) * cap * D;
-            const float* vg = vc + (h / rep) * cap * D;
-            attend_row(q, kg, vg, n, D, L->scale, w, att + r * nq + h * D);
+            attend_row(q, kc + (h / rep) * cap * D, vc + (h / rep) * cap * D, n, D, L->scale, scratch,
+                       att + r * nq + h * D);
         }
-    }
-    if (linear(L->fmt, att, t, nq, L->w_o, H, xn)) return 1;                    // xn ← o_proj(att)
+    });
+    if (linear(L->fmt[1], att, t, nq, L->w_o, H, xn)) return 1;                    // xn ← o_proj(att)
     for (int64_t i = 0; i < t * H; i++) x[i] = x[i] + xn[i];
     for (int64_t r = 0; r < t; r++) rms_norm_row(x + r * H, L->ln2, H, L->eps, xn + r * H);
-    if (linear(L->fmt, xn, t, H, L->w_gate_up, 2 * I, gu)) return 1;
+    if (linear(L->fmt[2], xn, t, H, L->w_gate_up, 2 * I, gu)) return 1;
     for (int64_t r = 0; r < t; r++) silu_mul(gu + r * 2 * I, gu + r * 2 * I + I, I, act + r * I);  // silu(gate)·up
-    if (linear(L->fmt, act, t, I, L->w_down, H, xn)) return 1;
+    if (linear(L->fmt[3], act, t, I, L->w_down, H, xn)) return 1;
     for (int64_t i = 0; i < t * H; i++) x[i] = x[i] + xn[i];
     return 0;
 }

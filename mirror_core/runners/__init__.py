@@ -10,11 +10,12 @@ from __future__ import annotations
 from ..config import MirrorError
 
 
-def build_runner(model, vocab_size: int, choice: str = "auto", exit_head=None, kernel: str = "auto"):
+def build_runner(model, vocab_size: int, choice: str = "auto", exit_head=None, kernel: str = "auto", blocks=None):
     """The runner for a loaded model: Llama-family weights and our SS drafts get the fast runners
     (unless choice is "hf": the generic Hugging Face runner, or the SS model's own forward). A target's trained
     exit head (exit_head.ExitHead, or None: the logit lens) is given to its runner here, and so is the exact
-    small-row kernel (kernels/native.py; `kernel`: config.KERNEL_CHOICES) where it runs."""
+    small-row kernel (kernels/native.py; `kernel`: config.KERNEL_CHOICES) where it runs, with the model's own GGUF
+    blocks (models/gguf_blocks.py: {parameter name: BlockWeights}) for its float32 format to stream."""
     from ..models.ss_draft import SSDraftForCausalLM
     from .fast import FAST_MODEL_TYPES, FastLlamaRunner
     from .fast_ss import FastSSRunner
@@ -26,7 +27,7 @@ def build_runner(model, vocab_size: int, choice: str = "auto", exit_head=None, k
     if choice != "hf" and model.config.model_type in FAST_MODEL_TYPES:
         library = kernel_library(kernel)  # outside the try: a kernel this CPU cannot run is the user's error to see
         try:
-            return FastLlamaRunner(model, vocab_size, exit_head=exit_head, kernel=library)
+            return FastLlamaRunner(model, vocab_size, exit_head=exit_head, kernel=library, blocks=blocks)
         except ValueError as exc:  # e.g. sequence-length-dependent RoPE: the generic runner handles it
             if choice == "fast":
                 raise MirrorError(str(exc)) from None
@@ -53,3 +54,17 @@ def kernel_unavailable(choice: str = "auto") -> str:
     from ..kernels import native
 
     return "asked for: --kernel torch" if choice == "torch" else native.unavailable(None if choice == "auto" else choice)
+
+
+def set_kernel_threads(threads: int) -> None:
+    """The calling thread's exact-kernel threads (kernels/native.py), in every kernel library loaded now or later."""
+    from ..kernels import native
+
+    native.set_kernel_threads(threads)
+
+
+def kernel_threads() -> int:
+    """The calling thread's exact-kernel threads (1 unless set)."""
+    from ..kernels import native
+
+    return native.kernel_threads()

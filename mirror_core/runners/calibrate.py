@@ -288,6 +288,8 @@ def _cache_key(runner, lane: str, names: list[str], shapes: list[str], config) -
     ident = {"v": CACHE_VERSION, "cpu": cpu_model(), "torch": torch.__version__, "device": device,
              "threads": torch.get_num_threads(), "runner": type(runner).__name__, "lane": lane, "dtypes": names,
              "kernel": os.path.basename(runner.kernel.build.path) if getattr(runner, "kernel", None) else "torch",
+             "kernel_threads": runner.kernel.threads if getattr(runner, "kernel", None) else 0,
+             "storage": sorted(map(str, getattr(runner, "_blocks", {}))),
              "shapes": shapes, "prefix": PREFIX, "window": WINDOW, "branch_rows": BRANCH_ROWS,
              "config": config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]

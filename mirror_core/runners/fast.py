@@ -16,6 +16,7 @@ from ..models.ops import apply_rope, attend, attend_blocks, rms_norm, rope_table
 from ..records import RowBand, RowPlan
 from .exactness import EXACT_ROWS, RowOp, pad_rows
 from ..kernels.native import Library, NativeLayer, PackedLinear, format_name
+from ..models.gguf_blocks import BlockWeights
 from .protocol import ExitPass
 
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -93,7 +94,7 @@ class FastLlamaRunner:
     native_layers: list[NativeLayer] | None = None  # the sequence layers as the kernel runs them (with `kernel`)
 
     def __init__(self, model, vocab_size: int | None = None, capacity: int = 512, exit_head=None,
-                 kernel: Library | None = None):
+                 kernel: Library | None = None, blocks: dict[str, BlockWeights] | None = None):
         cfg = model.config
         if cfg.model_type not in FAST_MODEL_TYPES:
             raise ValueError(f"fast runner supports {FAST_MODEL_TYPES}, not {cfg.model_type!r}")
@@ -115,6 +116,9 @@ class FastLlamaRunner:
         self.max_positions = getattr(cfg, "max_position_embeddings", None)
         self.exit_head = exit_head  # an exit_head.ExitHead: the layer-ℓ_e readout instead of the final norm + LM head
         self.kernel = kernel if self.device.type == "cpu" and self.dtype == torch.float32 else None
+        # the model's own GGUF blocks (models/gguf_blocks.py), by map: the kernel's float32 format streams them
+        self._blocks = _fused_blocks(blocks or {}, cfg.num_hidden_layers, self.vocab_size) if self.kernel is not None else {}
+        self.block_note = ""  # why a map given as blocks stayed float32 ("" when none did)
         with torch.no_grad():
             self.embed = model.model.embed_tokens.weight.detach()                          # [V, H]
             self.norm = model.model.norm.weight.detach()                                   # [H]
@@ -199,22 +203,42 @@ class FastLlamaRunner:
             layers, head = self._master
             if self.kernel is not None:
                 fmt = format_name(dtype)
-                pack = lambda w: PackedLinear(w, fmt, self.kernel)  # noqa: E731
-                head = pack(head)
-            elif dtype == self.dtype:
-                pack = None
-            else:
-                pack = lambda w: w.to(dtype)  # noqa: E731
-            if pack is not None:
-                layers = [replace(layer, w_qkv=pack(layer.w_qkv), w_o=pack(layer.w_o),
-                                  w_gate_up=pack(layer.w_gate_up), w_down=pack(layer.w_down)) for layer in layers]
+                pack = lambda w, name: self._pack(w, fmt, name)  # noqa: E731
+                head = pack(head, "head")
+                layers = [replace(layer, w_qkv=pack(layer.w_qkv, (i, "qkv")), w_o=pack(layer.w_o, (i, "o")),
+                                  w_gate_up=pack(layer.w_gate_up, (i, "gate_up")), w_down=pack(layer.w_down, (i, "down")))
+                          for i, layer in enumerate(layers)]
+            elif dtype != self.dtype:
+                layers = [replace(layer, w_qkv=layer.w_qkv.to(dtype), w_o=layer.w_o.to(dtype),
+                                  w_gate_up=layer.w_gate_up.to(dtype), w_down=layer.w_down.to(dtype)) for layer in layers]
             self._weights[dtype] = (layers, head, None if self.kernel is None else [self._native(x) for x in layers])
         return self._weights[dtype]
+
+    def _pack(self, w: torch.Tensor, fmt: str, name, rows: torch.Tensor | None = None) -> PackedLinear:
+        """w [K, N] packed in `fmt`; in float32, as the model's own GGUF blocks where it has them (`rows`: a subset
+        of the map's outputs). Blocks that do not dequantise to w exactly are not used, and block_note says so."""
+        blocks = self._blocks.get(name) if fmt == "float32" else None
+        if blocks is not None:
+            try:
+                return PackedLinear(w, fmt, self.kernel, blocks=blocks if rows is None else blocks.rows(rows))
+            except ValueError as exc:
+                self.block_note = f"{name}: {exc}; streamed as float32"
+        return PackedLinear(w, fmt, self.kernel)
+
+    @property
+    def weight_storage(self) -> str:
+        """What the sequence forwards' linear maps stream: the format, or the GGUF block formats it is stored in
+        ("float32 as q4_1+q8_0")."""
+        stores = sorted({w.storage for layer in self.layers for w in (layer.w_qkv, layer.w_o, layer.w_gate_up,
+                         layer.w_down)} | {self.lm_head.storage}) if isinstance(self.lm_head, PackedLinear) else []
+        fmt = format_name(self.sequence_dtype)
+        kinds = [k for k in stores if k != fmt]
+        return fmt if not kinds else f"{fmt} as {'+'.join(stores)}"
 
     def _pack_exit_head(self, dtype: torch.dtype) -> dict:
         fmt = format_name(dtype)
         return {"adapter": PackedLinear(self.exit_head.adapter, fmt, self.kernel),
-                "head": PackedLinear(self.exit_head.w, fmt, self.kernel)}
+                "head": self._pack(self.exit_head.w, fmt, "head", rows=self.exit_head.ids)}
 
     def _native(self, layer: _Layer) -> NativeLayer:
         return NativeLayer(self.kernel, ln1=layer.ln1, ln2=layer.ln2, qkv=layer.w_qkv, b_qkv=layer.b_qkv,
@@ -457,3 +481,20 @@ class FastLlamaRunner:
         cache.v[:, :, valid: valid + br.own] = br.v[:, row, :, : br.own]
         cache.length = valid + br.own
         return cache
+
+
+def _fused_blocks(blocks: dict[str, BlockWeights], layers: int, vocab_size: int) -> dict:
+    """The runner's maps as blocks, where every part of the map has them: (i, "qkv"), (i, "o"), (i, "gate_up"),
+    (i, "down") and "head" (the LM head's first vocab_size outputs)."""
+    parts = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "o": ("self_attn.o_proj",),
+             "gate_up": ("mlp.gate_proj", "mlp.up_proj"), "down": ("mlp.down_proj",)}
+    out: dict = {}
+    for i in range(layers):
+        for name, members in parts.items():
+            found = [blocks.get(f"model.layers.{i}.{m}.weight") for m in members]
+            if all(b is not None for b in found):
+                out[(i, name)] = found[0] if len(found) == 1 else BlockWeights.cat(found)
+    head = blocks.get("lm_head.weight")
+    if head is not None:
+        out["head"] = head if head.shape[0] == vocab_size else head.rows(torch.arange(min(vocab_size, head.shape[0])))
+    return out
