@@ -12,6 +12,7 @@ from .config import (
     DEFAULT_GAMMA,
     DEFAULT_KAPPA,
     DTYPE_CHOICES,
+    SERIAL_CORES,
     KERNEL_CHOICES,
     RULES,
     LaneConfig,
@@ -109,13 +110,16 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
                    help=f"the CPU lanes' linear maps: {', '.join(KERNEL_CHOICES)}. auto (the exact small-row kernel, built with this machine's C++ "
                    "compiler on first use, where it runs; else torch's matmul under a measured row plan), torch, or one "
                    "kernel variant")
+    g.add_argument("--serial-cores", default="all", choices=SERIAL_CORES,
+                   help="where ar and sd run the target (their draft lane waits while it works): all = every core "
+                   "(the whole-machine baseline), lane = the target lane's own cores; mirror always uses the lane's")
 
 
 def lanes_from_args(args) -> LaneConfig:
     from .lanes.placement import auto_lanes
 
     return replace(auto_lanes(args.target_device, args.draft_device, args.lane, args.runner, args.dtype),
-                   exit_head=args.exit_head, kernel=args.kernel)
+                   exit_head=args.exit_head, kernel=args.kernel, serial_cores=args.serial_cores)
 
 
 def resolve_pair(args) -> None:

@@ -8,10 +8,13 @@ DECODER_NAMES = ("ar", "sd", "mirror")
 RULES = ("exact", "rejection")
 LANE_KINDS = ("process", "thread", "inline")
 FAULT_MODES = ("raise", "exit")
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # auto: each lane calibrated (runners/calibrate.py)
+# auto: each lane calibrated (runners/calibrate.py); int8: a GGUF target's blocks against int8 activations
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "int8")
 # the linear maps' kernel on a CPU: auto = the exact small-row kernel (kernels/native.py) in the best variant this
 # machine builds and runs, else torch's matmul under a measured row plan; torch = always that; a variant = only it
-KERNEL_CHOICES = ("auto", "torch", "avx512_bf16", "avx512", "avx2")
+KERNEL_CHOICES = ("auto", "torch", "avx512_vnni", "avx512_bf16", "avx512", "avx2")
+SERIAL_CORES = ("all", "lane")  # LaneConfig.serial_cores
+SERIAL_DECODERS = ("ar", "sd")  # the decoders whose draft lane (if any) waits while the target works
 RUNNER_KINDS = ("auto", "fast", "hf")  # auto: the fast runners for Llama-family weights and SS drafts, else the generic one
 MAX_NEW_TOKENS_CAP = 4096  # documented upper bound for one request
 MAX_PROMPT_CHARS = 32_000  # prompt text is refused above this many characters (before tokenizing)
@@ -181,6 +184,9 @@ class LaneConfig:
     # has one that fits the target, "none" = the target's own final norm and LM head, or a folder holding a head
     exit_head: str = "auto"
     kernel: str = "auto"  # KERNEL_CHOICES: the CPU lanes' linear-map kernel (kernels/native.py)
+    # where ar and sd run the target, whose draft lane waits while the target works: "all" = every usable core (the
+    # whole-machine baseline), "lane" = the target lane's own cores (mirror always runs on the lane's cores)
+    serial_cores: str = "all"
     fault: FaultPlan = field(default_factory=FaultPlan)  # test hook: make the draft lane fail on purpose
 
     def __post_init__(self) -> None:
@@ -188,6 +194,8 @@ class LaneConfig:
         _require(self.runner in RUNNER_KINDS, f"runner must be one of {', '.join(RUNNER_KINDS)}, got {self.runner!r}")
         _require(self.dtype in DTYPE_CHOICES, f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         _require(self.kernel in KERNEL_CHOICES, f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {self.kernel!r}")
+        _require(self.serial_cores in SERIAL_CORES, f"serial cores must be one of {', '.join(SERIAL_CORES)}, got "
+                 f"{self.serial_cores!r}")
         _require(isinstance(self.exit_head, str) and self.exit_head != "",
                  f"exit head must be auto, none or a folder, got {self.exit_head!r}")
         _require(isinstance(self.target_devices, tuple) and (not self.target_devices or (

@@ -10,6 +10,7 @@ lane (a process by default). No global state: two engines are independent.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import statistics
@@ -21,6 +22,7 @@ from . import machine
 from .config import (
     DEFAULT_GAMMA,
     DEFAULT_KAPPA,
+    SERIAL_DECODERS,
     LaneConfig,
     MirrorError,
     Request,
@@ -69,6 +71,8 @@ class PairInfo:
     spec_choice: SpecChoice | None = None    # γ, κ the latency model chose for this machine (None: no draft profile)
     whole_machine: WholeMachine | None = None  # the target's step on its lane's cores and on all of them
     roofline: Roofline | None = None         # the target's kernel, bytes per token and forward by rows vs. the roofline
+    serial_cpus: tuple[int, ...] = ()        # where ar and sd run the target (every core, LaneConfig.serial_cores);
+    #                                          () = on the target lane's own cores
 
     def default_exit_layer(self) -> int:
         """ℓ_e where a request names none: the layer a feature-reading draft reads (it can read no other), else the
@@ -166,7 +170,8 @@ class MirrorEngine:
                         draft_runner="" if lane is None else lane.runner_name, exit_head=loaded.head,
                         draft_vocab=None if pair.vmap is None else pair.vmap.size,
                         draft_features=None if pair.features is None else pair.features.feature_layer,
-                        whole_machine=timed.whole, roofline=_roofline(loaded.runner, timed.dtype, lanes.kernel))
+                        whole_machine=timed.whole, roofline=_roofline(loaded.runner, timed.dtype, lanes.kernel),
+                        serial_cpus=_serial_cpus(lanes))
         if lane is not None:  # γ, κ for this machine: the latency model at the pair's own ℓ_e
             info = replace(info, spec_choice=_choose_spec(timed.dtype, lane.calibration, load_profile(local_folder(draft)),
                                                           info.default_exit_layer() / info.num_layers))
@@ -243,26 +248,33 @@ class MirrorEngine:
                         pass
 
     def _target_lane(self) -> None:
-        """The target lane's thread: pinned once, then runs one request after another."""
-        lanes = self.info.lanes
-        with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads):
+        """The target lane's thread: pinned once, then runs one request after another (ar and sd on the cores
+        PairInfo.serial_cpus names, when it names any)."""
+        lanes, kernel = self.info.lanes, getattr(self.target, "kernel", None) is not None
+        serial = self.info.serial_cpus
+        with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads, kernel):
             while True:
                 job = self._jobs.get()
                 if job is None:
                     return
                 request, stop, out = job
+                cores = serial if serial and request.decoder in SERIAL_DECODERS else ()
                 try:
-                    run = DecodeState(request, self.target, request.spec.exit_layer, self.eos_ids, stop,
-                                      self.info.run_settings(request),
-                                      features=self.info.draft_features is not None and request.decoder != "ar")
-                    for batch in decode_events(run, self.lane):
-                        out.put(batch)
+                    with pinned(cores, len(cores), kernel) if cores else contextlib.nullcontext():
+                        self._run(request, stop, out)
                 except Exception as exc:  # never leave a consumer without a RunEnd
                     out.put([RunEnd((), RunSummary(request.spec.gamma), None, error=f"{type(exc).__name__}: {exc}")])
                 finally:
                     if self.lane is not None:
                         self.lane.drain()
                     out.put(None)
+
+    def _run(self, request: Request, stop: threading.Event, out: queue.Queue) -> None:
+        run = DecodeState(request, self.target, request.spec.exit_layer, self.eos_ids, stop,
+                          self.info.run_settings(request),
+                          features=self.info.draft_features is not None and request.decoder != "ar")
+        for batch in decode_events(run, self.lane):
+            out.put(batch)
 
     def close(self) -> None:
         self._jobs.put(None)
@@ -361,6 +373,15 @@ def _load_target(target: str, draft: str | None, lanes: LaneConfig, trust_remote
     return _LoadedTarget(model, runner, _eos_ids(model), info)
 
 
+def _serial_cpus(lanes: LaneConfig) -> tuple[int, ...]:
+    """Every usable core, where ar and sd run the target on them (LaneConfig.serial_cores "all", a CPU target lane
+    holding fewer than all of them); else () (the lane's own cores)."""
+    every = machine.usable_cpus()
+    if lanes.serial_cores != "all" or lanes.target_device != "cpu" or not lanes.target_cpus:
+        return ()
+    return every if len(every) > len(lanes.target_cpus) else ()
+
+
 def _gguf_blocks(target: str, config) -> dict | None:
     """The target's own GGUF blocks where its folder keeps the GGUF it was prepared from (models/gguf_blocks.py)."""
     path = find_gguf(local_folder(target))
@@ -370,16 +391,17 @@ def _gguf_blocks(target: str, config) -> dict | None:
 def _time_target(runner, vocab: int, lanes: LaneConfig, config) -> _TargetTiming:
     """With the target lane's threads, the kernels it will run: its dtype first, then its call-shape check; where
     the lane has some of the cores, its one-token step there and on all of them, timed alike."""
-    with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads):
+    kernel = getattr(runner, "kernel", None) is not None
+    with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads, kernel):
         dtype, rows = calibrate_target(runner, vocab, lanes.dtype, config)
     whole = None
     every = machine.usable_cpus()
     if lanes.target_device == "cpu" and lanes.target_cpus and len(every) > len(lanes.target_cpus):
         lane, whole_machine = [], []
         for _ in range(WHOLE_MACHINE_PAIRS):  # alternated, so that a drift of the machine falls on both alike
-            with pinned(lanes.target_cpus, lanes.target_threads):
+            with pinned(lanes.target_cpus, lanes.target_threads, kernel):
                 lane.append(step_ms(runner))
-            with pinned(every, len(every)):  # the whole-machine baseline's step (AR on every core)
+            with pinned(every, len(every), kernel):  # the whole-machine baseline's step (AR on every core)
                 whole_machine.append(step_ms(runner))
         whole = WholeMachine(len(lanes.target_cpus), statistics.median(lane), len(every),
                              statistics.median(whole_machine),

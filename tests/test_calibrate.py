@@ -141,6 +141,6 @@ def test_the_cli_reports_each_lanes_dtype_and_refuses_a_bad_one(pairs, capsys):
     assert out["dtype"]["draft"].split()[0] in cal_mod.DTYPES
     assert main(["generate", "--target", target, "--prompt-ids", "1", "--dtype", "float64"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error:") and "dtype must be one of auto, float32, bfloat16, float16" in err
+    assert err.startswith("error:") and "dtype must be one of auto, float32, bfloat16, float16, int8" in err
     with pytest.raises(MirrorError, match="dtype must be one of"):
         LaneConfig(dtype="half")

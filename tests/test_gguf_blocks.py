@@ -1,8 +1,10 @@
 """The target's own GGUF blocks (models/gguf_blocks.py; the kernel's q4_1 and q8_0 storages): they dequantise to
 exactly the prepared float32 folder's weights; streamed by the kernel they compute the float32 format's function bit
 for bit, for any row count, row position, thread count and CPU variant (the AVX2 one forced on an AVX-512 machine);
+the int8 format (int8 activations against the same blocks) is one function for every row count, thread count and
+variant (VNNI and the AVX2 fallback give the same bits) and agrees with the real product within its rounding;
 blocks that do not fit are refused and the map stays float32; the kernel's threads change no bit and sleep when idle;
-and an engine on a quantised GGUF's prepared folder streams its blocks with every decoder equal to AR."""
+and an engine on a quantised GGUF's prepared folder streams its blocks with every decoder equal to AR, in both."""
 from __future__ import annotations
 
 import os
@@ -85,13 +87,53 @@ def test_block_storage_computes_the_float32_function(variant, kind):
         reference = native.PackedLinear(w, "float32", lib)(x)                             # [16, N]
         packed = native.PackedLinear(w, "float32", lib, blocks=b)
         assert packed.storage == kind and packed.nbytes < native.PackedLinear(w, "float32", lib).nbytes
-        for threads in (1, 2, 3):
+        for threads in (1, 3):
             lib.set_threads(threads)
-            for m in range(1, 17):
+            for m in (1, 2, 3, 5, 8, 9, 16):
                 start = rng.randrange(0, 17 - m)
                 assert torch.equal(packed(x[start:start + m]), reference[start:start + m]), (k, n, m, threads)
         lib.set_threads(1)
         assert torch.allclose(reference, x @ w, rtol=1e-4, atol=1e-4 * k ** 0.5)
+
+
+def _int8_reference(b: BlockWeights, x: torch.Tensor) -> torch.Tensor:
+    """The int8 format's function in float64: each row rounded alone to int8 per block of 32 (dx = max|x| / 127),
+    exact integer block sums, then Σ_blocks d·dx·sum (+ m·dx·Σqx for q4_1)."""
+    xb = x.view(x.shape[0], -1, 32)                                                       # [M, K/32, 32]
+    dx = xb.abs().amax(-1) / 127                                                          # [M, K/32]
+    qx = torch.round(xb * torch.where(dx > 0, 1 / dx, torch.zeros_like(dx)).unsqueeze(-1)).clamp(-127, 127)
+    sums = torch.einsum("mbi,nbi->mnb", qx.double(), b.q.double())                        # [M, N, K/32]
+    y = (b.d.double().unsqueeze(0) * dx.double().unsqueeze(1) * sums).sum(-1)             # [M, N]
+    if b.m is not None:
+        y = y + (b.m.double().unsqueeze(0) * (dx.double() * qx.double().sum(-1)).unsqueeze(1)).sum(-1)
+    return y
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_the_int8_format_is_one_function_on_every_variant(kind):
+    gen = torch.Generator().manual_seed(11)
+    b = _random_blocks(kind, 257, 576, gen)
+    w = b.dequantize().t().contiguous()
+    x = torch.randn(16, 576, generator=gen)
+    first = None
+    for variant in VARIANTS:
+        lib = native.library(variant)
+        packed = native.PackedLinear(w, "int8", lib, blocks=b)
+        alone = torch.cat([packed(x[r:r + 1]) for r in range(16)])                       # [16, N]
+        for threads in (1, 2):
+            lib.set_threads(threads)
+            for m in (2, 5, 8, 16):
+                assert torch.equal(packed(x[16 - m:]), alone[16 - m:]), (variant, threads, m)
+        lib.set_threads(1)
+        first = alone if first is None else first
+        assert torch.equal(alone, first), variant  # VNNI's dpbusd and AVX2's maddubs: the same exact sums
+        ref = _int8_reference(b, x)
+        assert torch.allclose(alone.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    exact = x.double() @ w.double()
+    assert (first.double() - exact).abs().max() < 0.02 * exact.abs().max()  # int8 activations: ~0.5 % here
+    with pytest.raises(ValueError, match="int8 format runs on GGUF blocks only"):
+        native.PackedLinear(w, "int8", native.library())
 
 
 @needs_kernel
@@ -157,17 +199,29 @@ def test_blocks_that_do_not_fit_are_refused(folder):
 
 
 @needs_kernel
-def test_an_engine_on_a_quantised_gguf_streams_its_blocks_and_every_decoder_equals_ar(folder):
-    with MirrorEngine.load(folder, folder, LaneConfig(kind="inline", dtype="float32", target_threads=2)) as engine:
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_an_engine_on_a_quantised_gguf_streams_its_blocks_and_every_decoder_equals_ar(folder, dtype):
+    with MirrorEngine.load(folder, folder, LaneConfig(kind="inline", dtype=dtype, target_threads=2)) as engine:
         runner = engine.target
-        assert runner.weight_storage == "float32 as q4_1+q8_0"
+        assert runner.weight_storage == ("float32 as q4_1+q8_0" if dtype == "float32" else "int8 on q4_1+q8_0")
         assert engine.info.roofline.weight_bytes == runner.weight_bytes
         model = load_model(ModelSpec(folder, "cpu"))
         plain = FastLlamaRunner(model, kernel=native.library())
         ids = engine.encode("the cat sat on")
-        assert torch.equal(runner.forward(runner.new_cache(), list(ids)), plain.forward(plain.new_cache(), list(ids)))
+        same = torch.equal(runner.forward(runner.new_cache(), list(ids)), plain.forward(plain.new_cache(), list(ids)))
+        assert same == (dtype == "float32")  # float32 on blocks is the folder's function; int8 is another
         ar = engine.generate(Request(ids, "ar", 24))
         assert ar.error is None and ar.token_ids
         for decoder, spec in (("sd", SpecConfig(3)), ("mirror", SpecConfig(3, 2)), ("mirror", SpecConfig(2, 1, 1))):
             end = engine.generate(Request(ids, decoder, 24, spec=spec))
             assert end.error is None and end.token_ids == ar.token_ids, (decoder, spec)
+
+
+@needs_kernel
+def test_int8_without_blocks_is_a_clear_error():
+    """--dtype int8 needs the target's own GGUF blocks; a plain folder (the toy target) says so before it runs."""
+    from mirror_core.config import MirrorError
+    from mirror_core.models.pairs import TOY_TARGET
+
+    with pytest.raises(MirrorError, match="--dtype int8 runs a GGUF target's own blocks"):
+        MirrorEngine.load(TOY_TARGET, None, LaneConfig(kind="inline", dtype="int8"))

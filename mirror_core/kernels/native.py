@@ -15,7 +15,13 @@ Threads: `set_threads(n)` gives the calling thread a pool of n kernel threads (i
 its CPU affinity); its later calls split their output columns (and a layer its attention heads) between them.
 Every output stays one thread's one chain, so the bits do not depend on n.
 
+Format "int8" (INT8) is another function: the same GGUF blocks against activations rounded to int8 per row and block
+of 32 (llama.cpp's kind of arithmetic; small_rows.cpp's i8), with exact integer dot products. It reads the blocks'
+bytes and does a quarter of the float work, so a window of rows costs little more than one. It is offered only for
+maps stored as blocks, and each row is still rounded alone: one function for any row count and thread count.
+
 Variants, by the CPU's flags (the best one this CPU runs is the default; tests force the others):
+    avx512_vnni   as avx512_bf16, with VNNI's int8 dot products (vpdpbusd) for the int8 format
     avx512_bf16   AVX-512 with bf16 dot products (bfloat16 weights: one vdpbf16ps per pair of k)
     avx512        AVX-512 (F, BW, VL) with FMA and F16C
     avx2          AVX2 with FMA and F16C
@@ -32,6 +38,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import types
 from dataclasses import dataclass, field
 
 import torch
@@ -42,17 +49,22 @@ SOURCE = os.path.join(os.path.dirname(__file__), "small_rows.cpp")
 FORMATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # weight formats by name
 _BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c++20", "-fno-math-errno", "-ffp-contract=off")
 VARIANTS = {  # name → (CPU flags it needs, compiler flags)
+    "avx512_vnni": (("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "fma", "f16c"),
+                    ("-DMSD_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mfma",
+                     "-mf16c")),
     "avx512_bf16": (("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma", "f16c"),
                     ("-DMSD_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mf16c")),
     "avx512": (("avx512f", "avx512bw", "avx512vl", "fma", "f16c"),
                ("-DMSD_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c")),
     "avx2": (("avx2", "fma", "f16c"), ("-DMSD_AVX2", "-mavx2", "-mfma", "-mf16c")),
 }
-VARIANT_CODES = {4: "avx512_bf16", 3: "avx512", 2: "avx2"}
+VARIANT_CODES = {5: "avx512_vnni", 4: "avx512_bf16", 3: "avx512", 2: "avx2"}
 BUILD_TIMEOUT_S = 120
 ALIGN = 64  # bytes: packed panels are read with aligned vector loads
 HUGE_PAGE = 2 << 20  # bytes: packed weights of at least this size start on a 2 MB boundary and ask for 2 MB pages
 BLOCK_FORMATS = {"q4_1": 3, "q8_0": 4}  # GGUF block storages the kernel streams, by small_rows.cpp's format code
+INT8 = "int8"  # the format whose activations are rounded to int8 (blocks only)
+INT8_CODES = {"q4_1": 5, "q8_0": 6}  # the blocks packed for it, by small_rows.cpp's format code
 
 
 class KernelError(RuntimeError):
@@ -60,7 +72,8 @@ class KernelError(RuntimeError):
 
 
 def format_name(dtype: torch.dtype) -> str:
-    """The weight format's name for a torch dtype ("bfloat16"), or the dtype's own name where it is no format."""
+    """The weight format's name for a torch dtype ("bfloat16"; torch.int8 stands for the int8 format), or the dtype's
+    own name where it is no format."""
     return next((n for n, d in FORMATS.items() if d == dtype), str(dtype).removeprefix("torch."))
 
 
@@ -145,10 +158,13 @@ def _load(build: Build) -> Library:
         pack.argtypes, pack.restype = [_P, _I64, _I64, _I64, _P], ctypes.c_int
         run.argtypes, run.restype = [_P, _I64, _I64, _I64, _P, _I64, _P, _I64], ctypes.c_int
     for fmt in BLOCK_FORMATS:
-        run = getattr(dll, f"msd_linear_{fmt}")
-        run.argtypes, run.restype = [_P, _I64, _I64, _I64, _P, _I64, _P, _I64], ctypes.c_int
-    dll.msd_pack_q4_1.argtypes, dll.msd_pack_q4_1.restype = [_P, _P, _P, _I64, _I64, _P], ctypes.c_int
-    dll.msd_pack_q8_0.argtypes, dll.msd_pack_q8_0.restype = [_P, _P, _I64, _I64, _P], ctypes.c_int
+        for suffix in ("", "_i8"):
+            run = getattr(dll, f"msd_linear_{fmt}{suffix}")
+            run.argtypes, run.restype = [_P, _I64, _I64, _I64, _P, _I64, _P, _I64], ctypes.c_int
+        for suffix in ("", "_i8"):
+            pack_q4, pack_q8 = getattr(dll, f"msd_pack_q4_1{suffix}"), getattr(dll, f"msd_pack_q8_0{suffix}")
+            pack_q4.argtypes, pack_q4.restype = [_P, _P, _P, _I64, _I64, _P], ctypes.c_int
+            pack_q8.argtypes, pack_q8.restype = [_P, _P, _I64, _I64, _P], ctypes.c_int
     dll.msd_variant.restype = dll.msd_panel.restype = dll.msd_threads.restype = dll.msd_qk.restype = ctypes.c_int
     dll.msd_set_threads.argtypes, dll.msd_set_threads.restype = [ctypes.c_int], ctypes.c_int
     dll.msd_block_bytes.argtypes, dll.msd_block_bytes.restype = [ctypes.c_int], _I64
@@ -189,12 +205,20 @@ def read_bandwidth(lib: Library | None, megabytes: int = 256, passes: int = 4) -
 
 def peak_gflops(lib: Library | None, fmt: str, rows: int = 16) -> float:
     """GFLOP/s of the kernel (lib) or of torch's matmul (None) in a weight format when arithmetic, not memory, is the
-    limit: `rows` rows against a weight small enough to stay in the core's cache (best of several calls)."""
+    limit: `rows` rows against a weight small enough to stay in the core's cache (best of several calls; int8: the
+    multiply-adds of its integer dot products, on random q4_1 blocks)."""
     k, n = 576, 256
     w = torch.randn(k, n, generator=torch.Generator().manual_seed(0)) / k ** 0.5
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(1))
+    blocks = None
+    if fmt == INT8:
+        gen = torch.Generator().manual_seed(2)
+        d, m = torch.full((n, k // 32), 0.01).half(), torch.full((n, k // 32), -0.05).half()
+        q = torch.randint(0, 16, (n, k // 32, 32), generator=gen, dtype=torch.uint8)
+        blocks = types.SimpleNamespace(kind="q4_1", d=d, q=q, m=m)
+        w = _dequantised(blocks).t().contiguous()
     if lib is not None:
-        packed = PackedLinear(w, fmt, lib)
+        packed = PackedLinear(w, fmt, lib, blocks=blocks)
         run = lambda: packed(x)  # noqa: E731
     else:
         wd, xd = w.to(FORMATS[fmt]), x.to(FORMATS[fmt])
@@ -287,6 +311,12 @@ def _check_blocks(b, qk: int) -> None:
         raise ValueError("q4_1 values must lie in 0..15")
 
 
+def _dequantised(b) -> torch.Tensor:
+    """W [N, K] float32 as small_rows.cpp dequantises checked blocks: d·q (exact in float32), then + m for q4_1."""
+    w = b.d.float().unsqueeze(-1) * b.q.float()                                           # [N, K/qk, qk]
+    return (w if b.m is None else w + b.m.float().unsqueeze(-1)).reshape(b.d.shape[0], -1)
+
+
 _PACK = {"float32": ("f32", torch.float32, 1), "float16": ("f16", torch.int16, 1), "bfloat16": ("bf16", torch.int32, 2)}
 _FORMAT_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
@@ -299,8 +329,10 @@ class PackedLinear:
     the same function as the float32 pack, bit for bit, at the blocks' bytes."""
 
     def __init__(self, w: torch.Tensor, fmt: str, lib: Library, blocks=None):
-        if fmt not in _PACK:
-            raise ValueError(f"unknown weight format {fmt!r} (known: {', '.join(_PACK)})")
+        if fmt not in _PACK and fmt != INT8:
+            raise ValueError(f"unknown weight format {fmt!r} (known: {', '.join(_PACK)}, {INT8})")
+        if fmt == INT8 and blocks is None:
+            raise ValueError("the int8 format runs on GGUF blocks only; give the map's blocks")
         if w.dim() != 2 or w.device.type != "cpu" or not w.dtype.is_floating_point:
             raise ValueError(f"a linear map's weight must be a 2-D floating CPU tensor, got {tuple(w.shape)} "
                              f"{w.dtype} on {w.device}")
@@ -318,31 +350,35 @@ class PackedLinear:
             self.data = _aligned_zeros(panels * rows * panel, store, huge=lib)
             if lib.fn(f"msd_pack_{suffix}")(src.data_ptr(), self.k, self.n, src.stride(0), self.data.data_ptr()):
                 raise KernelError(f"packing a {self.k}x{self.n} weight was refused")
-        self.code = BLOCK_FORMATS.get(self.storage, _FORMAT_CODES[fmt])  # small_rows.cpp's format code
-        self._run = lib.fn(f"msd_linear_{_PACK[fmt][0] if blocks is None else blocks.kind}")
+        i8 = "_i8" if fmt == INT8 else ""
+        self.code = (INT8_CODES if i8 else BLOCK_FORMATS)[self.storage] if blocks is not None else _FORMAT_CODES[fmt]
+        self._run = lib.fn(f"msd_linear_{_PACK[fmt][0] if blocks is None else blocks.kind + i8}")
         self._data_ptr = self.data.data_ptr()
 
     def _pack_blocks(self, w: torch.Tensor, blocks, panels: int) -> None:
         qk = self.lib.dll.msd_qk()  # k per block, as small_rows.cpp packs them
         _check_blocks(blocks, qk)
-        if self.format != "float32":
+        if self.format not in ("float32", INT8):
             raise ValueError(f"GGUF blocks dequantise to float32 weights; they cannot be packed as {self.format}")
-        if blocks.shape != (self.n, self.k):
-            raise ValueError(f"{blocks.kind} blocks of shape {blocks.shape} for a {self.k}x{self.n} weight (want "
+        shape = (int(blocks.d.shape[0]), int(blocks.d.shape[1]) * qk)
+        if shape != (self.n, self.k):
+            raise ValueError(f"{blocks.kind} blocks of shape {shape} for a {self.k}x{self.n} weight (want "
                              f"{(self.n, self.k)})")
-        same = torch.equal(blocks.dequantize().view(torch.int32), w.detach().t().contiguous().view(torch.int32))
+        same = torch.equal(_dequantised(blocks).view(torch.int32), w.detach().t().contiguous().view(torch.int32))
         if w.dtype != torch.float32 or not same:
             raise ValueError(f"these {blocks.kind} blocks do not dequantise to this weight bit for bit")
         d = blocks.d.contiguous().view(torch.int16)
         q = blocks.q.contiguous()
-        self.data = _aligned_zeros(panels * (self.k // qk) * self.lib.dll.msd_block_bytes(BLOCK_FORMATS[blocks.kind]),
-                                   torch.uint8, huge=self.lib)
+        i8 = "_i8" if self.format == INT8 else ""
+        code = (INT8_CODES if i8 else BLOCK_FORMATS)[blocks.kind]
+        self.data = _aligned_zeros(panels * (self.k // qk) * self.lib.dll.msd_block_bytes(code), torch.uint8,
+                                   huge=self.lib)
         if blocks.kind == "q4_1":
             m = blocks.m.contiguous().view(torch.int16)
-            bad = self.lib.dll.msd_pack_q4_1(d.data_ptr(), m.data_ptr(), q.data_ptr(), self.k, self.n,
-                                             self.data.data_ptr())
+            bad = self.lib.fn(f"msd_pack_q4_1{i8}")(d.data_ptr(), m.data_ptr(), q.data_ptr(), self.k, self.n,
+                                                   self.data.data_ptr())
         else:
-            bad = self.lib.dll.msd_pack_q8_0(d.data_ptr(), q.data_ptr(), self.k, self.n, self.data.data_ptr())
+            bad = self.lib.fn(f"msd_pack_q8_0{i8}")(d.data_ptr(), q.data_ptr(), self.k, self.n, self.data.data_ptr())
         if bad:
             raise KernelError(f"packing {blocks.kind} blocks of a {self.k}x{self.n} weight was refused")
 
@@ -352,7 +388,7 @@ class PackedLinear:
 
     @property
     def dtype(self) -> torch.dtype:
-        return FORMATS[self.format]
+        return FORMATS.get(self.format, torch.int8)  # torch.int8 stands for the int8 format
 
     @property
     def nbytes(self) -> int:

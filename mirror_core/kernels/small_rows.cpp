@@ -17,6 +17,11 @@
 //         float32 (11 by 8 significant bits), so w = fma(d, q, m) rounds once, as gguf's `d * q + m` does: w is bit
 //         for bit the float32 weight gguf's dequantisation gives, and the chain below is then f32's, term for term.
 //         A model stored in these blocks computes exactly what its dequantised float32 copy computes under f32.
+//   i8    the same q4_1 / q8_0 blocks against activations rounded to int8, each row alone, per block of 32 k
+//         (llama.cpp's kind of function): dx = max|x| / 127, qx = round_even(x · (1/dx)); per block and column the
+//         integer sum Σ q·qx is exact (dpbusd with AVX512-VNNI, else maddubs + madd), then, in this order,
+//         acc = fma(d·dx, sum, acc) and for q4_1 acc = fma(m, dx·Σqx, acc). One function for every row count, row
+//         position, thread count and variant (the integer sums are exact and the float steps the same).
 //   f16   float16 weights widened exactly to float32 (F16C), float32 x: the same chain as f32.
 //   bf16  bfloat16 weights, x rounded to bfloat16 (round to nearest even, as torch's .to(torch.bfloat16)):
 //         with AVX512-BF16 one dot-product instruction per pair of k (vdpbf16ps: acc += x[2i]·w[2i] + x[2i+1]·w[2i+1]),
@@ -243,6 +248,148 @@ static void block_gguf(const float* x, int64_t xs, const uint8_t* w, int64_t kb,
     store_block(y, ys, R, acc, col0, n);
 }
 
+// -- int8 activations against GGUF blocks ---------------------------------------------------------------------
+// A call first rounds each row of x alone to int8 per block of QK k (quantise_rows): per block a record of QK int8,
+// then dx, sx = dx·Σqx (float) and Σqx (int32). The weights are packed for 4-k dot products: per panel and block,
+// the scales (and minima) as float16, then for each half of 16 columns the k in groups of 4, one 32-bit lane a
+// column (byte 4j + t = column j's k = 4g + t); q4_1 holds groups g and g + 4 in the low and high nibbles.
+constexpr int64_t XREC = QK + 12;                            // one row block's record: qx[32], dx, sx, Σqx
+constexpr int64_t I8_Q4_1_BYTES = Q4_1_BYTES, I8_Q8_0_BYTES = Q8_0_BYTES;  // the same bytes, another order
+
+static inline float rec_f32(const uint8_t* p) { float v; memcpy(&v, p, 4); return v; }
+static inline int32_t rec_i32(const uint8_t* p) { int32_t v; memcpy(&v, p, 4); return v; }
+
+// x [m, k] (row stride xs) → records [m, k/QK, XREC]. Exact steps only (max, a correctly rounded product, round to
+// nearest even), so every variant gives the same bytes.
+static void quantise_rows(const float* x, int64_t m, int64_t k, int64_t xs, uint8_t* out) {
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t b = 0; b < k / QK; b++) {
+            const float* v = x + r * xs + b * QK;
+            uint8_t* rec = out + (r * (k / QK) + b) * XREC;
+            float amax = 0.0f;
+            for (int i = 0; i < QK; i++) amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
+            const float dx = amax / 127.0f, id = dx != 0.0f ? 1.0f / dx : 0.0f;
+            int32_t sum = 0;
+            for (int i = 0; i < QK; i++) {
+                float t = nearbyintf(v[i] * id);  // the default rounding mode: to nearest even
+                int32_t q = t > 127.0f ? 127 : t < -127.0f ? -127 : (int32_t)t;
+                rec[i] = (uint8_t)(int8_t)q;
+                sum += q;
+            }
+            float sx = dx * (float)sum;
+            memcpy(rec + QK, &dx, 4);
+            memcpy(rec + QK + 4, &sx, 4);
+            memcpy(rec + QK + 8, &sum, 4);
+        }
+}
+
+#if defined(__AVX512VNNI__)
+constexpr int IL = 16;                                       // int32 lanes per dot-product vector
+typedef __m512i vi;
+typedef __m512 vfi;
+static inline vi iload(const uint8_t* p) { return _mm512_load_si512((const void*)p); }
+static inline vi iset(int32_t v) { return _mm512_set1_epi32(v); }
+static inline vi izero() { return _mm512_setzero_si512(); }
+static inline vi iand(vi a, vi b) { return _mm512_and_si512(a, b); }
+static inline vi isrl4(vi a) { return _mm512_srli_epi16(a, 4); }
+static inline vi isub(vi a, vi b) { return _mm512_sub_epi32(a, b); }
+static inline vi isll7(vi a) { return _mm512_slli_epi32(a, 7); }
+static inline vi dot_u8s8(vi acc, vi u, vi s) { return _mm512_dpbusd_epi32(acc, u, s); }
+static inline vfi fcvt(vi a) { return _mm512_cvtepi32_ps(a); }
+static inline vfi fset(float v) { return _mm512_set1_ps(v); }
+static inline vfi fzero() { return _mm512_setzero_ps(); }
+static inline vfi fmul(vfi a, vfi b) { return _mm512_mul_ps(a, b); }
+static inline vfi ffma(vfi a, vfi b, vfi c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vfi fload_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+static inline void fstore_cols(float* y, vfi v, int64_t cols) {
+    if (cols >= IL) _mm512_storeu_ps(y, v);
+    else _mm512_mask_storeu_ps(y, (__mmask16)((1u << cols) - 1u), v);
+}
+// q8_0 against activations: Σ (qx + 128)·q − 128·Σq, with the activations as dpbusd's unsigned operand
+static inline vi dot_s8s8(vi acc, vi w, int32_t x4) { return dot_u8s8(acc, iset(x4 ^ (int32_t)0x80808080u), w); }
+static inline vi s8_fix(vi sum, vi wsum) { return isub(sum, isll7(wsum)); }
+static inline vi s8_wsum(vi acc, vi w) { return dot_u8s8(acc, iset(0x01010101), w); }
+#else
+constexpr int IL = 8;
+typedef __m256i vi;
+typedef __m256 vfi;
+static inline vi iload(const uint8_t* p) { return _mm256_load_si256((const __m256i*)p); }
+static inline vi iset(int32_t v) { return _mm256_set1_epi32(v); }
+static inline vi izero() { return _mm256_setzero_si256(); }
+static inline vi iand(vi a, vi b) { return _mm256_and_si256(a, b); }
+static inline vi isrl4(vi a) { return _mm256_srli_epi16(a, 4); }
+static inline vi dot_u8s8(vi acc, vi u, vi s) {  // u ≤ 15 here: a pair's sum ≤ 2·15·127 never saturates int16
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+static inline vfi fcvt(vi a) { return _mm256_cvtepi32_ps(a); }
+static inline vfi fset(float v) { return _mm256_set1_ps(v); }
+static inline vfi fzero() { return _mm256_setzero_ps(); }
+static inline vfi fmul(vfi a, vfi b) { return _mm256_mul_ps(a, b); }
+static inline vfi ffma(vfi a, vfi b, vfi c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vfi fload_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+static inline void fstore_cols(float* y, vfi v, int64_t cols) {
+    if (cols >= IL) { _mm256_storeu_ps(y, v); return; }
+    alignas(32) int32_t mk[IL];
+    for (int i = 0; i < IL; i++) mk[i] = i < cols ? -1 : 0;
+    _mm256_maskstore_ps(y, _mm256_load_si256((const __m256i*)mk), v);
+}
+// q8_0: |q| (≤ 128) as the unsigned operand and qx with q's sign: a pair's sum ≤ 2·128·127 never saturates int16
+static inline vi dot_s8s8(vi acc, vi w, int32_t x4) {
+    vi x = iset(x4);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)),
+                                                   _mm256_set1_epi16(1)));
+}
+static inline vi s8_fix(vi sum, vi) { return sum; }
+static inline vi s8_wsum(vi acc, vi) { return acc; }
+#endif
+constexpr int IV = 16 / IL;  // dot-product vectors per half panel (16 columns)
+
+// R row records against one panel of i8-packed q4_1 (MIN) or q8_0 blocks.
+template <int R, bool MIN>
+static void block_i8(const uint8_t* x, int64_t xs, const uint8_t* w, int64_t kb, float* y, int64_t ys, int64_t col0, int64_t n) {
+    constexpr int64_t BYTES = MIN ? I8_Q4_1_BYTES : I8_Q8_0_BYTES, HALF = MIN ? 4 * 64 : 8 * 64;
+    vfi acc[R][2 * IV];
+    for (int r = 0; r < R; r++) for (int v = 0; v < 2 * IV; v++) acc[r][v] = fzero();
+    for (int64_t b = 0; b < kb; b++) {
+        const uint8_t* blk = w + b * BYTES;
+        for (int64_t i = 0; i < BYTES; i += 64) _mm_prefetch((const char*)blk + PREFETCH + i, _MM_HINT_T0);
+        const uint8_t* q = blk + (MIN ? 2 : 1) * PANEL * 2;
+        for (int h = 0; h < 2; h++)
+            for (int v = 0; v < IV; v++) {  // IL columns: 16h + IL·v ..
+                const int c = h * IV + v;   // this vector's index among the panel's 32 columns
+                vfi dw = fload_f16((const uint16_t*)blk + c * IL);
+                vfi mw = MIN ? fload_f16((const uint16_t*)blk + PANEL + c * IL) : fzero();
+                vi wv[8];
+                vi wsum = izero();
+                if (MIN) {
+                    for (int g = 0; g < 4; g++) {
+                        vi t = iload(q + h * HALF + g * 64 + v * IL * 4);
+                        wv[g] = iand(t, iset(0x0F0F0F0F));
+                        wv[g + 4] = iand(isrl4(t), iset(0x0F0F0F0F));
+                    }
+                } else {
+                    for (int g = 0; g < 8; g++) wsum = s8_wsum(wsum, wv[g] = iload(q + h * HALF + g * 64 + v * IL * 4));
+                }
+                for (int r = 0; r < R; r++) {
+                    const uint8_t* rec = x + r * xs + b * XREC;
+                    vi sum = izero();
+                    for (int g = 0; g < 8; g++) {
+                        const int32_t x4 = rec_i32(rec + 4 * g);
+                        sum = MIN ? dot_u8s8(sum, wv[g], iset(x4)) : dot_s8s8(sum, wv[g], x4);
+                    }
+                    if (!MIN) sum = s8_fix(sum, wsum);
+                    acc[r][c] = ffma(fmul(dw, fset(rec_f32(rec + QK))), fcvt(sum), acc[r][c]);
+                    if (MIN) acc[r][c] = ffma(mw, fset(rec_f32(rec + QK + 4)), acc[r][c]);
+                }
+            }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 2 * IV; c++) {
+            int64_t col = col0 + c * IL;
+            if (col < n) fstore_cols(y + r * ys + col, acc[r][c], n - col);
+        }
+}
+
 // -- the calling thread's pool: workers that run a job's share and sleep when idle ------------------------------
 constexpr int MAX_THREADS = 64;
 constexpr auto SPIN = std::chrono::microseconds(100);  // an idle worker spins this long before it sleeps
@@ -351,6 +498,8 @@ static const Block<float, uint16_t> F16[GROUP] = MSD_BLOCKS(block_fma, uint16_t)
 static const Block<uint32_t, uint32_t> BF16[GROUP] = MSD_BLOCKS(block_bf16);
 static const Block<float, uint8_t> Q4_1[GROUP] = MSD_BLOCKS(block_gguf, true);
 static const Block<float, uint8_t> Q8_0[GROUP] = MSD_BLOCKS(block_gguf, false);
+static const Block<uint8_t, uint8_t> I8_Q4_1[GROUP] = MSD_BLOCKS(block_i8, true);
+static const Block<uint8_t, uint8_t> I8_Q8_0[GROUP] = MSD_BLOCKS(block_i8, false);
 
 static inline uint16_t to_bf16(float f) {  // round to nearest even; a NaN stays a (quiet) NaN
     uint32_t u;
@@ -407,9 +556,11 @@ double msd_stream_read(const float* p, int64_t n) {
     return s;
 }
 
-// The variant this file was built as: 2 = AVX2, 3 = AVX-512, 4 = AVX-512 with BF16 dot products.
+// The variant this file was built as: 2 = AVX2, 3 = AVX-512, 4 = AVX-512 with BF16 dot products, 5 = and VNNI.
 int msd_variant(void) {
-#if defined(MSD_AVX512) && defined(__AVX512BF16__)
+#if defined(MSD_AVX512) && defined(__AVX512BF16__) && defined(__AVX512VNNI__)
+    return 5;
+#elif defined(MSD_AVX512) && defined(__AVX512BF16__)
     return 4;
 #elif defined(MSD_AVX512)
     return 3;
@@ -423,7 +574,10 @@ int msd_panel(void) { return (int)PANEL; }
 int msd_qk(void) { return (int)QK; }
 
 // The packed bytes of one panel and block of 32 k in a GGUF block format (3 q4_1, 4 q8_0), or 0.
-int64_t msd_block_bytes(int fmt) { return fmt == 3 ? Q4_1_BYTES : fmt == 4 ? Q8_0_BYTES : 0; }
+// (5 and 6: the same blocks packed for int8 activations, i8)
+int64_t msd_block_bytes(int fmt) {
+    return fmt == 3 ? Q4_1_BYTES : fmt == 4 ? Q8_0_BYTES : fmt == 5 ? I8_Q4_1_BYTES : fmt == 6 ? I8_Q8_0_BYTES : 0;
+}
 
 // The calling thread's pool: later calls from this thread use `threads` threads (itself and threads − 1 workers,
 // created now with this thread's CPU affinity). Returns 0, or 1 for a count outside 1..MAX_THREADS.
@@ -498,6 +652,44 @@ int msd_pack_q8_0(const uint16_t* d, const int8_t* q, int64_t k, int64_t n, uint
     return 0;
 }
 
+// The same blocks packed for int8 activations (i8; layout above): out panels·(k/32)·I8_Q4_1_BYTES (I8_Q8_0_BYTES).
+int msd_pack_q4_1_i8(const uint16_t* d, const uint16_t* m, const uint8_t* q, int64_t k, int64_t n, uint8_t* out) {
+    if (k < QK || k % QK || n < 1 || !d || !m || !q || !out) return 1;
+    const int64_t kb = k / QK, panels = (n + PANEL - 1) / PANEL;
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t b = 0; b < kb; b++) {
+            uint8_t* blk = out + (p * kb + b) * I8_Q4_1_BYTES;
+            for (int64_t j = 0; j < PANEL && p * PANEL + j < n; j++) {
+                int64_t col = p * PANEL + j, h = j / 16, jj = j % 16;
+                memcpy(blk + 2 * j, d + col * kb + b, 2);
+                memcpy(blk + 2 * PANEL + 2 * j, m + col * kb + b, 2);
+                for (int64_t i = 0; i < QK; i++) {
+                    uint8_t v = q[(col * kb + b) * QK + i];
+                    if (v > 15) return 1;
+                    int64_t g = i / 4, t = i % 4;  // group g < 4: low nibble of group g; else high of group g − 4
+                    blk[4 * PANEL + h * 256 + (g % 4) * 64 + 4 * jj + t] |= (uint8_t)(g < 4 ? v : v << 4);
+                }
+            }
+        }
+    return 0;
+}
+
+int msd_pack_q8_0_i8(const uint16_t* d, const int8_t* q, int64_t k, int64_t n, uint8_t* out) {
+    if (k < QK || k % QK || n < 1 || !d || !q || !out) return 1;
+    const int64_t kb = k / QK, panels = (n + PANEL - 1) / PANEL;
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t b = 0; b < kb; b++) {
+            uint8_t* blk = out + (p * kb + b) * I8_Q8_0_BYTES;
+            for (int64_t j = 0; j < PANEL && p * PANEL + j < n; j++) {
+                int64_t col = p * PANEL + j, h = j / 16, jj = j % 16;
+                memcpy(blk + 2 * j, d + col * kb + b, 2);
+                for (int64_t i = 0; i < QK; i++)
+                    blk[2 * PANEL + h * 512 + (i / 4) * 64 + 4 * jj + i % 4] = (uint8_t)q[(col * kb + b) * QK + i];
+            }
+        }
+    return 0;
+}
+
 // y[m, n] (row stride ys) = x[m, k] (row stride xs) @ packed W. Returns 0, or 1 on arguments it refuses.
 int msd_linear_f32(const float* x, int64_t m, int64_t k, int64_t xs, const float* w, int64_t n, float* y, int64_t ys) {
     if (bad(m, k, n, xs, ys, x, w, y)) return 1;
@@ -534,6 +726,25 @@ int msd_linear_q8_0(const float* x, int64_t m, int64_t k, int64_t xs, const uint
     return 0;
 }
 
+// y = (x rounded to int8 per row and block) against i8-packed blocks (i8 in the header).
+static int linear_i8(const Block<uint8_t, uint8_t>* blocks, int64_t bytes, const float* x, int64_t m, int64_t k,
+                     int64_t xs, const uint8_t* w, int64_t n, float* y, int64_t ys) {
+    if (bad(m, k, n, xs, ys, x, w, y) || k % QK) return 1;
+    thread_local std::vector<uint8_t> recs;
+    if ((int64_t)recs.size() < m * (k / QK) * XREC) recs.resize(m * (k / QK) * XREC);
+    quantise_rows(x, m, k, xs, recs.data());
+    run_panels<uint8_t, uint8_t>(blocks, recs.data(), m, (k / QK) * XREC, w, k / QK, k / QK * bytes, y, ys, n);
+    return 0;
+}
+
+int msd_linear_q4_1_i8(const float* x, int64_t m, int64_t k, int64_t xs, const uint8_t* w, int64_t n, float* y, int64_t ys) {
+    return linear_i8(I8_Q4_1, I8_Q4_1_BYTES, x, m, k, xs, w, n, y, ys);
+}
+
+int msd_linear_q8_0_i8(const float* x, int64_t m, int64_t k, int64_t xs, const uint8_t* w, int64_t n, float* y, int64_t ys) {
+    return linear_i8(I8_Q8_0, I8_Q8_0_BYTES, x, m, k, xs, w, n, y, ys);
+}
+
 }  // extern "C"
 
 // -- one Llama-family decoder layer over T new rows, every row computed alone -----------------------------------
@@ -543,7 +754,7 @@ int msd_linear_q8_0(const float* x, int64_t m, int64_t k, int64_t xs, const uint
 struct msd_layer {
     int64_t hidden, heads, kv_heads, head_dim, inter;
     int32_t fmt[4];                   // each map's packed format (q|k|v, o, gate|up, down): 0 float32, 1 float16,
-                                      // 2 bfloat16, 3 q4_1, 4 q8_0
+                                      // 2 bfloat16, 3 q4_1, 4 q8_0, 5 q4_1 i8, 6 q8_0 i8
     float eps, scale;                 // RMS-norm epsilon; attention's 1/sqrt(D)
     const float* ln1;                 // [H]
     const float* ln2;                 // [H]
@@ -564,6 +775,8 @@ static int linear(int32_t fmt, const float* x, int64_t m, int64_t k, const void*
     if (fmt == 2) return msd_linear_bf16(x, m, k, k, (const uint32_t*)w, n, y, n);
     if (fmt == 3) return msd_linear_q4_1(x, m, k, k, (const uint8_t*)w, n, y, n);
     if (fmt == 4) return msd_linear_q8_0(x, m, k, k, (const uint8_t*)w, n, y, n);
+    if (fmt == 5) return msd_linear_q4_1_i8(x, m, k, k, (const uint8_t*)w, n, y, n);
+    if (fmt == 6) return msd_linear_q8_0_i8(x, m, k, k, (const uint8_t*)w, n, y, n);
     return 1;
 }
 

@@ -128,15 +128,17 @@ def auto_lanes(target_device: str | None = None, draft_device: str | None = None
 
 
 @contextlib.contextmanager
-def pinned(cpus: tuple[int, ...], threads: int):
-    """Pin the calling thread to `cpus` (where the OS can) and set its torch intra-op threads and its exact kernel's
-    threads (kernels/native.py: a pool that inherits this pinning) for the duration."""
+def pinned(cpus: tuple[int, ...], threads: int, kernel: bool = False):
+    """Pin the calling thread to `cpus` (where the OS can) and give it `threads` threads for the duration: torch's
+    intra-op threads, or with `kernel` (its runner computes on the exact kernel, kernels/native.py) the kernel's pool,
+    which inherits this pinning, and one torch thread: torch's small ops around the kernel would otherwise start
+    OpenMP workers that keep spinning on the cores the kernel's threads need."""
     from ..runners import kernel_threads, set_kernel_threads
 
     old_threads, old_cpus, old_kernel = torch.get_num_threads(), usable_cpus(), kernel_threads()
     set_affinity(cpus)
     if threads:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(1 if kernel else threads)
         set_kernel_threads(threads)
     try:
         yield

@@ -30,13 +30,14 @@ from dataclasses import replace
 import torch
 
 from .. import machine
-from ..config import DEFAULT_GAMMA, DEFAULT_KAPPA
-from ..kernels.native import FORMATS, format_name, peak_gflops, read_bandwidth
+from ..config import DEFAULT_GAMMA, DEFAULT_KAPPA, MirrorError
+from ..kernels.native import FORMATS, INT8, format_name, peak_gflops, read_bandwidth
 from ..machine import cache_dir, cpu_flags, cpu_model
 from ..records import ROOFLINE_ROWS, Calibration, RowCheck, Timing
 from .exactness import check_rows, probe_ids
 
-DTYPES = FORMATS  # the dtypes a lane may run, by name (the kernel's weight formats)
+DTYPES = {**FORMATS, INT8: torch.int8}  # the formats a lane may run, by name (torch.int8 stands for int8: the kernel's
+#                                         GGUF blocks against int8 activations, kernels/native.py)
 PREFIX = 96                                              # tokens in the cache before each timed forward
 WINDOW = DEFAULT_GAMMA + 1                               # the target's window at the default γ
 BRANCH_ROWS = DEFAULT_KAPPA * (DEFAULT_GAMMA + 1)        # the draft's branch batch at the default κ, γ
@@ -54,7 +55,7 @@ def candidates(runner) -> list[str]:
     if loaded != torch.float32:
         return [format_name(loaded)]
     if getattr(runner, "kernel", None) is not None:  # the exact kernel runs every format with float32 arithmetic
-        return list(DTYPES)
+        return list(FORMATS) + ([INT8] if getattr(runner, "has_blocks", False) else [])  # int8: on GGUF blocks
     if runner.device.type == "cpu":
         return ["float32", "bfloat16"] + (["float16"] if {"avx512_fp16", "amx_fp16"} & set(cpu_flags()) else [])
     bf16 = runner.device.type != "cuda" or torch.cuda.is_bf16_supported()
@@ -66,6 +67,9 @@ def calibrate_target(runner, vocab_size: int, requested: str, config) -> tuple[C
     set it on the runner, and return the calibration and the call-shape check at that dtype."""
     if not hasattr(runner, "set_dtypes"):
         return calibrate_generic(runner, "target", requested), check_rows(runner, vocab_size)
+    if requested == INT8 and not getattr(runner, "has_blocks", False):
+        raise MirrorError("--dtype int8 runs a GGUF target's own blocks on the exact kernel; this target has none "
+                          "(a prepared registry model keeps its GGUF; python -m mirror_core prepare adds it)")
     names = candidates(runner) if requested == "auto" else [requested]
     prefix, ids = _probe(runner, WINDOW)
     shapes = {"step": lambda c: runner.forward(c, ids[:1]), "window": lambda c: runner.forward(c, ids)}
@@ -99,6 +103,8 @@ def calibrate_draft(runner, requested: str, config) -> Calibration:
     """Choose the draft's dtype per shape (its fastest step and its fastest branch rollout) and set them."""
     if not hasattr(runner, "set_dtypes"):
         return calibrate_generic(runner, "draft", requested)
+    if requested == INT8 and not getattr(runner, "has_blocks", False):
+        requested = "auto"  # --dtype int8 is the target's (blocks only); the draft keeps its own choice
     names = candidates(runner) if requested == "auto" else [requested]
     width = 1 + runner.num_streams  # an SS draft feeds its token and its lookahead together
     prefix, ids = _probe(runner, width + WINDOW)

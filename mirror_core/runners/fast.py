@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from ..models.ops import apply_rope, attend, attend_blocks, rms_norm, rope_tables
 from ..records import RowBand, RowPlan
 from .exactness import EXACT_ROWS, RowOp, pad_rows
-from ..kernels.native import Library, NativeLayer, PackedLinear, format_name
+from ..kernels.native import INT8, Library, NativeLayer, PackedLinear, format_name
 from ..models.gguf_blocks import BlockWeights
 from .protocol import ExitPass
 
@@ -215,15 +215,21 @@ class FastLlamaRunner:
         return self._weights[dtype]
 
     def _pack(self, w: torch.Tensor, fmt: str, name, rows: torch.Tensor | None = None) -> PackedLinear:
-        """w [K, N] packed in `fmt`; in float32, as the model's own GGUF blocks where it has them (`rows`: a subset
-        of the map's outputs). Blocks that do not dequantise to w exactly are not used, and block_note says so."""
-        blocks = self._blocks.get(name) if fmt == "float32" else None
+        """w [K, N] packed in `fmt`; in float32 and int8, as the model's own GGUF blocks where it has them (`rows`: a
+        subset of the map's outputs). Blocks that do not dequantise to w exactly are not used (block_note says so),
+        and a map without blocks runs int8's neighbour, exact float32."""
+        blocks = self._blocks.get(name) if fmt in ("float32", INT8) else None
         if blocks is not None:
             try:
                 return PackedLinear(w, fmt, self.kernel, blocks=blocks if rows is None else blocks.rows(rows))
             except ValueError as exc:
                 self.block_note = f"{name}: {exc}; streamed as float32"
-        return PackedLinear(w, fmt, self.kernel)
+        return PackedLinear(w, "float32" if fmt == INT8 else fmt, self.kernel)
+
+    @property
+    def has_blocks(self) -> bool:
+        """The kernel runs this model's own GGUF blocks (so the int8 format is on offer)."""
+        return bool(self._blocks)
 
     @property
     def weight_storage(self) -> str:
@@ -233,11 +239,11 @@ class FastLlamaRunner:
                          layer.w_down)} | {self.lm_head.storage}) if isinstance(self.lm_head, PackedLinear) else []
         fmt = format_name(self.sequence_dtype)
         kinds = [k for k in stores if k != fmt]
-        return fmt if not kinds else f"{fmt} as {'+'.join(stores)}"
+        return fmt if not kinds else f"{fmt} on {'+'.join(stores)}" if fmt == INT8 else f"{fmt} as {'+'.join(stores)}"
 
     def _pack_exit_head(self, dtype: torch.dtype) -> dict:
         fmt = format_name(dtype)
-        return {"adapter": PackedLinear(self.exit_head.adapter, fmt, self.kernel),
+        return {"adapter": self._pack(self.exit_head.adapter, fmt, "exit adapter"),
                 "head": self._pack(self.exit_head.w, fmt, "head", rows=self.exit_head.ids)}
 
     def _native(self, layer: _Layer) -> NativeLayer:
