@@ -84,7 +84,7 @@ def test_bench_sweeps_the_grid_and_names_the_best_setting(pairs, tmp_path, capsy
     (["--decoders", "ar,sd", "--sweep", "gamma=2"], "error: --sweep varies mirror"),
     (["--sweep", "depth=2"], "error: --sweep takes AXIS=V1,V2"),
     (["--sweep", "gamma=2,x"], "error: --sweep gamma values must be integers"),
-    (["--decoders", "ar,hf", "--temperature", "0.7"], "error: the Hugging Face peers are compared greedily"),
+    (["--decoders", "ar,hf", "--temperature", "0.7"], "error: the peers are compared greedily; use --temperature 0 or drop hf"),
     (["--repeats", "0"], "error: --repeats must be >= 1"),
 ])
 def test_bench_rejects_bad_flags_with_one_error_line(pairs, tmp_path, capsys, flags, message):
@@ -203,3 +203,34 @@ def test_gpu_script_fails_fast_without_cuda(tmp_path, capsys):
     assert _gpu_script().main(["--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("error: no CUDA device")
     assert _gpu_script().main(["--device", "cpu", "--out", str(tmp_path)]) == 2
+
+
+def test_the_llama_cpp_peer_says_how_to_add_it_and_what_it_needs(pairs, tmp_path, monkeypatch, capsys):
+    """Optional: without llama-cpp-python one line says how to add it; a target without its own GGUF is refused."""
+    from mirror_core.bench.peers import LlamaCppPeer
+
+    target, draft = pairs["llama"]
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as where the package is not installed
+    rc = main(["bench", "--target", target, "--draft", draft, "--prompts", _prompts(tmp_path, 1), "--max-new-tokens",
+               "4", "--repeats", "1", "--warmup", "0", "--lane", "inline", "--decoders", "ar,llama_cpp"])
+    assert rc == 2 and "pip install llama-cpp-python==" in capsys.readouterr().err
+    monkeypatch.delitem(sys.modules, "llama_cpp")
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed here")
+    from mirror_core.config import MirrorError
+
+    with pytest.raises(MirrorError, match="runs the target's own GGUF"):
+        LlamaCppPeer(target, ("llama_cpp",))
+
+
+def test_llama_cpp_rows_report_agreement_not_equality():
+    """llama.cpp is another function: its rows carry the common-prefix share with ar, and no equal_to_ar verdict."""
+    def row(decoder: str, tokens: tuple[int, ...]):
+        m = Measurement(tokens, 0.1, t_ar=0.004)
+        return measured_row(BenchPrompt("p", "", (1,)), Cell(decoder, SpecConfig(), None, None, None), [m])
+
+    rows = {r.decoder: r for r in derive([row("ar", (5, 6, 7, 8)), row("llama_cpp", (5, 6, 9, 9)),
+                                          row("ar_all", (5, 6, 7, 8))])}
+    assert rows["llama_cpp"].equal_to_ar is None and rows["llama_cpp"].agreement_with_ar == 0.5
+    assert rows["ar_all"].equal_to_ar is True and rows["ar_all"].agreement_with_ar == 1.0
+    assert rows["llama_cpp"].timed_by == "perf_counter per token" and rows["llama_cpp"].t_ar_ms == 4.0

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from ..config import MirrorError, SamplingConfig, SpecConfig
 
 ENGINE_DECODERS = {"ar": "ar", "ar_all": "ar", "sd": "sd", "mirror": "mirror"}  # bench name → engine decoder
-PEER_DECODERS = ("hf", "hf_assisted")
+PEER_DECODERS = ("hf", "hf_assisted", "llama_cpp", "llama_cpp_one")  # llama_cpp*: optional (bench/peers.py)
 BENCH_DECODERS = tuple(ENGINE_DECODERS) + PEER_DECODERS
 SWEEP_AXES = {"gamma": "gamma", "kappa": "kappa", "exit": "exit_layer",  # --sweep name → SpecConfig field
               "budget": "branch_budget"}
@@ -36,8 +36,8 @@ class BenchConfig:
         if self.sweep and "mirror" not in self.decoders:
             raise MirrorError("--sweep varies mirror's settings; add mirror to --decoders")
         if set(PEER_DECODERS) & set(self.decoders) and not self.sampling.greedy:
-            raise MirrorError("the Hugging Face peers are compared greedily; "
-                              "use --temperature 0 or drop hf, hf_assisted")
+            raise MirrorError("the peers are compared greedily; use --temperature 0 or drop "
+                              f"{', '.join(d for d in self.decoders if d in PEER_DECODERS)}")
 
     @property
     def needs_draft(self) -> bool:

@@ -7,8 +7,10 @@ engine's decoders are timed by the engine's own spans (prefill start → last co
 Face peers by `time.perf_counter` around `generate()` (peers.py). Every decoder's greedy
 output is checked equal to `ar`'s, and the rows say so.
 
-Decoders: `ar` (target only, on the target's lane), `ar_all` (target only, every core), `sd`,
-`mirror`, `hf` (transformers' greedy generate), `hf_assisted` (transformers' assisted generation).
+Decoders: `ar` (target only: on every core under the default --serial-cores all, else on the target's lane),
+`ar_all` (target only, every core, in an engine with no draft lane), `sd`, `mirror`, `hf` (transformers' greedy
+generate), `hf_assisted` (transformers' assisted generation), and the optional `llama_cpp` / `llama_cpp_one`
+(llama.cpp on the target's own GGUF, every core / one thread; a different function, so only its agreement is shown).
 The baseline is the faster of `ar` and `ar_all` over the suite (docs/ALGORITHM.md §8). Each
 (prompt, decoder, setting) becomes one BenchRow (rows.py); its run metrics come from the engine's
 RunSummary, the bounds from `mirror_core.latency`.
@@ -134,7 +136,9 @@ def all_core_lanes(lanes: LaneConfig) -> LaneConfig:
 
 
 def default_decoders(lanes: LaneConfig) -> tuple[str, ...]:
-    return tuple(d for d in BENCH_DECODERS if d != "ar_all" or lanes.target_device == "cpu")
+    """Every decoder that applies, but the optional llama.cpp peers (asked for by name)."""
+    return tuple(d for d in BENCH_DECODERS if (d != "ar_all" or lanes.target_device == "cpu")
+                 and not d.startswith("llama_cpp"))
 
 
 @dataclass
@@ -144,22 +148,24 @@ class BenchPair:
     engine: MirrorEngine                    # the pair on its lanes (ar, sd, mirror)
     all_core: MirrorEngine | None           # the target alone on every core (ar_all), when it runs
     peers: object | None                    # peers.HFPeers, when hf or hf_assisted runs
+    llama: object | None = None             # peers.LlamaCppPeer, when llama_cpp or llama_cpp_one runs
     dtype: str = "auto"                     # the --dtype both engines were loaded with
 
 
 @contextlib.contextmanager
 def open_pair(target: str, draft: str | None, lanes: LaneConfig, config: BenchConfig) -> Iterator[BenchPair]:
     """Load what `config.decoders` need; close the lanes afterwards."""
-    from .peers import HFPeers
+    from .peers import LLAMA_CPP_DECODERS, HFPeers, LlamaCppPeer
 
     with contextlib.ExitStack() as stack:
         engine = stack.enter_context(MirrorEngine.load(target, draft if config.needs_draft else None, lanes))
         all_core = (stack.enter_context(MirrorEngine.load(target, None, all_core_lanes(lanes)))
                     if "ar_all" in config.decoders else None)
         peers = None
-        if set(PEER_DECODERS) & set(config.decoders):
+        if {"hf", "hf_assisted"} & set(config.decoders):
             peers = HFPeers(target, draft if "hf_assisted" in config.decoders else None, lanes.target_device)
-        yield BenchPair(engine, all_core, peers, lanes.dtype)
+        llama = LlamaCppPeer(target, config.decoders) if set(LLAMA_CPP_DECODERS) & set(config.decoders) else None
+        yield BenchPair(engine, all_core, peers, llama=llama, dtype=lanes.dtype)
 
 
 def plan(engine: MirrorEngine, config: BenchConfig, probe: tuple[int, ...]) -> list[Cell]:
@@ -177,6 +183,10 @@ def plan(engine: MirrorEngine, config: BenchConfig, probe: tuple[int, ...]) -> l
 
 
 def measure(pair: BenchPair, cell: Cell, prompt: BenchPrompt, config: BenchConfig) -> Measurement:
+    if cell.decoder.startswith("llama_cpp"):
+        tokens, wall, step = pair.llama.generate(cell.decoder, prompt.prompt_ids, config.max_new_tokens,
+                                                 pair.engine.eos_ids)
+        return Measurement(tokens, wall, t_ar=step)
     if cell.decoder in PEER_DECODERS:
         tokens, wall = pair.peers.generate(cell.decoder, prompt.prompt_ids, config.max_new_tokens, cell.spec.gamma)
         return Measurement(tokens, wall)
@@ -233,7 +243,13 @@ def measured_row(p: BenchPrompt, cell: Cell, runs: list[Measurement], dtype: str
         prompt=p.name, category=p.category, decoder=cell.decoder, setting=cell.label, dtype=dtype, gamma=cell.gamma,
         kappa=cell.kappa, exit_layer=cell.exit_layer, branch_budget=cell.branch_budget, new_tokens=len(rep.tokens),
         wall_s=wall, wall_s_min=min(walls), wall_s_max=max(walls), tokens_per_s=len(rep.tokens) / wall,
-        repeats=len(runs), timed_by="perf_counter around generate()" if rep.summary is None else "engine spans",
+        repeats=len(runs), timed_by=_timed_by(cell.decoder, rep),
         **run_metrics(rep.summary), t_ar_ms=_ms(rep.t_ar), t_verify_ms=_ms(rep.t_verify), step_ms=_ms(rep.step),
         hidden_bound_ms=_ms(rep.hidden_bound), model_ms=None if rep.model is None else ModelMs.of(rep.model),
         fallback=rep.fallback, token_ids=tuple(rep.tokens))
+
+
+def _timed_by(decoder: str, m: Measurement) -> str:
+    if m.summary is not None:
+        return "engine spans"
+    return "perf_counter per token" if decoder.startswith("llama_cpp") else "perf_counter around generate()"

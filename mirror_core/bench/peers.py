@@ -1,4 +1,5 @@
-"""The peers a user would pick instead of this engine: transformers' greedy `generate` and assisted generation.
+"""The peers a user would pick instead of this engine: transformers' greedy `generate` and assisted generation, and
+llama.cpp on the target's own GGUF (`LlamaCppPeer`).
 
 Both run the pair's Hugging Face models (loaded by models.load_model from the same paths as the
 engine's pair) on the target's device, in this process, on every core when that device is the CPU
@@ -57,3 +58,56 @@ class HFPeers:
 
     def _sync(self) -> None:
         machine.synchronize(self.target.device)
+
+
+LLAMA_CPP_DECODERS = {"llama_cpp": "every", "llama_cpp_one": "one"}  # bench name → its threads: every core, or one
+LLAMA_CPP_HINT = ("llama_cpp needs llama-cpp-python, which builds llama.cpp from source for several minutes and is not "
+                  "in requirements.txt: CMAKE_ARGS=-DGGML_NATIVE=ON pip install llama-cpp-python==0.3.36")
+
+
+class LlamaCppPeer:
+    """llama.cpp (through llama-cpp-python) on the target's own GGUF, greedy: what a CPU user runs instead of us.
+
+    Its arithmetic is its own (Q4_1 × Q8_1 and Q8_0 × Q8_0 dot products), a different function from every format of
+    ours, so its tokens may differ from ar's; the bench reports how far they agree, never requires it. Timing:
+    `time.perf_counter` from the call to each token; the row's step is the median time between tokens (the decode
+    step, comparable with ar's T_AR), and its wall time includes the prefill. `llama_cpp` runs on every core with one
+    thread a core, `llama_cpp_one` on the first core with one thread."""
+
+    def __init__(self, target: str, decoders: tuple[str, ...]):
+        from ..models.loading import local_folder
+        from ..models.prepared import find_gguf
+
+        try:
+            from llama_cpp import Llama
+        except ImportError:
+            raise MirrorError(LLAMA_CPP_HINT) from None
+        path = find_gguf(local_folder(target))
+        if path is None:
+            raise MirrorError(f"llama_cpp runs the target's own GGUF, and {target!r} keeps none (a prepared registry "
+                              "model does: python -m mirror_core prepare NAME)")
+        every = usable_cpus()
+        self.cpus = {name: every if LLAMA_CPP_DECODERS[name] == "every" else every[:1]
+                     for name in decoders if name in LLAMA_CPP_DECODERS}
+        # llama.cpp's batched prefill crashed (SIGILL) on an AMX host here (docs/BENCHMARKS.md): one token a batch there
+        batch = 1 if machine.has_cpu_flags("amx_tile") else 512
+        self.models = {name: Llama(model_path=path, n_threads=len(cpus), n_threads_batch=len(cpus), n_ctx=4096,
+                                   n_batch=batch, n_ubatch=batch, flash_attn=False, verbose=False)
+                       for name, cpus in self.cpus.items()}
+        self.eos = {2}
+
+    def generate(self, decoder: str, prompt_ids: tuple[int, ...], max_new_tokens: int,
+                 eos_ids: frozenset[int]) -> tuple[tuple[int, ...], float, float]:
+        """(new token ids, wall seconds, median seconds between tokens) of one greedy run from an empty cache."""
+        llm = self.models[decoder]
+        llm.reset()  # else llama-cpp-python reuses the cached prompt of the last call
+        tokens, stamps = [], []
+        with pinned(self.cpus[decoder], len(self.cpus[decoder])):
+            t0 = time.perf_counter()
+            for tok in llm.generate(list(prompt_ids), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
+                stamps.append(time.perf_counter())
+                tokens.append(int(tok))
+                if tok in eos_ids or len(tokens) >= max_new_tokens:
+                    break
+        gaps = sorted(b - a for a, b in zip(stamps, stamps[1:]))
+        return tuple(tokens), stamps[-1] - t0, gaps[len(gaps) // 2] if gaps else stamps[-1] - t0

@@ -43,7 +43,7 @@ class BenchRow:
 
     prompt: str                            # the prompt's question_id
     category: str                          # the prompt's Spec-Bench category
-    decoder: str                           # bench decoder name: ar, ar_all, sd, mirror, hf, hf_assisted
+    decoder: str                           # bench decoder name (bench/config.py BENCH_DECODERS)
     setting: str                           # "γ=4 κ=2 ℓe=3 B=6": the settings this decoder uses ("" for ar)
     dtype: str                             # the --dtype the pair was loaded with ("auto": calibrated per lane)
     gamma: int | None                      # γ (None: the decoder drafts nothing)
@@ -64,7 +64,7 @@ class BenchRow:
     draft_hidden_fraction: float | None    # RunSummary.draft_hidden_fraction
     draft_tokens_per_forward: float | None  # RunSummary.draft_tokens_per_forward
     steps: int | None                      # RunSummary.steps: verification passes after the prefill
-    t_ar_ms: float | None                  # T_AR: median target-only step (ms; ar and ar_all)
+    t_ar_ms: float | None                  # T_AR: median target-only step (ms; ar, ar_all; llama.cpp: between tokens)
     t_verify_ms: float | None              # T_verify: median verification pass (ms; sd and mirror)
     step_ms: float | None                  # median measured step (ms)
     hidden_bound_ms: float | None          # mirror: verification + acceptance + fastest draft reply (ms)
@@ -72,7 +72,9 @@ class BenchRow:
     fallback: str | None                   # the engine's explicit fallback note, if any
     token_ids: tuple[int, ...]             # new token ids of the median-wall run
     # -- filled by derive(), from the same prompt's ar / ar_all rows --
-    equal_to_ar: bool | None = None        # same new ids as ar (None: this is ar, or ar did not run)
+    equal_to_ar: bool | None = None        # same new ids as ar (None: this is ar, ar did not run, or llama.cpp)
+    agreement_with_ar: float | None = None  # the common prefix with ar's new ids, as a share of ar's (None: as above
+    #                                         but llama.cpp, whose tokens may differ: another function)
     speedup_vs_ar: float | None = None     # per-token time of ar / of this row
     speedup_vs_ar_all: float | None = None  # per-token time of ar_all / of this row
     speedup_vs_baseline: float | None = None  # per-token time of the baseline / of this row
@@ -103,11 +105,19 @@ def derive(rows: list[BenchRow]) -> list[BenchRow]:
 
 def _derived(r: BenchRow, ar: BenchRow | None, ar_all: BenchRow | None, baseline: BenchRow | None) -> BenchRow:
     t_ar = ar.t_ar_ms if ar else None
+    other_function = r.decoder.startswith("llama_cpp")
     return replace(
-        r, equal_to_ar=None if ar is None or r.decoder == "ar" else r.token_ids == ar.token_ids,
+        r, equal_to_ar=None if ar is None or r.decoder == "ar" or other_function else r.token_ids == ar.token_ids,
+        agreement_with_ar=None if ar is None or r.decoder == "ar" else _agreement(r.token_ids, ar.token_ids),
         speedup_vs_ar=_speedup(ar, r), speedup_vs_ar_all=_speedup(ar_all, r), speedup_vs_baseline=_speedup(baseline, r),
         bound=physical_bound(r.tau, t_ar, r.t_verify_ms) if r.decoder in SPECULATIVE else None,
         predicted_speedup_vs_ar=r.tau * t_ar / r.model_ms.expected_step if r.model_ms and t_ar else None)
+
+
+def _agreement(mine: tuple[int, ...], ar: tuple[int, ...]) -> float:
+    """The common prefix of two token sequences as a share of ar's length."""
+    same = next((i for i, (a, b) in enumerate(zip(mine, ar)) if a != b), min(len(mine), len(ar)))
+    return round(same / max(1, len(ar)), 3)
 
 
 def baseline_decoder(rows: list[BenchRow]) -> str | None:

@@ -21,8 +21,12 @@ NOTES = (
     "Speedup = per-token time of the reference / per-token time of the decoder on the same prompt (= the "
     "wall-time ratio when the outputs are equal, hence equally long). Across prompts: the median, with "
     "min/max and the interquartile range.",
-    "Baseline = the faster of ar (target only, on the target's lane) and ar_all (target only, every core) "
-    "by total median wall time over the suite.",
+    "Baseline = the faster of ar (target only; on every core under the default --serial-cores all, else on the "
+    "target's lane) and ar_all (target only, every core, no draft lane) by total median wall time over the suite.",
+    "llama_cpp / llama_cpp_one = llama.cpp (llama-cpp-python) on the target's own GGUF, greedy, every core / one "
+    "thread: a different function (its own int8 dot products), so agreement_with_ar (the common prefix with ar's "
+    "tokens as a share of ar's) replaces equal_to_ar; its wall time includes its prefill, and t_ar_ms is its median "
+    "time between tokens (the decode step, comparable with ar's).",
     "equal_to_ar: identical new-token ids, full length (every decoder stops at the same EOS ids and token "
     "budget).",
     "bound = τ·T_AR/T_verify: the speedup over ar with a free draft (T_AR = median target-only step of the same "
@@ -65,6 +69,8 @@ class SummaryEntry:
     hidden_bound_ms: float | None                  # median over prompts
     step_over_hidden_bound: float | None           # median of step_ms / hidden_bound_ms over prompts
     all_equal_to_ar: bool | None                   # every row equal to ar (None: no row was compared)
+    agreement_with_ar: float | None = None         # mean common-prefix share with ar (llama.cpp: another function)
+    step_ar_ms: float | None = None                # median T_AR over prompts (ar, ar_all; llama.cpp: between tokens)
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -133,7 +139,8 @@ def summarize(rows: list[BenchRow]) -> list[SummaryEntry]:
             step_ms=_median(col("step_ms")), hidden_bound_ms=_median(col("hidden_bound_ms")),
             step_over_hidden_bound=_median([r.step_ms / r.hidden_bound_ms for r in mine
                                             if r.step_ms and r.hidden_bound_ms]),
-            all_equal_to_ar=None if all(e is None for e in equal) else all(e is True for e in equal)))
+            all_equal_to_ar=None if all(e is None for e in equal) else all(e is True for e in equal),
+            agreement_with_ar=_mean(col("agreement_with_ar")), step_ar_ms=_median(col("t_ar_ms"))))
     return out
 
 
