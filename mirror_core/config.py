@@ -12,7 +12,7 @@ FAULT_MODES = ("raise", "exit")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "int8")
 # the linear maps' kernel on a CPU: auto = the exact small-row kernel (kernels/native.py) in the best variant this
 # machine builds and runs, else torch's matmul under a measured row plan; torch = always that; a variant = only it
-KERNEL_CHOICES = ("auto", "torch", "avx512_vnni", "avx512_bf16", "avx512", "avx2")
+KERNEL_CHOICES = ("auto", "torch", "amx", "avx512_vnni", "avx512_bf16", "avx512", "avx2")
 SERIAL_CORES = ("all", "lane")  # LaneConfig.serial_cores
 SERIAL_DECODERS = ("ar", "sd")  # the decoders whose draft lane (if any) waits while the target works
 RUNNER_KINDS = ("auto", "fast", "hf")  # auto: the fast runners for Llama-family weights and SS drafts, else the generic one

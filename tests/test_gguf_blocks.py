@@ -121,10 +121,13 @@ def test_the_int8_format_is_one_function_on_every_variant(kind):
         lib = native.library(variant)
         packed = native.PackedLinear(w, "int8", lib, blocks=b)
         alone = torch.cat([packed(x[r:r + 1]) for r in range(16)])                       # [16, N]
-        for threads in (1, 2):
-            lib.set_threads(threads)
-            for m in (2, 5, 8, 16):
-                assert torch.equal(packed(x[16 - m:]), alone[16 - m:]), (variant, threads, m)
+        for amx_rows in ((0, 1, 16) if variant == "amx" else (None,)):  # AMX tiles for every call / none / 16+ rows
+            if amx_rows is not None:
+                lib.set_amx_rows(amx_rows)
+            for threads in (1, 2):
+                lib.set_threads(threads)
+                for m in (1, 2, 5, 8, 16):
+                    assert torch.equal(packed(x[16 - m:]), alone[16 - m:]), (variant, amx_rows, threads, m)
         lib.set_threads(1)
         first = alone if first is None else first
         assert torch.equal(alone, first), variant  # VNNI's dpbusd and AVX2's maddubs: the same exact sums

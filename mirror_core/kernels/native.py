@@ -20,7 +20,9 @@ of 32 (llama.cpp's kind of arithmetic; small_rows.cpp's i8), with exact integer 
 bytes and does a quarter of the float work, so a window of rows costs little more than one. It is offered only for
 maps stored as blocks, and each row is still rounded alone: one function for any row count and thread count.
 
-Variants, by the CPU's flags (the best one this CPU runs is the default; tests force the others):
+Variants, by the CPU's flags (the best one this CPU runs and loads is the default; tests force the others):
+    amx           as avx512_vnni, and the int8 format's calls of 16+ rows (prefills) on AMX-INT8 tiles (the OS must grant
+                  tile data; the same bits as VNNI's)
     avx512_vnni   as avx512_bf16, with VNNI's int8 dot products (vpdpbusd) for the int8 format
     avx512_bf16   AVX-512 with bf16 dot products (bfloat16 weights: one vdpbf16ps per pair of k)
     avx512        AVX-512 (F, BW, VL) with FMA and F16C
@@ -49,6 +51,9 @@ SOURCE = os.path.join(os.path.dirname(__file__), "small_rows.cpp")
 FORMATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # weight formats by name
 _BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c++20", "-fno-math-errno", "-ffp-contract=off")
 VARIANTS = {  # name → (CPU flags it needs, compiler flags)
+    "amx": (("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_int8", "fma", "f16c"),
+            ("-DMSD_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mamx-tile",
+             "-mamx-int8", "-mfma", "-mf16c")),
     "avx512_vnni": (("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "fma", "f16c"),
                     ("-DMSD_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mfma",
                      "-mf16c")),
@@ -58,7 +63,7 @@ VARIANTS = {  # name → (CPU flags it needs, compiler flags)
                ("-DMSD_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c")),
     "avx2": (("avx2", "fma", "f16c"), ("-DMSD_AVX2", "-mavx2", "-mfma", "-mf16c")),
 }
-VARIANT_CODES = {5: "avx512_vnni", 4: "avx512_bf16", 3: "avx512", 2: "avx2"}
+VARIANT_CODES = {6: "amx", 5: "avx512_vnni", 4: "avx512_bf16", 3: "avx512", 2: "avx2"}
 BUILD_TIMEOUT_S = 120
 ALIGN = 64  # bytes: packed panels are read with aligned vector loads
 HUGE_PAGE = 2 << 20  # bytes: packed weights of at least this size start on a 2 MB boundary and ask for 2 MB pages
@@ -145,6 +150,10 @@ class Library:
         if self.dll.msd_set_threads(int(threads)):
             raise ValueError(f"kernel threads must be in 1..64, got {threads}")
 
+    def set_amx_rows(self, rows: int) -> None:
+        """The amx variant: int8 calls of at least `rows` rows run on tiles (0: never; the bits do not change)."""
+        self.dll.msd_set_amx_rows(int(rows))
+
     @property
     def threads(self) -> int:
         """The calling thread's kernel threads (1 until set_threads)."""
@@ -170,6 +179,9 @@ def _load(build: Build) -> Library:
     dll.msd_block_bytes.argtypes, dll.msd_block_bytes.restype = [ctypes.c_int], _I64
     dll.msd_advise_huge.argtypes, dll.msd_advise_huge.restype = [_P, _I64], ctypes.c_int
     dll.msd_layer_size.restype = _I64
+    dll.msd_set_amx_rows.argtypes, dll.msd_set_amx_rows.restype = [_I64], None
+    if VARIANT_CODES.get(dll.msd_variant()) == "amx" and dll.msd_amx_init():
+        raise OSError("the OS refused AMX tile data to this process (arch_prctl ARCH_REQ_XCOMP_PERM)")
     if dll.msd_layer_size() != ctypes.sizeof(_LayerSpec):
         raise OSError(f"{build.path}: msd_layer is {dll.msd_layer_size()} bytes, _LayerSpec {ctypes.sizeof(_LayerSpec)}")
     dll.msd_stream_read.argtypes, dll.msd_stream_read.restype = [_P, _I64], ctypes.c_double
@@ -231,25 +243,28 @@ _failures: dict[str, str] = {}
 
 @functools.cache
 def library(variant: str | None = None) -> Library | None:
-    """The kernel library for `variant` (None: the best this CPU runs), built on first use; None where it cannot
-    be had here (`unavailable(variant)` says why in one line)."""
-    name = variant or next(iter(runnable_variants()), None)
-    if name is None:
-        _failures[str(variant)] = "no AVX2/FMA/F16C on this CPU"
+    """The kernel library for `variant` (None: the best this CPU runs and loads), built on first use; None where it
+    cannot be had here (`unavailable(variant)` says why in one line)."""
+    if variant is None:
+        for name in runnable_variants():
+            lib = library(name)
+            if lib is not None:
+                return lib
+        _failures["None"] = _failures.get(str(next(iter(runnable_variants()), None)), "no AVX2/FMA/F16C on this CPU")
         return None
-    if name not in VARIANTS:
-        raise ValueError(f"unknown kernel variant {name!r} (known: {', '.join(VARIANTS)})")
-    if name not in runnable_variants():
-        _failures[str(variant)] = f"this CPU cannot run the {name} variant"
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown kernel variant {variant!r} (known: {', '.join(VARIANTS)})")
+    if variant not in runnable_variants():
+        _failures[variant] = f"this CPU cannot run the {variant} variant"
         return None
     cxx = compiler()
     if cxx is None:
-        _failures[str(variant)] = "no C++ compiler found (g++, c++ or clang++; set $CXX)"
+        _failures[variant] = "no C++ compiler found (g++, c++ or clang++; set $CXX)"
         return None
     try:
-        lib = _load(_build(name, cxx))
+        lib = _load(_build(variant, cxx))
     except (OSError, subprocess.SubprocessError) as e:
-        _failures[str(variant)] = f"the kernel could not be built or loaded: {e}"
+        _failures[variant] = f"the kernel could not be built or loaded: {e}"
         return None
     _loaded.append(lib)
     lib.set_threads(kernel_threads())

@@ -41,6 +41,8 @@
 #include <chrono>
 #include <thread>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 namespace {
 
@@ -485,6 +487,150 @@ static void run_panels(const Block<X, W>* blocks, const X* x, int64_t m, int64_t
     });
 }
 
+#if defined(__AMX_INT8__) && defined(__AVX512VNNI__)
+// -- AMX tiles for the int8 format's windows -----------------------------------------------------------------
+// One tile dot product gives every row's integer block sum for 16 columns at once (tdpbsud: int8 activations ×
+// q4_1's 0..15; tdpbssd: × q8_0's int8), where VNNI spends 8 instructions a row. The sums are the same exact
+// integers, and the float steps after them are block_i8's, lane for lane, so a row's output is the same bits
+// whichever path ran it: calls of at least amx_rows rows take this one (msd_set_amx_rows; 0 = never). Each block
+// ends in a store of its sums and a float epilogue per row, so the tiles only pay on long calls (prefills).
+constexpr int64_t TILE_ROWS = 16;
+static bool amx_ready = false;  // the OS let this process use tile data (msd_amx_init)
+static int64_t amx_rows = 16;  // measured here (Xeon with AMX): tiles pay from 16 rows (3.7 vs 4.6-6.2 one-row costs), not below
+
+struct TileConfig {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+// tiles 0, 1 and 5, 6: sums [r, 16 int32] of the two halves (even and odd blocks); 2: activations [r, 32 int8];
+// 3, 4: weights [8, 64] per half
+static void configure_tiles(int64_t r) {
+    thread_local int64_t configured = -1;
+    if (configured == r) return;
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 2; t++) c.rows[t] = (uint8_t)r, c.colsb[t] = 64;
+    c.rows[2] = (uint8_t)r, c.colsb[2] = QK;
+    for (int t = 3; t < 5; t++) c.rows[t] = 8, c.colsb[t] = 64;
+    for (int t = 5; t < 7; t++) c.rows[t] = (uint8_t)r, c.colsb[t] = 64;
+    _tile_loadconfig(&c);
+    configured = r;
+}
+
+// One block's epilogue from its stored sums: block_i8's float steps, lane for lane.
+template <bool MIN>
+static inline void amx_epilogue(const uint8_t* x, int64_t xs, int64_t rows, const uint8_t* blk, int64_t b,
+                                const int32_t (*sums)[TILE_ROWS][16], float (*acc)[PANEL]) {
+    for (int c = 0; c < 2; c++) {
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)blk + 16 * c)));
+        __m512 mw = MIN ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)blk + PANEL + 16 * c)))
+                        : _mm512_setzero_ps();
+        for (int64_t r = 0; r < rows; r++) {
+            const uint8_t* rec = x + r * xs + b * XREC;
+            __m512 a = _mm512_load_ps(&acc[r][16 * c]);
+            a = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(rec_f32(rec + QK))),
+                                _mm512_cvtepi32_ps(_mm512_load_si512((const void*)sums[c][r])), a);
+            if (MIN) a = _mm512_fmadd_ps(mw, _mm512_set1_ps(rec_f32(rec + QK + 4)), a);
+            _mm512_store_ps(&acc[r][16 * c], a);
+        }
+    }
+}
+
+// Block b's weights into tiles 3 and 4 (q4_1 unpacked to one value a byte through `tmp`).
+template <bool MIN>
+static inline void amx_weights(const uint8_t* q, uint8_t (*tmp)[8 * 64]) {
+    constexpr int64_t HALF = MIN ? 4 * 64 : 8 * 64;
+    if (MIN) {
+        for (int h = 0; h < 2; h++)
+            for (int g = 0; g < 4; g++) {
+                __m512i t = _mm512_load_si512((const void*)(q + h * HALF + g * 64));
+                _mm512_store_si512((void*)(tmp[h] + g * 64), _mm512_and_si512(t, _mm512_set1_epi8(15)));
+                _mm512_store_si512((void*)(tmp[h] + (g + 4) * 64),
+                                   _mm512_and_si512(_mm512_srli_epi16(t, 4), _mm512_set1_epi8(15)));
+            }
+        _tile_loadd(3, tmp[0], 64);
+        _tile_loadd(4, tmp[1], 64);
+    } else {
+        _tile_loadd(3, q, 64);
+        _tile_loadd(4, q + HALF, 64);
+    }
+}
+
+// One panel over all blocks. Blocks alternate between two pairs of sum tiles (0, 1 and 5, 6), so one block's tile
+// products run while the previous block's sums are stored and scaled.
+template <bool MIN>
+static void panel_amx(const uint8_t* x, int64_t xs, int64_t rows, const uint8_t* w, int64_t kb, float* y, int64_t ys,
+                      int64_t col0, int64_t n) {
+    constexpr int64_t BYTES = MIN ? I8_Q4_1_BYTES : I8_Q8_0_BYTES, QOFF = (MIN ? 2 : 1) * PANEL * 2;
+    alignas(64) float acc[TILE_ROWS][PANEL];
+    alignas(64) int32_t sums[2][TILE_ROWS][16];
+    alignas(64) uint8_t tmp[2][2][8 * 64];
+    for (int64_t r = 0; r < rows; r++) for (int c = 0; c < 2; c++) _mm512_store_ps(&acc[r][16 * c], _mm512_setzero_ps());
+    for (int64_t b = 0; b < kb; b++) {
+        const uint8_t* blk = w + b * BYTES;
+        for (int64_t i = 0; i < BYTES; i += 64) _mm_prefetch((const char*)blk + PREFETCH + i, _MM_HINT_T0);
+        _tile_loadd(2, x + b * XREC, xs);
+        amx_weights<MIN>(blk + QOFF, tmp[b & 1]);
+        if (b & 1) {
+            _tile_zero(5);
+            _tile_zero(6);
+            if (MIN) { _tile_dpbsud(5, 2, 3); _tile_dpbsud(6, 2, 4); } else { _tile_dpbssd(5, 2, 3); _tile_dpbssd(6, 2, 4); }
+            _tile_stored(0, sums[0], 64);  // the previous (even) block's sums
+            _tile_stored(1, sums[1], 64);
+        } else {
+            _tile_zero(0);
+            _tile_zero(1);
+            if (MIN) { _tile_dpbsud(0, 2, 3); _tile_dpbsud(1, 2, 4); } else { _tile_dpbssd(0, 2, 3); _tile_dpbssd(1, 2, 4); }
+            if (b) {
+                _tile_stored(5, sums[0], 64);  // the previous (odd) block's sums
+                _tile_stored(6, sums[1], 64);
+            }
+        }
+        if (b) amx_epilogue<MIN>(x, xs, rows, blk - BYTES, b - 1, sums, acc);
+    }
+    if (kb & 1) {
+        _tile_stored(0, sums[0], 64);
+        _tile_stored(1, sums[1], 64);
+    } else {
+        _tile_stored(5, sums[0], 64);
+        _tile_stored(6, sums[1], 64);
+    }
+    amx_epilogue<MIN>(x, xs, rows, w + (kb - 1) * BYTES, kb - 1, sums, acc);
+    for (int64_t r = 0; r < rows; r++)
+        for (int c = 0; c < 2; c++) {
+            int64_t col = col0 + 16 * c;
+            if (col < n) fstore_cols(y + r * ys + col, _mm512_load_ps(&acc[r][16 * c]), n - col);
+        }
+}
+
+// The whole call on tiles: panels split between the pool's threads, rows 16 at a time.
+static bool linear_amx(bool q4_1, const uint8_t* x, int64_t m, int64_t xs, const uint8_t* w, int64_t kb,
+                       int64_t panel_bytes, float* y, int64_t ys, int64_t n) {
+    if (!amx_ready || amx_rows < 1 || m < amx_rows) return false;
+    int64_t panels = (n + PANEL - 1) / PANEL;
+    parallel_for(panels, [&](int64_t first, int64_t last, int) {
+        for (int64_t r0 = 0; r0 < m; r0 += TILE_ROWS) {
+            int64_t rows = m - r0 < TILE_ROWS ? m - r0 : TILE_ROWS;
+            configure_tiles(rows);
+            for (int64_t p = first; p < last; p++) {
+                const uint8_t* wp = w + p * panel_bytes;
+                if (q4_1) panel_amx<true>(x + r0 * xs, xs, rows, wp, kb, y + r0 * ys, ys, p * PANEL, n);
+                else panel_amx<false>(x + r0 * xs, xs, rows, wp, kb, y + r0 * ys, ys, p * PANEL, n);
+            }
+        }
+    });
+    return true;
+}
+#else
+static bool linear_amx(bool, const uint8_t*, int64_t, int64_t, const uint8_t*, int64_t, int64_t, float*, int64_t,
+                       int64_t) {
+    return false;
+}
+#endif
+
 // The register blocks by row count: BLOCKS[R − 1] computes R rows (Block: x, its row stride, a panel, K, y, its
 // row stride, the panel's first column, N).
 #if defined(MSD_AVX512)
@@ -556,9 +702,12 @@ double msd_stream_read(const float* p, int64_t n) {
     return s;
 }
 
-// The variant this file was built as: 2 = AVX2, 3 = AVX-512, 4 = AVX-512 with BF16 dot products, 5 = and VNNI.
+// The variant this file was built as: 2 = AVX2, 3 = AVX-512, 4 = AVX-512 with BF16 dot products, 5 = and VNNI,
+// 6 = and AMX-INT8 tiles.
 int msd_variant(void) {
-#if defined(MSD_AVX512) && defined(__AVX512BF16__) && defined(__AVX512VNNI__)
+#if defined(MSD_AVX512) && defined(__AVX512BF16__) && defined(__AVX512VNNI__) && defined(__AMX_INT8__)
+    return 6;
+#elif defined(MSD_AVX512) && defined(__AVX512BF16__) && defined(__AVX512VNNI__)
     return 5;
 #elif defined(MSD_AVX512) && defined(__AVX512BF16__)
     return 4;
@@ -572,6 +721,26 @@ int msd_variant(void) {
 int msd_panel(void) { return (int)PANEL; }
 
 int msd_qk(void) { return (int)QK; }
+
+// AMX for the int8 format's windows: ask the OS for tile data (once per process); 0 when granted (or already),
+// 1 when refused or when this build has no AMX path.
+int msd_amx_init(void) {
+#if defined(__AMX_INT8__) && defined(__AVX512VNNI__)
+    if (!amx_ready) amx_ready = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    return amx_ready ? 0 : 1;
+#else
+    return 1;
+#endif
+}
+
+// Calls of at least `rows` rows run on AMX tiles (0: never). The same bits either way; tests force both paths.
+void msd_set_amx_rows(int64_t rows) {
+#if defined(__AMX_INT8__) && defined(__AVX512VNNI__)
+    amx_rows = rows;
+#else
+    (void)rows;
+#endif
+}
 
 // The packed bytes of one panel and block of 32 k in a GGUF block format (3 q4_1, 4 q8_0), or 0.
 // (5 and 6: the same blocks packed for int8 activations, i8)
@@ -733,7 +902,8 @@ static int linear_i8(const Block<uint8_t, uint8_t>* blocks, int64_t bytes, const
     thread_local std::vector<uint8_t> recs;
     if ((int64_t)recs.size() < m * (k / QK) * XREC) recs.resize(m * (k / QK) * XREC);
     quantise_rows(x, m, k, xs, recs.data());
-    run_panels<uint8_t, uint8_t>(blocks, recs.data(), m, (k / QK) * XREC, w, k / QK, k / QK * bytes, y, ys, n);
+    if (!linear_amx(blocks == I8_Q4_1, recs.data(), m, (k / QK) * XREC, w, k / QK, k / QK * bytes, y, ys, n))
+        run_panels<uint8_t, uint8_t>(blocks, recs.data(), m, (k / QK) * XREC, w, k / QK, k / QK * bytes, y, ys, n);
     return 0;
 }
 
