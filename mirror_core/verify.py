@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import SamplingConfig
-from .sampling import keyed_uniform, probs, sample_inverse_cdf
+from .sampling import argmax_last, keyed_uniform, probs, sample_inverse_cdf
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class AcceptResult:
 def accept(logits_target: torch.Tensor, draft: list[int], cfg: SamplingConfig, first_position: int,
            p_draft: torch.Tensor | None, gen: torch.Generator | None) -> AcceptResult:
     """Run the request's rule over the window; slot j predicts the token at first_position + j - 1."""
-    argmax = tuple(int(t) for t in torch.argmax(logits_target, dim=-1).tolist())  # [D+1]
+    argmax = tuple(int(t) for t in argmax_last(logits_target).tolist())  # [D+1]
     if cfg.greedy:
         a = 0
         while a < len(draft) and draft[a] == argmax[a]:

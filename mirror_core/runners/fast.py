@@ -112,6 +112,7 @@ class FastLlamaRunner:
         self.scale = self.head_dim ** -0.5
         self.inv_freq = rotary.inv_freq.to(self.device, torch.float32)                 # [D/2]
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self._rope_cos = self._rope_sin = torch.empty(0, self.head_dim)  # _rope's table, made on first use
         self.capacity = capacity
         self.max_positions = getattr(cfg, "max_position_embeddings", None)
         self.exit_head = exit_head  # an exit_head.ExitHead: the layer-ℓ_e readout instead of the final norm + LM head
@@ -257,8 +258,15 @@ class FastLlamaRunner:
 
     # -- building blocks (the maths is mirror_core/models/ops.py; these bind this model's weights) ----
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [..., T, D] at positions [..., T], in this model's frequencies, scaling and dtype."""
-        return rope_tables(positions, self.inv_freq, self.rope_scale, self.dtype)
+        """cos, sin [..., T, D] at positions [..., T], in this model's frequencies, scaling and dtype: rows of one
+        table computed once for positions 0..S−1 (S doubling as needed), so a position's rows are the same bits
+        in every call, and a step does not recompute them."""
+        need = int(positions.max()) + 1 if positions.numel() else 0
+        if need > self._rope_cos.shape[0]:
+            size = max(need, 2 * self._rope_cos.shape[0], 256)
+            self._rope_cos, self._rope_sin = rope_tables(torch.arange(size, device=self.device), self.inv_freq,
+                                                         self.rope_scale, self.dtype)             # [S, D] each
+        return self._rope_cos[positions], self._rope_sin[positions]
 
     def _kernel(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x [..., K] @ w [K, N] in the weights' dtype, the product back in x's dtype (a no-op cast when they agree);
