@@ -46,7 +46,7 @@ from .models.profile import load_profile
 from .models.vocab import load_vocab_map
 from .records import UNCHECKED, Calibration, ExitHeadInfo, Roofline, RowCheck, WholeMachine
 from .runners import build_runner, kernel_unavailable
-from .runners.calibrate import BRANCH_ROWS, WINDOW, calibrate_target, step_ms
+from .runners.calibrate import BRANCH_ROWS, WINDOW, calibrate_target, lane_read_gbs, step_ms
 
 
 @dataclass(frozen=True)
@@ -170,11 +170,12 @@ class MirrorEngine:
                         draft_runner="" if lane is None else lane.runner_name, exit_head=loaded.head,
                         draft_vocab=None if pair.vmap is None else pair.vmap.size,
                         draft_features=None if pair.features is None else pair.features.feature_layer,
-                        whole_machine=timed.whole, roofline=_roofline(loaded.runner, timed.dtype, lanes.kernel),
+                        whole_machine=timed.whole, roofline=_roofline(loaded.runner, timed.dtype, lanes.kernel, timed.whole),
                         serial_cpus=_serial_cpus(lanes))
         if lane is not None:  # γ, κ for this machine: the latency model at the pair's own ℓ_e
+            baseline = timed.whole.all_ms if timed.whole is not None and info.serial_cpus else None
             info = replace(info, spec_choice=_choose_spec(timed.dtype, lane.calibration, load_profile(local_folder(draft)),
-                                                          info.default_exit_layer() / info.num_layers))
+                                                          info.default_exit_layer() / info.num_layers, baseline))
         return cls(loaded.runner, lane, info, pair.tokenizer, loaded.eos_ids)
 
     @staticmethod
@@ -403,15 +404,18 @@ def _time_target(runner, vocab: int, lanes: LaneConfig, config) -> _TargetTiming
                 lane.append(step_ms(runner))
             with pinned(every, len(every), kernel):  # the whole-machine baseline's step (AR on every core)
                 whole_machine.append(step_ms(runner))
+        with pinned(every, len(every), kernel):  # every core's read bandwidth: the whole-machine roofline
+            gbs = lane_read_gbs(runner)
         whole = WholeMachine(len(lanes.target_cpus), statistics.median(lane), len(every),
                              statistics.median(whole_machine),
-                             tuple(round(a / b, 3) for a, b in zip(whole_machine, lane)))
+                             tuple(round(a / b, 3) for a, b in zip(whole_machine, lane)), gbs)
     return _TargetTiming(dtype, rows, whole)
 
 
-def _roofline(runner, cal: Calibration | None, choice: str) -> Roofline | None:
-    """The target's Roofline from its calibration (None where the forward by rows was not timed: the generic runner,
-    a forced dtype on a device without timings)."""
+def _roofline(runner, cal: Calibration | None, choice: str, whole: WholeMachine | None = None) -> Roofline | None:
+    """The target's Roofline from its calibration, with the whole machine's step and read bandwidth where they were
+    timed (None where the forward by rows was not timed: the generic runner, a forced dtype on a device without
+    timings)."""
     rows = () if cal is None else cal.rows_ms(cal.sequence)
     if not rows or not hasattr(runner, "weight_bytes"):
         return None
@@ -424,8 +428,10 @@ def _roofline(runner, cal: Calibration | None, choice: str) -> Roofline | None:
         note = f"the kernel takes float32 models; this one is loaded in {str(runner.dtype).removeprefix('torch.')}"
     else:
         note = kernel_unavailable(choice)
-    return Roofline("torch" if kernel is None else kernel.variant, note, cal.sequence, runner.weight_bytes,
-                    cal.read_gbs, rows, runner.weight_params, cal.peak_gflops)
+    machine = {} if whole is None or not whole.read_gbs else dict(
+        machine_cores=whole.all_cores, machine_read_gbs=whole.read_gbs, machine_step_ms=whole.all_ms)
+    return Roofline("torch" if kernel is None else kernel.variant, note, getattr(runner, "weight_storage", cal.sequence),
+                    runner.weight_bytes, cal.read_gbs, rows, runner.weight_params, cal.peak_gflops, **machine)
 
 
 def _draft_lane_spec(draft: str, lanes: LaneConfig, pair: _PairFiles, trust_remote_code: bool) -> DraftLaneSpec:
@@ -459,9 +465,11 @@ def _exit_head(choice: str, draft: str | None, target_model) -> ExitHead | None:
     return ExitHead(weights, lm_head, float(target_model.config.rms_norm_eps))
 
 
-def _choose_spec(target: Calibration | None, draft: Calibration | None, profile, exit_share: float) -> SpecChoice | None:
-    """γ and κ for this machine: the latency model over the lanes' timed step costs and the draft's profile; None
-    when the draft has no profile or a lane's dtype was forced without timing."""
+def _choose_spec(target: Calibration | None, draft: Calibration | None, profile, exit_share: float,
+                 baseline: float | None = None) -> SpecChoice | None:
+    """γ and κ for this machine: the latency model over the lanes' timed step costs and the draft's profile, its
+    speedups against `baseline` (AR's step on every core, where ar runs there; None: the lane's step); None when the
+    draft has no profile or a lane's dtype was forced without timing."""
     if profile is None or target is None or draft is None:
         return None
     shapes = (target.ms(target.sequence, "step"), target.ms(target.sequence, "window"),
@@ -469,7 +477,8 @@ def _choose_spec(target: Calibration | None, draft: Calibration | None, profile,
     if any(v is None for v in shapes):
         return None
     t_ar, t_window, d_step, d_rows = shapes
-    return choose_spec(StepCosts(t_ar, t_window, WINDOW, exit_share, d_step, d_rows, BRANCH_ROWS, WINDOW - 1), profile)
+    return choose_spec(StepCosts(t_ar, t_window, WINDOW, exit_share, d_step, d_rows, BRANCH_ROWS, WINDOW - 1, baseline),
+                       profile)
 
 
 def check_feature_draft(cfg, target_cfg, vmap) -> None:

@@ -61,6 +61,7 @@ class RunSettings:
                                                # on the whole machine
     roofline: Roofline | None = None           # the target's kernel, weight bytes per token, forward by rows against
                                                # the memory roofline (records.Roofline)
+    serial_cpus: tuple[int, ...] = ()          # where ar and sd run the target (every core); () = the target lane's
 
     def to_dict(self) -> dict:
         return asdict(self)

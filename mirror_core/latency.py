@@ -155,6 +155,12 @@ class StepCosts:
     draft_rows: float       # draft: a branch rollout of `rows` rows, `depth` tokens deep
     rows: int
     depth: int
+    baseline: float | None = None  # the baseline's one-token step (AR on every core, as ar and sd run; None: t_ar)
+
+    @property
+    def base(self) -> float:
+        """T_base: the one-token step every modelled speedup is a ratio against."""
+        return self.baseline if self.baseline else self.t_ar
 
     def verify(self, gamma: int) -> float:
         """T_verify(γ): the window's cost, linear in its rows between the two timed shapes."""
@@ -223,13 +229,14 @@ class SpecChoice:
 
 
 def modelled_speedups(costs: StepCosts, profile: DraftProfile, gamma: int, kappa: int) -> tuple[float, float]:
-    """(Mirror-SD, vanilla SD) speedups over ar: τ · T_AR / E[T_step], E[T_step] from §4 with every branch row of
-    κ(γ+1) rolled out, FF = 1 − hit rate, and T_fresh = γ draft steps."""
+    """(Mirror-SD, vanilla SD) speedups over the baseline: τ · T_base / E[T_step], E[T_step] from §4 with every
+    branch row of κ(γ+1) rolled out, FF = 1 − hit rate, and T_fresh = γ draft steps. Mirror-SD's target runs on its
+    lane (T_AR's cores); SD's verification on the baseline's, its window scaled by T_base / T_AR."""
     tau, verify, fresh = profile.tau(gamma), costs.verify(gamma), gamma * costs.draft_step
     pre, delta = costs.exit_share * verify, (1 - costs.exit_share) * verify
     branch = costs.branch(kappa * (gamma + 1), gamma)
     mirror = pre + max(delta, branch) + (1 - profile.hit_rate(kappa, gamma)) * fresh
-    return tau * costs.t_ar / mirror, tau * costs.t_ar / (verify + fresh)
+    return tau * costs.base / mirror, tau * costs.base / (verify * costs.base / costs.t_ar + fresh)
 
 
 def choose_spec(costs: StepCosts, profile: DraftProfile, gammas=GAMMAS, kappas=KAPPAS) -> SpecChoice:
@@ -242,11 +249,15 @@ def choose_spec(costs: StepCosts, profile: DraftProfile, gammas=GAMMAS, kappas=K
         t0, t1 = profile.tau(gamma), profile.tau(gamma + 1)
         extra = costs.verify(gamma + 1) - costs.verify(gamma) + costs.draft_step
         why = (f"γ {gamma}: a {_nth(gamma + 1)} draft token adds {t1 - t0:.2f} expected tokens per step but costs "
-               f"{extra:.1f} ms more here (modelled {more[0]:.2f}x vs {best:.2f}x ar); κ {kappa}: "
+               f"{extra:.1f} ms more here (modelled {more[0]:.2f}x vs {best:.2f}x {_base(costs)}); κ {kappa}: "
                f"hit rate {profile.hit_rate(kappa, gamma):.2f}, {kappa * (gamma + 1)} branch rows")
     else:
-        why = f"γ {gamma}, κ {kappa}: the largest tried (modelled {best:.2f}x ar)"
+        why = f"γ {gamma}, κ {kappa}: the largest tried (modelled {best:.2f}x {_base(costs)})"
     return SpecChoice(gamma, kappa, best, round(sd, 3), why, table)
+
+
+def _base(costs: StepCosts) -> str:
+    return "AR on every core" if costs.baseline else "ar"
 
 
 def _nth(n: int) -> str:

@@ -188,6 +188,20 @@ class Roofline:
     rows_ms: tuple[float, ...]   # the forward of 1, 2, .. new rows (ms)
     weight_params: int = 0       # multiply-adds per row of the linear maps and LM head (a row costs 2 × this in flops)
     peak_gflops: float = 0.0     # the linear maps' arithmetic rate here with nothing to wait for (GFLOP/s, measured)
+    machine_cores: int = 0       # every usable core (the baseline's), when the lane holds fewer (0: not measured)
+    machine_read_gbs: float = 0.0  # those cores reading together (GB/s, measured)
+    machine_step_ms: float = 0.0   # the one-token step on them (ms, measured: WholeMachine.all_ms)
+
+    @property
+    def machine_roofline_ms(self) -> float | None:
+        """The least a one-token step on every core can cost: weight bytes ÷ their read bandwidth (ms)."""
+        return self.weight_bytes / self.machine_read_gbs / 1e6 if self.machine_read_gbs > 0 else None
+
+    @property
+    def machine_step_fraction(self) -> float | None:
+        """The whole-machine step's share of its roofline (1 = at the limit)."""
+        limit = self.machine_roofline_ms
+        return limit / self.machine_step_ms if limit and self.machine_step_ms else None
 
     def compute_ms(self, rows: int) -> float | None:
         """The least the arithmetic of `rows` rows can cost here: 2 · rows · weight_params ÷ peak (ms)."""
@@ -209,6 +223,8 @@ class Roofline:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "roofline_ms": _round(self.roofline_ms), "step_fraction": _round(self.step_fraction),
+                "machine_roofline_ms": _round(self.machine_roofline_ms),
+                "machine_step_fraction": _round(self.machine_step_fraction),
                 "compute_ms": [_round(self.compute_ms(m)) for m in range(1, len(self.rows_ms) + 1)],
                 "window_steps": [_round(self.window_steps(m)) for m in range(1, len(self.rows_ms) + 1)]}
 
@@ -222,6 +238,10 @@ class Roofline:
                      f"({self.roofline_ms:.1f} ms at {self.read_gbs:.0f} GB/s)")
         if len(self.rows_ms) >= 5:
             line += f"; 5 rows cost {self.window_steps(5):.2f} steps"
+        if self.machine_step_fraction:
+            line += (f"; on all {self.machine_cores} cores a step {self.machine_step_ms:.1f} ms = "
+                     f"{self.machine_step_fraction:.0%} of the roofline ({self.machine_roofline_ms:.1f} ms at "
+                     f"{self.machine_read_gbs:.0f} GB/s)")
         return line
 
 
@@ -238,6 +258,7 @@ class WholeMachine:
     all_cores: int
     all_ms: float                     # median over the alternated timings
     ratios: tuple[float, ...] = ()    # all-cores step ÷ lane step, one per alternated pair of timings
+    read_gbs: float = 0.0             # every core reading together (GB/s, measured; 0: not measured)
 
     @property
     def settled(self) -> bool:

@@ -317,3 +317,16 @@ def test_the_what_if_explains_a_negative_saving_beside_a_hidden_draft():
     cheap = LatencyModel(t_pre=0.01, t_rv_ee=0.0005, delta=0.005, t_branch=0.004, t_rv_fv=0.0005, t_fresh=0.008,
                          ff=0.3, tau=1.5, t_ar=0.012, measured_step=0.02)
     assert "+4.6 ms saved)" in why_model(cheap) and "a loss" not in why_model(cheap)
+
+
+def test_the_roofline_shows_the_whole_machines_line_and_step():
+    """The baseline runs on every core: the view draws their memory limit and the measured step, and says both."""
+    from mirror_core.events import Roofline
+    from ui.roofline import roofline_figure, roofline_sentence
+
+    roof = Roofline("avx512_vnni", "", "int8 on q4_1+q8_0", 96_000_000, 16.0, (6.0, 6.5, 7.0), 134_000_000, 900.0,
+                    machine_cores=2, machine_read_gbs=32.0, machine_step_ms=3.2)
+    names = [t.name for t in roofline_figure(roof).data]
+    assert "memory limit on all 2 cores" in names and "AR step on all 2 cores (the baseline)" in names
+    text = roofline_sentence(roof, 2)
+    assert "On all 2 cores, as the baseline (AR) runs, the step took 3.2 ms against 3.0 ms" in text and "94%" in text

@@ -250,3 +250,20 @@ def test_the_verdict_is_on_the_first_screen_and_rejected_drafts_can_be_hidden(pa
         wait_for(browser, lambda s: json.loads(browser.evaluate(VERDICT_JS))["hidden"], 10, poll=0.1)
         page = json.loads(browser.evaluate(VERDICT_JS))
         assert page["streamDels"] and set(page["streamDels"]) == {"none"} and page["legendDel"] != "none", page
+
+
+def test_the_verdict_names_where_its_baseline_ran():
+    """ar runs the target alone on every core (LaneConfig.serial_cores "all"): the verdict says so beside its tok/s;
+    with --serial-cores lane it names the target lane's cores instead."""
+    from dataclasses import replace
+
+    from ui.verdict import _where
+
+    run = ar(40)
+    base = run.start.settings
+    run.start = replace(run.start, settings=replace(base, serial_cpus=(0, 1)))
+    assert _where(run) == "; AR on both cores, the whole machine"
+    run.start = replace(run.start, settings=replace(base, lanes=LaneConfig(kind="process", target_cpus=(0,))))
+    assert _where(run) == "; AR on one core"
+    run.start = None
+    assert _where(run) == ""

@@ -51,6 +51,13 @@ def roofline_figure(roof: Roofline):
     if roof.compute_ms(1) is not None:
         fig.add_scatter(x=rows, y=[roof.compute_ms(m) for m in rows], mode="lines", hovertemplate=hover,
                         name="compute limit: arithmetic ÷ peak rate", line={"color": COLOURS["compute"]})
+    if roof.machine_roofline_ms is not None:  # the baseline's: every core reading the same bytes together
+        fig.add_scatter(x=rows, y=[roof.machine_roofline_ms] * len(rows), mode="lines", hovertemplate=hover,
+                        name=f"memory limit on all {roof.machine_cores} cores", line={"color": COLOURS["memory"],
+                                                                                      "dash": "dot"})
+        fig.add_scatter(x=[1], y=[roof.machine_step_ms], mode="markers", hovertemplate=hover,
+                        name=f"AR step on all {roof.machine_cores} cores (the baseline)",
+                        marker={"color": COLOURS["measured"], "symbol": "diamond", "size": 11})
     ridge = ridge_rows(roof)
     if modelled_ms(roof, 1) is not None:
         xs = sorted(set(rows) | ({ridge} if ridge and 1 < ridge < rows[-1] else set()))  # the kink at the ridge
@@ -70,7 +77,17 @@ def roofline_figure(roof: Roofline):
 def roofline_sentence(roof: Roofline, gamma: int | None = None) -> str:
     """What the chart says, computed from its figures: the AR step's share of the roofline, what a window of γ+1
     rows costs, and where the ridge is."""
-    return " ".join(part for part in (_step_part(roof), _window_part(roof, gamma), _ridge_part(roof)) if part)
+    return " ".join(part for part in (_step_part(roof), _machine_part(roof), _window_part(roof, gamma),
+                                      _ridge_part(roof)) if part)
+
+
+def _machine_part(roof: Roofline) -> str:
+    if not roof.machine_step_fraction:
+        return ""
+    return (f"On all {roof.machine_cores} cores, as the baseline (AR) runs, the step took {_num(roof.machine_step_ms)} ms "
+            f"against {_num(roof.machine_roofline_ms)} ms for the same bytes at their {roof.machine_read_gbs:.1f} "
+            f"GB/s together: {roof.machine_step_fraction:.0%} of that roofline. Mirror-SD's target keeps its own "
+            "lane's cores, so its steps are held against the one-lane line.")
 
 
 def _step_part(roof: Roofline) -> str:

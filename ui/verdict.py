@@ -15,7 +15,9 @@ from .settings import DECODER_TITLES
 
 EMPTY = ("The verdict appears under this line when the runs finish: Mirror-SD against target-only AR and vanilla SD, "
          "and why, in numbers.")  # said by the status line before any run (the verdict's box is empty then)
-DEFINITIONS = ("× AR: AR's wall time ÷ Mirror-SD's for the same tokens (measured; tok/s = new tokens ÷ wall time). "
+DEFINITIONS = ("× AR: AR's wall time ÷ Mirror-SD's for the same tokens (measured; tok/s = new tokens ÷ wall time); AR "
+               "is the target alone on every core, the fastest target-only decoding here (Mirror-SD splits the cores "
+               "between its two lanes). "
                "An AR step: the AR run's mean one-token target step (T_AR). A verification: the target's pass over "
                "the γ+1 window positions, early-exit readout included (T_pre + T_rv^ee + Δ). τ: tokens committed per "
                "verification, correction or bonus included. The tables below hold every figure; Learn defines each "
@@ -68,7 +70,7 @@ def verdict_text(repeats: list[dict[str, DecoderRun]]) -> str:
     middle = ranked[(len(ranked) - 1) // 2]
     x_ar = ratio(middle, "ar")
     head = (f"Mirror-SD {x_ar:.2f}× AR ({middle['mirror'].summary.tokens_per_s:.1f} vs "
-            f"{middle['ar'].summary.tokens_per_s:.1f} tok/s)" + _spread(ranked, "ar", len(repeats)))
+            f"{middle['ar'].summary.tokens_per_s:.1f} tok/s{_where(middle['ar'])})" + _spread(ranked, "ar", len(repeats)))
     if "sd" in middle and ratio(middle, "sd") is not None:
         x_sd = ratio(middle, "sd")
         head += (f" · {x_sd:.2f}× vanilla SD" + _spread([r for r in ranked if "sd" in r], "sd", len(repeats))
@@ -76,6 +78,19 @@ def verdict_text(repeats: list[dict[str, DecoderRun]]) -> str:
     else:
         head += " · tick Vanilla SD for Mirror ÷ SD"
     return f"{head}. {'Faster' if x_ar >= 1 else 'Slower'} here: {_reason(middle)}{_noise(ranked)}"
+
+
+def _where(ar: DecoderRun) -> str:
+    """'; AR on both cores': where the baseline ran (ar runs the target on every core unless --serial-cores lane)."""
+    settings = ar.start.settings if ar.start is not None else None
+    if settings is None:
+        return ""
+    cores = settings.serial_cpus or (settings.lanes.target_cpus if settings.lanes.target_device == "cpu" else ())
+    if not cores:
+        return ""
+    n = len(cores)
+    where = "both cores" if n == 2 else f"{n} cores" if n > 2 else "one core"
+    return f"; AR on {where}" + (", the whole machine" if settings.serial_cpus else "")
 
 
 def _spread(ranked: list[dict[str, DecoderRun]], base: str, n: int) -> str:

@@ -184,7 +184,8 @@ def _load(build: Build) -> Library:
         raise OSError("the OS refused AMX tile data to this process (arch_prctl ARCH_REQ_XCOMP_PERM)")
     if dll.msd_layer_size() != ctypes.sizeof(_LayerSpec):
         raise OSError(f"{build.path}: msd_layer is {dll.msd_layer_size()} bytes, _LayerSpec {ctypes.sizeof(_LayerSpec)}")
-    dll.msd_stream_read.argtypes, dll.msd_stream_read.restype = [_P, _I64], ctypes.c_double
+    for name in ("msd_stream_read", "msd_stream_read_par"):
+        getattr(dll, name).argtypes, getattr(dll, name).restype = [_P, _I64], ctypes.c_double
     dll.msd_layer_forward.argtypes = [ctypes.POINTER(_LayerSpec), _P, _I64, _P, _P, _P, _P, _I64, _I64]
     dll.msd_layer_forward.restype = ctypes.c_int
     got = VARIANT_CODES.get(dll.msd_variant())
@@ -203,13 +204,14 @@ def _best_seconds(run, calls: int) -> float:
     return best
 
 
-def read_bandwidth(lib: Library | None, megabytes: int = 256, passes: int = 4) -> float:
-    """GB/s streamed from memory here by the kernel's one-thread read (lib), or by torch's sum with the calling
-    thread's torch threads (None): the best of `passes` reads of a buffer far larger than the caches (the
-    denominator of a step's roofline: weight bytes ÷ this)."""
+def read_bandwidth(lib: Library | None, megabytes: int = 512, passes: int = 4, pool: bool = False) -> float:
+    """GB/s streamed from memory here by the kernel's one-thread read (lib; with `pool`, split between the calling
+    thread's kernel threads), or by torch's sum with the calling thread's torch threads (None): the best of `passes`
+    reads of a buffer larger than the last-level cache (this VM's is 300 MB; the denominator of a step's roofline: weight bytes ÷ this)."""
     buf = _aligned_zeros(megabytes * (1 << 20) // 4, torch.float32)
     if lib is not None:
-        run = lambda: lib.dll.msd_stream_read(buf.data_ptr(), buf.numel())  # noqa: E731
+        read = lib.dll.msd_stream_read_par if pool else lib.dll.msd_stream_read
+        run = lambda: read(buf.data_ptr(), buf.numel())  # noqa: E731
     else:
         run = buf.sum
     return round(buf.numel() * 4 / _best_seconds(run, passes) / 1e9, 1)

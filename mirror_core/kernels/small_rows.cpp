@@ -684,8 +684,7 @@ extern "C" {
 
 // The read bandwidth one core reaches here: sum n floats (64-byte aligned, n a multiple of 4·VEC) with four
 // independent vector accumulators, the way the kernel streams its panels. The sum is returned so the loop stays.
-double msd_stream_read(const float* p, int64_t n) {
-    if (!p || n < 4 * VEC || n % (4 * VEC) || ((uintptr_t)p % 64) != 0) return -1.0;
+static double stream_sum(const float* p, int64_t n) {
     vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
     for (int64_t i = 0; i < n; i += 4 * VEC) {
         a0 = vfma(vbcast(1.0f), vload(p + i), a0);
@@ -699,6 +698,22 @@ double msd_stream_read(const float* p, int64_t n) {
         memcpy(lanes, &a, sizeof(lanes));
         for (int l = 0; l < VEC; l++) s += lanes[l];
     }
+    return s;
+}
+
+double msd_stream_read(const float* p, int64_t n) {
+    if (!p || n < 4 * VEC || n % (4 * VEC) || ((uintptr_t)p % 64) != 0) return -1.0;
+    return stream_sum(p, n);
+}
+
+// The same read split between the calling thread's pool (the whole lane's, or the whole machine's, bandwidth).
+double msd_stream_read_par(const float* p, int64_t n) {
+    if (!p || n < 4 * VEC || n % (4 * VEC) || ((uintptr_t)p % 64) != 0) return -1.0;
+    double parts[MAX_THREADS] = {0};
+    const int64_t chunks = n / (4 * VEC);
+    parallel_for(chunks, [&](int64_t lo, int64_t hi, int tid) { parts[tid] = stream_sum(p + lo * 4 * VEC, (hi - lo) * 4 * VEC); });
+    double s = 0.0;
+    for (double v : parts) s += v;
     return s;
 }
 

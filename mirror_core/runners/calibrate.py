@@ -44,7 +44,7 @@ BRANCH_ROWS = DEFAULT_KAPPA * (DEFAULT_GAMMA + 1)        # the draft's branch ba
 MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 15, 1.5            # timed rounds per dtype: at least 3, then until the budget
 MARGIN = 0.05  # a lower precision than the loaded one is chosen only when it is this much faster (else: timing noise)
 SCREEN = 2.0   # a dtype whose widest matmul takes this many times the loaded dtype's is not timed further
-CACHE_VERSION = 5
+CACHE_VERSION = 6
 
 
 def candidates(runner) -> list[str]:
@@ -193,10 +193,17 @@ def _time_rows(runner, cal: Calibration, dtype: str) -> Calibration:
     shapes = {f"rows{m}": (lambda c, m=m: runner.forward(c, ids[:m])) for m in range(1, ROOFLINE_ROWS + 1)}
     times = _rounds(runner, prefix, shapes, 2 * MIN_ROUNDS, warmup=1)
     kernel, cpu = getattr(runner, "kernel", None), runner.device.type == "cpu"
-    gbs = read_bandwidth(kernel) if cpu else 0.0  # the kernel's one-thread read, else torch's on the lane's threads
+    gbs = lane_read_gbs(runner) if cpu else 0.0
     peak = peak_gflops(kernel, dtype) if cpu else 0.0
     return replace(cal, table=cal.table + _table({(dtype, s): v for s, v in times.items()}), read_gbs=gbs,
                    peak_gflops=peak, seconds=round(cal.seconds + time.perf_counter() - t0, 2))
+
+
+def lane_read_gbs(runner) -> float:
+    """GB/s the calling thread's cores read together: with the kernel, its pool's threads splitting one stream;
+    else torch's sum on the calling thread's torch threads."""
+    kernel = getattr(runner, "kernel", None)
+    return read_bandwidth(kernel, pool=True) if kernel is not None else read_bandwidth(None)
 
 
 def _probe(runner, new: int) -> tuple[list[int], list[int]]:

@@ -91,6 +91,7 @@ class FastLlamaRunner:
     """
 
     kernel: Library | None = None  # the exact small-row kernel (kernels/native.py), or None: torch's matmul
+    _rope_rows: tuple = (torch.empty(0, 0), torch.empty(0, 0))  # _rope's cos, sin table [S, D], grown on demand
     native_layers: list[NativeLayer] | None = None  # the sequence layers as the kernel runs them (with `kernel`)
 
     def __init__(self, model, vocab_size: int | None = None, capacity: int = 512, exit_head=None,
@@ -112,7 +113,7 @@ class FastLlamaRunner:
         self.scale = self.head_dim ** -0.5
         self.inv_freq = rotary.inv_freq.to(self.device, torch.float32)                 # [D/2]
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
-        self._rope_cos = self._rope_sin = torch.empty(0, self.head_dim)  # _rope's table, made on first use
+
         self.capacity = capacity
         self.max_positions = getattr(cfg, "max_position_embeddings", None)
         self.exit_head = exit_head  # an exit_head.ExitHead: the layer-ℓ_e readout instead of the final norm + LM head
@@ -262,11 +263,13 @@ class FastLlamaRunner:
         table computed once for positions 0..S−1 (S doubling as needed), so a position's rows are the same bits
         in every call, and a step does not recompute them."""
         need = int(positions.max()) + 1 if positions.numel() else 0
-        if need > self._rope_cos.shape[0]:
-            size = max(need, 2 * self._rope_cos.shape[0], 256)
-            self._rope_cos, self._rope_sin = rope_tables(torch.arange(size, device=self.device), self.inv_freq,
-                                                         self.rope_scale, self.dtype)             # [S, D] each
-        return self._rope_cos[positions], self._rope_sin[positions]
+        cos, sin = self._rope_rows
+        if need > cos.shape[0]:
+            size = max(need, 2 * cos.shape[0], 256)
+            cos, sin = rope_tables(torch.arange(size, device=self.device), self.inv_freq, self.rope_scale,
+                                   self.dtype)                                                    # [S, D] each
+            self._rope_rows = (cos, sin)
+        return cos[positions], sin[positions]
 
     def _kernel(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x [..., K] @ w [K, N] in the weights' dtype, the product back in x's dtype (a no-op cast when they agree);
