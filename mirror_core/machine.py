@@ -24,7 +24,7 @@ import torch
 from .config import DEVICE_NAME, MirrorError
 
 # the CPU flags that decide which matmul kernels are fast (and so which dtype a lane calibrates to)
-KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile")
+KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_int8", "amx_tile")
 
 
 @functools.cache

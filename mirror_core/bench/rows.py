@@ -2,7 +2,7 @@
 
 The harness builds each row from its timed runs; `derive` then fills the fields that need the
 same prompt's `ar` / `ar_all` rows. `BenchRow.to_dict` is the row as the JSON report and the CSV
-write it ("mirror-sd-bench/3"); the report, the HTML page and scripts/gpu_bench.py read attributes.
+write it ("mirror-sd-bench/4"); the report, the HTML page and scripts/gpu_bench.py read attributes.
 """
 from __future__ import annotations
 

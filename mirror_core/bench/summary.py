@@ -1,4 +1,4 @@
-"""Bench rows → per-decoder summary and the whole report (BenchReport; `to_dict` is the "mirror-sd-bench/3" JSON)."""
+"""Bench rows → per-decoder summary and the whole report (BenchReport; `to_dict` is the "mirror-sd-bench/4" JSON)."""
 from __future__ import annotations
 
 import statistics
@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from .config import BenchConfig
 from .rows import BenchRow, baseline_decoder, derive, entries
 
-FORMAT = "mirror-sd-bench/3"  # /3: rows carry the --dtype they ran at
+FORMAT = "mirror-sd-bench/4"  # /3: rows carry the --dtype they ran at; /4: agreement_with_ar, step_ar_ms (llama.cpp)
 NOTES = (
     "Engine decoders (ar, ar_all, sd, mirror) are timed by the engine's own spans: prefill start → last commit, "
     "one monotonic clock for both lanes; loading and tokenisation excluded.",
@@ -92,7 +92,7 @@ class BenchReport:
     rows: tuple[BenchRow, ...]                # one per (prompt, decoder, setting)
 
     def to_dict(self) -> dict:
-        """The JSON report (format "mirror-sd-bench/3")."""
+        """The JSON report (format "mirror-sd-bench/4")."""
         return {"format": FORMAT, "time": self.time, "settings": self.settings, "baseline": self.baseline,
                 "notes": list(self.notes), "summary": [e.to_dict() for e in self.summary],
                 "best": None if self.best is None else {k: getattr(self.best, k) for k in BEST_KEYS},
