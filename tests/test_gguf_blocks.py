@@ -228,3 +228,24 @@ def test_int8_without_blocks_is_a_clear_error():
 
     with pytest.raises(MirrorError, match="--dtype int8 runs a GGUF target's own blocks"):
         MirrorEngine.load(TOY_TARGET, None, LaneConfig(kind="inline", dtype="int8"))
+
+
+def test_the_tensor_index_is_kept_and_refreshed_when_the_file_changes(folder, monkeypatch):
+    """gguf's reader parses every metadata field (seconds for a 49k vocabulary); the index beside the file spares
+    the next load that, and a file of another size or time is parsed again."""
+    import gguf
+
+    from mirror_core.models.gguf_blocks import tensor_index
+
+    path = find_gguf(folder)
+    first = tensor_index(path)
+    assert os.path.isfile(path + ".index.json") and any(t["type"] == "Q4_1" for t in first)
+
+    def no_reader(*a, **k):
+        raise AssertionError("the index should have been used")
+
+    monkeypatch.setattr(gguf, "GGUFReader", no_reader)
+    assert tensor_index(path) == first
+    os.utime(path, ns=(1, 1))
+    with pytest.raises(AssertionError, match="index should have been used"):
+        tensor_index(path)

@@ -83,28 +83,53 @@ _BYTES = {"Q4_1": 4 + QK // 2, "Q8_0": 2 + QK}  # one block's bytes
 
 def read_blocks(path: str, config) -> dict[str, BlockWeights]:
     """{HF parameter name: its blocks} for every Q4_1 / Q8_0 linear map of a Llama GGUF (other types are left out:
-    those maps stay float32). config: the model's (heads, KV heads) for the query/key rows."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
+    those maps stay float32). config: the model's (heads, KV heads) for the query/key rows. The file is memory-mapped
+    at the offsets of its tensor index (`tensor_index`)."""
     out: dict[str, BlockWeights] = {}
-    for t in reader.tensors:
-        kind = t.tensor_type.name
-        if kind not in _BYTES or not t.name.endswith(".weight"):
+    for entry in tensor_index(path):
+        name, kind, rows, offset, nbytes = entry["name"], entry["type"], entry["rows"], entry["offset"], entry["bytes"]
+        if kind not in _BYTES or not name.endswith(".weight") or (hf := _hf_name(name[: -len(".weight")])) is None:
             continue
-        name = _hf_name(t.name[: -len(".weight")])
-        if name is None:
-            continue
-        rows = int(t.data.shape[0])
-        raw = np.asarray(t.data).reshape(rows, -1, _BYTES[kind])                          # [N, K/QK, bytes]
+        raw = np.memmap(path, np.uint8, "r", offset, (nbytes,)).reshape(rows, -1, _BYTES[kind])  # [N, K/QK, bytes]
         blocks = _blocks(kind, raw)
-        if name.endswith(("q_proj", "k_proj")):
-            heads = config.num_attention_heads if name.endswith("q_proj") else config.num_key_value_heads
+        if hf.endswith(("q_proj", "k_proj")):
+            heads = config.num_attention_heads if hf.endswith("q_proj") else config.num_key_value_heads
             blocks = blocks.rows(_unpermute(rows, heads))
-        out[name + ".weight"] = blocks
+        out[hf + ".weight"] = blocks
     if "model.embed_tokens.weight" in out and "lm_head.weight" not in out and getattr(config, "tie_word_embeddings", False):
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
     return out
+
+
+def tensor_index(path: str) -> list[dict]:
+    """Each tensor's name, type, rows, byte offset and size in a GGUF file. gguf's reader parses every metadata
+    field to find them (the 49k-token vocabulary: seconds), so the index is kept beside the file (`<file>.index.json`,
+    keyed by its size and modification time) and made on first use."""
+    import json
+    import os
+
+    stat = os.stat(path)
+    key = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    cached = path + ".index.json"
+    try:
+        with open(cached, encoding="utf-8") as f:
+            saved = json.load(f)
+        if saved.get("file") == key:
+            return saved["tensors"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    from gguf import GGUFReader
+
+    tensors = [{"name": t.name, "type": t.tensor_type.name, "rows": int(t.data.shape[0]) if t.data.ndim else 1,
+                "offset": int(t.data_offset), "bytes": int(t.n_bytes)} for t in GGUFReader(path).tensors]
+    try:
+        tmp = cached + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"file": key, "tensors": tensors}, f)
+        os.replace(tmp, cached)
+    except OSError:
+        pass  # a read-only folder: parse again next time
+    return tensors
 
 
 def _hf_name(gguf_name: str) -> str | None:
