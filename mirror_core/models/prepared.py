@@ -89,6 +89,9 @@ def prepare(model: RegistryModel, progress: Callable[[str], None], add_gguf: boo
 
 
 def _write_marker(folder: str, model: RegistryModel, gguf_name: str) -> None:
+    from .gguf_blocks import tensor_index
+
+    tensor_index(os.path.join(folder, gguf_name))  # once here, so that no load parses the GGUF's metadata
     with open(os.path.join(folder, MARKER), "w", encoding="utf-8") as f:
         json.dump({**asdict(model), "gguf": gguf_name, "conversion": "GGUF dequantised by transformers' GGUF loader, "
                    "saved as a plain LlamaForCausalLM in float32; the GGUF kept beside it"}, f, indent=1)
