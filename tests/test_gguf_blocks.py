@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
 from mirror_core.kernels import native
+from testing.variants import DEFAULT_TIER, variant_params
 from mirror_core.models.gguf_blocks import BlockWeights, read_blocks
 from mirror_core.models.loading import ModelSpec, load_model
 from mirror_core.models.prepared import RegistryModel, _write_marker, convert_gguf, find_gguf
@@ -25,7 +26,6 @@ from mirror_core.runners import set_kernel_threads
 from mirror_core.runners.fast import FastLlamaRunner
 from testing.toy_gguf import write_tiny_gguf
 
-VARIANTS = native.runnable_variants()
 needs_kernel = pytest.mark.skipif(native.library() is None, reason=f"no kernel here: {native.unavailable()}")
 
 
@@ -72,7 +72,7 @@ def test_blocks_dequantise_to_the_prepared_weights_bit_for_bit(folder):
 
 
 @needs_kernel
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", variant_params())
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
 def test_block_storage_computes_the_float32_function(variant, kind):
     """Random blocks and shapes; every M in 1..16 at a random position and 1..3 threads against the float32 pack of the
@@ -117,7 +117,7 @@ def test_the_int8_format_is_one_function_on_every_variant(kind):
     w = b.dequantize().t().contiguous()
     x = torch.randn(16, 576, generator=gen)
     first = None
-    for variant in VARIANTS:
+    for variant in DEFAULT_TIER:  # the best path here and the AVX2 one: the same bits
         lib = native.library(variant)
         packed = native.PackedLinear(w, "int8", lib, blocks=b)
         alone = torch.cat([packed(x[r:r + 1]) for r in range(16)])                       # [16, N]
@@ -140,7 +140,7 @@ def test_the_int8_format_is_one_function_on_every_variant(kind):
 
 
 @needs_kernel
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", variant_params())
 @pytest.mark.parametrize("fmt", tuple(native.FORMATS))
 def test_the_kernel_threads_change_no_bit(variant, fmt):
     lib = native.library(variant)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from mirror_core.kernels import native
+from testing.variants import DEFAULT_TIER, variant_params
 
 VARIANTS = native.runnable_variants()
 FORMATS = tuple(native.FORMATS)
@@ -24,7 +25,7 @@ def _quantised(w: torch.Tensor, x: torch.Tensor, fmt: str) -> tuple[torch.Tensor
 
 
 @needs_kernel
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", variant_params())
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_row_equals_its_own_one_row_call(variant, fmt):
     """Invariance as a property: random shapes (odd K and N included), M = 1..16, every row position."""
@@ -45,7 +46,7 @@ def test_every_row_equals_its_own_one_row_call(variant, fmt):
 
 
 @needs_kernel
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", variant_params())
 def test_strided_and_batched_inputs_give_the_same_rows(variant):
     lib = native.library(variant)
     gen = torch.Generator().manual_seed(3)
@@ -129,7 +130,7 @@ def test_native_layers_match_the_hf_forward(pairs, arch):
 
 
 @needs_kernel
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", variant_params())
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_target_on_the_kernel_is_one_function_without_a_plan(pairs, variant, fmt):
     """Every slot's logits alone (AR's path) equal its logits in every window of up to 16 rows, bitwise, for every
