@@ -45,7 +45,7 @@ from .models.prepared import find_gguf
 from .models.profile import load_profile
 from .models.vocab import load_vocab_map
 from .records import UNCHECKED, Calibration, ExitHeadInfo, Roofline, RowCheck, WholeMachine
-from .runners import build_runner, kernel_unavailable
+from .runners import build_runner
 from .runners.calibrate import BRANCH_ROWS, WINDOW, calibrate_target, lane_read_gbs, step_ms
 
 
@@ -170,7 +170,7 @@ class MirrorEngine:
                         draft_runner="" if lane is None else lane.runner_name, exit_head=loaded.head,
                         draft_vocab=None if pair.vmap is None else pair.vmap.size,
                         draft_features=None if pair.features is None else pair.features.feature_layer,
-                        whole_machine=timed.whole, roofline=_roofline(loaded.runner, timed.dtype, lanes.kernel, timed.whole),
+                        whole_machine=timed.whole, roofline=_roofline(loaded.runner, timed.dtype, timed.whole),
                         serial_cpus=_serial_cpus(lanes))
         if lane is not None:  # γ, κ for this machine: the latency model at the pair's own ℓ_e
             baseline = timed.whole.all_ms if timed.whole is not None and info.serial_cpus else None
@@ -366,9 +366,9 @@ def _load_target(target: str, draft: str | None, lanes: LaneConfig, trust_remote
         raise MirrorError("the fast runner keeps a model on one device; a target spread over "
                           f"{', '.join(lanes.target_devices)} runs on the generic runner (--runner auto or hf)")
     head = _exit_head(lanes.exit_head, draft, model)
-    kernel = lanes.kernel if lanes.target_device == "cpu" else "torch"
-    runner = build_runner(model, vocab, "hf" if lanes.target_devices else lanes.runner, exit_head=head, kernel=kernel,
-                          blocks=_gguf_blocks(target, model.config) if kernel != "torch" else None)
+    cpu = lanes.kernel != "torch" and lanes.target_device == "cpu"
+    runner = build_runner(model, vocab, "hf" if lanes.target_devices else lanes.runner, exit_head=head,
+                          kernel=lanes.kernel, blocks=_gguf_blocks(target, model.config) if cpu else None)
     info = None if head is None else ExitHeadInfo(
         head.layer, int(head.ids.numel()), lanes.exit_head if lanes.exit_head != "auto" else local_folder(draft))
     return _LoadedTarget(model, runner, _eos_ids(model), info)
@@ -412,7 +412,7 @@ def _time_target(runner, vocab: int, lanes: LaneConfig, config) -> _TargetTiming
     return _TargetTiming(dtype, rows, whole)
 
 
-def _roofline(runner, cal: Calibration | None, choice: str, whole: WholeMachine | None = None) -> Roofline | None:
+def _roofline(runner, cal: Calibration | None, whole: WholeMachine | None = None) -> Roofline | None:
     """The target's Roofline from its calibration, with the whole machine's step and read bandwidth where they were
     timed (None where the forward by rows was not timed: the generic runner, a forced dtype on a device without
     timings)."""
@@ -420,14 +420,7 @@ def _roofline(runner, cal: Calibration | None, choice: str, whole: WholeMachine 
     if not rows or not hasattr(runner, "weight_bytes"):
         return None
     kernel = getattr(runner, "kernel", None)
-    if kernel is not None:
-        note = ""
-    elif runner.device.type != "cpu":
-        note = f"the kernel is for CPUs; the target runs on {runner.device}"
-    elif str(runner.dtype) != "torch.float32":
-        note = f"the kernel takes float32 models; this one is loaded in {str(runner.dtype).removeprefix('torch.')}"
-    else:
-        note = kernel_unavailable(choice)
+    note = "" if kernel is not None else getattr(runner, "kernel_note", "") or "the generic runner has no kernel"
     machine = {} if whole is None or not whole.read_gbs else dict(
         machine_cores=whole.all_cores, machine_read_gbs=whole.read_gbs, machine_step_ms=whole.all_ms)
     return Roofline("torch" if kernel is None else kernel.variant, note, getattr(runner, "weight_storage", cal.sequence),

@@ -59,7 +59,7 @@ def make_runner(spec: DraftLaneSpec):
     """The draft's runner, loaded on the lane that runs it, in the dtypes calibrated (or forced) there;
     returns the runner and its records.Calibration."""
     from ..models.loading import ModelSpec, load_model, local_folder
-    from ..runners import build_runner, kernel_library
+    from ..runners import build_runner, choose_kernel
     from ..runners.calibrate import calibrate_draft
     from ..models.vocab import load_vocab_map
     from ..runners.mapped import MappedRunner
@@ -69,10 +69,11 @@ def make_runner(spec: DraftLaneSpec):
     from ..runners.feature import FeatureRunner
 
     vmap = load_vocab_map(local_folder(spec.source))
-    kernel = spec.kernel if spec.device == "cpu" else "torch"  # the kernel is for CPUs
+    kernel = spec.kernel
     if is_feature_draft(local_folder(spec.source)):
-        runner = FeatureRunner(load_feature_draft(local_folder(spec.source)), vmap, spec.device,
-                               kernel=kernel_library(kernel))
+        draft = load_feature_draft(local_folder(spec.source))
+        runner = FeatureRunner(draft, vmap, spec.device,
+                               kernel=choose_kernel(kernel, spec.device, draft.embed.dtype).library)
         return runner, calibrate_feature_draft(runner, spec.dtype)
     model = load_model(ModelSpec(spec.source, spec.device, spec.trust_remote_code), draft=True)
     if vmap is None:

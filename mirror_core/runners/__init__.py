@@ -7,7 +7,39 @@ exactness.py (check_rows) makes the target's logits independent of how many rows
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
+
 from ..config import MirrorError
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The exact small-row kernel a model's runner computes with (kernels/native.py), or None and why."""
+
+    library: object | None      # native.Library
+    reason: str = ""            # why there is none, in a few words ("" when there is one)
+
+
+def choose_kernel(choice: str, device, dtype: torch.dtype) -> KernelChoice:
+    """The one place the kernel is decided, for a model on `device` loaded in `dtype` and a config.KERNEL_CHOICES
+    choice: "torch" → none; a non-CPU device or a model not loaded in float32 → none (the kernel packs float32
+    weights for CPU cores); "auto" → the best variant this machine builds and loads, else none with the reason; a
+    named variant → it, or a MirrorError saying why it cannot run here."""
+    from ..kernels import native
+
+    if choice == "torch":
+        return KernelChoice(None, "asked for: --kernel torch")
+    if torch.device(device).type != "cpu":
+        return KernelChoice(None, f"the kernel is for CPUs; the model runs on {device}")
+    if dtype != torch.float32:
+        return KernelChoice(None, f"the kernel takes float32 models; this one is loaded in "
+                                  f"{str(dtype).removeprefix('torch.')}")
+    lib = native.library(None if choice == "auto" else choice)
+    if lib is None and choice != "auto":
+        raise MirrorError(f"kernel {choice}: {native.unavailable(choice)}")
+    return KernelChoice(lib, "" if lib is not None else native.unavailable(None))
 
 
 def build_runner(model, vocab_size: int, choice: str = "auto", exit_head=None, kernel: str = "auto", blocks=None):
@@ -25,35 +57,20 @@ def build_runner(model, vocab_size: int, choice: str = "auto", exit_head=None, k
     if isinstance(model, SSDraftForCausalLM):
         return SSRunner(model, vocab_size) if choice == "hf" else FastSSRunner(model, vocab_size)
     if choice != "hf" and model.config.model_type in FAST_MODEL_TYPES:
-        library = kernel_library(kernel)  # outside the try: a kernel this CPU cannot run is the user's error to see
+        weight = model.get_input_embeddings().weight
+        # outside the try: a kernel this CPU cannot run is the user's error to see
+        kernel_choice = choose_kernel(kernel, weight.device, weight.dtype)
         try:
-            return FastLlamaRunner(model, vocab_size, exit_head=exit_head, kernel=library, blocks=blocks)
+            runner = FastLlamaRunner(model, vocab_size, exit_head=exit_head, kernel=kernel_choice.library,
+                                     blocks=blocks)
+            runner.kernel_note = kernel_choice.reason
+            return runner
         except ValueError as exc:  # e.g. sequence-length-dependent RoPE: the generic runner handles it
             if choice == "fast":
                 raise MirrorError(str(exc)) from None
     if choice == "fast" and model.config.model_type not in FAST_MODEL_TYPES:
         raise MirrorError(f"the fast runner supports {', '.join(FAST_MODEL_TYPES)}, not {model.config.model_type!r}")
     return HFRunner(model, vocab_size, exit_head=exit_head)
-
-
-def kernel_library(choice: str = "auto"):
-    """The kernel library for a config.KERNEL_CHOICES choice: "torch" → None; "auto" → the best variant this
-    machine builds and runs, else None (native.unavailable() says why); a named variant → it, or a MirrorError."""
-    from ..kernels import native
-
-    if choice == "torch":
-        return None
-    lib = native.library(None if choice == "auto" else choice)
-    if lib is None and choice != "auto":
-        raise MirrorError(f"kernel {choice}: {native.unavailable(choice)}")
-    return lib
-
-
-def kernel_unavailable(choice: str = "auto") -> str:
-    """Why kernel_library(choice) gave no kernel, in a few words."""
-    from ..kernels import native
-
-    return "asked for: --kernel torch" if choice == "torch" else native.unavailable(None if choice == "auto" else choice)
 
 
 def set_kernel_threads(threads: int) -> None:

@@ -91,6 +91,7 @@ class FastLlamaRunner:
     """
 
     kernel: Library | None = None  # the exact small-row kernel (kernels/native.py), or None: torch's matmul
+    kernel_note: str = ""          # why there is none (runners.choose_kernel; "" when there is one)
     _rope_rows: tuple = (torch.empty(0, 0), torch.empty(0, 0))  # _rope's cos, sin table [S, D], grown on demand
     native_layers: list[NativeLayer] | None = None  # the sequence layers as the kernel runs them (with `kernel`)
 
@@ -117,7 +118,7 @@ class FastLlamaRunner:
         self.capacity = capacity
         self.max_positions = getattr(cfg, "max_position_embeddings", None)
         self.exit_head = exit_head  # an exit_head.ExitHead: the layer-ℓ_e readout instead of the final norm + LM head
-        self.kernel = kernel if self.device.type == "cpu" and self.dtype == torch.float32 else None
+        self.kernel = kernel  # decided by runners.choose_kernel (None: torch's matmul)
         # the model's own GGUF blocks (models/gguf_blocks.py), by map: the kernel's float32 format streams them
         self._blocks = _fused_blocks(blocks or {}, cfg.num_hidden_layers, self.vocab_size) if self.kernel is not None else {}
         self.block_note = ""  # why a map given as blocks stayed float32 ("" when none did)

@@ -47,9 +47,9 @@ class FeatureRunner:
         self.feature_layer = model.cfg.feature_layer
         self.num_layers = model.cfg.num_layers
         self.exit_head = None
-        # the exact small-row kernel (kernels/native.py) where it runs: the weights stay float32 and every product
-        # runs packed in the chosen format; else set_dtype moves the whole model
-        self.kernel = kernel if self.device.type == "cpu" and self.dtype == torch.float32 else None
+        # the exact small-row kernel (runners.choose_kernel decides): the weights stay float32 and every product
+        # runs packed in the chosen format; None: set_dtype moves the whole model
+        self.kernel = kernel
         self._to_draft = vmap.to_draft.to(self.device)
         self._ids = vmap.target_ids.to(self.device)
 
