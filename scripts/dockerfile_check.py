@@ -214,6 +214,8 @@ def fast_problems(root: str = ROOT) -> list[str]:
 
 # -- what the image installs ---------------------------------------------------------------------------
 OPTIONAL_REQUIREMENTS = "requirements-zerogpu.txt"  # a ZeroGPU Space's extras (`spaces`: imported there only)
+# modules the code imports only when a user asks for them, saying how to install them when missing
+OPTIONAL_MODULES = {"llama_cpp": "the bench's llama.cpp peer (mirror_core/bench/peers.py: LLAMA_CPP_HINT)"}
 
 
 def image_problems(root: str = ROOT) -> list[str]:
@@ -251,7 +253,7 @@ def _prepare_problems(df: Dockerfile) -> list[str]:
 def import_problems(root: str = ROOT) -> list[str]:
     """Every third-party module imported at run time (app.py, ui/, mirror_core/ but its offline train/) must come
     with a distribution requirements.txt names, or one they depend on; modules of OPTIONAL_REQUIREMENTS' extras only
-    are left to that file."""
+    are left to that file, and OPTIONAL_MODULES to the user who asks for them."""
     from importlib.metadata import packages_distributions
 
     wanted = _requirement_names(os.path.join(root, "requirements.txt"))
@@ -261,7 +263,7 @@ def import_problems(root: str = ROOT) -> list[str]:
     problems = []
     for module, where in sorted(runtime_imports(root).items()):
         dists = {_norm(d) for d in providers.get(module, ())}
-        if not dists and _norm(module) in optional:
+        if (not dists and _norm(module) in optional) or module in OPTIONAL_MODULES:
             continue
         if not dists & closure:
             problems.append(f"{where} imports {module}, which no distribution requirements.txt installs provides")
