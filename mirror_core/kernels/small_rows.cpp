@@ -674,6 +674,44 @@ static int pack_panels(const float* w, int64_t k, int64_t n, int64_t ws, T* out,
     return 0;
 }
 
+// Where value i (the k within its block) of panel column j goes in a packed block, and its shift (4: q4_1's high
+// nibble). The scales come first: d[32] float16, then q4_1's m[32].
+struct Place {
+    int64_t at;
+    int shift;
+};
+static Place place_q4_1(int64_t j, int64_t i) {  // byte j % 16 of row i: column j (j < 16) or j + 16 (high nibble)
+    return {4 * PANEL + i * (PANEL / 2) + j % (PANEL / 2), j < PANEL / 2 ? 0 : 4};
+}
+static Place place_q8_0(int64_t j, int64_t i) { return {2 * PANEL + i * PANEL + j, 0}; }
+static Place place_q4_1_i8(int64_t j, int64_t i) {  // half j / 16, group i / 4 (groups 4..7 in the high nibbles)
+    return {4 * PANEL + (j / 16) * 256 + (i / 4 % 4) * 64 + 4 * (j % 16) + i % 4, i / 4 < 4 ? 0 : 4};
+}
+static Place place_q8_0_i8(int64_t j, int64_t i) { return {2 * PANEL + (j / 16) * 512 + (i / 4) * 64 + 4 * (j % 16) + i % 4, 0}; }
+
+template <Place (*PLACE)(int64_t, int64_t), bool MIN>
+static int pack_blocks(const uint16_t* d, const uint16_t* m, const uint8_t* q, int64_t k, int64_t n, uint8_t* out,
+                       int64_t bytes) {
+    if (k < QK || k % QK || n < 1 || !d || (MIN && !m) || !q || !out) return 1;
+    const int64_t kb = k / QK, panels = (n + PANEL - 1) / PANEL;
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t b = 0; b < kb; b++) {
+            uint8_t* blk = out + (p * kb + b) * bytes;
+            for (int64_t j = 0; j < PANEL && p * PANEL + j < n; j++) {
+                const int64_t col = p * PANEL + j;
+                memcpy(blk + 2 * j, d + col * kb + b, 2);
+                if (MIN) memcpy(blk + 2 * PANEL + 2 * j, m + col * kb + b, 2);
+                for (int64_t i = 0; i < QK; i++) {
+                    const uint8_t v = q[(col * kb + b) * QK + i];
+                    if (MIN && v > 15) return 1;
+                    const Place at = PLACE(j, i);
+                    blk[at.at] |= (uint8_t)(v << at.shift);
+                }
+            }
+        }
+    return 0;
+}
+
 static bool bad(int64_t m, int64_t k, int64_t n, int64_t xs, int64_t ys, const void* x, const void* w, const void* y) {
     return m < 1 || k < 1 || n < 1 || xs < k || ys < n || !x || !w || !y || ((uintptr_t)w % 64) != 0;
 }
@@ -800,78 +838,22 @@ int msd_pack_bf16(const float* w, int64_t k, int64_t n, int64_t ws, uint32_t* ou
 
 // GGUF blocks of a weight W [n, k] (GGUF's own order: column j of y, its k in blocks of 32) into panels:
 // d, m [n, k/32] float16 bits, q [n, k/32, 32] the blocks' values (q4_1: 0..15; q8_0: int8), k a multiple of 32.
-// out (zero-filled, 64-byte aligned): panels·(k/32)·Q4_1_BYTES (Q8_0_BYTES) bytes; columns past n stay zero.
+// out (zero-filled, 64-byte aligned): panels·(k/32)·msd_block_bytes(format) bytes; columns past n stay zero.
+// The _i8 packers lay the same values out for int8 activations (the i8 layout above).
 int msd_pack_q4_1(const uint16_t* d, const uint16_t* m, const uint8_t* q, int64_t k, int64_t n, uint8_t* out) {
-    if (k < QK || k % QK || n < 1 || !d || !m || !q || !out) return 1;
-    const int64_t kb = k / QK, panels = (n + PANEL - 1) / PANEL;
-    for (int64_t p = 0; p < panels; p++)
-        for (int64_t b = 0; b < kb; b++) {
-            uint8_t* blk = out + (p * kb + b) * Q4_1_BYTES;
-            for (int64_t j = 0; j < PANEL && p * PANEL + j < n; j++) {
-                int64_t col = p * PANEL + j;
-                memcpy(blk + 2 * j, d + col * kb + b, 2);
-                memcpy(blk + 2 * PANEL + 2 * j, m + col * kb + b, 2);
-                for (int64_t i = 0; i < QK; i++) {
-                    uint8_t v = q[(col * kb + b) * QK + i];
-                    if (v > 15) return 1;
-                    blk[4 * PANEL + i * (PANEL / 2) + j % (PANEL / 2)] |= (uint8_t)(j < PANEL / 2 ? v : v << 4);
-                }
-            }
-        }
-    return 0;
+    return pack_blocks<place_q4_1, true>(d, m, q, k, n, out, Q4_1_BYTES);
 }
 
 int msd_pack_q8_0(const uint16_t* d, const int8_t* q, int64_t k, int64_t n, uint8_t* out) {
-    if (k < QK || k % QK || n < 1 || !d || !q || !out) return 1;
-    const int64_t kb = k / QK, panels = (n + PANEL - 1) / PANEL;
-    for (int64_t p = 0; p < panels; p++)
-        for (int64_t b = 0; b < kb; b++) {
-            uint8_t* blk = out + (p * kb + b) * Q8_0_BYTES;
-            for (int64_t j = 0; j < PANEL && p * PANEL + j < n; j++) {
-                int64_t col = p * PANEL + j;
-                memcpy(blk + 2 * j, d + col * kb + b, 2);
-                for (int64_t i = 0; i < QK; i++) blk[2 * PANEL + i * PANEL + j] = (uint8_t)q[(col * kb + b) * QK + i];
-            }
-        }
-    return 0;
+    return pack_blocks<place_q8_0, false>(d, nullptr, (const uint8_t*)q, k, n, out, Q8_0_BYTES);
 }
 
-// The same blocks packed for int8 activations (i8; layout above): out panels·(k/32)·I8_Q4_1_BYTES (I8_Q8_0_BYTES).
 int msd_pack_q4_1_i8(const uint16_t* d, const uint16_t* m, const uint8_t* q, int64_t k, int64_t n, uint8_t* out) {
-    if (k < QK || k % QK || n < 1 || !d || !m || !q || !out) return 1;
-    const int64_t kb = k / QK, panels = (n + PANEL - 1) / PANEL;
-    for (int64_t p = 0; p < panels; p++)
-        for (int64_t b = 0; b < kb; b++) {
-            uint8_t* blk = out + (p * kb + b) * I8_Q4_1_BYTES;
-            for (int64_t j = 0; j < PANEL && p * PANEL + j < n; j++) {
-                int64_t col = p * PANEL + j, h = j / 16, jj = j % 16;
-                memcpy(blk + 2 * j, d + col * kb + b, 2);
-                memcpy(blk + 2 * PANEL + 2 * j, m + col * kb + b, 2);
-                for (int64_t i = 0; i < QK; i++) {
-                    uint8_t v = q[(col * kb + b) * QK + i];
-                    if (v > 15) return 1;
-                    int64_t g = i / 4, t = i % 4;  // group g < 4: low nibble of group g; else high of group g − 4
-                    blk[4 * PANEL + h * 256 + (g % 4) * 64 + 4 * jj + t] |= (uint8_t)(g < 4 ? v : v << 4);
-                }
-            }
-        }
-    return 0;
+    return pack_blocks<place_q4_1_i8, true>(d, m, q, k, n, out, I8_Q4_1_BYTES);
 }
 
 int msd_pack_q8_0_i8(const uint16_t* d, const int8_t* q, int64_t k, int64_t n, uint8_t* out) {
-    if (k < QK || k % QK || n < 1 || !d || !q || !out) return 1;
-    const int64_t kb = k / QK, panels = (n + PANEL - 1) / PANEL;
-    for (int64_t p = 0; p < panels; p++)
-        for (int64_t b = 0; b < kb; b++) {
-            uint8_t* blk = out + (p * kb + b) * I8_Q8_0_BYTES;
-            for (int64_t j = 0; j < PANEL && p * PANEL + j < n; j++) {
-                int64_t col = p * PANEL + j, h = j / 16, jj = j % 16;
-                memcpy(blk + 2 * j, d + col * kb + b, 2);
-                for (int64_t i = 0; i < QK; i++)
-                    blk[2 * PANEL + h * 512 + (i / 4) * 64 + 4 * jj + i % 4] = (uint8_t)q[(col * kb + b) * QK + i];
-            }
-        }
-    return 0;
+    return pack_blocks<place_q8_0_i8, false>(d, nullptr, (const uint8_t*)q, k, n, out, I8_Q8_0_BYTES);
 }
 
 // y[m, n] (row stride ys) = x[m, k] (row stride xs) @ packed W. Returns 0, or 1 on arguments it refuses.
