@@ -171,7 +171,7 @@ class MirrorEngine:
                         draft_vocab=None if pair.vmap is None else pair.vmap.size,
                         draft_features=None if pair.features is None else pair.features.feature_layer,
                         whole_machine=timed.whole, roofline=_roofline(loaded.runner, timed.dtype, timed.whole),
-                        serial_cpus=_serial_cpus(lanes))
+                        serial_cpus=_serial_cpus(lanes, timed.whole))
         if lane is not None:  # γ, κ for this machine: the latency model at the pair's own ℓ_e
             baseline = timed.whole.all_ms if timed.whole is not None and info.serial_cpus else None
             info = replace(info, spec_choice=_choose_spec(timed.dtype, lane.calibration, load_profile(local_folder(draft)),
@@ -374,13 +374,13 @@ def _load_target(target: str, draft: str | None, lanes: LaneConfig, trust_remote
     return _LoadedTarget(model, runner, _eos_ids(model), info)
 
 
-def _serial_cpus(lanes: LaneConfig) -> tuple[int, ...]:
-    """Every usable core, where ar and sd run the target on them (LaneConfig.serial_cores "all", a CPU target lane
-    holding fewer than all of them); else () (the lane's own cores)."""
-    every = machine.usable_cpus()
-    if lanes.serial_cores != "all" or lanes.target_device != "cpu" or not lanes.target_cpus:
+def _serial_cpus(lanes: LaneConfig, whole: WholeMachine | None) -> tuple[int, ...]:
+    """Every usable core, where ar and sd run the target on them: LaneConfig.serial_cores "all", a CPU target lane
+    holding fewer than all of them, and the step timed at load faster there than on the lane in every alternated
+    pair (WholeMachine); else () (the lane's own cores)."""
+    if lanes.serial_cores != "all" or whole is None or not whole.settled or whole.all_ms >= whole.lane_ms:
         return ()
-    return every if len(every) > len(lanes.target_cpus) else ()
+    return machine.usable_cpus()
 
 
 def _gguf_blocks(target: str, config) -> dict | None:

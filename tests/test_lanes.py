@@ -168,3 +168,20 @@ def test_an_idle_reader_dozes_on_the_doorbell_and_the_writer_rings_it(monkeypatc
         assert box.recv(lambda: True, 1).i64.tolist() == [0, 1, 2]
     finally:
         ch.close()
+
+
+def test_ar_and_sd_take_every_core_only_where_the_load_measured_it_faster():
+    """LaneConfig.serial_cores "all" runs ar and sd on every core when every alternated pair of timings at load put
+    the whole machine ahead of the target lane; a split verdict, a slower machine or "lane" keeps the lane's cores."""
+    from mirror_core.config import LaneConfig
+    from mirror_core.engine import _serial_cpus
+    from mirror_core.machine import usable_cpus
+    from mirror_core.records import WholeMachine
+
+    lanes = LaneConfig(target_cpus=(0,), draft_cpus=(1,))
+    faster = WholeMachine(1, 6.0, 2, 3.5, (0.55, 0.6, 0.58, 0.6))
+    assert _serial_cpus(lanes, faster) == usable_cpus()
+    assert _serial_cpus(lanes, WholeMachine(1, 6.0, 2, 5.9, (0.9, 1.1, 0.95, 1.05))) == ()  # not settled
+    assert _serial_cpus(lanes, WholeMachine(1, 6.0, 2, 7.0, (1.1, 1.2, 1.15, 1.2))) == ()   # slower
+    assert _serial_cpus(LaneConfig(target_cpus=(0,), serial_cores="lane"), faster) == ()
+    assert _serial_cpus(lanes, None) == ()

@@ -231,7 +231,7 @@ def test_the_learn_tab_follows_the_visitors_own_run(app):
     assert "Vanilla SD on the same step</b> (the SD run's median spans)" in player
     texts = []
     for k in range(1, 6):  # every phase, each with its own sentence and measured milliseconds
-        phase, player, again, _ = c.predict(step, k, api_name="/player_next")
+        phase, player, again = c.predict(step, k, api_name="/player_next")  # one phase; no timer started
         assert phase == k + 1 and f"phase {k + 1} of 6" in player and again == tree
         texts.append(re.search(r"<p id='mirror-player-text'>(.*)</p>", player).group(1))
     assert " ms" in texts[0] and texts[-1].startswith("Hit: c = ") and len(set(texts)) == 5

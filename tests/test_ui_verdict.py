@@ -121,7 +121,16 @@ def test_with_repeats_the_verdict_reads_the_middle_repeat_and_gives_the_range():
     text = html.unescape(verdict_html(session_of(*reps)))
     # walls 450, 290 and 370 ms against 410: 0.91, 1.41 and 1.11×; the middle one (1.11×, 18 ms steps) is read out
     assert "Mirror-SD 1.11× AR (110.8 vs 100.0 tok/s) [0.91–1.41× over 3 repeats, the middle one shown]" in text
-    assert "cost 1.70 AR steps" in text and "on both sides of 1×" in text
+    assert "cost 1.70 AR steps" in text and "timing noise" not in text  # 1× is below the middle half (1.01–1.26×)
+
+
+def test_within_noise_only_when_the_middle_half_of_the_repeats_holds_one():
+    """One repeat touching 1× is not a tie: 0.67, 0.70 and 1.00× are slower; 0.95, 1.02 and 1.05× are not told
+    apart from 1× (its interquartile range holds 1×)."""
+    from ui.verdict import noise_note
+
+    assert noise_note([0.67, 0.70, 1.00]) == "" and noise_note([1.0]) == ""
+    assert "(0.98–1.04×) holds 1×" in noise_note([0.95, 1.02, 1.05]) and "timing noise" in noise_note([0.9, 1.1])
 
 
 def test_runs_too_short_to_time_get_no_verdict():

@@ -144,9 +144,12 @@ def _step(state: gr.State) -> StepPlayer:
             return (found, 1) + step_views(session, found, 1, shape)
         return handler
 
-    def tick(session: Session, s, k, shape=MEASURED):
+    def step_once(session: Session, s, k, shape=MEASURED):  # Next: one phase on; Play's timer is left as it is
         k = min(int(k) + 1, PHASES)
-        return (k,) + step_views(session, s, k, shape) + (gr.Timer(active=k < PHASES),)
+        return (k,) + step_views(session, s, k, shape)
+
+    def tick(session: Session, s, k, shape=MEASURED):  # the playing timer: one phase on, stopping at the last
+        return step_once(session, s, k, shape) + (gr.Timer(active=min(int(k) + 1, PHASES) < PHASES),)
 
     at = [state, step, phase, timeline]
     hit.click(pick(0), [state, timeline], [step, phase, player, tree], api_name="tree_first_hit", queue=False)
@@ -156,7 +159,7 @@ def _step(state: gr.State) -> StepPlayer:
     timeline.change(step_views, at, [player, tree], api_name=False, queue=False)
     back.click(lambda session, s, k, shape: (max(int(k) - 1, 1),) + step_views(session, s, max(int(k) - 1, 1), shape),
                at, [phase, player, tree], api_name=False, queue=False)
-    forward.click(tick, at, [phase, player, tree, timer], api_name="player_next", queue=False)
+    forward.click(step_once, at, [phase, player, tree], api_name="player_next", queue=False)
     play.click(lambda k, v: (1 if int(k) >= PHASES else k, gr.Timer(SPEEDS[v], active=True)), [phase, speed],
                [phase, timer], api_name=False, queue=False)
     pause.click(lambda: gr.Timer(active=False), None, timer, api_name=False, queue=False)
