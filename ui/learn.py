@@ -103,6 +103,17 @@ def _first_step() -> int | None:
     return first_steps(runs.get("mirror"))[0]
 
 
+def _one_phase_on(session: Session, s, k, shape=MEASURED):
+    """Next: the player one phase on (Play's timer is left as it is)."""
+    k = min(int(k) + 1, PHASES)
+    return (k,) + step_views(session, s, k, shape)
+
+
+def _tick(session: Session, s, k, shape=MEASURED):
+    """Play's timer: one phase on, and the timer stops at the last phase."""
+    return _one_phase_on(session, s, k, shape) + (gr.Timer(active=min(int(k) + 1, PHASES) < PHASES),)
+
+
 def _step(state: gr.State) -> StepPlayer:
     gr.Markdown("## One step, slowed down\nPick a step of your last Mirror-SD run (the Run tab; before your first run, "
                 "a recorded example, labelled with where it was recorded; **First hit** and **First miss** find one "
@@ -144,13 +155,6 @@ def _step(state: gr.State) -> StepPlayer:
             return (found, 1) + step_views(session, found, 1, shape)
         return handler
 
-    def step_once(session: Session, s, k, shape=MEASURED):  # Next: one phase on; Play's timer is left as it is
-        k = min(int(k) + 1, PHASES)
-        return (k,) + step_views(session, s, k, shape)
-
-    def tick(session: Session, s, k, shape=MEASURED):  # the playing timer: one phase on, stopping at the last
-        return step_once(session, s, k, shape) + (gr.Timer(active=min(int(k) + 1, PHASES) < PHASES),)
-
     at = [state, step, phase, timeline]
     hit.click(pick(0), [state, timeline], [step, phase, player, tree], api_name="tree_first_hit", queue=False)
     miss.click(pick(1), [state, timeline], [step, phase, player, tree], api_name="tree_first_miss", queue=False)
@@ -159,12 +163,12 @@ def _step(state: gr.State) -> StepPlayer:
     timeline.change(step_views, at, [player, tree], api_name=False, queue=False)
     back.click(lambda session, s, k, shape: (max(int(k) - 1, 1),) + step_views(session, s, max(int(k) - 1, 1), shape),
                at, [phase, player, tree], api_name=False, queue=False)
-    forward.click(step_once, at, [phase, player, tree], api_name="player_next", queue=False)
+    forward.click(_one_phase_on, at, [phase, player, tree], api_name="player_next", queue=False)
     play.click(lambda k, v: (1 if int(k) >= PHASES else k, gr.Timer(SPEEDS[v], active=True)), [phase, speed],
                [phase, timer], api_name=False, queue=False)
     pause.click(lambda: gr.Timer(active=False), None, timer, api_name=False, queue=False)
     speed.change(lambda v: gr.Timer(SPEEDS[v]), speed, timer, api_name=False, queue=False)
-    timer.tick(tick, at, [phase, player, tree, timer], api_name=False, queue=False)
+    timer.tick(_tick, at, [phase, player, tree, timer], api_name=False, queue=False)
     return StepPlayer(step, phase, player, tree, step_views)
 
 
