@@ -114,7 +114,6 @@ class FastLlamaRunner:
         self.scale = self.head_dim ** -0.5
         self.inv_freq = rotary.inv_freq.to(self.device, torch.float32)                 # [D/2]
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
-
         self.capacity = capacity
         self.max_positions = getattr(cfg, "max_position_embeddings", None)
         self.exit_head = exit_head  # an exit_head.ExitHead: the layer-ℓ_e readout instead of the final norm + LM head
