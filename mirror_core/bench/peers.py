@@ -94,7 +94,6 @@ class LlamaCppPeer:
         self.models = {name: Llama(model_path=path, n_threads=len(cpus), n_threads_batch=len(cpus), n_ctx=4096,
                                    n_batch=batch, n_ubatch=batch, flash_attn=False, verbose=False)
                        for name, cpus in self.cpus.items()}
-        self.eos = {2}
 
     def generate(self, decoder: str, prompt_ids: tuple[int, ...], max_new_tokens: int,
                  eos_ids: frozenset[int]) -> tuple[tuple[int, ...], float, float]:

@@ -166,14 +166,13 @@ def _load(build: Build) -> Library:
         pack, run = getattr(dll, f"msd_pack_{fmt}"), getattr(dll, f"msd_linear_{fmt}")
         pack.argtypes, pack.restype = [_P, _I64, _I64, _I64, _P], ctypes.c_int
         run.argtypes, run.restype = [_P, _I64, _I64, _I64, _P, _I64, _P, _I64], ctypes.c_int
-    for fmt in BLOCK_FORMATS:
-        for suffix in ("", "_i8"):
+    for suffix in ("", "_i8"):
+        for fmt in BLOCK_FORMATS:
             run = getattr(dll, f"msd_linear_{fmt}{suffix}")
             run.argtypes, run.restype = [_P, _I64, _I64, _I64, _P, _I64, _P, _I64], ctypes.c_int
-        for suffix in ("", "_i8"):
-            pack_q4, pack_q8 = getattr(dll, f"msd_pack_q4_1{suffix}"), getattr(dll, f"msd_pack_q8_0{suffix}")
-            pack_q4.argtypes, pack_q4.restype = [_P, _P, _P, _I64, _I64, _P], ctypes.c_int
-            pack_q8.argtypes, pack_q8.restype = [_P, _P, _I64, _I64, _P], ctypes.c_int
+        pack_q4, pack_q8 = getattr(dll, f"msd_pack_q4_1{suffix}"), getattr(dll, f"msd_pack_q8_0{suffix}")
+        pack_q4.argtypes, pack_q4.restype = [_P, _P, _P, _I64, _I64, _P], ctypes.c_int  # d, m, q, k, n, out
+        pack_q8.argtypes, pack_q8.restype = [_P, _P, _I64, _I64, _P], ctypes.c_int      # d, q, k, n, out
     dll.msd_variant.restype = dll.msd_panel.restype = dll.msd_threads.restype = dll.msd_qk.restype = ctypes.c_int
     dll.msd_set_threads.argtypes, dll.msd_set_threads.restype = [ctypes.c_int], ctypes.c_int
     dll.msd_block_bytes.argtypes, dll.msd_block_bytes.restype = [ctypes.c_int], _I64
@@ -359,20 +358,22 @@ class PackedLinear:
         panel = lib.dll.msd_panel()
         panels = -(-self.n // panel)
         if blocks is not None:
-            self._pack_blocks(w, blocks, panels)
+            # the packing and the linear map share a name: q4_1 / q8_0, with _i8 for the int8 format
+            name = blocks.kind + ("_i8" if fmt == INT8 else "")
+            self.code = (INT8_CODES if fmt == INT8 else BLOCK_FORMATS).get(blocks.kind)  # small_rows.cpp's format
+            self._pack_blocks(w, blocks, panels, name)
         else:
-            suffix, store, per = _PACK[fmt]
+            name, store, per = _PACK[fmt]
+            self.code = _FORMAT_CODES[fmt]
             rows = -(-self.k // per)  # k (float32/float16) or k pairs (bfloat16)
             src = w.detach().to(torch.float32).contiguous()
             self.data = _aligned_zeros(panels * rows * panel, store, huge=lib)
-            if lib.fn(f"msd_pack_{suffix}")(src.data_ptr(), self.k, self.n, src.stride(0), self.data.data_ptr()):
+            if lib.fn(f"msd_pack_{name}")(src.data_ptr(), self.k, self.n, src.stride(0), self.data.data_ptr()):
                 raise KernelError(f"packing a {self.k}x{self.n} weight was refused")
-        i8 = "_i8" if fmt == INT8 else ""
-        self.code = (INT8_CODES if i8 else BLOCK_FORMATS)[self.storage] if blocks is not None else _FORMAT_CODES[fmt]
-        self._run = lib.fn(f"msd_linear_{_PACK[fmt][0] if blocks is None else blocks.kind + i8}")
+        self._run = lib.fn(f"msd_linear_{name}")
         self._data_ptr = self.data.data_ptr()
 
-    def _pack_blocks(self, w: torch.Tensor, blocks, panels: int) -> None:
+    def _pack_blocks(self, w: torch.Tensor, blocks, panels: int, name: str) -> None:
         qk = self.lib.dll.msd_qk()  # k per block, as small_rows.cpp packs them
         _check_blocks(blocks, qk)
         if self.format not in ("float32", INT8):
@@ -386,16 +387,14 @@ class PackedLinear:
             raise ValueError(f"these {blocks.kind} blocks do not dequantise to this weight bit for bit")
         d = blocks.d.contiguous().view(torch.int16)
         q = blocks.q.contiguous()
-        i8 = "_i8" if self.format == INT8 else ""
-        code = (INT8_CODES if i8 else BLOCK_FORMATS)[blocks.kind]
-        self.data = _aligned_zeros(panels * (self.k // qk) * self.lib.dll.msd_block_bytes(code), torch.uint8,
+        self.data = _aligned_zeros(panels * (self.k // qk) * self.lib.dll.msd_block_bytes(self.code), torch.uint8,
                                    huge=self.lib)
+        pack = self.lib.fn(f"msd_pack_{name}")
         if blocks.kind == "q4_1":
             m = blocks.m.contiguous().view(torch.int16)
-            bad = self.lib.fn(f"msd_pack_q4_1{i8}")(d.data_ptr(), m.data_ptr(), q.data_ptr(), self.k, self.n,
-                                                   self.data.data_ptr())
+            bad = pack(d.data_ptr(), m.data_ptr(), q.data_ptr(), self.k, self.n, self.data.data_ptr())
         else:
-            bad = self.lib.fn(f"msd_pack_q8_0{i8}")(d.data_ptr(), q.data_ptr(), self.k, self.n, self.data.data_ptr())
+            bad = pack(d.data_ptr(), q.data_ptr(), self.k, self.n, self.data.data_ptr())
         if bad:
             raise KernelError(f"packing {blocks.kind} blocks of a {self.k}x{self.n} weight was refused")
 

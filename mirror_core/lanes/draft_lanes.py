@@ -69,17 +69,16 @@ def make_runner(spec: DraftLaneSpec):
     from ..runners.feature import FeatureRunner
 
     vmap = load_vocab_map(local_folder(spec.source))
-    kernel = spec.kernel
     if is_feature_draft(local_folder(spec.source)):
         draft = load_feature_draft(local_folder(spec.source))
         runner = FeatureRunner(draft, vmap, spec.device,
-                               kernel=choose_kernel(kernel, spec.device, draft.embed.dtype).library)
+                               kernel=choose_kernel(spec.kernel, spec.device, draft.embed.dtype).library)
         return runner, calibrate_feature_draft(runner, spec.dtype)
     model = load_model(ModelSpec(spec.source, spec.device, spec.trust_remote_code), draft=True)
     if vmap is None:
-        runner = build_runner(model, spec.vocab_size, spec.runner, kernel=kernel)
+        runner = build_runner(model, spec.vocab_size, spec.runner, kernel=spec.kernel)
     else:  # a reduced-vocabulary draft: its own ids inside, the target's outside
-        runner = MappedRunner(build_runner(model, vmap.size + 1, spec.runner, kernel=kernel), vmap)
+        runner = MappedRunner(build_runner(model, vmap.size + 1, spec.runner, kernel=spec.kernel), vmap)
     return runner, calibrate_draft(runner, spec.dtype, model.config)
 
 

@@ -12,6 +12,8 @@ moves whole output rows, so the blocks move with them (`_unpermute`).
 """
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,12 +48,6 @@ class BlockWeights:
     def shape(self) -> tuple[int, int]:
         """(N, K): outputs and inputs."""
         return int(self.d.shape[0]), int(self.d.shape[1]) * QK
-
-    @property
-    def nbytes(self) -> int:
-        """The bytes GGUF stores these blocks in (a float16 d, q4_1's float16 m, the values at 4 or 8 bits)."""
-        n, k = self.shape
-        return n * k // QK * (2 + (2 + QK // 2 if self.kind == "q4_1" else QK))
 
     def dequantize(self) -> torch.Tensor:
         """W [N, K] float32 as gguf dequantises it (d·q is exact in float32, then + m rounds once)."""
@@ -105,9 +101,6 @@ def tensor_index(path: str) -> list[dict]:
     """Each tensor's name, type, rows, byte offset and size in a GGUF file. gguf's reader parses every metadata
     field to find them (the 49k-token vocabulary: seconds), so the index is kept beside the file (`<file>.index.json`,
     keyed by its size and modification time) and made on first use."""
-    import json
-    import os
-
     stat = os.stat(path)
     key = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     cached = path + ".index.json"
