@@ -496,7 +496,7 @@ static void run_panels(const Block<X, W>* blocks, const X* x, int64_t m, int64_t
 // ends in a store of its sums and a float epilogue per row, so the tiles only pay on long calls (prefills).
 constexpr int64_t TILE_ROWS = 16;
 static bool amx_ready = false;  // the OS let this process use tile data (msd_amx_init)
-static int64_t amx_rows = 16;  // measured here (Xeon with AMX): tiles pay from 16 rows (3.7 vs 4.6-6.2 one-row costs), not below
+static int64_t amx_rows = 16;  // prefills; scripts/target_rows.py --amx-rows times the tiles against VNNI
 
 struct TileConfig {
     uint8_t palette, start_row, reserved[14];
