@@ -138,7 +138,7 @@ def wait_for(browser: Chromium, done, timeout: float, poll: float = 0.5) -> dict
     raise AssertionError(f"page did not reach the expected state in {timeout:.0f} s: {state}")
 
 
-# The first-visit tour (ui/tour.py) opens in a corner of a fresh profile's page; screenshots close it first.
+# The first-visit tour (ui/learn/tour.py) opens in a corner of a fresh profile's page; screenshots close it first.
 CLOSE_TOUR_JS = """(() => {
   try { localStorage.setItem('mirror-tour-seen', '1'); } catch (e) {}
   const b = document.querySelector("#mirror-tour-panel [data-go='0']");

@@ -140,7 +140,7 @@ class Session:
         self.trace_path: str | None = None
         self.prompt = ""                     # the last comparison's prompt text (written into its trace)
         self.generation = 0                  # which comparison owns the state (a closing one must not touch a newer one)
-        self.experiments: dict = {}          # Learn tab: (experiment, pair, prompt, spec) → its points (ui/experiments.py)
+        self.experiments: dict = {}          # Learn tab: (experiment, pair, prompt, spec) → its points (ui/learn/experiments.py)
         self.experiment_stop = threading.Event()
 
     def __deepcopy__(self, memo) -> Session:  # gr.State copies its default per visitor: start fresh
