@@ -291,7 +291,7 @@ def measured_run(browser: Chromium, timeout: float = 300, stop_after_tokens: int
     first_event = len(browser.events)
     cpu0, t0 = browser.cpu_seconds(), time.monotonic()
     press_run(browser, before=json.loads(browser.evaluate(PAGE_STATE_JS))["status"])
-    wait_for(browser, lambda s: "Running" in s["status"], 60, poll=0.05)
+    wait_for(browser, lambda s: "Timing" in s["status"], 60, poll=0.05)
     stop_s = None
     if stop_after_tokens is not None:
         wait_for(browser, lambda s: s["tokens"] >= stop_after_tokens, timeout, poll=0.05)
