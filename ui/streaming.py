@@ -98,8 +98,11 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *, se
 def _prepare(loader, session: Session, settings: ComparisonSettings):
     """The pair (loaded unless it is the loaded one; Stop ends the wait) and every request, checked and decided by
     the pair (γ, κ, ℓ_e) before anything runs: (engine, requests). A generator: it yields the loading status."""
-    pair = (settings.target, settings.draft)
-    session.status = load_status(loader, settings) if loader.loaded() != pair else "Starting …"
+    pair, busy = (settings.target, settings.draft), loader.loading()
+    session.status = (load_status(loader, settings) if loader.loaded() != pair else "Starting …" if busy in (None, pair)
+                      else f"Waiting for a stopped load of `{shown_path(busy[0])}` to end (it runs on in the "
+                           "background and is dropped when it ends; the loaded pair stays, and is timed with the "
+                           "machine to itself; Stop ends the wait) …")
     yield Tick(STATUS, session.status)
     engine = load_or_stop(loader, settings.target, settings.draft, session.stop)
     if engine is None:  # Stop during the load: the page is free at once (the loaded pair stays)
@@ -218,8 +221,9 @@ def final_status(session: Session) -> str:
         return f"**Error:** {session.error}"
     if session.load_stopped:
         shown = " The results below are the previous comparison's." if session.runs else ""
-        return ("**Stopped** while the pair was loading: it goes on loading in the background and is kept for the "
-                f"next Run.{shown}")
+        return ("**Stopped** while the pair was loading: the pair that was loaded stays loaded and ready. The stopped "
+                "load ends in the background and is dropped then (pressing Run for that pair before it ends picks it "
+                f"up).{shown}")
     names = [DECODER_TITLES[d] for d in session.runs]
     repeats = len(session.history) // max(len(session.runs), 1)
     if session.stopped:
