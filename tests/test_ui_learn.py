@@ -134,7 +134,11 @@ def test_the_what_if_starts_from_this_machines_load_time_timings():
                            spec_choice=SpecChoice(1, 4, 1.32, 1.1, "why", ()),
                            resolve=lambda spec: with_(spec, gamma=1, kappa=4, exit_layer=20))
     knobs = WhatIf.from_load(info)
-    assert knobs.t_ar_ms == 10.0 and knobs.verify_ratio == 1.1 and knobs.draft_ms == 2.0 and knobs.gamma == 1
+    assert knobs.t_ar_ms == 10.0 and knobs.draft_ms == 2.0 and knobs.gamma == 1
+    from mirror_core.config import DEFAULT_GAMMA
+
+    window = 10.0 + (16.0 - 10.0) * 1 / DEFAULT_GAMMA  # the choice's: linear between the step and the timed window
+    assert knobs.verify_ratio == pytest.approx(window / 10.0, abs=1e-3)
     assert knobs.suffix_share == pytest.approx(1 - 20 / 30, abs=1e-3) and knobs.overhead_ms == 0.0
     here = starts.start(starts.THIS_MACHINE, Session(), info)
     assert "this machine's load-time timings" in here.note and "no run has measured it yet" in here.note
@@ -154,7 +158,7 @@ def test_a_measured_figure_outside_a_sliders_range_is_shown_at_its_end_and_said(
     low = {name: lo for name, _, lo, _, _, _ in SLIDERS}
     values, note = _in_range(replace(ACCELERATOR, verify_ratio=low["verify_ratio"] / 2, t_ar_ms=1e6))
     assert values[0] == SLIDERS[0][3] and values[1] == low["verify_ratio"]
-    assert "Target step T_AR (ms) measured 1e+06" in note and f"measured {low['verify_ratio'] / 2:g}" in note
+    assert "AR's step T_AR (ms) measured 1e+06" in note and f"measured {low['verify_ratio'] / 2:g}" in note
 
 
 def test_the_speedup_curve_and_its_accelerator_switch():

@@ -73,6 +73,7 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *, se
         session.clear_results()
         session.prompt, session.live_plots, session.planned_repeats = (settings.prompt, settings.live_plots,
                                                                        settings.repeats)
+        session.pair_info = engine.info
         yield Tick(RESET, session.status)  # clears the previous comparison's views, in two pieces
         cleared = True
         sleep(PAGE_PIECE_S)

@@ -34,9 +34,11 @@ from .whatif import KNOBS, WhatIf, whatif_html
 
 # (knob, label, lowest, highest, step, one-line help)
 SLIDERS = (
-    ("t_ar_ms", "Target step T_AR (ms)", 0.05, 5000.0, 0.05, "One target-only decode step (one token)."),
-    ("verify_ratio", "Verify γ+1 tokens / one step", 0.1, 8.0, 0.01,
-     "How much a verification window costs against one token: ≈ 1 on accelerators, larger on CPUs."),
+    ("t_ar_ms", "AR's step T_AR (ms)", 0.05, 5000.0, 0.05,
+     "One target-only decode step (one token), on the cores AR runs on: every speedup's baseline."),
+    ("verify_ratio", "Window γ+1 ÷ T_AR (AR steps)", 0.1, 8.0, 0.01,
+     "The target's forward over the γ+1 window (T_pre + Δ; the readout is T_rv below) in AR steps: ≈ 1 on "
+     "accelerators, larger on CPUs."),
     ("suffix_share", "Share after the early exit (Δ)", 0.05, 0.95, 0.01,
      "The part of the verification pass after layer ℓ_e: the time the draft's branches can hide in."),
     ("draft_ms", "Draft time per token (ms)", 0.01, 500.0, 0.01, "One draft forward; a fresh rollout is γ of them."),
