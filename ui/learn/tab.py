@@ -30,7 +30,7 @@ from .roofline import roofline_view
 from ..session import Session
 from .starts import STARTS, THIS_MACHINE, start
 from .tree import first_steps, tree_html
-from .whatif import KNOBS, WhatIf, whatif_html
+from .whatif import ACCELERATOR_KEPT, ACCELERATOR_MODELLED, KNOBS, WhatIf, whatif_html
 
 # (knob, label, lowest, highest, step, one-line help)
 SLIDERS = (
@@ -93,9 +93,9 @@ def step_views(session: Session, s, k, timeline: str = MEASURED) -> tuple[str, s
         return source_line(example) + note + player_html(run, s, int(k) - 1, runs.get("sd")), tree_html(run, s)
     t_ar = 1e3 * ar_step_time(runs["ar"].spans)
     note = (f"<p class='mirror-def' id='mirror-player-shaped'><b>Accelerator-shaped, modelled</b>: this run's spans "
-            f"with each verification pass scaled to one AR step ({t_ar:.1f} ms, as where a window of γ+1 rows costs "
-            "one read of the weights) and laid out as the latency model lays a step; every other span as measured. "
-            "Not a measurement.</p>")
+            f"laid out as the latency model lays a step, re-timed as the accelerator view models them: "
+            f"{html.escape(ACCELERATOR_MODELLED)} (one AR step: {t_ar:.1f} ms); kept as measured: "
+            f"{html.escape(ACCELERATOR_KEPT)}. Not a measurement.</p>")
     return source_line(example) + note + player_html(shaped, s, int(k) - 1, None, modelled=True), tree_html(run, s)
 
 
@@ -124,8 +124,9 @@ def _step(state: gr.State) -> StepPlayer:
                 "finishes its layers, acceptance decides, and a hit reuses a branch. Below, the same step's branch "
                 "tree: each slot's candidates as roots with the branch rolled out for each; the highlighted root is "
                 "the correction on a hit, and its branch (cyan) became the next window. **Timeline**: as measured, or "
-                "accelerator-shaped (*modelled*: each verification scaled to one AR step, as where a window costs one "
-                "read of the weights, the rest as measured).")
+                "accelerator-shaped (*modelled*: the window scaled to one AR step, as where a window costs one read "
+                "of the weights, the readout with it, the draft's branch batch on its own device; the line above the "
+                "player lists what is kept as measured).")
     with gr.Row():
         # no minimum: an empty or out-of-range step gets a line in the player (session.pick_step), not an error badge
         step = gr.Number(value=_first_step(), label="Step", precision=0, elem_id="mirror-tree-step", min_width=120)
