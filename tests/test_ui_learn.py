@@ -364,3 +364,15 @@ def test_the_roofline_shows_the_whole_machines_line_and_step():
     assert "memory limit on all 2 cores" in names and "AR step on all 2 cores (the baseline)" in names
     text = roofline_sentence(roof, 2)
     assert "On all 2 cores, as the baseline (AR) runs, the step took 3.2 ms against 3.0 ms" in text and "94%" in text
+
+
+def test_the_players_header_counts_the_phases_it_names_and_next_moves_one():
+    """'phase k of 6' over a trail of six names (no name with an arrow of its own), and Next moves one phase."""
+    from ui.learn.example import load_example
+    from ui.learn.player import player_html
+    from ui.learn.tab import PHASES, _one_phase_on
+
+    run = load_example().runs["mirror"]
+    head = re.search(r"phase (\d) of (\d): (.*?)</p>", player_html(run, run.steps[0].step, 0)).groups()
+    assert head[:2] == ("1", str(PHASES)) and len(re.sub("<[^>]+>", "", head[2]).split("→")) == PHASES
+    assert _one_phase_on(Session(), run.steps[0].step, 2)[0] == 3 and _one_phase_on(Session(), 1, PHASES)[0] == PHASES

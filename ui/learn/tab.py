@@ -50,7 +50,7 @@ SLIDERS = (
     ("gamma", "γ (draft tokens per window)", 1, 16, 1, "Window length."),
 )
 assert tuple(s[0] for s in SLIDERS) == KNOBS
-PHASES = 6  # ui/learn/player.py: window in, layers 1..ℓ_e, early exit → M_t, suffix ∥ branches, acceptance, hit or miss
+PHASES = 6  # ui/learn/player.py: window in, layers 1..ℓ_e, early exit sends M_t, suffix ∥ branches, acceptance, hit or miss
 SPEEDS = {"0.5 s": 0.5, "1 s": 1.0, "2 s": 2.0, "4 s": 4.0}  # wall time per phase when playing
 MEASURED, SHAPED = "as measured", "accelerator-shaped (modelled)"  # the player's timelines (ui/learn/retime.py)
 
