@@ -136,9 +136,11 @@ def _ending(session: Session, sleep: Callable[[float], None]) -> Iterator[Tick]:
     plots' legend), or with live plots the runs replayed side by side at their measured pace, ending whole. The
     views go just before DONE, which repeats them: Gradio sends a value equal to the same view's previous one as an
     empty diff."""
-    yield Tick(RESULTS, session.status)
+    replaying = session.live_plots and not session.error and not session.stopped
+    yield Tick(RESULTS, "Timed. Replaying the runs the verdict reads at their measured pace …" if replaying
+               else session.status)
     sleep(PAGE_PIECE_S)
-    if session.live_plots and not session.error and not session.stopped:
+    if replaying:
         yield from _replayed(session, 1.0, REPLAY_FPS, sleep, session.stop, session.status)
     else:
         yield Tick(TEXT, session.status, plots=True, whole=True)
@@ -170,7 +172,8 @@ def _run_decoder(engine, session: Session, request, namer: TokenNamer, settle_s:
                 held.append(event)
                 continue
             session.add(run, event)
-            if isinstance(event, TokenEvent):  # the first token: shown at once
+            if isinstance(event, TokenEvent):  # the first token (the prefill's: no rejected draft goes before it)
+                run.view.release()            # shown at once
                 yield Tick(TEXT, session.status, active=request.decoder)
     finally:
         stream.close()  # closed early (Stop, page gone): the engine stops within one step
