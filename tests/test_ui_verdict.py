@@ -340,3 +340,19 @@ def test_the_loads_choice_is_checked_against_the_run_with_the_term_that_moved_mo
     assert text.startswith("The load chose γ 1, κ 2 here as modelled ") and "it measured 0.91×" in text
     assert "The term that moved most: the window's forward" in text
     assert choice_check(run_, ar(40), None) == ""  # no load figures: nothing to check against
+
+
+def _mirror_at(ratio: float) -> DecoderRun:
+    """A Mirror-SD run whose wall time is AR's (ar(40): 410 ms for 41 tokens) ÷ `ratio`, for the same 41 tokens."""
+    step = (0.41 / ratio - PREFILL) / 20  # 20 steps of two tokens after the prefill's
+    return mirror(20, step / 2 - 0.0005, 0.0005, step / 2 - 0.0005, 0.0005)
+
+
+def test_a_run_of_clearly_slower_repeats_is_slower_though_one_repeat_touches_one():
+    """[0.67, 0.70, 1.00]: the middle half of the repeats (0.69–0.85×) does not hold 1×, so the verdict says slower,
+    with no noise clause; [0.95, 1.02, 1.05] holds 1× in its middle half: within timing noise."""
+    slower = verdict_text([{"ar": ar(40), "mirror": _mirror_at(x)} for x in (0.67, 0.70, 1.00)])
+    assert slower.startswith("Mirror-SD 0.70× AR") and "[0.67–1.00× over 3 repeats" in slower, slower
+    assert "Slower here than AR" in slower and "timing noise" not in slower
+    tie = verdict_text([{"ar": ar(40), "mirror": _mirror_at(x)} for x in (0.95, 1.02, 1.05)])
+    assert "holds 1×: on this machine the two are within timing noise" in tie
