@@ -83,7 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     _, url, share_url = demo.launch(server_name=args.host, server_port=args.port, share=args.share,
                                     prevent_thread_lock=True, quiet=True, **LAUNCH)
     print(f"Mirror-SD Playground: {url}" + (f"  (public: {share_url})" if share_url else ""), flush=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `docker stop` / kill: shut down like Ctrl-C
+    def interrupted(signum, frame):  # Ctrl-C, and `docker stop` / kill like it: every run, replay and sweep stops
+        loader.stop_runs()           # within one step, so the server's close is not held by a run in flight
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
     try:
         if mode.zero_gpu:
             print("ZeroGPU: a pair loads in the GPU worker on its first Run", flush=True)

@@ -8,6 +8,7 @@ Skipped when chromium is not installed (CI installs it: .ci/run); the agreement 
 prepared target (as tests/test_real_pair.py), and is a failure without it under CI."""
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import os
@@ -290,3 +291,46 @@ def test_a_stopped_load_keeps_the_working_pair(tmp_path):
         browser.close()
         close_demo(demo)
         loader.close()
+
+
+SIGINT_BOUND_S = 8.0  # the issue's bound on Ctrl-C
+
+
+def test_ctrl_c_stops_the_app_within_eight_seconds_while_a_run_streams():
+    """python app.py on the embedded pair, a long comparison through the API, then SIGINT: the run stops within a
+    step (app.py stops what the loader holds before the server closes) and the process is gone within the bound."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from testing.net import free_port
+    from testing.reliability import page_values, run_args
+
+    pair = [os.path.join("assets", "default_pair", name) for name in ("target", "draft_ar")]
+    port = free_port()
+    app = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--target", pair[0], "--draft", pair[1]],
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in app.stdout:
+            if line.startswith(("loaded", "note:")):
+                break
+        threading.Thread(target=lambda: [None for _ in app.stdout], daemon=True).start()  # keep its pipe drained
+
+        def run():
+            from gradio_client import Client
+
+            values = page_values(prompt="The quick brown fox", target=pair[0], draft=pair[1], max_new_tokens=900,
+                                 repeats=3)
+            with contextlib.suppress(Exception):  # the server goes away under it
+                Client(f"http://127.0.0.1:{port}/", verbose=False).predict(*run_args(values), api_name="/run")
+
+        threading.Thread(target=run, daemon=True).start()
+        time.sleep(4.0)  # the comparison is under way
+        t0 = time.monotonic()
+        app.send_signal(signal.SIGINT)
+        app.wait(timeout=30)
+        assert time.monotonic() - t0 <= SIGINT_BOUND_S and app.returncode == 0
+    finally:
+        if app.poll() is None:
+            app.kill()

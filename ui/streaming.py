@@ -67,6 +67,13 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *, se
     erasing them. At the end the views show the repeat the verdict reads (the middle one by Mirror ÷ AR).
     """
     generation = session.begin_comparison()
+    with loader.holding(session.stop):  # a server shutting down stops the comparison within one step
+        yield from _comparison(loader, session, settings, generation, settle_s, sleep)
+
+
+def _comparison(loader, session: Session, settings: ComparisonSettings, generation: int, settle_s: float,
+                sleep: Callable[[float], None]) -> Iterator[Tick]:
+    """run_comparison's body: its ticks from the load to DONE, the trace written and the session idle at the end."""
     cleared = False  # the previous comparison's views were cleared (this one started)
     try:
         engine, requests = yield from _prepare(loader, session, settings)
@@ -241,12 +248,13 @@ def final_status(session: Session) -> str:
 
 
 def replay(session: Session, *, speed: float = 1.0, fps: float = REPLAY_FPS,
-           sleep: Callable[[float], None] = time.sleep) -> Iterator[Tick]:
-    """Re-animate the finished runs side by side at their measured commit times (TokenEvent.t − RunStart.t0)."""
+           sleep: Callable[[float], None] = time.sleep, stopped: threading.Event | None = None) -> Iterator[Tick]:
+    """Re-animate the finished runs side by side at their measured commit times (TokenEvent.t − RunStart.t0);
+    `stopped` (a fresh flag by default) ends it."""
     if not session.idle.is_set():  # a live run owns the views until it ends
         yield Tick(STATUS, "A comparison is running: replay it when it has finished.")
         return
-    stopped = session.replay_stop = threading.Event()  # set by Stop, and by a new comparison (begin_comparison)
+    stopped = session.replay_stop = stopped or threading.Event()  # set by Stop, and by a new comparison
     if not any(r.tokens for r in session.runs.values()):
         yield Tick(STATUS, "Nothing to replay yet: run a comparison first.")
         return

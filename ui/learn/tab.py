@@ -262,11 +262,12 @@ def _experiment_runner(loader) -> Callable:
         session.experiment_stop = stop_flag = threading.Event()
         points, total = [], 0
         try:
-            for done, total, points in run_experiment(engine, exp, ids, spec, stop_flag, encode=engine.encode):
-                if stop_flag.is_set():
-                    yield plot_html(exp, points, f"Stopped after {done} of {total} runs.")
-                    return
-                yield plot_html(exp, points, f"Running: {done} of {total} runs…")
+            with loader.holding(stop_flag):  # a server shutting down stops the sweep within one run
+                for done, total, points in run_experiment(engine, exp, ids, spec, stop_flag, encode=engine.encode):
+                    if stop_flag.is_set():
+                        yield plot_html(exp, points, f"Stopped after {done} of {total} runs.")
+                        return
+                    yield plot_html(exp, points, f"Running: {done} of {total} runs…")
         except MirrorError as exc:
             yield plot_html(exp, points, str(exc))
             return
@@ -284,8 +285,9 @@ def _roofline(state: gr.State, loader, tab: gr.Tab) -> None:
                 "number of new rows (1 = an AR step, γ+1 = a verification window), measured when the pair loaded "
                 "(your last run's pair, else the one loaded now), beside the two limits no forward beats: reading "
                 "every weight once (weights ÷ bandwidth, flat) and doing the arithmetic (the compute limit, rising). "
-                "Their larger is the model (dashed, *modelled*). The what-if's *Verify γ+1 tokens / one step* knob "
-                "is this chart's window cost. It redraws when you open this tab.")
+                "Their larger is the model (dashed, *modelled*). The chart's window cost is in the lane's one-row "
+                "forwards; the what-if's *Window γ+1 ÷ T_AR* knob is the same forward in AR steps (÷ the baseline's "
+                "step). It redraws when you open this tab.")
     show = gr.Button("Show the roofline", elem_id="mirror-roofline-show", size="sm")
     plot = gr.Plot(visible=False, show_label=False, elem_id="mirror-roofline-plot")
     note = gr.HTML(roofline_view(Session())[1], elem_id="mirror-roofline")
