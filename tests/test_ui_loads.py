@@ -89,12 +89,18 @@ def _loaded(loader, pair, timeout=10):
     return loader.loaded() == pair
 
 
-def test_stop_ends_the_wait_for_a_load_and_keeps_the_working_pair():
+def _working():
+    """A slow load, a loader with ("t", "d") loaded through it, and that engine (the next load waits for release)."""
     slow = _SlowLoad()
     loader = EngineLoader(INLINE, load=slow, warmup=False, check=None)
     slow.release.set()
     working = loader.get("t", "d")
     slow.release.clear()
+    return slow, loader, working
+
+
+def test_stop_ends_the_wait_for_a_load_and_keeps_the_working_pair():
+    slow, loader, working = _working()
     stop = threading.Event()
     threading.Timer(0.2, stop.set).start()
     t0 = time.monotonic()
@@ -153,11 +159,7 @@ def test_a_pair_loaded_again_is_not_called_a_first_use():
 def test_closing_stops_what_runs_and_does_not_wait_for_a_load():
     """The server shutting down: every run, replay and sweep the loader holds is stopped, and close does not wait
     for a load under way (its engine is dropped if it ends)."""
-    slow = _SlowLoad()
-    loader = EngineLoader(INLINE, load=slow, warmup=False, check=None)
-    slow.release.set()
-    working = loader.get("t", "d")
-    slow.release.clear()
+    slow, loader, working = _working()
     run = threading.Event()
     with loader.holding(run):
         loader.stop_runs()
