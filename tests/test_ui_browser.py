@@ -48,8 +48,14 @@ TOUR_JS = """(() => {
   if (click) { const b = document.querySelector(click); if (b) b.click(); }
   const p = document.querySelector("#mirror-tour-panel");
   const mark = document.querySelector(".mirror-tour-mark");
+  const box = p && p.getBoundingClientRect();
+  const covered = (e) => { if (!e || !box) return 0; const r = e.getBoundingClientRect();
+    return Math.max(0, Math.min(box.right, r.right) - Math.max(box.left, r.left))
+         * Math.max(0, Math.min(box.bottom, r.bottom) - Math.max(box.top, r.top)); };
+  const streams = [...document.querySelectorAll("[id^=mirror-tokens-]")].reduce((sum, e) => sum + covered(e), 0);
   return JSON.stringify({shown: !!p && !p.hidden, title: p ? p.querySelector(".mirror-tour-title").textContent : "",
-                         marked: mark ? (mark.id || mark.textContent.trim()) : ""});
+                         marked: mark ? (mark.id || mark.textContent.trim()) : "", covered: covered(mark),
+                         streams: box ? streams / (box.width * box.height) : 0});
 })()"""
 
 
@@ -66,9 +72,15 @@ def test_the_first_visit_tour_opens_once_walks_six_stops_and_reopens(tmp_path):
             time.sleep(0.2)
             first = tour()
         assert first["title"].startswith("1 ·") and first["marked"] == "mirror-prompt", first
+        browser.evaluate("scrollBy(0, document.getElementById('mirror-tokens-sd').getBoundingClientRect().top - 300)")
+        time.sleep(0.5)  # the visitor scrolls the streams into view with the tour open: it moves off them
+        assert tour()["streams"] <= 0.05, tour()
         titles = [first["title"]]
         for _ in range(5):
             titles.append(tour("#mirror-tour-panel [data-go='1']")["title"])
+            time.sleep(1.0)  # the smooth scroll to the stop has ended, and the panel has found its corner
+            here = tour()  # the stop's part uncovered, and at most a sliver of the streams
+            assert here["covered"] == 0 and here["streams"] <= 0.05, (titles[-1], here)
         assert [t.split(" ·")[0] for t in titles] == ["1", "2", "3", "4", "5", "6"] and tour()["marked"] == "Learn"
         assert not tour("#mirror-tour-panel [data-go='1']")["shown"]  # Done closes it
         open_page(browser, url, close_tour=False)  # a second visit: not again by itself
