@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="chr
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLACK = 0.15          # the page's Mirror ÷ AR may lie this far (relative) outside the API's range on a shared machine:
                       # the drawing this guards against cost 40 % (live plots on: 0.81× on the page, 1.36× without)
-FIRST_TOKEN_S = 0.3   # the issue's bound: the first token on the page after the engine's
+FIRST_TOKEN_S = 0.3   # the first token on the page at most this long after the engine stamped it
 VERDICT = re.compile(r"Mirror-SD ([0-9.]+)× AR.*?\[([0-9.]+)–([0-9.]+)× over (\d) repeats")
 
 
@@ -293,7 +293,7 @@ def test_a_stopped_load_keeps_the_working_pair(tmp_path):
         loader.close()
 
 
-SIGINT_BOUND_S = 8.0  # the issue's bound on Ctrl-C
+SIGINT_BOUND_S = 8.0  # Ctrl-C: the process is gone within this (it waited 5 s on the server's join, plus the run)
 
 
 def test_ctrl_c_stops_the_app_within_eight_seconds_while_a_run_streams():
