@@ -12,6 +12,7 @@ from .events import (
     LANE_DRAFT,
     LANE_TARGET,
     TARGET_BUSY_STAGES,
+    ORIGIN_ACCEPTED,
     ORIGIN_TARGET,
     STAGE_PREFILL,
     RejectedEvent,
@@ -41,8 +42,10 @@ class DecodeState:
     """
 
     def __init__(self, request: Request, target: TargetRunner, exit_layer: int, eos_ids: frozenset[int],
-                 stop: threading.Event | None, settings: RunSettings, features: bool = False):
+                 stop: threading.Event | None, settings: RunSettings, features: bool = False,
+                 window_steps: tuple[float, ...] = ()):
         self.req, self.target, self.exit_layer = request, target, exit_layer
+        self.window_steps = window_steps  # the target's forward of 1, 2, .. rows in one-row steps (load-time)
         self.features = features  # the draft reads the target's h^(ℓ_e) (a feature-reading draft; ℓ_e is its layer)
         self.cfg = request.sampling
         self.eos_ids = eos_ids if request.stop_at_eos else frozenset()
@@ -108,15 +111,17 @@ class DecodeState:
         """After acceptance: the target cache keeps w0 and d1..d_A; the rejected drafts' entries are dropped."""
         self.target.truncate(self.cache, len(self.ids) + accepted)
 
-    def commit(self, tokens: list[tuple[int, str, bool]], step: int) -> int:
-        """Append (token, origin, from_branch) in order, stopping at EOS or the token budget; returns n_t."""
+    def commit(self, tokens: list[tuple[int, str, bool]], step: int, from_context: bool = False) -> int:
+        """Append (token, origin, from_branch) in order, stopping at EOS or the token budget; returns n_t.
+        from_context: the accepted tokens came from a context window."""
         n = 0
         for token, origin, from_branch in tokens:
             if self.done:
                 break
             t = self.t_last = time.perf_counter()
             self.t_first = self.t_first or t
-            self.pending.append(TokenEvent(token, len(self.new_tokens), step, origin, from_branch, t))
+            self.pending.append(TokenEvent(token, len(self.new_tokens), step, origin, from_branch, t,
+                                           from_context and origin == ORIGIN_ACCEPTED))
             self.ids.append(token)
             self.new_tokens.append(token)
             n += 1

@@ -103,6 +103,12 @@ class PairInfo:
                            spec_note=note, spec_modelled=self.spec_choice.speedup if note else None,
                            **{name: getattr(self, name) for name in _SHARED_WITH_RUN_SETTINGS})
 
+    def window_steps(self) -> tuple[float, ...]:
+        """The target's forward of 1, 2, .. rows in one-row steps, timed at load (() where it was not): the cost the
+        context draft's window length is chosen by (context_draft.py)."""
+        r = self.roofline
+        return () if r is None else tuple(r.window_steps(m) for m in range(1, len(r.rows_ms) + 1))
+
     def describe(self) -> dict:
         """What ran: the CLI's --json `pair` object (the numbers panel's "Ran:" line says the same from the run
         settings)."""
@@ -273,7 +279,8 @@ class MirrorEngine:
     def _run(self, request: Request, stop: threading.Event, out: queue.Queue) -> None:
         run = DecodeState(request, self.target, request.spec.exit_layer, self.eos_ids, stop,
                           self.info.run_settings(request),
-                          features=self.info.draft_features is not None and request.decoder != "ar")
+                          features=self.info.draft_features is not None and request.decoder != "ar",
+                          window_steps=self.info.window_steps())
         for batch in decode_events(run, self.lane):
             out.put(batch)
 

@@ -12,6 +12,12 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import SamplingConfig
+from .context_draft import ContextPlan, ContextProposal
+
+SOURCE_MODEL = "model"      # a window the draft model rolled out afresh
+SOURCE_BRANCH = "branch"    # a precomputed branch adopted on a hit (Mirror-SD)
+SOURCE_CONTEXT = "context"  # a window copied from the prompt and the output so far (context_draft.py)
+SOURCES = (SOURCE_MODEL, SOURCE_BRANCH, SOURCE_CONTEXT)
 
 SpanTuple = tuple[str, float, float]  # (stage, t0, t1) on the shared monotonic clock
 
@@ -22,6 +28,7 @@ class DraftStart:
     prompt_ids: tuple[int, ...]
     gamma: int
     sampling: SamplingConfig
+    context: ContextPlan | None = None     # the context draft's plan (None: off)
 
 
 @dataclass(frozen=True)
@@ -45,13 +52,16 @@ class ResolveRequest:
 
 @dataclass
 class DraftWindow:
-    tokens: tuple[int, ...]                 # d1..dγ of the next window
-    p_draft: torch.Tensor | None            # [γ, V] the exact law each token was drawn from (T > 0), CPU
+    tokens: tuple[int, ...]                 # d1..dγ of the next window (a context window: d1..d_L, L ≤ MAX_GAMMA)
+    p_draft: torch.Tensor | None            # [γ, V] the exact law each token was drawn from (T > 0), CPU; a context
+    #                                         window's is one-hot (a point mass)
     branch_row: int | None                  # the adopted branch row (a hit), or None (a fresh rollout)
     branches: tuple[tuple[int, ...], ...]   # every precomputed branch (row order = slot-major candidates)
     spans: list[SpanTuple] = field(default_factory=list)
     forwards: int = 0                       # draft row-forwards since the previous reply (a batch of R rows = R)
     produced: int = 0                       # draft tokens those row-forwards produced (η̄ = produced / forwards)
+    source: str = SOURCE_MODEL              # SOURCES: where the window came from
+    context: ContextProposal | None = None  # a context window's match and the latency model's reasons
 
 
 @dataclass(frozen=True)
