@@ -9,7 +9,8 @@ Whether to use it, and how many tokens to propose, is the latency model's choice
 
     value(L) = (1 + Σ_{i=1..L} q^i) / cost(L + 1)      tokens a verification commits ÷ its cost in target steps
 
-where q is this run's acceptance of context tokens at this match length (counted, with a prior) and cost(r) the
+where q is this run's acceptance of context tokens at this match length, counted, starting from Laplace's rule of
+succession (after m tokens that matched, the next matches with probability (m+1)/(m+2)), and cost(r) the
 target's forward of r rows over its one-row step, measured at load (records.Roofline.window_steps). The context
 window of the best L is proposed when its value beats the model draft's, τ_model / cost(γ + 1) with τ_model the
 tokens this run's model windows committed per step; otherwise the model drafts. Only efficiency depends on this:
@@ -23,7 +24,7 @@ from .config import CONTEXT_NGRAM, ContextConfig
 
 MATCH_CAP = 64                     # a match is measured back to at most this many tokens
 MATCH_BUCKETS = (1, 2, 3, 4, 8, 16)  # acceptance is counted per match length bucket: 1, 2, 3, 4-7, 8-15, 16+
-PRIOR = (1.0, 2.0)                 # (accepted, reached) a bucket starts with: q = 0.5
+PRIOR_WEIGHT = 2.0                 # the rule of succession's q counts as this many tokens reached in a bucket
 MODEL_PRIOR = (3.0, 2.0)           # (committed, steps) the model draft starts with: τ_model = 1.5
 ASSUMED_ROW_STEPS = 0.25           # cost of a row beyond the first where the load timed no forward by rows
 
@@ -105,7 +106,7 @@ class ContextDrafter:
     plan: ContextPlan
     gamma: int
     index: ContextIndex = field(default_factory=ContextIndex)
-    counts: list[list[float]] = field(default_factory=lambda: [list(PRIOR) for _ in MATCH_BUCKETS])
+    counts: list[list[float]] = field(default_factory=lambda: [[0.0, 0.0] for _ in MATCH_BUCKETS])
     model: list[float] = field(default_factory=lambda: list(MODEL_PRIOR))
 
     def learn(self, proposal: ContextProposal | None, drafted: int, accepted: int) -> None:
@@ -125,7 +126,7 @@ class ContextDrafter:
             return None
         available = self.index.continuation(start, self.plan.max_window)
         accepted, reached = self.counts[bucket(match)]
-        q = accepted / reached
+        q = (accepted + PRIOR_WEIGHT * (match + 1) / (match + 2)) / (reached + PRIOR_WEIGHT)
         model_value = (self.model[0] / self.model[1]) / self.plan.cost(self.gamma + 1)
         best = max(range(1, len(available) + 1), key=lambda n: self._value(q, n))
         expected = 1.0 + sum(q ** i for i in range(1, best + 1))

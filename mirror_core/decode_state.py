@@ -24,7 +24,7 @@ from .events import (
     TokenEvent,
 )
 from .messages import DraftWindow
-from .metrics import RunSummary, interval_length, interval_overlap
+from .metrics import SOURCES, RunSummary, interval_length, interval_overlap
 from .runners.protocol import TargetRunner
 from .sampling import target_token
 
@@ -157,6 +157,7 @@ def summarize(records: list[StepRecord], spans: list[SpanEvent], gamma: int, *, 
     """Count a run's step records and spans into a RunSummary."""
     hist, pos_acc, pos_dr = [0] * (gamma + 1), [0] * gamma, [0] * gamma
     branched, hits = [0, 0, 0], [0, 0, 0]
+    by_source = {name: [0, 0, 0] for name in SOURCES}  # steps, Σ D_t, Σ A_t
     committed = drafted = accepted = slots = in_topk = 0
     for r in records:
         committed += r.committed
@@ -170,6 +171,8 @@ def summarize(records: list[StepRecord], spans: list[SpanEvent], gamma: int, *, 
             kind = 2 if r.accepted == r.drafted else (0 if r.accepted == 0 else 1)
             branched[kind] += 1
             hits[kind] += bool(r.hit)
+        counts = by_source[r.source]
+        counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + r.drafted, counts[2] + r.accepted
         s, k = _overlap(r)
         slots += s
         in_topk += k
@@ -181,7 +184,9 @@ def summarize(records: list[StepRecord], spans: list[SpanEvent], gamma: int, *, 
         overlap_slots=slots, overlap_in_topk=in_topk, draft_forwards=draft_forwards, draft_produced=draft_produced,
         draft_busy_s=interval_length(draft_busy), target_busy_s=interval_length(target_busy),
         hidden_s=interval_overlap(draft_busy, target_busy), wall_s=max(0.0, t_end - t_start),
-        ttft_s=None if t_first is None else t_first - t_start)
+        ttft_s=None if t_first is None else t_first - t_start,
+        **{f"source_{key}": tuple(by_source[name][i] for name in SOURCES)
+           for i, key in enumerate(("steps", "drafted", "accepted"))})
 
 
 def _overlap(r: StepRecord) -> tuple[int, int]:

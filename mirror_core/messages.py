@@ -13,11 +13,11 @@ import torch
 
 from .config import SamplingConfig
 from .context_draft import ContextPlan, ContextProposal
+from .metrics import SOURCES
 
-SOURCE_MODEL = "model"      # a window the draft model rolled out afresh
-SOURCE_BRANCH = "branch"    # a precomputed branch adopted on a hit (Mirror-SD)
-SOURCE_CONTEXT = "context"  # a window copied from the prompt and the output so far (context_draft.py)
-SOURCES = (SOURCE_MODEL, SOURCE_BRANCH, SOURCE_CONTEXT)
+# where a window came from (metrics.SOURCES, whose order the per-source counters keep): a fresh rollout of the draft
+# model, a precomputed branch adopted on a hit (Mirror-SD), a copy from the prompt and the output (context_draft.py)
+SOURCE_MODEL, SOURCE_BRANCH, SOURCE_CONTEXT = SOURCES
 
 SpanTuple = tuple[str, float, float]  # (stage, t0, t1) on the shared monotonic clock
 
