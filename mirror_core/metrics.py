@@ -88,8 +88,7 @@ class RunSummary:
     def by_source(self) -> dict[str, dict[str, float | int | None]]:
         """Per window source (model rollout, adopted branch, context copy): steps, tokens proposed (Σ D_t), tokens
         accepted (Σ A_t), acceptance = accepted / proposed, mean accepted run = accepted / steps."""
-        return {name: {"steps": n, "proposed": d, "accepted": a, "acceptance": _ratio(a, d),
-                       "mean_accepted_run": _ratio(a, n)}
+        return {name: source_entry(n, d, a)
                 for name, n, d, a in zip(SOURCES, self.source_steps, self.source_drafted, self.source_accepted)}
 
     @property
@@ -141,6 +140,12 @@ class RunSummary:
             "counters": {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
                          for f in fields(self)},
         }
+
+
+def source_entry(steps: int, proposed: int, accepted: int) -> dict[str, float | int | None]:
+    """One window source's counters and ratios (RunSummary.by_source)."""
+    return {"steps": steps, "proposed": proposed, "accepted": accepted, "acceptance": _ratio(accepted, proposed),
+            "mean_accepted_run": _ratio(accepted, steps)}
 
 
 def interval_overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:

@@ -152,7 +152,7 @@ def test_derive_picks_the_faster_ar_as_baseline_and_checks_equality():
 
 
 def test_rows_and_report_keep_the_json_and_csv_layout_of_the_shipped_reports(tmp_path):
-    shipped = os.path.join(ROOT, "docs", "bench", "blocks_default")  # the newest layout (mirror-sd-bench/4)
+    shipped = os.path.join(ROOT, "docs", "bench", "context_grounded")  # the newest layout (mirror-sd-bench/5)
     with open(os.path.join(shipped, "bench.json"), encoding="utf-8") as f:
         ref = json.load(f)
     with open(os.path.join(ROOT, "docs", "bench", "sweep_draft_ar_128", "bench.json"), encoding="utf-8") as f:

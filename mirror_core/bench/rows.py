@@ -2,7 +2,7 @@
 
 The harness builds each row from its timed runs; `derive` then fills the fields that need the
 same prompt's `ar` / `ar_all` rows. `BenchRow.to_dict` is the row as the JSON report and the CSV
-write it ("mirror-sd-bench/4"); the report, the HTML page and scripts/gpu_bench.py read attributes.
+write it ("mirror-sd-bench/5"); the report, the HTML page and scripts/gpu_bench.py read attributes.
 """
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from ..latency import LatencyModel, physical_bound
 from ..metrics import RunSummary
 
 BASELINES = ("ar", "ar_all")       # the target-only decoders; the faster over the suite is the baseline
-SPECULATIVE = ("sd", "mirror")     # the engine's speculative decoders: the ones the physical bound applies to
+# the engine's speculative decoders (bench/config.py: *_model = the context draft off): the physical bound applies
+SPECULATIVE = ("sd", "mirror", "sd_model", "mirror_model")
 RUN_METRICS = ("tau", "acceptance_rate", "hit_rate", "fallback_frequency", "draft_hidden_fraction",
-               "draft_tokens_per_forward", "steps")  # BenchRow fields read from the engine's RunSummary
+               "draft_tokens_per_forward", "steps", "by_source")  # BenchRow fields read from the engine's RunSummary
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class BenchRow:
     draft_hidden_fraction: float | None    # RunSummary.draft_hidden_fraction
     draft_tokens_per_forward: float | None  # RunSummary.draft_tokens_per_forward
     steps: int | None                      # RunSummary.steps: verification passes after the prefill
+    by_source: dict | None                 # RunSummary.by_source: per window source (model, branch, context): steps,
+    #                                        proposed, accepted, acceptance, mean accepted run
     t_ar_ms: float | None                  # T_AR: median target-only step (ms; ar, ar_all; llama.cpp: between tokens)
     t_verify_ms: float | None              # T_verify: median verification pass (ms; sd and mirror)
     step_ms: float | None                  # median measured step (ms)

@@ -1,14 +1,16 @@
-"""Bench rows → per-decoder summary and the whole report (BenchReport; `to_dict` is the "mirror-sd-bench/4" JSON)."""
+"""Bench rows → per-decoder summary and the whole report (BenchReport; `to_dict` is the "mirror-sd-bench/5" JSON)."""
 from __future__ import annotations
 
 import statistics
 import time
 from dataclasses import asdict, dataclass, fields
 
+from ..metrics import source_entry
 from .config import BenchConfig
 from .rows import BenchRow, baseline_decoder, derive, entries
 
-FORMAT = "mirror-sd-bench/4"  # /3: rows carry the --dtype they ran at; /4: agreement_with_ar, step_ar_ms (llama.cpp)
+FORMAT = "mirror-sd-bench/5"  # /3: rows carry the --dtype they ran at; /4: agreement_with_ar, step_ar_ms (llama.cpp);
+#                               /5: by_source (per window source: model, branch, context)
 NOTES = (
     "Engine decoders (ar, ar_all, sd, mirror) are timed by the engine's own spans: prefill start → last commit, "
     "one monotonic clock for both lanes; loading and tokenisation excluded.",
@@ -71,6 +73,7 @@ class SummaryEntry:
     all_equal_to_ar: bool | None                   # every row equal to ar (None: no row was compared)
     agreement_with_ar: float | None = None         # mean common-prefix share with ar (llama.cpp: another function)
     step_ar_ms: float | None = None                # median T_AR over prompts (ar, ar_all; llama.cpp: between tokens)
+    by_source: dict | None = None                  # RunSummary.by_source of the prompts' runs pooled (counters added)
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -92,7 +95,7 @@ class BenchReport:
     rows: tuple[BenchRow, ...]                # one per (prompt, decoder, setting)
 
     def to_dict(self) -> dict:
-        """The JSON report (format "mirror-sd-bench/4")."""
+        """The JSON report (format "mirror-sd-bench/5")."""
         return {"format": FORMAT, "time": self.time, "settings": self.settings, "baseline": self.baseline,
                 "notes": list(self.notes), "summary": [e.to_dict() for e in self.summary],
                 "best": None if self.best is None else {k: getattr(self.best, k) for k in BEST_KEYS},
@@ -140,8 +143,18 @@ def summarize(rows: list[BenchRow]) -> list[SummaryEntry]:
             step_over_hidden_bound=_median([r.step_ms / r.hidden_bound_ms for r in mine
                                             if r.step_ms and r.hidden_bound_ms]),
             all_equal_to_ar=None if all(e is None for e in equal) else all(e is True for e in equal),
-            agreement_with_ar=_mean(col("agreement_with_ar")), step_ar_ms=_median(col("t_ar_ms"))))
+            agreement_with_ar=_mean(col("agreement_with_ar")), step_ar_ms=_median(col("t_ar_ms")),
+            by_source=_pooled_sources(col("by_source"))))
     return out
+
+
+def _pooled_sources(per_row: list[dict | None]) -> dict | None:
+    """Per-source counters added over rows, their ratios recomputed (metrics.RunSummary.by_source's definitions)."""
+    rows = [r for r in per_row if r]
+    if not rows:
+        return None
+    return {source: source_entry(*(sum(r[source][k] for r in rows) for k in ("steps", "proposed", "accepted")))
+            for source in rows[0]}
 
 
 def best_setting(summary: list[SummaryEntry]) -> SummaryEntry | None:
