@@ -20,6 +20,7 @@ from typing import Iterator
 
 from . import machine
 from .config import (
+    MAX_GAMMA,
     DEFAULT_GAMMA,
     DEFAULT_KAPPA,
     SERIAL_DECODERS,
@@ -104,10 +105,11 @@ class PairInfo:
                            **{name: getattr(self, name) for name in _SHARED_WITH_RUN_SETTINGS})
 
     def window_steps(self) -> tuple[float, ...]:
-        """The target's forward of 1, 2, .. rows in one-row steps, timed at load (() where it was not): the cost the
-        context draft's window length is chosen by (context_draft.py)."""
-        r = self.roofline
-        return () if r is None else tuple(r.window_steps(m) for m in range(1, len(r.rows_ms) + 1))
+        """The target's forward of 1, 2, .. MAX_GAMMA + 1 rows in one-row steps, timed at load on the target lane
+        (Calibration.window_ms; () where it was not): the cost the context draft's window length is chosen by."""
+        cal = self.target_dtype
+        ms = [] if cal is None else [cal.window_ms(cal.sequence, m) for m in range(1, MAX_GAMMA + 2)]
+        return () if not ms or None in ms else tuple(round(v / ms[0], 4) for v in ms)
 
     def describe(self) -> dict:
         """What ran: the CLI's --json `pair` object (the numbers panel's "Ran:" line says the same from the run

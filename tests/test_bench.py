@@ -142,11 +142,13 @@ def _row(decoder, wall, tokens, summary=None, t_ar=None, t_verify=None, model=No
 
 
 def test_derive_picks_the_faster_ar_as_baseline_and_checks_equality():
-    sd_summary = RunSummary(4, steps=1, committed=2)  # τ = 2.0
-    rows = derive([_row("ar", 1.0, [1, 2], t_ar=0.005), _row("ar_all", 0.8, [1, 2]),
+    sd_summary = RunSummary(4, steps=1, committed=2, ttft_s=0.2)  # τ = 2.0
+    rows = derive([_row("ar", 1.0, [1, 2], t_ar=0.005), _row("ar_all", 0.8, [1, 2], RunSummary(4, ttft_s=0.2)),
                    _row("sd", 0.5, [1, 2], sd_summary, t_verify=0.008), _row("hf", 0.4, [1, 3])])
     sd, hf = rows[2], rows[3]
     assert sd.speedup_vs_baseline == pytest.approx(1.6) and sd.speedup_vs_ar == pytest.approx(2.0)
+    assert sd.decode_speedup_vs_baseline == pytest.approx((0.8 - 0.2) / (0.5 - 0.2))  # the prefill left out
+    assert hf.decode_speedup_vs_baseline is None  # a peer's prefill is not timed apart
     assert sd.bound == pytest.approx(2.0 * 5.0 / 8.0) and sd.equal_to_ar is True
     assert hf.equal_to_ar is False and hf.tau is None and hf.timed_by == "perf_counter around generate()"
 

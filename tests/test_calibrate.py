@@ -13,7 +13,7 @@ from mirror_core import LaneConfig, MirrorEngine, MirrorError, Request, SpecConf
 from mirror_core.cli import main
 from mirror_core.runners import build_runner
 from mirror_core.runners import calibrate as cal_mod
-from mirror_core.records import ROOFLINE_ROWS, Calibration
+from mirror_core.records import LONG_ROWS, ROOFLINE_ROWS, Calibration
 from mirror_core.runners.calibrate import calibrate_draft, calibrate_target, candidates
 from mirror_core.runners.exactness import check_rows
 from testing.toy_models import prompts
@@ -43,7 +43,7 @@ def test_the_target_takes_its_fastest_window_and_the_next_load_reads_the_cache(p
     assert names[:2] == ["float32", "bfloat16"]
     assert "float32" not in cal.screened and set(cal.screened) < set(names)  # the screen may drop a slow dtype
     timed = {(n, s) for n in cal.timed(names) for s in ("step", "window")}
-    by_rows = {(cal.sequence, f"rows{m}") for m in range(1, ROOFLINE_ROWS + 1)}  # the roofline's, chosen dtype only
+    by_rows = {(cal.sequence, f"rows{m}") for m in (*range(1, ROOFLINE_ROWS + 1), *LONG_ROWS)}  # chosen dtype only
     assert {(t.dtype, t.shape) for t in cal.table} == timed | by_rows
     assert len(cal.rows_ms(cal.sequence)) == ROOFLINE_ROWS and cal.read_gbs > 0 and cal.peak_gflops > 0
     assert {n for n, _ in cal.exact} == set(cal.timed(names))  # each timed dtype's row check is kept with it

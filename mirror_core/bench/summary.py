@@ -59,6 +59,7 @@ class SummaryEntry:
     speedup_vs_baseline_range: tuple[float, float] | None  # (min, max) over prompts
     speedup_vs_baseline_iqr: tuple[float, float] | None    # (first, third) quartile over prompts
     speedup_vs_ar: float | None                    # median over prompts
+    decode_speedup_vs_baseline: float | None       # median over prompts: after the first token (the prefill left out)
     speedup_vs_ar_all: float | None                # median over prompts
     tau: float | None                              # mean over prompts
     acceptance_rate: float | None                  # mean over prompts
@@ -135,6 +136,7 @@ def summarize(rows: list[BenchRow]) -> list[SummaryEntry]:
             speedup_vs_baseline_range=(min(speedups), max(speedups)) if speedups else None,
             speedup_vs_baseline_iqr=_quartiles(speedups),
             speedup_vs_ar=_median(col("speedup_vs_ar")), speedup_vs_ar_all=_median(col("speedup_vs_ar_all")),
+            decode_speedup_vs_baseline=_median(col("decode_speedup_vs_baseline")),
             tau=_mean(col("tau")), acceptance_rate=_mean(col("acceptance_rate")), hit_rate=_mean(col("hit_rate")),
             draft_hidden_fraction=_median(col("draft_hidden_fraction")),
             draft_tokens_per_forward=_mean(col("draft_tokens_per_forward")),
