@@ -251,7 +251,7 @@ def _prepare_problems(df: Dockerfile) -> list[str]:
 
 
 def import_problems(root: str = ROOT) -> list[str]:
-    """Every third-party module imported at run time (app.py, ui/, mirror_core/ but its offline train/) must come
+    """Every third-party module imported at run time (app.py, ui/, mirror_core/; not the offline training/) must come
     with a distribution requirements.txt names, or one they depend on; modules of OPTIONAL_REQUIREMENTS' extras only
     are left to that file, and OPTIONAL_MODULES to the user who asks for them."""
     from importlib.metadata import packages_distributions
@@ -271,7 +271,7 @@ def import_problems(root: str = ROOT) -> list[str]:
 
 
 def runtime_imports(root: str) -> dict[str, str]:
-    """Third-party top-level module → the first file importing it, over app.py, ui/ and mirror_core/ (not train/)."""
+    """Third-party top-level module → the first file importing it, over app.py, ui/ and mirror_core/."""
     import ast
 
     files = ["app.py"] + sorted(os.path.relpath(os.path.join(d, f), root) for top in ("ui", "mirror_core")
@@ -279,8 +279,6 @@ def runtime_imports(root: str) -> dict[str, str]:
     local = {"app", "ui", "mirror_core", "__future__"}
     out: dict[str, str] = {}
     for rel in files:
-        if rel.startswith(os.path.join("mirror_core", "train")):
-            continue
         with open(os.path.join(root, rel), encoding="utf-8") as f:
             tree = ast.parse(f.read())
         for node in ast.walk(tree):

@@ -1,6 +1,6 @@
 """A saved feature draft's held-out figures, and its acceptance profile measured the way decoding meets it.
 
-    python -m mirror_core.train.chat_data --held-out --more --limit 96 --out HELDOUT     # new-topic answers
+    python -m training.draft.chat_data --held-out --more --limit 96 --out HELDOUT     # new-topic answers
     PYTHONPATH=. python scripts/draft_profile.py --draft assets/smollm2_pair/feature_draft --heldout HELDOUT [--write]
 
 Prints, teacher-forced on the held-out answers (feature_distill.evaluate: depth d reads d−1 of the draft's own
@@ -35,9 +35,9 @@ def main(argv: list[str] | None = None) -> dict:
     from mirror_core.models.prepared import resolve_source
     from mirror_core.models.profile import load_profile, save_profile
     from mirror_core.models.vocab import load_vocab_map
-    from mirror_core.train import feature_distill as FD
-    from mirror_core.train.distill import load_sequences, load_target, soft_targets
-    from mirror_core.train.precision import PRECISIONS, resolve
+    from training.draft import feature_distill as FD
+    from training.draft.distill import load_sequences, load_target, soft_targets
+    from training.precision import PRECISIONS, resolve
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--draft", default=os.path.join(ROOT, "assets", "smollm2_pair", "feature_draft"))
@@ -106,7 +106,7 @@ def write_prompts(heldout: str, path: str) -> None:
 
     import torch
 
-    from mirror_core.train.distill import shard_paths
+    from training.draft.distill import shard_paths
 
     with open(path, "w", encoding="utf-8") as f:
         for i, r in enumerate(r for p in shard_paths(heldout) for r in torch.load(p, mmap=True)):

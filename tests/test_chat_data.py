@@ -10,9 +10,9 @@ import os
 import pytest
 import torch
 
-from mirror_core.train import chat_data as CD
-from mirror_core.train import chat_prompts as P
-from mirror_core.train import chat_sources as S
+from training.draft import chat_data as CD
+from training.draft import chat_prompts as P
+from training.draft import chat_sources as S
 from testing.toy_models import VOCAB, build_pair
 
 WORDS = ["[UNK]", "<eos>", "user", "assistant", ":", "?", "what", "is", "how", "do", "bees", "work"]
@@ -138,7 +138,7 @@ def test_generation_records_the_teacher_pass_a_full_forward_would_compute(chat_t
 @pytest.mark.parametrize("speedup, chosen", [(2.0, "bfloat16"), (0.12, "float32")])  # bf16 units; AVX2 only
 def test_auto_dtype_is_resolved_by_measurement_and_the_records_name_what_ran(chat_target, tmp_path, monkeypatch,
                                                                              speedup, chosen):
-    from mirror_core.train import precision
+    from training import precision
 
     monkeypatch.setattr(precision, "bf16_speedup", lambda: speedup)
     CD.generate(_cfg(chat_target, tmp_path, sources=("code",), limit=2, batch=2, dtype="auto", feature_layer=0))
@@ -221,8 +221,8 @@ def test_the_teacher_pass_reads_what_generation_recorded_and_computes_the_rest(c
     by its content, and the data-volume probe's subsets are seeded and hold what they were asked for."""
     from transformers import AutoModelForCausalLM
 
-    from mirror_core.train import feature_distill as FD
-    from mirror_core.train.distill import load_sequences
+    from training.draft import feature_distill as FD
+    from training.draft.distill import load_sequences
 
     CD.generate(_cfg(chat_target, tmp_path / "rec", sources=("templated",), limit=6, batch=3))
     CD.generate(_cfg(chat_target, tmp_path / "old", sources=("code",), limit=3, batch=3, feature_layer=0))

@@ -51,7 +51,7 @@ def test_every_decoder_equals_transformers_greedy_on_the_shipped_pair(draft, mon
 def test_shipped_ss_draft_multi_token_steps_equal_one_token_decoding():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mirror_core.train.evaluate import ss_greedy_generate
+    from training.toy_pair.evaluate import ss_greedy_generate
     from testing.toy_models import main_greedy_generate
 
     model = AutoModelForCausalLM.from_pretrained(DRAFT_SS, dtype=torch.float32).eval()

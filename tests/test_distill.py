@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
-from mirror_core.train import distill as D
+from training.draft import distill as D
 from mirror_core.models.profile import load_profile, save_profile
-from mirror_core.train.distill_card import render
-from mirror_core.train.precision import resolve
+from training.draft.card import render
+from training.precision import resolve
 from testing.reliability import _save_tokenizer
 from testing.toy_models import VOCAB, build_pair
 
@@ -60,7 +60,7 @@ def test_distill_writes_a_pair_the_engine_runs_losslessly(tmp_path):
 
 @pytest.mark.parametrize("dtype, rollout_weight", [("bfloat16", 0.0), ("float32", 1.0)])  # "auto" with bf16 units,
 def test_feature_distill_writes_a_draft_the_engine_runs_losslessly(tmp_path, dtype, rollout_weight):  # and without
-    from mirror_core.train import feature_distill as FD
+    from training.draft import feature_distill as FD
 
     target, _ = build_pair(str(tmp_path), "llama", target_layers=4)
     cfg = FD.FeatureDistillConfig(answers=_answers(tmp_path / "answers", 24), heldout=_answers(tmp_path / "held", 6, 1),
@@ -100,8 +100,8 @@ def test_feature_distill_continues_a_saved_draft_and_refuses_one_that_does_not_f
     the same held-out figures); fewer layers or another feature layer are refused before any teacher pass."""
     import json
 
-    from mirror_core.train import feature_distill as FD
-    from mirror_core.train.distill_card import render_feature
+    from training.draft import feature_distill as FD
+    from training.draft.card import render_feature
 
     target, _ = build_pair(str(tmp_path), "llama", target_layers=4)
     answers, held = _answers(tmp_path / "answers", 24), _answers(tmp_path / "held", 6, 1)

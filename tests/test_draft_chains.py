@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from mirror_core.train.feature_distill import agreed, chains, make_batch, rollout_hits, rollout_weights
+from training.draft.feature_distill import agreed, chains, make_batch, rollout_hits, rollout_weights
 
 V = 16  # draft vocabulary = target vocabulary here (to_draft is the identity; id 15 is "other")
 

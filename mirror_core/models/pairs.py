@@ -4,7 +4,7 @@
   user's cache (prepared.py), with the feature-reading draft we distilled from it (and its trained early-exit head)
   in assets/smollm2_pair/feature_draft; the earlier token-only draft (the paper's channel: ids only) stays beside it
   in assets/smollm2_pair/draft, for comparison.
-- The toy pair: a small target and drafts trained from scratch by `python -m mirror_core.train`, embedded in
+- The toy pair: a small target and drafts trained from scratch by `python -m training.toy_pair`, embedded in
   assets/default_pair. It needs nothing from the network, so it is the tests' pair and the fallback when the real
   target cannot be prepared (no package index reachable).
 """

@@ -1,8 +1,8 @@
 """Distil the feature-reading draft (models/feature_draft.py) and its pair's exit head from the target's answers.
 
-    python -m mirror_core.train.chat_data --more --out WORK/answers                     # training answers
-    python -m mirror_core.train.chat_data --held-out --more --limit 96 --out WORK/heldout  # new-topic answers
-    python -m mirror_core.train.feature_distill --answers WORK/answers --heldout WORK/heldout --work WORK \\
+    python -m training.draft.chat_data --more --out WORK/answers                     # training answers
+    python -m training.draft.chat_data --held-out --more --limit 96 --out WORK/heldout  # new-topic answers
+    python -m training.draft.feature_distill --answers WORK/answers --heldout WORK/heldout --work WORK \\
         --out assets/smollm2_pair --minutes 60
 
 Stages (the teacher pass is cached in WORK):
@@ -41,8 +41,8 @@ import torch.nn.functional as F
 from mirror_core.latency import GAMMAS
 from mirror_core.models.feature_draft import FeatureDraft, from_target, grown
 from mirror_core.models.vocab import VocabMap
-from mirror_core.train.chat_sources import FEATURE_LAYER, TOPK
-from mirror_core.train.distill import (
+from training.draft.chat_sources import FEATURE_LAYER, TOPK
+from training.draft.distill import (
     ExitHeadTask,
     draft_vocabulary,
     length_chunks,
@@ -57,7 +57,7 @@ from mirror_core.train.distill import (
     soft_targets,
     train_exit_head,
 )
-from mirror_core.train.precision import autocast, resolve, torch_dtype
+from training.precision import autocast, resolve, torch_dtype
 
 
 @dataclass(frozen=True)
@@ -689,7 +689,7 @@ def _save_feature_draft(cfg: FeatureDistillConfig, model, vmap, target, head, ca
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m mirror_core.train.feature_distill", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m training.draft.feature_distill", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, f in FeatureDistillConfig.__dataclass_fields__.items():
         flag = "--" + name.replace("_", "-")

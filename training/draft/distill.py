@@ -1,7 +1,7 @@
 """Distil a draft and train an early-exit head for a pretrained target (the SmolLM2 pair in assets/smollm2_pair).
 
-    python -m mirror_core.train.chat_data --new-tokens 160 --out WORK/answers     # the target's chat answers
-    python -m mirror_core.train.distill --answers WORK/answers --work WORK --out assets/smollm2_pair
+    python -m training.draft.chat_data --new-tokens 160 --out WORK/answers     # the target's chat answers
+    python -m training.draft.distill --answers WORK/answers --work WORK --out assets/smollm2_pair
 
 Stages (each cached in WORK, so a run can be resumed or re-run with other draft settings):
 1. teacher pass: the target (in `--dtype`: auto takes bfloat16 only where precision.py measures it faster, as it
@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from mirror_core.models.ops import rms_norm
-from mirror_core.train.chat_sources import TOPK
-from mirror_core.train.precision import autocast, resolve, torch_dtype
+from training.draft.chat_sources import TOPK
+from training.precision import autocast, resolve, torch_dtype
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def shard_paths(folder: str) -> list[str]:
     """chat_data's shards in a folder, in the one order every reader uses."""
     paths = sorted(glob.glob(os.path.join(folder, "answers_*.pt")))
     if not paths:
-        raise SystemExit(f"no answers_*.pt in {folder}: run python -m mirror_core.train.chat_data first")
+        raise SystemExit(f"no answers_*.pt in {folder}: run python -m training.draft.chat_data first")
     return paths
 
 
@@ -465,7 +465,7 @@ def _save_draft(cfg: DistillConfig, draft, vmap, target, target_dir: str, head) 
 
 def main(argv: list[str] | None = None) -> dict:
     fields = DistillConfig.__dataclass_fields__
-    parser = argparse.ArgumentParser(prog="python -m mirror_core.train.distill", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m training.draft.distill", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, f in fields.items():
         flag = "--" + name.replace("_", "-")

@@ -1,8 +1,8 @@
 """Sequence-level distillation data: the target's own chat answers, generated in batches, in resumable shards.
 
-    python -m mirror_core.train.chat_data --sources templated,sampled,self_questions,multi_turn,code --out OUT
-    python -m mirror_core.train.chat_data --more --out DIR              # the legacy set (today's draft's data)
-    python -m mirror_core.train.chat_data --held-out --more --limit 96 --out DIR   # held-out answers (evaluation)
+    python -m training.draft.chat_data --sources templated,sampled,self_questions,multi_turn,code --out OUT
+    python -m training.draft.chat_data --more --out DIR              # the legacy set (today's draft's data)
+    python -m training.draft.chat_data --held-out --more --limit 96 --out DIR   # held-out answers (evaluation)
 
 With --sources each source (chat_sources.py) writes OUT/<source>/answers_s<stage>_<shard>.pt and OUT/<source>/
 generation.json (tokens, records and seconds per shard), and OUT/manifest.json sums them per source; without it the
@@ -31,8 +31,8 @@ from dataclasses import dataclass, replace
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from mirror_core.train.chat_sources import SOURCES, STAGES, ChatTokens, DataConfig, Job, answer_spans
-from mirror_core.train.precision import PRECISIONS, resolve
+from training.draft.chat_sources import SOURCES, STAGES, ChatTokens, DataConfig, Job, answer_spans
+from training.precision import PRECISIONS, resolve
 
 
 class RowSampler(LogitsProcessor):
@@ -269,7 +269,7 @@ def _floats(text: str) -> tuple[float, ...]:
 
 def main(argv: list[str] | None = None) -> None:
     d = {f: DataConfig.__dataclass_fields__[f].default for f in DataConfig.__dataclass_fields__ if f != "out"}
-    parser = argparse.ArgumentParser(prog="python -m mirror_core.train.chat_data", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m training.draft.chat_data", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--target", default=d["target"])

@@ -12,8 +12,9 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from mirror_core.train import build, data, evaluate, losses, precision
-from mirror_core.train.config import TrainConfig
+from training import precision
+from training.toy_pair import build, data, evaluate, losses
+from training.toy_pair.config import TrainConfig
 
 
 @dataclass(frozen=True)

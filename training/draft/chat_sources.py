@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from mirror_core.train import chat_prompts as P
-from mirror_core.train.precision import PRECISIONS
+from training.draft import chat_prompts as P
+from training.precision import PRECISIONS
 
 SOURCES = ("templated", "sampled", "self_questions", "multi_turn", "code")
 FEATURE_LAYER = 20   # ℓ_e of the default pair's feature draft: the layer whose hidden states generation records
@@ -213,7 +213,7 @@ def _code(chat, cfg, _):
 def _legacy(chat, cfg, _):
     """chat_prompts.prompts (today's draft's data, and the held-out set): the guard is not applied here, since the
     held-out set is made of exactly those topics, and the training set's tables are checked by the tests."""
-    from mirror_core.train.chat_prompts import prompts
+    from training.draft.chat_prompts import prompts
 
     chosen = prompts(cfg.held_out, more=cfg.more or cfg.only_more)
     if cfg.only_more:

@@ -1,4 +1,4 @@
-"""The distilled pair's model card: `python -m mirror_core.train.distill_card PAIR_DIR --bench BENCH.json
+"""The distilled pair's model card: `python -m training.draft.card PAIR_DIR --bench BENCH.json
 [--bench-no-head BENCH.json] [--feature-bench BENCH.json]` writes PAIR_DIR/MODEL_CARD.md and model_card.json from what
 the runs recorded (PAIR_DIR/distill.json, written by distill.py for the token-only draft; PAIR_DIR/feature_distill.json,
 written by feature_distill.py for the feature-reading draft) and from benchmark reports of the pair
@@ -92,17 +92,17 @@ def _run_commands(run: dict) -> list[str]:
     """The commands that made one run: its answers, then feature_distill with its settings."""
     c = run["config"]
     if not run.get("sources"):
-        answers = ["python -m mirror_core.train.chat_data --more --new-tokens 128 --out WORK/answers --threads 2"]
+        answers = ["python -m training.draft.chat_data --more --new-tokens 128 --out WORK/answers --threads 2"]
         folders = "WORK/answers"
     else:
         made, other = _source_names(run)
         threads = {g.get("threads") for _, g in made} - {None}
-        answers = [f"python -m mirror_core.train.chat_data --sources {','.join(n for n, _ in made)} --out WORK/data"
+        answers = [f"python -m training.draft.chat_data --sources {','.join(n for n, _ in made)} --out WORK/data"
                    + (f" --threads {threads.pop()}" if len(threads) == 1 else "")]
         folders = ",".join([f"WORK/data/{n}" for n, _ in made] + other)
     start = f" --init {c['init']}" if c.get("init") else ""
     start += f" --num-layers {c['num_layers']}" if c.get("num_layers", 1) != 1 else ""  # with --init: grown to it
-    return answers + [f"python -m mirror_core.train.feature_distill --answers {folders} --heldout WORK/heldout "
+    return answers + [f"python -m training.draft.feature_distill --answers {folders} --heldout WORK/heldout "
                       f"--work WORK{start} --out assets/smollm2_pair --minutes {c['minutes']:.0f} --lr {c['lr']} "
                       f"--exit-epochs {c['exit_epochs']} --candidate-epochs {c['candidate_epochs']} "
                       f"--threads {run['threads']}"]
@@ -172,7 +172,7 @@ def render_feature(fd: dict, bench: dict | None, bench_cmd: str) -> list[str]:
                      + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v / 60:.1f} min" for k, v in t.items())
                      + (f"; its answers took {gen / 3600:.1f} h of generating processes' time" if gen else "") + ".")
     lines += ["", f"{total / 60:.0f} min of distillation in all, plus the answers' generation. Commands:", "", "```bash",
-              "python -m mirror_core.train.chat_data --held-out --more --limit 96 --new-tokens 128 --out WORK/heldout"]
+              "python -m training.draft.chat_data --held-out --more --limit 96 --new-tokens 128 --out WORK/heldout"]
     for r in runs:
         lines += _run_commands(r)
     lines += ["```", ""]
@@ -221,7 +221,7 @@ def token_draft_part(distill: dict) -> list[str]:
         "# SmolLM2-135M-Instruct with distilled drafts and trained early-exit heads",
         "",
         "The default pair of the playground. Every figure below is read from `feature_distill.json` and `distill.json` "
-        "(the training runs) and the benchmark reports named with each table; `python -m mirror_core.train.distill_card` "
+        "(the training runs) and the benchmark reports named with each table; `python -m training.draft.card` "
         "wrote this file.",
         "",
         "## Target",
@@ -242,7 +242,7 @@ def token_draft_part(distill: dict) -> list[str]:
         f"(`mirror_core/models/vocab.py`). They cover {distill['draft_vocab_coverage']:.2%} of all answer tokens. The "
         "draft can only propose those tokens; the output is the target's regardless.",
         f"- Data: the target's own greedy answers (bfloat16, ≤ 160 new tokens) to {distill['sequences']:,} chat prompts "
-        f"(`mirror_core/train/chat_prompts.py`: instruction forms × topics; {distill['answer_tokens']:,} answer tokens), "
+        f"(`training/draft/chat_prompts.py`: instruction forms × topics; {distill['answer_tokens']:,} answer tokens), "
         f"{distill['held_out_sequences']} of them held out. The benchmark's chat prompts "
         "(`assets/chat_prompts.jsonl`) use topics that never occur in training prompts.",
         f"- Loss: forward KL to the target's top-{cfg['topk']} next-token distribution plus "
@@ -276,8 +276,8 @@ def token_draft_part(distill: dict) -> list[str]:
         f"({_generation(distill.get('generation'))}). Commands:",
         "",
         "```bash",
-        "python -m mirror_core.train.chat_data --out WORK/answers --threads 2",
-        "python -m mirror_core.train.distill --answers WORK/answers --work WORK/work --out assets/smollm2_pair "
+        "python -m training.draft.chat_data --out WORK/answers --threads 2",
+        "python -m training.draft.distill --answers WORK/answers --work WORK/work --out assets/smollm2_pair "
         f"--draft-minutes {cfg['draft_minutes']:.0f} --lr {cfg['lr']} --exit-epochs {cfg['exit_epochs']} --threads 2",
         "```",
         "",
@@ -286,7 +286,7 @@ def token_draft_part(distill: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m mirror_core.train.distill_card", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m training.draft.card", description=__doc__)
     p.add_argument("pair_dir")
     p.add_argument("--bench", default=None, help="bench.json of ar,sd,mirror,hf,hf_assisted on the pair")
     p.add_argument("--bench-no-head", default=None, help="bench.json of mirror with --exit-head none")
