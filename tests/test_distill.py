@@ -1,7 +1,8 @@
-"""The distillation pipelines end to end on a tiny Llama target: train/distill.py (teacher pass, reduced draft
-vocabulary, exit heads, draft training, a saved folder the engine loads, reduced draft + exit head, whose decoders all
-equal ar; the card renders from the run's record) and train/feature_distill.py (the feature-reading draft, its exit
-head trained twice, its profile: the engine loads it, chooses γ and κ from it, and every decoder equals ar)."""
+"""The distillation pipelines end to end on a tiny Llama target: training/draft/distill.py (teacher pass, reduced
+draft vocabulary, exit heads, draft training, a saved folder the engine loads, reduced draft + exit head, whose
+decoders all equal ar; the card renders from the run's record) and training/draft/feature_distill.py (the
+feature-reading draft, its exit head trained twice, its profile: the engine loads it, chooses γ and κ from it, and
+every decoder equals ar)."""
 from __future__ import annotations
 
 import importlib.util
@@ -14,6 +15,7 @@ from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
 from training.draft import distill as D
 from mirror_core.models.profile import load_profile, save_profile
 from training.draft.card import render
+from training.draft.continued import earlier_record
 from training.precision import resolve
 from testing.reliability import _save_tokenizer
 from testing.toy_models import VOCAB, build_pair
@@ -54,7 +56,7 @@ def test_distill_writes_a_pair_the_engine_runs_losslessly(tmp_path):
     import json
 
     record = json.load(open(os.path.join(cfg.out, "distill.json")))
-    card = render(cfg.out, record, None, None, "")
+    card = render(None, distill=record)
     assert "2 layers" in card and "top-1" in card and "logit lens" in card
 
 
@@ -112,7 +114,7 @@ def test_feature_distill_continues_a_saved_draft_and_refuses_one_that_does_not_f
     start = os.path.join(cfg.out, "feature_draft")
     p = load_profile(start)  # re-measured (scripts/draft_profile.py --write): the run's exit hit rates are kept
     save_profile(start, [0.5] * len(p.accept), list(p.hit), "re-measured", [1.5, 1.7])
-    assert FD.earlier_record(start)["draft_log"] == first["draft_log"]
+    assert earlier_record(start)["draft_log"] == first["draft_log"]
     same = FD.distill(FD.FeatureDistillConfig(**{**cfg.__dict__, "init": start, "out": str(tmp_path / "same"),
                                                  "minutes": 0.0, "exit_epochs": 0.0}))
     for name in ("feature_draft.safetensors", "exit_head.safetensors", "draft_vocab.json"):

@@ -255,7 +255,7 @@ def check_prompt(text: str) -> str:
     return text
 
 
-def prompts(held_out: bool = False, seed: int = 0, more: bool = False) -> list[str]:
+def topic_prompts(held_out: bool = False, seed: int = 0, more: bool = False) -> list[str]:
     """Every form × topic (train) or the held-out topics' prompts, in a fixed shuffled order; `more` adds
     MORE_FORMS (the feature draft's wider data)."""
     topics, code = (HELD_OUT_TOPICS, HELD_OUT_CODE) if held_out else (TOPICS, CODE_TOPICS)
