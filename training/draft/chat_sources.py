@@ -1,4 +1,4 @@
-"""The sources of the draft's training text (issue 36): what the target is asked, stage by stage.
+"""The sources of the draft's wider training text (docs/TRAINING.md): what the target is asked, stage by stage.
 
 Every source is one or two stages; a stage turns the previous stage's records into jobs (prompt ids + a temperature)
 that chat_data.py answers with the target in batched, resumable shards:
