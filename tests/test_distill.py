@@ -155,3 +155,66 @@ def test_feature_distill_continues_a_saved_draft_and_refuses_one_that_does_not_f
                                                   "feature_layer": feature_layer, "work": str(tmp_path / "fresh"),
                                                   "out": str(tmp_path / "d")}))
     assert not any(f.startswith("teacher") for f in os.listdir(tmp_path / "fresh"))   # refused before the teacher pass
+
+
+class _Parsed(Exception):
+    """Raised in place of a training run: the command's flags were parsed into its configuration."""
+
+
+# module of a `python -m` command → the function its main calls once the flags are parsed
+RUNS = {"training.toy_pair": ("training.toy_pair.cli", "train_all"),
+        "training.toy_pair.evaluate": ("training.toy_pair.evaluate", "reevaluate"),
+        "training.draft.chat_data": ("training.draft.chat_data", "generate"),
+        "training.draft.distill": ("training.draft.distill", "distill"),
+        "training.draft.feature_distill": ("training.draft.feature_distill", "distill"),
+        "training.draft.card": ("training.draft.card", "write_card")}
+
+
+def _documented_commands(path: str) -> list[list[str]]:
+    """Every `python -m training…` and `scripts/draft_profile.py` command in the file's code blocks, continuation
+    lines joined, a trailing `# comment` and a following `&` or `&&` dropped."""
+    import re
+    import shlex
+
+    with open(path, encoding="utf-8") as f:
+        blocks = re.findall(r"```(?:bash)?\n(.*?)```", f.read(), re.S)
+    commands = []
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            ends = [i for i, w in enumerate(words) if w in ("&", "&&", ";", "|", "||")]
+            words = words[: ends[0]] if ends else words  # one command: the shell's operators end it
+            if "python" in words and ("-m" in words or "scripts/draft_profile.py" in words):
+                start = words.index("python")
+                if words[start + 1:start + 2] == ["-m"] and words[start + 2].startswith("training"):
+                    commands.append(words[start + 2:])
+                elif words[start + 1:start + 2] == ["scripts/draft_profile.py"]:
+                    commands.append(words[start + 1:])
+    return commands
+
+
+@pytest.mark.parametrize("doc", ["docs/TRAINING.md", "README.md"])
+def test_every_documented_training_command_parses(doc, monkeypatch):
+    """Each training command the docs state names a module that exists and flags it accepts (the run itself is
+    replaced: these are hours of work; the recipes run end to end on tiny models in the tests above)."""
+    import importlib
+
+    commands = _documented_commands(os.path.join(ROOT, doc))
+    assert commands, doc
+    for words in commands:
+        if words[0] == "scripts/draft_profile.py":
+            script = importlib.util.spec_from_file_location("draft_profile", os.path.join(ROOT, words[0]))
+            module = importlib.util.module_from_spec(script)
+            script.loader.exec_module(module)
+            assert module.parse_args(words[1:]).heldout, words
+            continue
+        where, run = RUNS[words[0]]
+        runner = importlib.import_module(where)
+
+        def stop(*args, **kwargs):
+            raise _Parsed(args)
+
+        monkeypatch.setattr(runner, run, stop)
+        main = importlib.import_module(words[0] + (".cli" if words[0] == "training.toy_pair" else "")).main
+        with pytest.raises(_Parsed):
+            main(words[1:])

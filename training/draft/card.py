@@ -338,7 +338,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--bench", default=None, help="bench.json of ar,sd,mirror,hf,hf_assisted with the token-only draft")
     p.add_argument("--bench-no-head", default=None, help="bench.json of mirror with --exit-head none (token-only)")
     p.add_argument("--bench-command", default="", help="the command behind --bench, quoted in the card")
-    a = p.parse_args(argv)
+    write_card(p.parse_args(argv))
+
+
+def write_card(a: argparse.Namespace) -> None:
+    """MODEL_CARD.md and model_card.json in the pair folder, from its run records and the bench reports named."""
     feature, distill = (_read(os.path.join(a.pair_dir, name)) for name in ("feature_distill.json", "distill.json"))
     bench, no_head, fbench = _read(a.bench), _read(a.bench_no_head), _read(a.feature_bench)
     with open(os.path.join(a.pair_dir, "MODEL_CARD.md"), "w", encoding="utf-8") as f:
