@@ -7,6 +7,7 @@ import csv
 import importlib.util
 import json
 import os
+import re
 import sys
 from dataclasses import replace
 
@@ -16,7 +17,7 @@ import torch
 from mirror_core.bench.harness import BenchConfig, BenchPrompt, Cell, Measurement, measured_row, parse_sweep
 from mirror_core.bench.report import write_csv
 from mirror_core.bench.rows import derive
-from mirror_core.bench.summary import build_report
+from mirror_core.bench.summary import build_report, recorded_path
 from mirror_core.cli import main
 from mirror_core.config import SamplingConfig, SpecConfig
 from mirror_core.events import SpanEvent, StepRecord
@@ -177,6 +178,23 @@ def test_rows_and_report_keep_the_json_and_csv_layout_of_the_shipped_reports(tmp
     with open(tmp_path / "bench.csv", encoding="utf-8") as f, open(os.path.join(shipped, "bench.csv"),
                                                                    encoding="utf-8") as g:
         assert f.readline() == g.readline()
+
+
+def test_a_report_names_models_and_prompts_without_this_machines_paths(tmp_path):
+    """A committed record must read the same on every checkout: a path inside the repository is kept relative to
+    it, a registry name or hub id as it is, and any other path by its last two parts; every shipped record too."""
+    rows = derive([_row("ar", 1.0, [1, 2, 3], RunSummary(4))])
+    info = {"target": "smollm2-135m-instruct", "draft": os.path.join(ROOT, "assets", "smollm2_pair", "feature_draft"),
+            "prompts_file": str(tmp_path / "work" / "prompts.jsonl")}
+    settings = build_report(rows, BenchConfig(("ar",), 3, SamplingConfig(), SpecConfig()), info).settings
+    assert (settings["target"], settings["draft"]) == ("smollm2-135m-instruct", "assets/smollm2_pair/feature_draft")
+    assert settings["prompts_file"] == "…/work/prompts.jsonl"
+    assert recorded_path("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B" and recorded_path(None) is None
+    for folder, _, files in os.walk(os.path.join(ROOT, "docs", "bench")):
+        for name in (f for f in files if f.endswith((".json", ".csv"))):
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                text = f.read()
+            assert ROOT not in text and not re.search(r'"/(home|work|root|tmp|Users)/', text), name
 
 
 def _gpu_script():

@@ -1,6 +1,7 @@
 """Bench rows → per-decoder summary and the whole report (BenchReport; `to_dict` is the "mirror-sd-bench/5" JSON)."""
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, fields
@@ -9,8 +10,10 @@ from ..metrics import source_entry
 from .config import BenchConfig
 from .rows import BenchRow, baseline_decoder, derive, entries
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PATH_FIELDS = ("target", "draft", "prompts_file")  # the settings that may name a folder or file of this machine
 FORMAT = "mirror-sd-bench/5"  # /3: rows carry the --dtype they ran at; /4: agreement_with_ar, step_ar_ms (llama.cpp);
-#                               /5: by_source (per window source: model, branch, context)
+#                               /5: by_source (per window source: model, branch, context), ttft_s, decode speedup
 NOTES = (
     "Engine decoders (ar, ar_all, sd, mirror) are timed by the engine's own spans: prefill start → last commit, "
     "one monotonic clock for both lanes; loading and tokenisation excluded.",
@@ -167,6 +170,17 @@ def best_setting(summary: list[SummaryEntry]) -> SummaryEntry | None:
     return max(mirror, key=lambda s: s.speedup_vs_baseline)
 
 
+def recorded_path(source: str | None, root: str = REPO_ROOT) -> str | None:
+    """A model or prompts file as a committed record names it: a registry name or hub id as it is, a path inside the
+    repository relative to it, any other path by its last two parts after …/ (never this machine's layout)."""
+    if not source or not os.path.isabs(source):
+        return source
+    rel = os.path.relpath(os.path.normpath(source), root)
+    if not rel.startswith(os.pardir):
+        return rel
+    return "…/" + "/".join(os.path.normpath(source).strip(os.sep).split(os.sep)[-2:])
+
+
 def build_report(rows: list[BenchRow], config: BenchConfig, info: dict) -> BenchReport:
     """The report of one bench; `info` (the pair, its lanes, the prompt file) joins the settings."""
     rows = derive(rows)
@@ -174,5 +188,6 @@ def build_report(rows: list[BenchRow], config: BenchConfig, info: dict) -> Bench
     settings = {"max_new_tokens": config.max_new_tokens, "repeats": config.repeats, "warmup": config.warmup,
                 "decoders": list(config.decoders), "spec": asdict(config.spec), "sampling": asdict(config.sampling),
                 "sweep": [asdict(s) for s in config.sweep], **info}
+    settings |= {k: recorded_path(settings[k]) for k in PATH_FIELDS if k in settings}
     return BenchReport(time.strftime("%Y-%m-%d %H:%M:%S"), settings, baseline_decoder(rows), NOTES, tuple(summary),
                        best_setting(summary), tuple(rows))
