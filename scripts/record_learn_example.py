@@ -5,7 +5,7 @@ the default pair, so the step player, the branch tree and the what-if open on so
 
 Kept from the engine's events: every span and step record of the three runs (times relative to each run's start),
 their summaries' raw counters, the load-time timings the what-if starts from, the machine it ran on, and the text of
-every token id the example shows (the page needs no tokenizer to show it). ui/example.py reads it back.
+every token id the example shows (the page needs no tokenizer to show it). ui/learn/example.py reads it back.
 """
 from __future__ import annotations
 

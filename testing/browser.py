@@ -138,7 +138,7 @@ def wait_for(browser: Chromium, done, timeout: float, poll: float = 0.5) -> dict
     raise AssertionError(f"page did not reach the expected state in {timeout:.0f} s: {state}")
 
 
-# The first-visit tour (ui/tour.py) opens in a corner of a fresh profile's page; screenshots close it first.
+# The first-visit tour (ui/learn/tour.py) opens in a corner of a fresh profile's page; screenshots close it first.
 CLOSE_TOUR_JS = """(() => {
   try { localStorage.setItem('mirror-tour-seen', '1'); } catch (e) {}
   const b = document.querySelector("#mirror-tour-panel [data-go='0']");
@@ -291,7 +291,7 @@ def measured_run(browser: Chromium, timeout: float = 300, stop_after_tokens: int
     first_event = len(browser.events)
     cpu0, t0 = browser.cpu_seconds(), time.monotonic()
     press_run(browser, before=json.loads(browser.evaluate(PAGE_STATE_JS))["status"])
-    wait_for(browser, lambda s: "Running" in s["status"], 60, poll=0.05)
+    wait_for(browser, lambda s: "Timing" in s["status"], 60, poll=0.05)
     stop_s = None
     if stop_after_tokens is not None:
         wait_for(browser, lambda s: s["tokens"] >= stop_after_tokens, timeout, poll=0.05)

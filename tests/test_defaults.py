@@ -129,7 +129,7 @@ def test_the_page_leaves_out_and_encodes_as_the_engine_does(drafts):
         settings = settings_from_ui(page_values(prompt="1 2, 3", target=target, draft=feature,
                                                 decoders=["ar", "mirror"], gamma=0, kappa=0, exit_layer=0,
                                                 max_new_tokens=8))
-        ticks = list(run_comparison(loader, session, settings, every_s=0.0, settle_s=0.0))
+        ticks = list(run_comparison(loader, session, settings, settle_s=0.0))
         assert ticks[-1].kind == DONE and session.error is None, session.error
         spec = session.runs["mirror"].start.settings.request.spec
         assert (spec.gamma, spec.kappa, spec.exit_layer) == (DEFAULT_GAMMA, DEFAULT_KAPPA, FEATURE_LAYER)

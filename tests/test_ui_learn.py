@@ -70,7 +70,7 @@ def _data(page: str, name: str) -> dict:
 
 
 def test_before_any_run_the_learn_tab_shows_the_recorded_step_in_the_player_tree_and_what_if(fresh):
-    from ui.example import EXAMPLE, load_example
+    from ui.learn.example import EXAMPLE, load_example
 
     example = load_example()
     assert example is not None and example.runs["mirror"].steps, "assets/learn_example/example.json is shipped"
@@ -102,8 +102,8 @@ def test_an_experiment_the_loaded_pair_cannot_run_is_disabled_with_its_reason(fr
 
 
 def test_the_what_if_says_where_each_starting_point_comes_from(monkeypatch):
-    from ui import starts
-    from ui.example import EXAMPLE, load_example
+    from ui.learn import starts
+    from ui.learn.example import EXAMPLE, load_example
 
     example = load_example()
     paper = starts.start(starts.PAPER, Session(), None)
@@ -111,7 +111,7 @@ def test_the_what_if_says_where_each_starting_point_comes_from(monkeypatch):
     recorded = starts.start(starts.EXAMPLE, Session(), None)
     assert EXAMPLE in recorded.note and example.cpu in recorded.note and "measured there" in recorded.note
     monkeypatch.setattr(starts.machine, "cpu_model", lambda: "Some Other CPU")
-    monkeypatch.setattr("ui.example.machine.cpu_model", lambda: "Some Other CPU")
+    monkeypatch.setattr("ui.learn.example.machine.cpu_model", lambda: "Some Other CPU")
     elsewhere = starts.start(starts.EXAMPLE, Session(), None)
     assert "another machine, not this one" in elsewhere.note and "measured" in elsewhere.note
     assert "this machine's CPU model" not in elsewhere.note
@@ -120,9 +120,9 @@ def test_the_what_if_says_where_each_starting_point_comes_from(monkeypatch):
 def test_the_what_if_starts_from_this_machines_load_time_timings():
     from mirror_core.latency import SpecChoice
     from mirror_core.records import Calibration, Roofline, Timing
-    from ui import starts
-    from ui.example import ROOT
-    from ui.whatif import WhatIf
+    from ui.learn import starts
+    from ui.learn.example import ROOT
+    from ui.learn.whatif import WhatIf
 
     target = Calibration("target", "auto", "float32", "float32", (Timing("float32", "step", 10.0),
                                                                      Timing("float32", "window", 16.0)))
@@ -146,8 +146,8 @@ def test_a_measured_figure_outside_a_sliders_range_is_shown_at_its_end_and_said(
     must not be refused by the sliders: the knob sits at the range's end and the note names the figure."""
     from dataclasses import replace
 
-    from ui.learn import SLIDERS, _in_range
-    from ui.whatif import ACCELERATOR
+    from ui.learn.tab import SLIDERS, _in_range
+    from ui.learn.whatif import ACCELERATOR
 
     inside, note = _in_range(ACCELERATOR)
     assert inside == ACCELERATOR.values() and note == ""
@@ -158,10 +158,10 @@ def test_a_measured_figure_outside_a_sliders_range_is_shown_at_its_end_and_said(
 
 
 def test_the_speedup_curve_and_its_accelerator_switch():
-    from ui.curve import break_even, curve_html, speedups
-    from ui.example import load_example
+    from ui.learn.curve import break_even, curve_html, speedups
+    from ui.learn.example import load_example
     from ui.numbers import latency_model
-    from ui.whatif import WhatIf
+    from ui.learn.whatif import WhatIf
 
     example = load_example()
     cpu = WhatIf.from_model(latency_model(example.runs["mirror"], example.runs["ar"]), example.gamma)
@@ -178,7 +178,7 @@ def test_the_speedup_curve_and_its_accelerator_switch():
 
 def test_the_speedup_curve_endpoint_follows_the_switch(fresh):
     c = fresh[0]()
-    from ui.starts import PAPER, start
+    from ui.learn.starts import PAPER, start
 
     knobs = start(PAPER, Session(), None).knobs.values()
     plain, fast = c.predict(*knobs, False, api_name="/speedup_curve"), c.predict(*knobs, True, api_name="/speedup_curve")
@@ -187,7 +187,7 @@ def test_the_speedup_curve_endpoint_follows_the_switch(fresh):
 
 def test_a_sweep_says_when_it_measured_a_better_setting_than_the_chosen_one():
     from mirror_core import SpecConfig
-    from ui.experiments import EXPERIMENTS, Point, sweep_verdict
+    from ui.learn.experiments import EXPERIMENTS, Point, sweep_verdict
 
     kappa = EXPERIMENTS["kappa"]
     points = [Point("κ = 2", {"speedup mirror": 0.931}), Point("κ = 4", {"speedup mirror": 0.848})]
@@ -252,7 +252,7 @@ def test_the_learn_tab_follows_the_visitors_own_run(app):
     assert "κ = 2" in plot.split("Done:")[1]  # the sweep says how the run's κ compares with the best
     assert "Kept from earlier" in c.predict("kappa", api_name="/experiment")
     plot = c.predict("exit", api_name="/experiment")  # hit rate against the early-exit layer: N/4 .. 3N/4
-    from ui.experiments import EXPERIMENTS, exit_layer
+    from ui.learn.experiments import EXPERIMENTS, exit_layer
     layers = list(dict.fromkeys(exit_layer(f, 4) for f in EXPERIMENTS["exit"].values))  # the toy target: 4 layers
     assert [p["x"] for p in _data(plot, "experiment")] == [f"ℓ_e = {n}" for n in layers]
     assert exit_layer((1, 4), 30) == 8 and exit_layer((2, 3), 30) == 20 and exit_layer((3, 4), 2) == 1
@@ -260,7 +260,7 @@ def test_the_learn_tab_follows_the_visitors_own_run(app):
 
 def test_the_what_if_reproduces_the_latency_model_and_moves_with_its_knobs():
     from mirror_core.latency import LatencyModel
-    from ui.whatif import ACCELERATOR, WhatIf, prediction, whatif_html, why
+    from ui.learn.whatif import ACCELERATOR, WhatIf, prediction, whatif_html, why
 
     paper = prediction(ACCELERATOR)
     assert paper["mirror_x"] == pytest.approx(5 * 30 / 43.5, rel=1e-6) and paper["sd_x"] == pytest.approx(3.0)
@@ -277,9 +277,9 @@ def test_the_what_if_reproduces_the_latency_model_and_moves_with_its_knobs():
 
 def test_the_player_replays_a_step_accelerator_shaped_and_says_it_is_modelled():
     from mirror_core.latency import ar_step_time
-    from ui.example import load_example
-    from ui.learn import MEASURED, SHAPED, step_views
-    from ui.retime import accelerator_shaped
+    from ui.learn.example import load_example
+    from ui.learn.tab import MEASURED, SHAPED, step_views
+    from ui.learn.retime import accelerator_shaped
 
     example = load_example()
     mirror, ar = example.runs["mirror"], example.runs["ar"]
@@ -299,7 +299,7 @@ def test_the_player_replays_a_step_accelerator_shaped_and_says_it_is_modelled():
 
 
 def test_the_learn_tabs_new_terms_have_a_line_in_the_glossary():
-    from ui.glossary import GLOSSARY
+    from ui.learn.glossary import GLOSSARY
 
     assert {"verify cost", "break-even verify cost", "you are here", "recorded example", "accelerator-shaped timeline",
             "load-time timings"} <= {term for term, _ in GLOSSARY}
@@ -308,7 +308,7 @@ def test_the_learn_tabs_new_terms_have_a_line_in_the_glossary():
 def test_the_what_if_explains_a_negative_saving_beside_a_hidden_draft():
     """"Draft hidden" and "−2.0 ms saved" can both be true: the sentence says which of Mirror-SD's own stages cost it."""
     from mirror_core.latency import LatencyModel
-    from ui.whatif import why_model
+    from ui.learn.whatif import why_model
 
     costly = LatencyModel(t_pre=0.01, t_rv_ee=0.002, delta=0.005, t_branch=0.004, t_rv_fv=0.001, t_fresh=0.002,
                           ff=0.5, tau=1.5, t_ar=0.012, measured_step=0.02)
@@ -322,7 +322,7 @@ def test_the_what_if_explains_a_negative_saving_beside_a_hidden_draft():
 def test_the_roofline_shows_the_whole_machines_line_and_step():
     """The baseline runs on every core: the view draws their memory limit and the measured step, and says both."""
     from mirror_core.events import Roofline
-    from ui.roofline import roofline_figure, roofline_sentence
+    from ui.learn.roofline import roofline_figure, roofline_sentence
 
     roof = Roofline("avx512_vnni", "", "int8 on q4_1+q8_0", 96_000_000, 16.0, (6.0, 6.5, 7.0), 134_000_000, 900.0,
                     machine_cores=2, machine_read_gbs=32.0, machine_step_ms=3.2)

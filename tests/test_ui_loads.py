@@ -1,6 +1,7 @@
 """The page's loads: a pair that cannot load (a typo, a model not found offline) fails at once and leaves the loaded
-pair loaded; Stop ends the wait for a load at once (the load finishes in the background and is kept); a pair loaded
-again after another replaced it is not called a first use."""
+pair loaded; Stop ends the wait for a load at once and leaves the loaded pair as it was (the load finishes in the
+background and is dropped, unless a Run asks for that pair again meanwhile); a pair loaded again after another
+replaced it is not called a first use."""
 from __future__ import annotations
 
 import threading
@@ -83,20 +84,44 @@ class _Engine:
         self.closed.append(self)
 
 
-def test_stop_ends_the_wait_for_a_load_and_the_load_is_kept():
+def _loaded(loader, pair, timeout=10):
+    deadline = time.monotonic() + timeout
+    while loader.loading() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return loader.loaded() == pair
+
+
+def test_stop_ends_the_wait_for_a_load_and_keeps_the_working_pair():
+    slow = _SlowLoad()
+    loader = EngineLoader(INLINE, load=slow, warmup=False, check=None)
+    slow.release.set()
+    working = loader.get("t", "d")
+    slow.release.clear()
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    t0 = time.monotonic()
+    assert load_or_stop(loader, "t", "other", stop) is None
+    assert time.monotonic() - t0 <= OFFLINE_BOUND_S
+    assert loader.loaded() == ("t", "d") and loader.loading() == ("t", "other")  # the working pair serves meanwhile
+    slow.release.set()
+    assert _loaded(loader, ("t", "d"))  # the stopped load ended in the background and was dropped
+    assert slow.closed and working not in slow.closed
+    assert load_or_stop(loader, "t", "d", threading.Event()) is working
+
+
+def test_a_run_that_asks_for_a_stopped_load_again_picks_it_up():
     slow = _SlowLoad()
     loader = EngineLoader(INLINE, load=slow, warmup=False, check=None)
     stop = threading.Event()
     threading.Timer(0.2, stop.set).start()
-    t0 = time.monotonic()
     assert load_or_stop(loader, "t", "d", stop) is None
-    assert time.monotonic() - t0 <= OFFLINE_BOUND_S
+    again: list = []
+    asker = threading.Thread(target=lambda: again.append(loader.get("t", "d", threading.Event())))
+    asker.start()
+    time.sleep(0.2)
     slow.release.set()
-    deadline = time.monotonic() + 10
-    while loader.loaded() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert loader.loaded() == ("t", "d")  # finished in the background: the next Run finds it loaded
-    assert load_or_stop(loader, "t", "d", threading.Event()) is not None and not slow.closed
+    asker.join(10)
+    assert loader.loaded() == ("t", "d") and again[0] is not None and not slow.closed  # loaded once, kept
 
 
 def test_stop_during_a_comparisons_load_says_so_and_frees_the_page():
@@ -113,6 +138,7 @@ def test_stop_during_a_comparisons_load_says_so_and_frees_the_page():
     last = list(ticks)[-1]
     assert time.monotonic() - t0 <= OFFLINE_BOUND_S and session.idle.is_set()
     assert last.kind == DONE and "Stopped** while the pair was loading" in last.status and session.error is None
+    assert "the pair that was loaded stays loaded" in last.status
     slow.release.set()
 
 

@@ -353,8 +353,8 @@ def test_the_roofline_view_plots_the_forward_by_rows_against_both_limits_and_say
     from dataclasses import replace as with_
 
     from mirror_core.records import Roofline
-    from ui.learn import GLOSSARY
-    from ui.roofline import ridge_rows, roofline_figure, roofline_sentence, roofline_view
+    from ui.learn.tab import GLOSSARY
+    from ui.learn.roofline import ridge_rows, roofline_figure, roofline_sentence, roofline_view
 
     # 100 MB at 10 GB/s: a 10 ms memory limit; 2 · 50 M multiply-adds at 50 GFLOP/s: 2 ms of arithmetic per row, so
     # the rows are memory-bound at 1..4 (2..8 ms < 10), meet at 5 and are compute-bound at 8 (16 ms)
@@ -394,7 +394,7 @@ def test_the_roofline_view_plots_the_forward_by_rows_against_both_limits_and_say
 
 
 def test_the_roofline_view_says_it_appears_after_a_run_before_any_run():
-    from ui.roofline import roofline_view
+    from ui.learn.roofline import roofline_view
 
     figure, note = roofline_view(Session())
     assert figure is None and "The roofline appears after a run" in note and "error" not in note.lower()

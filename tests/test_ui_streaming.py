@@ -1,4 +1,5 @@
-"""The streaming handler on tiny models (inline lanes): full runs, throttling, Stop, close, errors, engine cache."""
+"""The streaming handler on tiny models (inline lanes): full runs, the page held still while a decoder is timed, Stop,
+close, errors, engine cache."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from ui.views import APPEND_ONLY, OUTPUT_NAMES, STATE, Deltas, refreshed
 from ui.loader import EngineLoader, default_presets
 from ui.session import Session
 from ui.settings import settings_from_ui
-from ui.streaming import DONE, RESET, RESULTS, STATUS, TEXT, Throttle, replay, run_comparison
+from ui.streaming import DONE, RESET, RESULTS, STATUS, TEXT, replay, run_comparison
 
 LANES = LaneConfig(kind="inline", target_threads=1, draft_threads=1)
 
@@ -40,18 +41,45 @@ def settings(pair, decoders=("ar", "sd", "mirror"), max_new=24, exit_layer=0, ta
 
 def test_measure_then_show_sends_no_plot_record_until_the_runs_have_ended(pair, loader):
     session = Session()
-    ticks = list(run_comparison(loader, session, settings(pair, ("ar", "mirror"), live_plots=False), every_s=0.0))
+    ticks = list(run_comparison(loader, session, settings(pair, ("ar", "mirror"), live_plots=False), sleep=no_sleep))
     assert ticks[-1].kind == DONE and "Done" in ticks[-1].status
     live = [refreshed(session, t) for t in ticks if t.kind == TEXT and not t.whole]
-    assert len(live) >= 2 and not any("plots" in out for out in live)       # text still streams, the plots wait
-    feed = refreshed(session, ticks[-1])["plots"]                            # then every record at once
+    assert len(live) == 4 and not any("plots" in out for out in live)  # a first token and a whole run per decoder
+    feed = refreshed(session, ticks[-1])["plots"]                       # then every record at once
     assert feed.startswith("R ") and "\nT mirror " in feed and "\nS mirror 1 " in feed and "\nE mirror " in feed
+    assert not any(t.replay_at is not None for t in ticks)              # live plots off: no replay at the end
+
+
+def no_sleep(seconds: float) -> None:
+    pass
+
+
+def test_while_a_decoder_is_timed_the_page_hears_of_it_only_at_its_first_token(pair, loader, monkeypatch):
+    """Measure, then show: between a run's first token and its end the generator yields nothing (the events wait in
+    a list), so neither the server nor the browser works for the page while the lanes are timed."""
+    from ui import streaming
+
+    session, seen = Session(), []
+    real = streaming.Session.add
+
+    def add(self, run, event):  # what the session had of the running decoder when the page last heard of it
+        real(self, run, event)
+        seen.append((run.decoder, len(run.tokens)))
+
+    monkeypatch.setattr(streaming.Session, "add", add)
+    shown = []
+    for tick in run_comparison(loader, session, settings(pair, ("ar", "mirror"), max_new=24), sleep=no_sleep):
+        if tick.kind == TEXT and tick.replay_at is None and not tick.whole:
+            shown.append({d: len(r.tokens) for d, r in session.runs.items()})
+    assert shown[0] == {"ar": 1} and shown[1] == {"ar": 24}                     # AR: its first token, then whole
+    assert shown[2] == {"ar": 24, "mirror": 1} and shown[3] == {"ar": 24, "mirror": 24}
+    assert len(shown) == 4
 
 
 def test_full_comparison_streams_only_what_grew(pair, loader):
     session = Session()
     ticks, last, pieces = [], {}, set()
-    for tick in run_comparison(loader, session, settings(pair), every_s=0.0):
+    for tick in run_comparison(loader, session, settings(pair)):
         ticks.append(tick)
         outputs = refreshed(session, tick)
         assert outputs.keys() <= {*OUTPUT_NAMES, STATE} and "status" in outputs
@@ -61,18 +89,19 @@ def test_full_comparison_streams_only_what_grew(pair, loader):
             assert "plots" in outputs and "inspector" in outputs and "numbers" not in outputs if tick.kind == RESET \
                 else outputs.keys() == {"status", "numbers", "latency", "verdict", "ran"}
             pieces |= outputs.keys()
-        if tick.kind == TEXT:  # every stream and the feed only grow at their end: Gradio sends the new characters
-            grown = {k: v for k, v in outputs.items() if k == "plots" or k.endswith(("_tokens", "_text"))}
-            assert len(grown) == 7
+        if tick.kind == TEXT and not tick.plots:  # while the runs are timed the streams only grow at their end:
+            grown = {k: v for k, v in outputs.items() if k.endswith(("_tokens", "_text"))}  # Gradio sends what grew
+            assert len(grown) == 6 and "plots" not in outputs  # the plots wait for the end
             for name, value in grown.items():
                 assert value.startswith(last.get(name, "")), name
             last = grown
     assert [t.kind for t in ticks[:3]] == [STATUS, RESET, RESULTS] and ticks[-1].kind == DONE
     assert "Done" in ticks[-1].status and pieces == {*OUTPUT_NAMES, STATE}
-    assert ticks[-3].kind == RESULTS  # the end in pieces: the results, the views whole, the rest
-    assert ticks[-2].kind == TEXT and ticks[-2].whole and ticks[-2].plots
-    assert {t.active for t in ticks[3:-3]} == {"ar", "sd", "mirror"}
-    assert sum(t.kind == TEXT for t in ticks) >= 10
+    end = next(i for i, t in enumerate(ticks) if t.plots)  # the end in pieces: the results, the replay, the rest
+    assert ticks[end - 1].kind == RESULTS and all(t.replay_at is not None for t in ticks[end:-2])
+    assert ticks[-2].kind == TEXT and ticks[-2].whole and ticks[-2].plots and ticks[-2].replay_at is None
+    assert {t.active for t in ticks[3:end]} == {"ar", "sd", "mirror", None}  # each run's first token, then its end
+    assert sum(t.kind == TEXT and not t.plots for t in ticks) == 6
     runs = session.runs
     assert list(runs) == ["ar", "mirror", "sd"] and all(r.end and not r.end.error for r in runs.values())
     ids = {d: r.end.token_ids for d, r in runs.items()}
@@ -119,8 +148,8 @@ def test_streams_and_the_feed_go_out_as_what_grew_and_whole_at_the_end(pair, loa
     it gained since the event's previous value; read in order they rebuild every tick's whole text; an event's
     first and last values are whole (what an API client gets), and a replay starts whole again."""
     session, deltas, page = Session(), Deltas(), {}
-    delta_chars = whole_chars = 0
-    for tick in run_comparison(loader, session, settings(pair, repeats=2), every_s=0.0):  # each repeat starts over
+    delta_chars = whole_chars = grown = 0
+    for tick in run_comparison(loader, session, settings(pair, repeats=2)):  # each repeat starts over
         outputs = refreshed(session, tick)
         sent = deltas(dict(outputs), tick)
         read_deltas(page, sent)
@@ -129,9 +158,10 @@ def test_streams_and_the_feed_go_out_as_what_grew_and_whole_at_the_end(pair, loa
                 assert page[name] == outputs[name], name
                 delta_chars += len(sent[name])
                 whole_chars += len(outputs[name])
+                grown += sent[name].startswith("+")
         if tick.kind == DONE:
             assert not any(sent[name].startswith("+") for name in APPEND_ONLY) and sent == outputs
-    assert whole_chars > 10 * delta_chars  # what grew, not the whole stream, on each of many ticks
+    assert grown >= 6 and whole_chars > delta_chars  # what grew, not the whole stream, on each later tick
     assert page["mirror_tokens"].count('class="mirror-tok') == 24 and page["plots"].count("\nE mirror ") == 1
     again = Deltas()
     first = True
@@ -149,36 +179,43 @@ def test_streams_and_the_feed_go_out_as_what_grew_and_whole_at_the_end(pair, loa
     assert list(ticks) == [] and session.feed.text().endswith("C 0.0\n")
 
 
-def test_throttle_sends_at_most_one_update_per_interval():
-    now = [0.0]
-    throttle = Throttle(lambda: now[0], every_s=0.1)
-    sent = []
-    for _ in range(20):
-        sent.append(throttle())
-        now[0] += 0.02
-    assert sent[0] and sent.count(True) == 4
+def test_repeats_alternate_the_order_show_a_provisional_verdict_then_the_middle_repeat(pair, loader):
+    """Each repeat but the last ends with a provisional verdict; at the end the views (streams, numbers, plots,
+    inspector) show the repeat the verdict reads, the middle one by Mirror ÷ AR."""
+    from ui.numbers import speedup
+    from ui.verdict import middle_repeat
 
-
-def test_repeats_alternate_the_order_and_report_the_spread(pair, loader):
-    session = Session()
-    ticks = list(run_comparison(loader, session, settings(pair, ("ar", "mirror"), max_new=8, repeats=3),
-                                every_s=0.0))
-    assert "3 times" in ticks[-1].status
+    session, provisional = Session(), []
+    for tick in run_comparison(loader, session, settings(pair, ("ar", "mirror"), max_new=20, repeats=3),
+                               sleep=no_sleep):
+        if tick.kind == RESULTS and not session.idle.is_set():
+            provisional.append(refreshed(session, tick)["verdict"])
+    assert "3 times" in tick.status
     assert [r.decoder for r in session.history] == ["ar", "mirror", "mirror", "ar", "ar", "mirror"]
-    assert all(len(r.tokens) == 8 for r in session.history)
-    final = refreshed(session, ticks[-1])
+    assert all(len(r.tokens) == 20 for r in session.history)
+    timed = [v for v in provisional if "× AR" in v]
+    assert len(timed) == 2 and "Provisional</b> (1 of 3 repeats timed" in timed[0] and "(2 of 3" in timed[1]
+    final = refreshed(session, tick)
+    assert "Provisional" not in final["verdict"] and "3 repeats, every other one in reverse order" in final["verdict"]
+    middle = middle_repeat(session.history)
+    h = session.history  # repeats in run order: (ar, mirror), (mirror, ar), (ar, mirror)
+    ratios = sorted(speedup(ar, mirror)[0] for ar, mirror in ((h[0], h[1]), (h[3], h[2]), (h[4], h[5])))
+    assert speedup(middle["ar"], middle["mirror"])[0] == ratios[1]
+    assert set(session.runs) == {"ar", "mirror"} and all(session.runs[d] is middle[d] for d in middle)
     assert "Over the repeats" in final["numbers"] and "(n = 3)" in final["numbers"]
-    assert final["plots"].count("\nR ") == 2 and "R " in final["plots"].split("\n")[0]   # the plots restart per repeat
+    lines = final["plots"].splitlines()
+    assert sum(x.startswith("R ") for x in lines) == 1 and sum(x.startswith("T ar ") for x in lines) == 20
+    assert "\nE mirror " in final["plots"]
     with open(session.trace_path) as f:
         assert sum(e["type"] == "RunStart" for e in json.load(f)["events"]) == 6      # the trace has every run
 
 
 def test_stop_ends_the_run_within_one_step_and_skips_the_rest(pair, loader):
     session = Session()
-    gen = run_comparison(loader, session, settings(pair, ("sd", "mirror"), max_new=400), every_s=0.0)
+    gen = run_comparison(loader, session, settings(pair, ("sd", "mirror"), max_new=400))
     for _ in gen:
         run = session.runs.get("mirror")  # mirror runs before sd
-        if run is not None and len(run.steps) >= 2:
+        if run is not None and run.tokens:  # its first token: the page hears of nothing else until it ends
             t_stop = time.perf_counter()  # the engine's clock
             session.stop.set()
             break
@@ -191,7 +228,7 @@ def test_stop_ends_the_run_within_one_step_and_skips_the_rest(pair, loader):
 
 def test_closing_the_generator_cleans_up_and_the_engine_keeps_serving(pair, loader):
     session = Session()
-    gen = run_comparison(loader, session, settings(pair, ("mirror",), max_new=400), every_s=0.0)
+    gen = run_comparison(loader, session, settings(pair, ("mirror",), max_new=400))
     for _ in gen:
         if session.runs.get("mirror") and session.runs["mirror"].tokens:
             break
@@ -217,10 +254,11 @@ def test_errors_are_readable_and_the_loader_recovers(pair, loader, tmp_path):
 def test_replay_follows_measured_commit_times(pair, loader):
     session = Session()
     list(run_comparison(loader, session, settings(pair, ("ar", "mirror"), max_new=12)))
+    before = len(session.feed.text())  # (the comparison ended with a replay of its own)
     ticks = list(replay(session, speed=1.0, fps=1000.0, sleep=lambda s: None))
     shown = [session.runs["ar"].count_until(t.replay_at) for t in ticks if t.replay_at is not None]
     assert shown == sorted(shown) and ticks[-1].replay_at is None
-    cursor = [line for line in session.feed.text().splitlines() if line.startswith("C ")]  # the plots' time cursor
+    cursor = [line for line in session.feed.text()[before:].splitlines() if line.startswith("C ")]  # the time cursor
     assert len(cursor) == len(shown) + 1 and cursor[-1] == "C -" and cursor[0] == "C 0.0"
     assert all(refreshed(session, t)["plots"] == session.feed.text() for t in ticks[-1:])  # sent with the ticks
     assert refreshed(session, ticks[-1])["ar_text"].split() == [str(t) for t in session.runs["ar"].end.token_ids]
@@ -256,7 +294,7 @@ def test_loader_caches_one_engine_per_pair_and_closes_on_switch(tmp_path):
 
 def test_the_numbers_say_how_the_target_was_made_one_function(pair, loader):
     session = Session()
-    ticks = list(run_comparison(loader, session, settings(pair, ("ar", "mirror"), max_new=8), every_s=0.0))
+    ticks = list(run_comparison(loader, session, settings(pair, ("ar", "mirror"), max_new=8)))
     numbers = refreshed(session, ticks[-1])["numbers"]
     rows = loader.get(*pair).info.target_rows
     assert "Target: FastLlamaRunner" in numbers

@@ -1,4 +1,4 @@
-"""The Learn tab's branch tree (ui/tree.py): roots per slot, chains per rolled-out candidate, the hit highlighted,
+"""The Learn tab's branch tree (ui/learn/tree.py): roots per slot, chains per rolled-out candidate, the hit highlighted,
 pruned candidates greyed, unreachable slots dimmed; bad step numbers get a line, not an exception."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 from mirror_core import StepRecord
 from ui.session import DecoderRun, TokenNamer
-from ui.tree import first_steps, tree_html
+from ui.learn.tree import first_steps, tree_html
 
 
 def _run() -> DecoderRun:

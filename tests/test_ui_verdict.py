@@ -22,11 +22,11 @@ from mirror_core import (
 )
 from ui.inspector import inspector_html
 from ui.numbers import MIN_TIMED_STEPS, MIN_TIMED_TOKENS, decode_tokens_per_s, numbers_html, too_short
-from ui.player import player_html
+from ui.learn.player import player_html
 from ui.render import shown_path
 from ui.session import DecoderRun, Session, TokenNamer
 from ui.settings import DEFAULTS
-from ui.tree import tree_html
+from ui.learn.tree import tree_html
 from ui.verdict import EMPTY, verdict_html, verdict_text
 from ui.views import ran_line
 

@@ -181,7 +181,7 @@ def test_a_comparison_runs_in_forked_gpu_calls_and_stays_lossless(fake_spaces, p
 
     session = Session()
     settings = ComparisonSettings(target, draft, "1 2 3 4", ("ar", "mirror"), 8, SamplingConfig(), SpecConfig(3, 2))
-    ticks = list(run_comparison(loader, session, settings, every_s=0.0, settle_s=0.0))
+    ticks = list(run_comparison(loader, session, settings, settle_s=0.0))
     assert ticks[-1].kind == DONE and session.error is None, session.status
     assert session.runs["ar"].end.token_ids == session.runs["mirror"].end.token_ids
     assert fake.calls == calls + 4  # a one-token warm prefill and the timed run, per decoder

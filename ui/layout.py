@@ -1,5 +1,5 @@
 """build_demo(loader, presets, examples) → gr.Blocks: the page's header, its two tabs (ui/run_tab.py over
-ui/views.py; ui/learn.py), the link between them, per-user gr.State and the queue."""
+ui/views.py; ui/learn/tab.py), the link between them, per-user gr.State and the queue."""
 from __future__ import annotations
 
 import html
@@ -9,7 +9,8 @@ import gradio as gr
 
 from mirror_core import machine
 
-from . import learn, render, run_tab, tour, views
+from . import render, run_tab, views
+from .learn import tab as learn, tour
 from .loader import EngineLoader, PairPreset
 from .session import Session
 

@@ -1,14 +1,23 @@
-"""The engine cache app.py creates: one loaded MirrorEngine at a time, keyed by (target, draft, lanes)."""
+"""The engine cache app.py creates: one loaded MirrorEngine at a time, keyed by (target, draft, lanes). A new pair
+loads beside the working one where memory allows, and replaces it only once loaded: a load that was stopped, or
+failed, leaves the working pair as it was."""
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import psutil
+
 from mirror_core import LaneConfig, MirrorEngine, MirrorError, Request
 
 ALLOWLIST_ENV = "MIRROR_MODEL_ALLOWLIST"  # comma-separated Hugging Face ids the page may load
+# The working pair stays open while a new one loads when the machine has at least this many times what this
+# process (and its draft lane's) holds now free: a pair's weights are most of that, so a new pair of up to about the
+# same size fits beside it. Below that the working pair is closed first, as a machine short of memory needs.
+ROOM_FACTOR = 3.0
 
 
 @dataclass(frozen=True)
@@ -85,10 +94,11 @@ def _is_local(source: str) -> bool:
 
 
 class EngineLoader:
-    """Loads a pair on first use, keeps it for the next request, and closes it when the pair changes.
+    """Loads a pair on first use, keeps it for the next request, and closes it when another pair has loaded.
 
-    Only one engine is alive at a time (the lanes belong to it). Handlers that use it share one
-    Gradio queue (concurrency_id "lanes", limit 1); the lock guards direct callers too.
+    One engine serves at a time (the lanes belong to it); a second exists only while a new pair loads beside it.
+    Handlers that use it share one Gradio queue (concurrency_id "lanes", limit 1); the lock guards direct callers
+    too, and keeps one load at a time.
     """
 
     def __init__(self, lanes: LaneConfig, load: Callable[..., MirrorEngine] = MirrorEngine.load, warmup: bool = True,
@@ -100,30 +110,65 @@ class EngineLoader:
         self._engine: MirrorEngine | None = None
         self._lock = threading.Lock()
         self._seen: set[tuple] = set()  # every pair loaded before (a reload is not a first use)
+        self._loading: tuple | None = None  # the pair a load is under way for
+        self._wants: dict[tuple, list[threading.Event]] = {}  # pair → the stop flags of the callers waiting for it
+        self._wants_lock = threading.Lock()
 
-    def get(self, target: str, draft: str | None) -> MirrorEngine:
+    def get(self, target: str, draft: str | None, stop: threading.Event | None = None) -> MirrorEngine | None:
         """The pair's engine, loaded now unless it is the loaded one. A pair that cannot load (refused by the
-        policy, a typo, a model not found offline) fails before the loaded pair is closed: that one stays."""
-        key = (target, draft, self.lanes)
-        with self._lock:
-            if key != self._key:
-                for source in (target, draft):
-                    if source is not None:
-                        self.policy.check(source)
-                if self._check is not None:
-                    self._check(target, draft, self.lanes, self.policy.trust_remote_code)
-                self._close_current()
-                engine = (self._load(target, draft, self.lanes, trust_remote_code=True) if self.policy.trust_remote_code
-                          else self._load(target, draft, self.lanes))
-                try:
-                    if self.warmup:
-                        _warm_up(engine)
-                except BaseException:
-                    engine.close()
-                    raise
-                self._engine, self._key = engine, key
-                self._seen.add(key)
-            return self._engine
+        policy, a typo, a model not found offline) fails before the loaded pair is touched: that one stays. The
+        loaded pair stays open while the new one loads (unless memory is short: `_room_for_both`) and is closed
+        once it has. When every caller waiting for this pair has set its `stop` by then, the new one is closed
+        instead and None returned (a caller that asks again while it loads adopts it)."""
+        key, wanted = (target, draft, self.lanes), stop or threading.Event()
+        with self._wants_lock:
+            self._wants.setdefault(key, []).append(wanted)
+        try:
+            with self._lock:
+                if key != self._key:
+                    engine = self._load_beside(target, draft)
+                    with self._wants_lock:
+                        dropped = all(e.is_set() for e in self._wants[key])
+                    if dropped:  # stopped: the working pair stays, as it was
+                        engine.close()
+                        return None
+                    self._close_current()
+                    self._engine, self._key = engine, key
+                    self._seen.add(key)
+                return self._engine
+        finally:
+            with self._wants_lock:
+                self._wants[key].remove(wanted)
+
+    def _load_beside(self, target: str, draft: str | None) -> MirrorEngine:
+        """The pair checked, then loaded and warmed up beside the working one (closed first where memory is short)."""
+        for source in (target, draft):
+            if source is not None:
+                self.policy.check(source)
+        if self._check is not None:
+            self._check(target, draft, self.lanes, self.policy.trust_remote_code)
+        if not _room_for_both():
+            self._close_current()
+        self._loading = (target, draft)
+        try:
+            return self._load_warm(target, draft)
+        finally:
+            self._loading = None
+
+    def _load_warm(self, target: str, draft: str | None) -> MirrorEngine:
+        engine = (self._load(target, draft, self.lanes, trust_remote_code=True) if self.policy.trust_remote_code
+                  else self._load(target, draft, self.lanes))
+        try:
+            if self.warmup:
+                _warm_up(engine)
+        except BaseException:
+            engine.close()
+            raise
+        return engine
+
+    def loading(self) -> tuple[str, str | None] | None:
+        """The (target, draft) being loaded now, or None (a stopped load runs on in the background until it ends)."""
+        return self._loading
 
     def loaded(self) -> tuple[str, str | None] | None:
         """The (target, draft) currently loaded, or None."""
@@ -152,13 +197,13 @@ class EngineLoader:
 def load_or_stop(loader: EngineLoader, target: str, draft: str | None, stop: threading.Event,
                  poll_s: float = 0.1) -> MirrorEngine | None:
     """loader.get in a thread of its own, so that Stop ends the wait at once: None when `stop` is set before the
-    load ends (the load goes on in the background, and its engine is kept as the loaded pair); the load's error
-    otherwise."""
+    load ends (the load goes on in the background, and is dropped when it ends: the loaded pair stays); the load's
+    error otherwise."""
     done: list = []
 
     def work() -> None:
         try:
-            done.append(loader.get(target, draft))
+            done.append(loader.get(target, draft, stop))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
             done.append(exc)
 
@@ -171,6 +216,17 @@ def load_or_stop(loader: EngineLoader, target: str, draft: str | None, stop: thr
     if isinstance(done[0], BaseException):
         raise done[0]
     return done[0]
+
+
+def _room_for_both() -> bool:
+    """Whether a new pair can load beside the working one: free memory ≥ ROOM_FACTOR × what this process and its
+    children (the draft lane) hold now."""
+    me = psutil.Process()
+    held = me.memory_info().rss
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # a child that ended meanwhile holds nothing
+            held += child.memory_info().rss
+    return psutil.virtual_memory().available >= ROOM_FACTOR * held
 
 
 def _warm_up(engine: MirrorEngine) -> None:

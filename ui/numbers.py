@@ -10,7 +10,7 @@ from mirror_core.latency import LatencyModel, latency_model_from_events, stage_m
 from .render import shown_path
 from .session import DecoderRun
 from .settings import DECODER_TITLES
-from .whatif import why_model
+from .learn.whatif import why_model
 
 
 def speedup(baseline: DecoderRun | None, run: DecoderRun | None) -> tuple[float | None, str]:
@@ -272,18 +272,23 @@ _SPREAD = (
 )
 
 
-def repeats_by_decoder(history: list[DecoderRun]) -> dict[str, list[tuple[DecoderRun, DecoderRun | None]]]:
-    """Each decoder's finished runs over the repeats, each with the AR run of the same repeat (or None)."""
+def per_repeat(history: list[DecoderRun]) -> list[dict[str, DecoderRun]]:
+    """The comparison's runs by repeat (the i-th run of each decoder is in repeat i), each repeat's in run order."""
     count: dict[str, int] = {}
-    per_repeat: list[dict[str, DecoderRun]] = []
+    repeats: list[dict[str, DecoderRun]] = []
     for run in history:
         i = count.get(run.decoder, 0)
         count[run.decoder] = i + 1
-        if i == len(per_repeat):
-            per_repeat.append({})
-        per_repeat[i][run.decoder] = run
+        if i == len(repeats):
+            repeats.append({})
+        repeats[i][run.decoder] = run
+    return repeats
+
+
+def repeats_by_decoder(history: list[DecoderRun]) -> dict[str, list[tuple[DecoderRun, DecoderRun | None]]]:
+    """Each decoder's finished runs over the repeats, each with the AR run of the same repeat (or None)."""
     out: dict[str, list] = {}
-    for repeat in per_repeat:
+    for repeat in per_repeat(history):
         for d, run in repeat.items():
             if run.end is not None and not run.end.stopped:
                 out.setdefault(d, []).append((run, repeat.get("ar")))
@@ -305,7 +310,8 @@ def spread_html(history: list[DecoderRun]) -> str:
                       f"<td><b>{fmt.format(statistics.median(xs))}</b> <small>[{fmt.format(min(xs))} – "
                       f"{fmt.format(max(xs))}]</small></td>")
         body += f"<tr><th>{label}</th>{cells}<td class='mirror-def'>{html.escape(definition)}</td></tr>"
-    return ("<p><b>Over the repeats</b>: median <small>[min – max]</small>; the table above is the last repeat.</p>"
+    return ("<p><b>Over the repeats</b>: median <small>[min – max]</small>; the table above is the repeat the verdict "
+            "reads (its Mirror-SD ÷ AR is the middle one).</p>"
             f"<table class='mirror-table'><tr><th>metric</th>{head}<th>definition</th></tr>{body}</table>")
 
 

@@ -131,16 +131,18 @@ class Session:
         self.load_stopped = False            # Stop came while the comparison's pair was loading
         self.idle = threading.Event()
         self.idle.set()
-        self.runs: dict[str, DecoderRun] = {}   # the latest run of each decoder (what the page shows)
+        self.runs: dict[str, DecoderRun] = {}   # what the page shows: each decoder's latest run while a comparison
+                                                # runs, then the repeat its verdict reads (show)
         self.history: list[DecoderRun] = []     # every run of the comparison, all repeats, in run order
-        self.feed = Feed()                      # the live plots' records (ui/plots.py)
-        self.live_plots = True
+        self.feed = Feed()                      # the plots' records of the runs shown (ui/plots.py; built by show)
+        self.live_plots = True               # the comparison ends with its runs replayed at their measured pace
+        self.planned_repeats = 0             # repeats the comparison asked for (fewer timed: its verdict is provisional)
         self.status = ""
         self.error: str | None = None
         self.trace_path: str | None = None
         self.prompt = ""                     # the last comparison's prompt text (written into its trace)
         self.generation = 0                  # which comparison owns the state (a closing one must not touch a newer one)
-        self.experiments: dict = {}          # Learn tab: (experiment, pair, prompt, spec) → its points (ui/experiments.py)
+        self.experiments: dict = {}          # Learn tab: (experiment, pair, prompt, spec) → its points (ui/learn/experiments.py)
         self.experiment_stop = threading.Event()
 
     def __deepcopy__(self, memo) -> Session:  # gr.State copies its default per visitor: start fresh
@@ -183,9 +185,18 @@ class Session:
         return run
 
     def add(self, run: DecoderRun, event) -> None:
-        """One engine event: into its run, and (as a record) into the plots' feed."""
+        """One engine event into its run (the plots' feed is built when the runs are shown: show)."""
         run.add(event)
-        self.feed.add(event_line(run.decoder, run.t0, event))
+
+    def show(self, runs: dict[str, DecoderRun], comparison: int) -> None:
+        """The views show these runs (one repeat's), in their run order; the plots' feed is rebuilt from their events
+        (`comparison` names it: a new number, a new set of plots)."""
+        order = sorted(runs.values(), key=lambda r: next(i for i, h in enumerate(self.history) if h is r))
+        self.runs = {r.decoder: r for r in order}
+        self.feed = Feed(comparison, list(self.runs))
+        for run in order:
+            for event in run.events:
+                self.feed.add(event_line(run.decoder, run.t0, event))
 
     def all_events(self) -> list:
         return [e for run in self.history for e in run.events]

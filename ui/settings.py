@@ -84,8 +84,9 @@ RUN_CONTROLS = (
             f"κ(γ+1); {_signed(AUTO_BRANCH_BUDGET)} = auto (as many as it finishes while the target runs its last "
             "layers). Never changes the output.", SpecConfig.branch_budget, (AUTO_BRANCH_BUDGET, None), "branch budget",
             row="speculation"),
-    Control("live_plots", "Live plots", "Off: measure, then show. The plots are drawn once the runs have ended, so a "
-            "browser on the same machine as the lanes never competes with them for the CPU while they are timed.",
+    Control("live_plots", "Live plots", "On: when the timing ends, the streams and plots replay the runs the verdict "
+            "reads side by side at their measured pace. Off: they appear at once. Either way the page draws nothing "
+            "while a decoder is timed (each run shows when it ends), so the browser never competes with the lanes.",
             True, row="sampling"),
     Control("repeats", "Repeats", f"Run the whole comparison this many times (1..{MAX_REPEATS}); the numbers show each "
             "metric's median and range, and every other repeat runs the decoders in reverse order so none always goes "
@@ -116,7 +117,7 @@ class ComparisonSettings:
     max_new_tokens: int
     sampling: SamplingConfig
     spec: SpecConfig                 # γ, κ, ℓ_e left at 0 on the page: None, the loaded pair decides (engine.validate)
-    live_plots: bool = True          # False: measure, then show (plots drawn when the runs have ended)
+    live_plots: bool = True          # True: the comparison ends with its runs replayed at their measured pace
     repeats: int = 1                 # comparisons per Run; odd-numbered repeats (0-based) run in reverse order
     raw_prompt: bool = False         # True: tokenize the prompt as it is, without the target's chat template
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import statistics
 
-from .numbers import MIN_TIMED_STEPS, MIN_TIMED_TOKENS, latency_model, repeats_by_decoder, speedup, too_short
+from .numbers import MIN_TIMED_STEPS, MIN_TIMED_TOKENS, latency_model, per_repeat, speedup, too_short
 from .session import DecoderRun, Session
 from .settings import DECODER_TITLES
 
@@ -48,24 +48,44 @@ def verdict_html(session: Session) -> str:
     repeats = _repeats(session.history)
     if not repeats:
         return _box("<b>No verdict</b>: no repeat has both a finished AR and Mirror-SD run.")
-    return _box(html.escape(verdict_text(repeats)) + f"<br><small>{html.escape(DEFINITIONS)}</small>")
+    timed, planned = len(repeats), session.planned_repeats
+    provisional = (f"<b>Provisional</b> ({timed} of {planned} repeats timed; it updates as each one ends): "
+                   if not session.idle.is_set() and timed < planned else "")
+    return _box(provisional + html.escape(verdict_text(repeats))
+                + f"<br><small>{html.escape(how_measured(timed) + ' ' + DEFINITIONS)}</small>")
+
+
+def how_measured(repeats: int) -> str:
+    """How the verdict's runs were timed (ui/streaming.py: the page holds still while a decoder runs)."""
+    order = ", every other one in reverse order" if repeats > 1 else ""
+    return (f"Measured: each decoder alone with both lanes to itself, the page drawing nothing while it ran; "
+            f"{repeats} repeat{'s' if repeats != 1 else ''}{order}.")
 
 
 def _repeats(history: list[DecoderRun]) -> list[dict[str, DecoderRun]]:
     """Per repeat, its finished runs by decoder (repeats without both AR and Mirror-SD left out)."""
-    by = repeats_by_decoder(history)
-    mirrors, sds = by.get("mirror", []), [r for r, _ in by.get("sd", [])]
-    out = []
-    for i, (mirror, ar) in enumerate(mirrors):
-        if ar is not None:
-            out.append({"ar": ar, "mirror": mirror} | ({"sd": sds[i]} if i < len(sds) else {}))
-    return out
+    done = lambda run: run.end is not None and not run.end.stopped  # noqa: E731
+    return [{d: r for d, r in rep.items() if done(r)} for rep in per_repeat(history)
+            if "ar" in rep and "mirror" in rep and done(rep["ar"]) and done(rep["mirror"])]
+
+
+def middle_repeat(history: list[DecoderRun]) -> dict[str, DecoderRun] | None:
+    """Every finished run of the repeat the verdict reads: the middle one by Mirror ÷ AR (the median for an odd
+    count); None where no repeat has finished AR and Mirror-SD runs that committed tokens."""
+    ranked = _ranked(_repeats(history))
+    return ranked[(len(ranked) - 1) // 2] if ranked else None
+
+
+def _ranked(repeats: list[dict[str, DecoderRun]]) -> list[dict[str, DecoderRun]]:
+    """The repeats with a Mirror ÷ AR, by it."""
+    ratio = lambda rep: speedup(rep["ar"], rep["mirror"])[0]  # noqa: E731
+    return sorted((r for r in repeats if ratio(r) is not None), key=ratio)
 
 
 def verdict_text(repeats: list[dict[str, DecoderRun]]) -> str:
     """'Mirror-SD 0.68× AR (10.6 vs 15.6 tok/s) · 0.92× vanilla SD. Slower here: …' from the middle repeat."""
     ratio = lambda rep, base: speedup(rep.get(base), rep["mirror"])[0]  # noqa: E731
-    ranked = sorted((r for r in repeats if ratio(r, "ar") is not None), key=lambda r: ratio(r, "ar"))
+    ranked = _ranked(repeats)
     if not ranked:
         return "No verdict: the runs committed no tokens to compare."
     middle = ranked[(len(ranked) - 1) // 2]

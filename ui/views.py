@@ -24,13 +24,17 @@ OUTPUT_NAMES = ("status", *(f"{d}_{view}" for d in COLUMNS for view in TOKEN_VIE
 STATE = "session"  # the gr.State output's name in a tick's refresh
 RAN_BEFORE = "After a run, the γ, κ and ℓ_e it used show here (0 above = chosen by the pair when it loads)."
 
-HONESTY = ("Decoders run **one after another**, each with both lanes to itself, so the columns fill in turn. "
-           "Every time shown comes from the engine's spans and commit stamps (never from the page). "
-           "*Replay side by side* re-animates the finished runs together at their measured commit times. "
-           "Speedups below 1× are shown as measured. The page receives only new tokens and new step records, and "
-           "draws the plots itself. If this browser runs on the machine that runs the lanes, drawing still takes "
-           "some CPU from them: untick *Live plots* (under *Speculation and sampling*) to measure first and draw at "
-           "the end, and use *Repeats* to see the spread.")
+# Under the streams: what the text is, before anyone reads the default example's answer as the method's quality.
+WHO_WROTE_IT = ("**Who wrote this:** the target model, whichever decoder ran it. The default pair's target, "
+                "SmolLM2-135M-Instruct, has 135 M parameters: expect wrong facts and code that does not run. The point "
+                "is that all three columns agree token for token (greedy, or the exact rule with one seed): "
+                "speculation changes how fast the text comes, never what it says.")
+HONESTY = ("Decoders run **one after another**, each with both lanes to itself, and the page **holds still while "
+           "each one is timed**: it shows a run's first token at once and the rest when the run ends, so drawing "
+           "never takes CPU from the lanes it measures. Every time shown comes from the engine's spans and commit "
+           "stamps (never from the page). When the timing ends, the streams and plots replay the runs the verdict "
+           "reads side by side at their measured pace (*Replay side by side* plays them again; untick *Live plots* "
+           "to skip it). Speedups below 1× are shown as measured; *Repeats* shows the spread.")
 
 # Each decoder's stream: append-only HTML (session.stream_html), sent as Deltas. The template is only the box; the
 # script appends each delta (O(new) per update: re-rendering the whole stream, as a template with ${value} does,
@@ -80,6 +84,7 @@ def build(status: gr.Markdown, verdict_box: gr.HTML, ran: gr.Markdown) -> Views:
                 with gr.Accordion("Committed text (copy)", open=False):
                     out[f"{d}_text"] = gr.Textbox(label="Committed text", lines=3, interactive=False,
                                                   buttons=["copy"], elem_id=f"mirror-text-{d}")
+    gr.Markdown(WHO_WROTE_IT, elem_id="mirror-streams-note")
     gr.Markdown(HONESTY)  # below the streams: the first screen shows the prompt, Run, the status and the streams
     out["plots"] = gr.HTML("", elem_id="mirror-plots", html_template=PLOTS_TEMPLATE,
                            js_on_load=PLOTS_JS,
@@ -123,7 +128,7 @@ def refreshed(session: Session, tick: Tick) -> dict[str, object]:
         upto = None if tick.replay_at is None or run is None else run.count_until(tick.replay_at)
         out |= {f"{d}_tokens": stream_html(run, upto, session.prompt),
                 f"{d}_text": plain_text(run, upto)}
-    if tick.kind != TEXT or session.live_plots or tick.plots:
+    if tick.kind != TEXT or tick.plots:
         out["plots"] = session.feed.text()
     if tick.kind in (DONE, RESET):
         out |= _inspection(session)

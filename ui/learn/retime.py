@@ -10,7 +10,7 @@ from mirror_core import events as ev
 from mirror_core.events import SpanEvent
 from mirror_core.latency import ar_step_time
 
-from .session import DecoderRun
+from ..session import DecoderRun
 
 
 def _lengths(spans: list[SpanEvent]) -> dict[str, float]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from .render import asset
+from ..render import asset
 
 STOPS = (
     ("#mirror-prompt", "1 · Prompt and Run",
@@ -66,7 +66,7 @@ try { seen = localStorage.getItem('mirror-tour-seen') === '1'; } catch (e) {}
 if (!seen) setTimeout(() => show(0), 800);
 """
 
-CSS = asset("tour.css")  # the tour panel's styles (ui/tour.css)
+CSS = asset("learn/tour.css")  # the tour panel's styles (ui/learn/tour.css)
 
 
 def stops_json() -> str:

@@ -27,8 +27,8 @@ from mirror_core.events import (
 
 from mirror_core.latency import stage_median
 
-from .plots import DECODER_COLORS, STAGE_STYLE
-from .session import DecoderRun, pick_step
+from ..plots import DECODER_COLORS, STAGE_STYLE
+from ..session import DecoderRun, pick_step
 
 # One colour code and one name per stage across the page: the Run tab's lane timeline's (ui/plots.py).
 WIDTH, LANE_H, LEFT = 760, 30, 60  # the timeline's drawing units; the SVG scales to the page's width (viewBox)
@@ -126,7 +126,7 @@ def sd_beside(run: DecoderRun, rec: StepRecord, spans: list[SpanEvent], sd: Deco
 
 def player_html(run: DecoderRun | None, step, phase, sd: DecoderRun | None = None, modelled: bool = False) -> str:
     """The step's phases on its time axis, the stages' legend, the phase's sentence and vanilla SD beside it;
-    `modelled`: the run's spans are re-timed (ui/retime.py), and the comparison says so."""
+    `modelled`: the run's spans are re-timed (ui/learn/retime.py), and the comparison says so."""
     if run is None or run.decoder != "mirror" or not run.steps:
         return "<p><i>Run Mirror-SD on the Run tab, then pick a step to play.</i></p>"
     rec = pick_step(run, step, run.steps[0].step)

@@ -14,9 +14,9 @@ from mirror_core import LaneConfig, Request, SamplingConfig, SpecConfig, machine
 from mirror_core.events import RunEnd, RunSettings, RunStart, SpanEvent, StepRecord
 from mirror_core.metrics import RunSummary
 
-from .session import DecoderRun, Session, TokenNamer
+from ..session import DecoderRun, Session, TokenNamer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 EXAMPLE = os.path.join("assets", "learn_example", "example.json")  # relative to the repository (shown on the page)
 FORMAT = "mirror-sd-learn-example/1"
 

@@ -13,7 +13,7 @@ import math
 
 from mirror_core import StepRecord
 
-from .session import DecoderRun, pick_step
+from ..session import DecoderRun, pick_step
 
 
 def first_steps(run: DecoderRun | None) -> tuple[int | None, int | None]:

@@ -2,7 +2,7 @@
 
 - this machine: the visitor's last Mirror-SD run (measured spans, with T_AR from its AR run), else the loaded pair's
   load-time timings (engine.PairInfo: measured here when the pair loaded);
-- the recorded example (ui/example.py): measured where it was recorded, and labelled with that machine and file;
+- the recorded example (ui/learn/example.py): measured where it was recorded, and labelled with that machine and file;
 - the paper's illustrative accelerator (docs/ALGORITHM.md §4): illustrative, measured nowhere.
 
 Every "chosen for this machine" γ, κ (the latency model's choice at load) is shown beside what a run measured.
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from mirror_core import machine
 
 from .example import Example, load_example
-from .numbers import latency_model, speedup
-from .session import DecoderRun, Session
+from ..numbers import latency_model, speedup
+from ..session import DecoderRun, Session
 from .whatif import ACCELERATOR, WhatIf
 
 THIS_MACHINE = "This machine"

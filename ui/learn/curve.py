@@ -1,5 +1,5 @@
 """The Learn tab's speedup curve: Mirror-SD's and vanilla SD's speedup over AR against τ and against the verify cost
-in AR steps, from the latency model (mirror_core/latency.py through ui/whatif.py: modelled, never timed), with "you
+in AR steps, from the latency model (mirror_core/latency.py through ui/learn/whatif.py: modelled, never timed), with "you
 are here" at the what-if's knobs, the 1× line, and the switch "verify ≈ 1 step (an accelerator)": the same knobs with
 a window as cheap as one token, which is what turns a CPU's loss into the paper's win.
 """
@@ -9,7 +9,7 @@ import html
 import json
 from dataclasses import replace
 
-from .plots import DECODER_COLORS
+from ..plots import DECODER_COLORS
 from .whatif import WhatIf, prediction
 
 W, H, LEFT, BOTTOM, TOP = 400, 220, 40, 34, 14  # one panel's drawing units (the SVG scales to the page's width)

@@ -16,7 +16,7 @@ from mirror_core import SpecConfig, machine
 if TYPE_CHECKING:
     from mirror_core.events import Roofline  # the record RunSettings carries (ui/ reaches records through events)
 
-    from .session import Session
+    from ..session import Session
 
 # measured = the target's verification blue (ui/plots.py), memory and compute each their own, modelled grey dashed
 COLOURS = {"measured": "#1e3a8a", "memory": "#0891b2", "compute": "#f97316", "modelled": "#6b7280"}

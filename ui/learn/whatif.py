@@ -7,7 +7,7 @@ relative to one fresh γ-token rollout, the readout and message overhead, τ and
 map onto the model's terms, so Mirror-SD's step is T_pre + T_rv + max(Δ, T_branch) + FF·T_fresh and vanilla
 SD's is T_verify + T_fresh, exactly as the Run tab's latency table computes them from a real run.
 
-The knobs start from figures with a source (ui/starts.py): a run's measured spans (from_model), the loaded pair's
+The knobs start from figures with a source (ui/learn/starts.py): a run's measured spans (from_model), the loaded pair's
 load-time timings on this machine (from_load), or the paper's illustrative accelerator (ACCELERATOR).
 """
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The Learn tab: the step player and tree, experiments, what-if on other hardware (modelled, ui/whatif.py) with the
-speedup curve (ui/curve.py) beside the target against its roofline (ui/roofline.py), and a glossary of every term the
+"""The Learn tab: the step player and tree, experiments, what-if on other hardware (modelled, ui/learn/whatif.py) with the
+speedup curve (ui/learn/curve.py) beside the target against its roofline (ui/learn/roofline.py), and a glossary of every term the
 page uses.
 
-It works before any run: the player and the tree show the recorded example (ui/example.py) until the visitor's own
-Mirror-SD run, the what-if starts from this machine's figures (ui/starts.py: the last run, else the loaded pair's
+It works before any run: the player and the tree show the recorded example (ui/learn/example.py) until the visitor's own
+Mirror-SD run, the what-if starts from this machine's figures (ui/learn/starts.py: the last run, else the loaded pair's
 load-time timings) and says where every figure comes from, and the roofline is the loaded pair's, timed at its load.
 Its handlers touch no engine but the experiments' runs; a step or an experiment that cannot be shown says why in
 place (no error badges).
@@ -27,7 +27,7 @@ from .glossary import GLOSSARY
 from .player import player_html
 from .retime import accelerator_shaped
 from .roofline import roofline_view
-from .session import Session
+from ..session import Session
 from .starts import STARTS, THIS_MACHINE, start
 from .tree import first_steps, tree_html
 from .whatif import KNOBS, WhatIf, whatif_html
@@ -48,9 +48,9 @@ SLIDERS = (
     ("gamma", "γ (draft tokens per window)", 1, 16, 1, "Window length."),
 )
 assert tuple(s[0] for s in SLIDERS) == KNOBS
-PHASES = 6  # ui/player.py: window in, layers 1..ℓ_e, early exit → M_t, suffix ∥ branches, acceptance, hit or miss
+PHASES = 6  # ui/learn/player.py: window in, layers 1..ℓ_e, early exit → M_t, suffix ∥ branches, acceptance, hit or miss
 SPEEDS = {"0.5 s": 0.5, "1 s": 1.0, "2 s": 2.0, "4 s": 4.0}  # wall time per phase when playing
-MEASURED, SHAPED = "as measured", "accelerator-shaped (modelled)"  # the player's timelines (ui/retime.py)
+MEASURED, SHAPED = "as measured", "accelerator-shaped (modelled)"  # the player's timelines (ui/learn/retime.py)
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def source_line(example: Example | None) -> str:
 
 def step_views(session: Session, s, k, timeline: str = MEASURED) -> tuple[str, str]:
     """(player HTML, tree HTML) of step s at phase k: the visitor's last Mirror-SD run, else the recorded example;
-    its timeline as measured, or accelerator-shaped (ui/retime.py: modelled)."""
+    its timeline as measured, or accelerator-shaped (ui/learn/retime.py: modelled)."""
     runs, example = shown_runs(session)
     run = runs.get("mirror")
     if timeline != SHAPED or run is None:
