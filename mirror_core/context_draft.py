@@ -34,6 +34,7 @@ class ContextPlan:
     """What the draft lane needs to run the context draft (sent with DraftStart)."""
     min_match: int
     max_window: int
+    max_new_tokens: int               # the request's budget: a window never proposes past it
     window_steps: tuple[float, ...]   # cost(r): the forward of r = 1, 2, .. rows in one-row steps (measured at load);
     #                                   () = not timed on this runner: 1 + ASSUMED_ROW_STEPS per extra row
 
@@ -48,9 +49,9 @@ class ContextPlan:
         return w[-1] + max(slope, 0.0) * (rows - len(w))
 
 
-def context_plan(config: ContextConfig, window_steps: tuple[float, ...]) -> ContextPlan | None:
+def context_plan(config: ContextConfig, max_new_tokens: int, window_steps: tuple[float, ...]) -> ContextPlan | None:
     """The plan for a request's ContextConfig (None: the context draft is off)."""
-    return ContextPlan(config.min_match, config.max_window, window_steps) if config.enabled else None
+    return ContextPlan(config.min_match, config.max_window, max_new_tokens, window_steps) if config.enabled else None
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,11 @@ class ContextDrafter:
     index: ContextIndex = field(default_factory=ContextIndex)
     counts: list[list[float]] = field(default_factory=lambda: [[0.0, 0.0] for _ in MATCH_BUCKETS])
     model: list[float] = field(default_factory=lambda: list(MODEL_PRIOR))
+    budget_end: int = 0   # committed tokens (prompt included) at which the run's budget ends (start)
+
+    def start(self, prompt_ids) -> None:
+        self.index.extend(prompt_ids)
+        self.budget_end = len(prompt_ids) + self.plan.max_new_tokens
 
     def learn(self, proposal: ContextProposal | None, drafted: int, accepted: int) -> None:
         """Count the last window's outcome: a context window's tokens reached and accepted, or the model's yield."""
@@ -124,7 +130,8 @@ class ContextDrafter:
         match, start = self.index.match()
         if match < self.plan.min_match:
             return None
-        available = self.index.continuation(start, self.plan.max_window)
+        left = self.budget_end - len(self.index.tokens)   # tokens the run may still commit: L + c at most that
+        available = self.index.continuation(start, min(self.plan.max_window, max(1, left - 1)))
         accepted, reached = self.counts[bucket(match)]
         q = (accepted + PRIOR_WEIGHT * (match + 1) / (match + 2)) / (reached + PRIOR_WEIGHT)
         model_value = (self.model[0] / self.model[1]) / self.plan.cost(self.gamma + 1)

@@ -111,7 +111,7 @@ def start_draft_lane(state: DecodeState, lane: DraftLane) -> bool:
     """Send DraftStart; False (and a recorded fallback) when the draft lane cannot start."""
     try:
         lane.start(DraftStart(state.req.prompt_ids, state.req.spec.gamma, state.cfg,
-                              context_plan(state.req.spec.context, state.window_steps)))
+                              context_plan(state.req.spec.context, state.req.max_new_tokens, state.window_steps)))
         return True
     except LaneError as exc:
         state.fallback = f"draft lane failed to start ({exc}); decoded on the target alone"

@@ -189,7 +189,7 @@ class DraftWorker:
         self.forwards = self.produced = 0
         self.context = None if req.context is None else ContextDrafter(req.context, req.gamma)
         if self.context is not None:
-            self.context.index.extend(req.prompt_ids)
+            self.context.start(req.prompt_ids)
         self.proposal: ContextProposal | None = None
 
     def _take_context(self, cmd: ResolveRequest, proposal: ContextProposal) -> None:

@@ -48,27 +48,32 @@ def test_the_index_finds_what_a_brute_force_search_finds(vocab):
 
 
 def test_the_cost_by_rows_extends_along_the_last_timed_slope():
-    plan = ContextPlan(2, 16, (1.0, 1.1, 1.2, 1.4))
+    plan = ContextPlan(2, 16, 64, (1.0, 1.1, 1.2, 1.4))
     assert plan.cost(3) == 1.2 and plan.cost(6) == pytest.approx(1.4 + 2 * 0.15)
-    assert ContextPlan(2, 16, ()).cost(5) == pytest.approx(2.0)  # not timed: the stated assumption
+    assert ContextPlan(2, 16, 64, ()).cost(5) == pytest.approx(2.0)  # not timed: the stated assumption
 
 
 def test_the_drafter_copies_long_matches_and_learns_from_misses():
-    drafter = ContextDrafter(ContextPlan(2, 16, tuple(1 + 0.1 * r for r in range(8))), gamma=4)
+    drafter = ContextDrafter(ContextPlan(2, 16, 64, tuple(1 + 0.1 * r for r in range(8))), gamma=4)
     text = list(range(100, 140))
-    drafter.index.extend(text + text[:20])       # the output so far repeats the first 20 tokens of the prompt
+    drafter.start(text)
+    drafter.index.extend(text[:20])               # the output so far repeats the first 20 tokens of the prompt
     long = drafter.propose()
     assert long is not None and long.match == 20 and long.tokens == tuple(text[20:20 + len(long.tokens)])
     assert len(long.tokens) > 4 and long.expected > 1 + 4 * 0.5   # longer than γ: the evidence pays for it
     drafter.index.extend([7])                      # nothing matches a fresh token: the model drafts
     assert drafter.propose() is None
     short = ContextDrafter(drafter.plan, gamma=4)
-    short.index.extend([1, 2, 3, 9, 1, 2])
+    short.start([1, 2, 3, 9, 1, 2])
     first = short.propose()
     assert first is not None and first.match == 2
     for _ in range(20):                            # its proposals at this match length keep failing
         short.learn(first, len(first.tokens), 0)
     assert short.propose() is None
+    near_end = ContextDrafter(ContextPlan(2, 16, 3, drafter.plan.window_steps), gamma=4)
+    near_end.start(text)
+    near_end.index.extend(text[:2])                # 1 token left in the budget: a 1-token window (then c) at most
+    assert near_end.propose().tokens == (text[2],)
 
 
 def test_rule_r_with_a_point_mass_draft_gives_the_targets_law():
