@@ -35,7 +35,7 @@ def _text_files() -> list[str]:
 
 def test_no_text_names_a_session_an_issue_or_a_turn_by_number():
     found = []
-    for path in _text_files():
+    for path in (p for p in _text_files() if p != "tests/test_docs.py"):  # this file spells out what it looks for
         with open(os.path.join(ROOT, path), encoding="utf-8", errors="replace") as f:
             for n, line in enumerate(f, 1):
                 for hit in PROCESS_WORDS.finditer(line.replace('"turns": [', "")):
