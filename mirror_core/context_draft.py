@@ -13,7 +13,10 @@ where q is this run's acceptance of context tokens at this match length, counted
 succession (after m tokens that matched, the next matches with probability (m+1)/(m+2)), and cost(r) the
 target's forward of r rows over its one-row step, measured at load (engine.PairInfo.window_steps). The context
 window of the best L is proposed when its value beats the model draft's, τ_model / cost(γ + 1) with τ_model the
-tokens this run's model windows committed per step; otherwise the model drafts. Only efficiency depends on this:
+tokens this run's model windows committed per step; otherwise the model drafts. Once the run has timed its own
+steps, a cost is what they measured where the decoder runs (the target lane reports each verification and each
+wait for a window): a window's verification at its row count (else the load's figure, rescaled to the run's), plus
+the mean wait for a window from that source (the model's rollouts where they are not hidden), in load steps. Only efficiency depends on this:
 the target verifies every window, and a context window is a point mass for Rule R (p_draft one-hot).
 """
 from __future__ import annotations
@@ -110,13 +113,22 @@ class ContextDrafter:
     counts: list[list[float]] = field(default_factory=lambda: [[0.0, 0.0] for _ in MATCH_BUCKETS])
     model: list[float] = field(default_factory=lambda: list(MODEL_PRIOR))
     budget_end: int = 0   # committed tokens (prompt included) at which the run's budget ends (start)
+    verified: dict[int, list[float]] = field(default_factory=dict)  # rows → [Σ verification s, count] of this run
+    waits: list[list[float]] = field(default_factory=lambda: [[0.0, 0], [0.0, 0]])  # model, context: [Σ wait s, n]
 
     def start(self, prompt_ids) -> None:
         self.index.extend(prompt_ids)
         self.budget_end = len(prompt_ids) + self.plan.max_new_tokens
 
-    def learn(self, proposal: ContextProposal | None, drafted: int, accepted: int) -> None:
-        """Count the last window's outcome: a context window's tokens reached and accepted, or the model's yield."""
+    def learn(self, proposal: ContextProposal | None, drafted: int, accepted: int, verify_s: float = 0.0,
+              wait_s: float = 0.0) -> None:
+        """Count the last window's outcome: a context window's tokens reached and accepted, or the model's yield;
+        and what it cost (its verification, the wait for it), when the target lane timed them."""
+        if drafted and verify_s > 0:
+            timed = self.verified.setdefault(drafted + 1, [0.0, 0])
+            timed[0], timed[1] = timed[0] + verify_s, timed[1] + 1
+            wait = self.waits[proposal is not None]
+            wait[0], wait[1] = wait[0] + wait_s, wait[1] + 1
         if proposal is not None:
             c = self.counts[bucket(proposal.match)]
             c[0] += accepted
@@ -134,13 +146,27 @@ class ContextDrafter:
         available = self.index.continuation(start, min(self.plan.max_window, max(1, left - 1)))
         accepted, reached = self.counts[bucket(match)]
         q = (accepted + PRIOR_WEIGHT * (match + 1) / (match + 2)) / (reached + PRIOR_WEIGHT)
-        model_value = (self.model[0] / self.model[1]) / self.plan.cost(self.gamma + 1)
+        model_value = (self.model[0] / self.model[1]) / self.cost(self.gamma + 1, context=False)
         best = max(range(1, len(available) + 1), key=lambda n: self._value(q, n))
         expected = 1.0 + sum(q ** i for i in range(1, best + 1))
-        if expected / self.plan.cost(best + 1) <= model_value:
+        cost = self.cost(best + 1, context=True)
+        if expected / cost <= model_value:
             return None
         return ContextProposal(available[:best], match, len(available), round(q, 4), round(expected, 4),
-                               round(self.plan.cost(best + 1), 4), round(model_value, 4))
+                               round(cost, 4), round(model_value, 4))
+
+    def cost(self, rows: int, context: bool) -> float:
+        """A window of `rows` rows from the context or the model, in one-row steps as the load timed them: the
+        load's figure until this run has timed a verification; then the run's own, plus its mean wait for such
+        a window."""
+        if not self.verified:
+            return self.plan.cost(rows)
+        seconds = sum(t for t, _ in self.verified.values())
+        per_step = seconds / sum(n * self.plan.cost(r) for r, (_, n) in self.verified.items())  # s per load step
+        timed = self.verified.get(rows)
+        verify = timed[0] / timed[1] if timed else self.plan.cost(rows) * per_step
+        wait, n = self.waits[context]
+        return (verify + (wait / n if n else 0.0)) / per_step
 
     def _value(self, q: float, n: int) -> float:
-        return (1.0 + sum(q ** i for i in range(1, n + 1))) / self.plan.cost(n + 1)
+        return (1.0 + sum(q ** i for i in range(1, n + 1))) / self.cost(n + 1, context=True)

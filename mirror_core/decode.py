@@ -91,12 +91,14 @@ def speculative_decode(state: DecodeState, lane: DraftLane, mirror: bool) -> Ite
         state.check_stop()
         step += 1
         w = [state.ids[-1], *window.tokens]                            # [w0, d1..dγ]
+        t_verify = state.now()
         logits, readout, h = verify(state, lane, planner if mirror else None, w, step)  # [γ+1, V]; M_t mid-pass
+        costs = (state.now() - t_verify, window.wait_s)                # the step's measured costs, for the draft lane
         result = accept_window(state, logits, window, step)            # (A_t, c)
         hit = verdict(readout, result)                                 # c ∈ TopK_τ (None: no branches this step)
         committed = commit_step(state, w, result, window, step)        # d1..d_{A_t}, then c
         h_kept = None if h is None else h[: result.accepted + 1]      # [A_t+1, H]: w0, d1..d_{A_t}
-        following = None if state.done else next_window(state, lane, step, result, bool(hit), h_kept)
+        following = None if state.done else next_window(state, lane, step, result, bool(hit), h_kept, costs)
         if readout is not None:
             planner.after_step(readout, result.accepted, result.token, *branch_work(following))
         state.record(step_record(step=step, w=w, result=result, committed=committed, window=window,
@@ -195,16 +197,19 @@ def commit_step(state: DecodeState, w: list[int], result: AcceptResult, window: 
 
 
 def next_window(state: DecodeState, lane: DraftLane, step: int, result: AcceptResult, hit: bool,
-                features: torch.Tensor | None = None) -> DraftWindow | None:
-    """Tell the draft lane (A_t, c), the verdict and (a feature draft) the new positions' h^(ℓ_e); its reply is the
-    next window (None: the lane failed)."""
+                features: torch.Tensor | None = None, costs: tuple[float, float] = (0.0, 0.0)) -> DraftWindow | None:
+    """Tell the draft lane (A_t, c), the verdict, (a feature draft) the new positions' h^(ℓ_e) and what verifying
+    its last window cost (the verification pass, the wait for the window: seconds); its reply is the next window
+    (None: the lane failed)."""
     t0 = state.now()
     try:
-        window = lane.resolve(ResolveRequest(step, result.accepted, result.token, hit, features))
+        window = lane.resolve(ResolveRequest(step, result.accepted, result.token, hit, features, *costs))
     except LaneError as exc:
         state.fallback = f"draft lane failed at step {step} ({exc}); finished on the target alone"
         return None
-    state.span(STAGE_WAIT, t0, time.perf_counter(), step)
+    t1 = time.perf_counter()
+    state.span(STAGE_WAIT, t0, t1, step)
+    window.wait_s = t1 - t0 if step > 0 else 0.0  # the first window comes with the draft's prefill
     state.draft_reply(window, step)
     return window
 

@@ -157,7 +157,7 @@ class DraftWorker:
         new = list(self.window[: cmd.accepted]) + [cmd.token]  # what this step commits: d1..d_{A_t}, c
         row, proposal = None, None
         if self.context is not None:
-            self.context.learn(self.proposal, len(self.window), cmd.accepted)
+            self.context.learn(self.proposal, len(self.window), cmd.accepted, cmd.verify_s, cmd.wait_s)
             self.context.index.extend(new)
             proposal = self.context.propose()
         if proposal is not None:

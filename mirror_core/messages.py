@@ -48,6 +48,8 @@ class ResolveRequest:
     hit: bool   # c ∈ TopK_{s_t} of the candidates sent (s_t = A_t + 1): adopt branch (s_t, c); else roll out afresh
     features: torch.Tensor | None = None   # h^(ℓ_e) of w0, d1..d_{A_t} ([A_t+1, H]; at step 0 the prompt's [P, H]),
                                            # a feature-reading draft only
+    verify_s: float = 0.0   # the target's verification pass of this step's window (s; 0 at step 0)
+    wait_s: float = 0.0     # how long the target lane waited for that window after the previous step (s)
 
 
 @dataclass
@@ -62,6 +64,7 @@ class DraftWindow:
     produced: int = 0                       # draft tokens those row-forwards produced (η̄ = produced / forwards)
     source: str = SOURCE_MODEL              # SOURCES: where the window came from
     context: ContextProposal | None = None  # a context window's match and the latency model's reasons
+    wait_s: float = 0.0                     # set by the target lane: how long it waited for this reply (s)
 
 
 @dataclass(frozen=True)

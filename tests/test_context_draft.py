@@ -162,3 +162,14 @@ def test_bad_context_settings_are_refused():
     for bad in (dict(min_match=0), dict(max_window=17), dict(enabled="yes")):
         with pytest.raises(MirrorError, match="context"):
             ContextConfig(**bad)
+
+
+def test_costs_become_what_the_run_measured():
+    """Once the target lane has timed a verification, costs are the run's own (in load steps): the window's pass at
+    its row count, or the load's figure rescaled, plus the mean wait for a window from that source."""
+    drafter = ContextDrafter(ContextPlan(2, 16, 64, tuple(1 + 0.1 * r for r in range(17))), gamma=2)
+    assert drafter.cost(3, context=False) == pytest.approx(1.2)             # nothing timed yet: the load's
+    drafter.learn(None, 2, 1, verify_s=0.006, wait_s=0.003)                  # a model window of 3 rows
+    per_step = 0.006 / 1.2
+    assert drafter.cost(3, context=False) == pytest.approx((0.006 + 0.003) / per_step)
+    assert drafter.cost(5, context=True) == pytest.approx(1.4)               # rescaled load figure, no wait yet
