@@ -9,6 +9,7 @@ from dataclasses import asdict, replace
 
 from .config import (
     DECODER_NAMES,
+    ContextConfig,
     DEFAULT_GAMMA,
     DEFAULT_KAPPA,
     DTYPE_CHOICES,
@@ -54,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prompts", required=True, help="Spec-Bench style question.jsonl")
     b.add_argument("--limit", type=int, default=None, help="use the first N prompts")
     b.add_argument("--decoders", default=None,
-                   help="comma-separated, from ar, ar_all, sd, mirror, hf, hf_assisted (default: all that apply)")
+                   help="comma-separated, from ar, ar_all, sd, mirror, hf, hf_assisted, sd_model and mirror_model (sd "
+                   "and mirror with the context draft off), llama_cpp and llama_cpp_one (default: all that apply but "
+                   "the last four)")
     b.add_argument("--repeats", type=int, default=3, help="timed runs per prompt, decoder and setting (median)")
     b.add_argument("--warmup", type=int, default=1, help="untimed runs of every decoder and setting first")
     b.add_argument("--sweep", nargs="+", default=None, metavar="AXIS=V1,V2",
@@ -92,6 +95,13 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
     g.add_argument("--branch-budget", type=int, default=SpecConfig.branch_budget,
                    help="mirror: at most this many branch rows per step, the likeliest first (0 = all, -1 = auto: what fits "
                         "in the target's suffix)")
+    g.add_argument("--context", default="on", choices=("on", "off"),
+                   help="sd and mirror: the context draft beside the model draft (windows copied from the prompt and "
+                   "the output so far, where the latency model says they pay); never changes the output")
+    g.add_argument("--context-min-match", type=int, default=ContextConfig.min_match,
+                   help="the context draft proposes only after a suffix match of at least this many tokens")
+    g.add_argument("--context-max-window", type=int, default=ContextConfig.max_window,
+                   help="the longest context window, in tokens (its length is chosen per step up to this)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
@@ -141,7 +151,8 @@ def request_from_args(args, prompt_ids: tuple[int, ...]) -> Request:
     (MirrorEngine.validate)."""
     return Request(prompt_ids=prompt_ids, decoder=args.decoder, max_new_tokens=args.max_new_tokens,
                    sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed, args.rule),
-                   spec=SpecConfig(args.gamma, args.kappa, args.exit_layer, args.branch_budget))
+                   spec=SpecConfig(args.gamma, args.kappa, args.exit_layer, args.branch_budget,
+                                   ContextConfig(args.context == "on", args.context_min_match, args.context_max_window)))
 
 
 def generate(args) -> int:

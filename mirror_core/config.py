@@ -26,6 +26,7 @@ AUTO_BRANCH_BUDGET = -1  # SpecConfig.branch_budget: fit the branch rows to the 
 # docs/BENCHMARKS.md's sweep on the default pair (engine.PairInfo.resolve applies them)
 DEFAULT_GAMMA = 4
 DEFAULT_KAPPA = 2
+CONTEXT_NGRAM = 8  # the context draft's index keys: the last 1..8 tokens (context_draft.ContextIndex)
 
 
 class MirrorError(ValueError):
@@ -90,6 +91,25 @@ class SamplingConfig:
 
 
 @dataclass(frozen=True)
+class ContextConfig:
+    """The context draft (context_draft.py): windows copied from the prompt and the output so far, beside the model
+    draft. It proposes the continuation of the longest suffix match of at least `min_match` tokens, as many tokens as
+    the latency model says pay (at most `max_window`), and only at steps where that beats the model draft's
+    measured yield; otherwise the model drafts. The output never depends on it."""
+
+    enabled: bool = True
+    min_match: int = 2
+    max_window: int = MAX_GAMMA   # the channel holds p_draft for MAX_GAMMA tokens (lanes/draft_lanes.py)
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.enabled, bool), f"context draft must be on or off, got {self.enabled!r}")
+        _require(_is_int(self.min_match) and 1 <= self.min_match <= CONTEXT_NGRAM,
+                 f"context min match must be an integer in 1..{CONTEXT_NGRAM}, got {self.min_match!r}")
+        _require(_is_int(self.max_window) and 1 <= self.max_window <= MAX_GAMMA,
+                 f"context max window must be an integer in 1..{MAX_GAMMA}, got {self.max_window!r}")
+
+
+@dataclass(frozen=True)
 class SpecConfig:
     """Speculation shape: γ draft tokens per window, κ candidates per slot, early-exit layer ℓ_e,
     and an optional cap on the branch rows the draft lane rolls out per step (engine.ExitReadout).
@@ -106,8 +126,10 @@ class SpecConfig:
     # at most this many branch rows per step, the likeliest (slot, candidate); 0 = all κ(γ+1);
     # AUTO_BRANCH_BUDGET = as many as the draft lane finishes while the target runs its suffix
     branch_budget: int = AUTO_BRANCH_BUDGET
+    context: ContextConfig = field(default_factory=ContextConfig)  # the context draft beside the model draft
 
     def __post_init__(self) -> None:
+        _require(isinstance(self.context, ContextConfig), f"context must be a ContextConfig, got {self.context!r}")
         _require(_is_int(self.branch_budget) and AUTO_BRANCH_BUDGET <= self.branch_budget <= (MAX_GAMMA + 1) * MAX_KAPPA,
                  f"branch budget must be an integer in {AUTO_BRANCH_BUDGET}..{(MAX_GAMMA + 1) * MAX_KAPPA} "
                  f"(0 = every candidate, {AUTO_BRANCH_BUDGET} = auto), got {self.branch_budget!r}")

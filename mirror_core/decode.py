@@ -37,7 +37,9 @@ from .events import (
     StepRecord,
 )
 from .lanes.codec import LaneError
-from .messages import BranchRequest, DraftStart, DraftWindow, ExitReadout, ResolveRequest, branch_rows
+from .context_draft import context_plan
+from .messages import (SOURCE_BRANCH, SOURCE_CONTEXT, BranchRequest, DraftStart, DraftWindow, ExitReadout,
+                       ResolveRequest, branch_rows)
 from .planner import BranchPlanner
 from .sampling import target_token, warp_logits
 from .verify import AcceptResult, accept
@@ -84,23 +86,25 @@ def speculative_decode(state: DecodeState, lane: DraftLane, mirror: bool) -> Ite
         else None
     # an inline lane rolls the branches out only when the next window is asked for: nothing to fit, so auto keeps all
     planner = BranchPlanner(state.req.spec.branch_budget, state.req.spec.kappa, parallel=lane.parallel)
-    step, reused = 0, False                                            # reused: this window is an adopted branch
+    step = 0
     while window is not None and not state.done:
         state.check_stop()
         step += 1
         w = [state.ids[-1], *window.tokens]                            # [w0, d1..dγ]
+        t_verify = state.now()
         logits, readout, h = verify(state, lane, planner if mirror else None, w, step)  # [γ+1, V]; M_t mid-pass
+        costs = (state.now() - t_verify, window.wait_s)                # the step's measured costs, for the draft lane
         result = accept_window(state, logits, window, step)            # (A_t, c)
         hit = verdict(readout, result)                                 # c ∈ TopK_τ (None: no branches this step)
-        committed = commit_step(state, w, result, reused, step)        # d1..d_{A_t}, then c
+        committed = commit_step(state, w, result, window, step)        # d1..d_{A_t}, then c
         h_kept = None if h is None else h[: result.accepted + 1]      # [A_t+1, H]: w0, d1..d_{A_t}
-        following = None if state.done else next_window(state, lane, step, result, bool(hit), h_kept)
+        following = None if state.done else next_window(state, lane, step, result, bool(hit), h_kept, costs)
         if readout is not None:
             planner.after_step(readout, result.accepted, result.token, *branch_work(following))
-        state.record(step_record(step=step, w=w, result=result, committed=committed, reused=reused,
+        state.record(step_record(step=step, w=w, result=result, committed=committed, window=window,
                                  readout=readout, hit=hit, following=following))
         yield state.flush()
-        window, reused = following, bool(hit)
+        window = following
     if not state.done:  # the draft lane failed: finish on the target alone, same output
         yield from target_steps(state, step)
 
@@ -108,7 +112,8 @@ def speculative_decode(state: DecodeState, lane: DraftLane, mirror: bool) -> Ite
 def start_draft_lane(state: DecodeState, lane: DraftLane) -> bool:
     """Send DraftStart; False (and a recorded fallback) when the draft lane cannot start."""
     try:
-        lane.start(DraftStart(state.req.prompt_ids, state.req.spec.gamma, state.cfg))
+        lane.start(DraftStart(state.req.prompt_ids, state.req.spec.gamma, state.cfg,
+                              context_plan(state.req.spec.context, state.req.max_new_tokens, state.window_steps)))
         return True
     except LaneError as exc:
         state.fallback = f"draft lane failed to start ({exc}); decoded on the target alone"
@@ -181,27 +186,30 @@ def accept_window(state: DecodeState, logits: torch.Tensor, window: DraftWindow,
     return result
 
 
-def commit_step(state: DecodeState, w: list[int], result: AcceptResult, reused: bool, step: int) -> int:
+def commit_step(state: DecodeState, w: list[int], result: AcceptResult, window: DraftWindow, step: int) -> int:
     """Commit the accepted drafts and c (n_t of them before EOS or the budget); report the rejected drafts."""
-    drafts = w[1:]
+    drafts, reused = w[1:], window.source == SOURCE_BRANCH
     origin = ORIGIN_BONUS if result.accepted == len(drafts) else ORIGIN_CORRECTION
     committed = state.commit([(d, ORIGIN_ACCEPTED, reused) for d in drafts[: result.accepted]]
-                             + [(result.token, origin, False)], step)
+                             + [(result.token, origin, False)], step, from_context=window.source == SOURCE_CONTEXT)
     state.reject(step, drafts, result.accepted)
     return committed
 
 
 def next_window(state: DecodeState, lane: DraftLane, step: int, result: AcceptResult, hit: bool,
-                features: torch.Tensor | None = None) -> DraftWindow | None:
-    """Tell the draft lane (A_t, c), the verdict and (a feature draft) the new positions' h^(ℓ_e); its reply is the
-    next window (None: the lane failed)."""
+                features: torch.Tensor | None = None, costs: tuple[float, float] = (0.0, 0.0)) -> DraftWindow | None:
+    """Tell the draft lane (A_t, c), the verdict, (a feature draft) the new positions' h^(ℓ_e) and what verifying
+    its last window cost (the verification pass, the wait for the window: seconds); its reply is the next window
+    (None: the lane failed)."""
     t0 = state.now()
     try:
-        window = lane.resolve(ResolveRequest(step, result.accepted, result.token, hit, features))
+        window = lane.resolve(ResolveRequest(step, result.accepted, result.token, hit, features, *costs))
     except LaneError as exc:
         state.fallback = f"draft lane failed at step {step} ({exc}); finished on the target alone"
         return None
-    state.span(STAGE_WAIT, t0, time.perf_counter(), step)
+    t1 = time.perf_counter()
+    state.span(STAGE_WAIT, t0, t1, step)
+    window.wait_s = t1 - t0 if step > 0 else 0.0  # the first window comes with the draft's prefill
     state.draft_reply(window, step)
     return window
 
@@ -213,13 +221,14 @@ def branch_work(window: DraftWindow | None) -> tuple[int, float]:
     return len(window.branches), sum(t1 - t0 for stage, t0, t1 in window.spans if stage == STAGE_DRAFT_BRANCHES)
 
 
-def step_record(*, step: int, w: list[int], result: AcceptResult, committed: int, reused: bool,
+def step_record(*, step: int, w: list[int], result: AcceptResult, committed: int, window: DraftWindow,
                 readout: ExitReadout | None, hit: bool | None, following: DraftWindow | None) -> StepRecord:
     """The StepRecord of one verification (the raw material of every metric and of the step inspector)."""
     branches = following.branches if following else ()
     return StepRecord(
         step=step, window=tuple(w), drafted=len(w) - 1, accepted=result.accepted, token=result.token,
-        committed=committed, from_branch=reused, hit=hit,
+        committed=committed, from_branch=window.source == SOURCE_BRANCH, hit=hit, source=window.source,
+        context=window.context,
         topk_ids=readout.ranked if readout else (), topk_logprobs=readout.topk_logprobs if readout else (),
         target_tokens=result.target_tokens, branches=branches,
         branch_rows=tuple(branch_rows(readout.topk_ids)) if readout and branches else (),

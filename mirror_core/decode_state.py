@@ -12,6 +12,7 @@ from .events import (
     LANE_DRAFT,
     LANE_TARGET,
     TARGET_BUSY_STAGES,
+    ORIGIN_ACCEPTED,
     ORIGIN_TARGET,
     STAGE_PREFILL,
     RejectedEvent,
@@ -23,7 +24,7 @@ from .events import (
     TokenEvent,
 )
 from .messages import DraftWindow
-from .metrics import RunSummary, interval_length, interval_overlap
+from .metrics import SOURCES, RunSummary, interval_length, interval_overlap
 from .runners.protocol import TargetRunner
 from .sampling import target_token
 
@@ -41,8 +42,10 @@ class DecodeState:
     """
 
     def __init__(self, request: Request, target: TargetRunner, exit_layer: int, eos_ids: frozenset[int],
-                 stop: threading.Event | None, settings: RunSettings, features: bool = False):
+                 stop: threading.Event | None, settings: RunSettings, features: bool = False,
+                 window_steps: tuple[float, ...] = ()):
         self.req, self.target, self.exit_layer = request, target, exit_layer
+        self.window_steps = window_steps  # the target's forward of 1, 2, .. rows in one-row steps (load-time)
         self.features = features  # the draft reads the target's h^(ℓ_e) (a feature-reading draft; ℓ_e is its layer)
         self.cfg = request.sampling
         self.eos_ids = eos_ids if request.stop_at_eos else frozenset()
@@ -108,15 +111,17 @@ class DecodeState:
         """After acceptance: the target cache keeps w0 and d1..d_A; the rejected drafts' entries are dropped."""
         self.target.truncate(self.cache, len(self.ids) + accepted)
 
-    def commit(self, tokens: list[tuple[int, str, bool]], step: int) -> int:
-        """Append (token, origin, from_branch) in order, stopping at EOS or the token budget; returns n_t."""
+    def commit(self, tokens: list[tuple[int, str, bool]], step: int, from_context: bool = False) -> int:
+        """Append (token, origin, from_branch) in order, stopping at EOS or the token budget; returns n_t.
+        from_context: the accepted tokens came from a context window."""
         n = 0
         for token, origin, from_branch in tokens:
             if self.done:
                 break
             t = self.t_last = time.perf_counter()
             self.t_first = self.t_first or t
-            self.pending.append(TokenEvent(token, len(self.new_tokens), step, origin, from_branch, t))
+            self.pending.append(TokenEvent(token, len(self.new_tokens), step, origin, from_branch, t,
+                                           from_context and origin == ORIGIN_ACCEPTED))
             self.ids.append(token)
             self.new_tokens.append(token)
             n += 1
@@ -152,6 +157,7 @@ def summarize(records: list[StepRecord], spans: list[SpanEvent], gamma: int, *, 
     """Count a run's step records and spans into a RunSummary."""
     hist, pos_acc, pos_dr = [0] * (gamma + 1), [0] * gamma, [0] * gamma
     branched, hits = [0, 0, 0], [0, 0, 0]
+    by_source = {name: [0, 0, 0] for name in SOURCES}  # steps, Σ D_t, Σ A_t
     committed = drafted = accepted = slots = in_topk = 0
     for r in records:
         committed += r.committed
@@ -165,6 +171,8 @@ def summarize(records: list[StepRecord], spans: list[SpanEvent], gamma: int, *, 
             kind = 2 if r.accepted == r.drafted else (0 if r.accepted == 0 else 1)
             branched[kind] += 1
             hits[kind] += bool(r.hit)
+        counts = by_source[r.source]
+        counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + r.drafted, counts[2] + r.accepted
         s, k = _overlap(r)
         slots += s
         in_topk += k
@@ -176,7 +184,9 @@ def summarize(records: list[StepRecord], spans: list[SpanEvent], gamma: int, *, 
         overlap_slots=slots, overlap_in_topk=in_topk, draft_forwards=draft_forwards, draft_produced=draft_produced,
         draft_busy_s=interval_length(draft_busy), target_busy_s=interval_length(target_busy),
         hidden_s=interval_overlap(draft_busy, target_busy), wall_s=max(0.0, t_end - t_start),
-        ttft_s=None if t_first is None else t_first - t_start)
+        ttft_s=None if t_first is None else t_first - t_start,
+        **{f"source_{key}": tuple(by_source[name][i] for name in SOURCES)
+           for i, key in enumerate(("steps", "drafted", "accepted"))})
 
 
 def _overlap(r: StepRecord) -> tuple[int, int]:

@@ -3,9 +3,10 @@
 A DraftWorker lives on the draft lane (its own process, thread, or inline) and sees only token
 ids: the committed tokens it is told about, the early-exit candidates M_t, and (A_t, c).
 
-Cache invariant between steps (docs/ALGORITHM.md §2.8): the draft cache holds every committed token
-through w0 (`committed` of them) plus the window tokens it fed while drafting, d1..d_{γ−1}
-(and d_γ once bonus-slot branches have been prepared).
+Cache invariant between steps (docs/ALGORITHM.md §2.8): the draft cache holds a prefix of the committed tokens
+through w0 (`committed` of them) followed by the window: after a model rollout all of them plus d1..d_{γ−1} (and d_γ
+once bonus-slot branches have been prepared); after a context window (context_draft.py), which the draft model did
+not roll out, possibly fewer, fed when the model next drafts.
 """
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ import torch
 
 from . import machine
 from .config import FaultPlan, SamplingConfig
+from .context_draft import ContextDrafter, ContextProposal
 from .events import STAGE_DRAFT_BRANCHES, STAGE_DRAFT_ROLLOUT, STAGE_PREFILL, STAGE_SELECT_BRANCH
-from .messages import BranchRequest, DraftStart, DraftWindow, ResolveRequest, SpanTuple, branch_rows
+from .messages import (SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_MODEL, BranchRequest, DraftStart, DraftWindow,
+                       ResolveRequest, SpanTuple, branch_rows)
 from .runners.protocol import Runner
 from .sampling import draft_sample
 
@@ -59,8 +62,9 @@ class DraftWorker:
     DraftStart prefills the prompt and the first window follows at ResolveRequest(step 0); a
     BranchRequest (M_t) rolls out one γ-token branch per candidate as one batch; a ResolveRequest
     adopts the branch the target lane's verdict names (a hit) or truncates to the committed prefix
-    and rolls out γ fresh tokens (a miss). It owns the draft cache and its own torch.Generator
-    (seed + 1); it sees token ids only. `fault` is the test hook that makes it fail on purpose.
+    and rolls out γ fresh tokens (a miss), unless the context draft's window is modelled to do better
+    (context_draft.py). It owns the draft cache and its own torch.Generator (seed + 1); it sees token
+    ids only. `fault` is the test hook that makes it fail on purpose.
     """
 
     def __init__(self, runner: Runner, fault: FaultPlan = FaultPlan()):
@@ -82,20 +86,18 @@ class DraftWorker:
         self.req = req
         self.gen = torch.Generator().manual_seed(req.sampling.seed + 1)  # the draft lane's own stream
         self.cache = self.runner.new_cache()
+        self.tokens: list[int] = list(req.prompt_ids)  # committed tokens through w0
         self.committed = len(req.prompt_ids)   # tokens through w0 (the prompt's last token for now)
-        self.window: list[int] = []
-        self.p_window: torch.Tensor | None = None
-        self.branch_set: _BranchSet | None = None
-        self.spans: list[SpanTuple] = []
-        self.forwards = self.produced = 0
+        self._start_window(req)
         with self._span(STAGE_PREFILL):
             self.runner.forward(self.cache, list(req.prompt_ids))
 
     def _branch(self, cmd: BranchRequest) -> None:
         """Branch-complete rollouts: a γ-token continuation for every candidate, as one batch."""
         with self._span(STAGE_DRAFT_BRANCHES):
-            if self.runner.cache_len(self.cache) < self.committed + len(self.window):
-                self.runner.forward(self.cache, self.window[-1:])  # feed d_γ for the bonus slot's branches
+            have, need = self.runner.cache_len(self.cache), self.committed + len(self.window)
+            if have < need:  # feed d_γ for the bonus slot's branches (after a context window: all it lacks)
+                self.runner.forward(self.cache, (self.tokens + self.window)[have:need])
                 self._count(1, 1)
             rows = branch_rows(cmd.topk_ids)
             if not rows:
@@ -153,34 +155,64 @@ class DraftWorker:
         bs, self.branch_set = self.branch_set, None
         branches = () if bs is None else tuple(tuple(r) for r in bs.tokens.tolist())
         new = list(self.window[: cmd.accepted]) + [cmd.token]  # what this step commits: d1..d_{A_t}, c
-        row = None
-        if cmd.hit:
+        row, proposal = None, None
+        if self.context is not None:
+            self.context.learn(self.proposal, len(self.window), cmd.accepted, cmd.verify_s, cmd.wait_s)
+            self.context.index.extend(new)
+            proposal = self.context.propose()
+        if proposal is not None:
+            self._take_context(cmd, proposal)
+            source = SOURCE_CONTEXT
+        elif cmd.hit:
             row = bs.rows.index((cmd.accepted, cmd.token))  # the target lane saw c among the candidates it sent
             with self._span(STAGE_SELECT_BRANCH):
                 self.cache = self.runner.select_row(bs.cache, row)
             self.window = bs.tokens[row].tolist()
             self.p_window = None if bs.p_draft is None else bs.p_draft[row]
+            source = SOURCE_BRANCH
         else:
             self._miss(cmd, new)
-        self._advance(new)
+            source = SOURCE_MODEL
+        self._advance(new, cmd, proposal is None)
+        self.proposal = proposal
         reply = DraftWindow(tuple(self.window), self.p_window, row, branches, self.spans, self.forwards,
-                            self.produced)
+                            self.produced, source, proposal)
         self.spans, self.forwards, self.produced = [], 0, 0
         return reply
+
+    def _start_window(self, req: DraftStart) -> None:
+        """A request's window state: none yet, and the context draft when the request has it on."""
+        self.window: list[int] = []
+        self.p_window: torch.Tensor | None = None
+        self.branch_set: _BranchSet | None = None
+        self.spans: list[SpanTuple] = []
+        self.forwards = self.produced = 0
+        self.context = None if req.context is None else ContextDrafter(req.context, req.gamma)
+        if self.context is not None:
+            self.context.start(req.prompt_ids)
+        self.proposal: ContextProposal | None = None
+
+    def _take_context(self, cmd: ResolveRequest, proposal: ContextProposal) -> None:
+        """The next window is the context's: the draft model rolls nothing out; its cache keeps the part of the
+        committed tokens it already holds (a branch's cache is dropped)."""
+        self.runner.truncate(self.cache, min(self.runner.cache_len(self.cache), self.committed + cmd.accepted))
+        self.window = list(proposal.tokens)
+        self.p_window = None if self.req.sampling.greedy else point_mass(proposal.tokens, self.runner.vocab_size)
 
     def _miss(self, cmd: ResolveRequest, new: list[int]) -> None:
         with self._span(STAGE_DRAFT_ROLLOUT):
             self._fresh_rollout(cmd.accepted, cmd.token)
 
-    def _advance(self, new: list[int]) -> None:
+    def _advance(self, new: list[int], cmd: ResolveRequest, drafted: bool) -> None:
         """After the reply's window is set: the committed prefix grows by d1..d_{A_t} and c."""
+        self.tokens += new
         self.committed += len(new)
 
     def _fresh_rollout(self, accepted: int, token: int) -> None:
         """Truncate to the committed prefix, feed what is missing plus c, draft γ tokens."""
         keep = min(self.runner.cache_len(self.cache), self.committed + accepted)
         self.runner.truncate(self.cache, keep)
-        feed = self.window[keep - self.committed: accepted] + [token]
+        feed = (self.tokens + self.window)[keep: self.committed + accepted] + [token]
         step = self._ss_step if self.runner.num_streams else self._ar_step
         window, ps, lookahead = [], [], []
         while len(window) < self.req.gamma:
@@ -257,16 +289,20 @@ class FeatureDraftWorker(DraftWorker):
         self.tokens: list[int] = list(req.prompt_ids)   # committed tokens (the window's drafts are not)
         self.known = 0                                  # cache entries built from the target's own features
         self.prefix = 0                                 # entries past `known` fed with true features (M_t's)
-        self.window, self.p_window = [], None
-        self.branch_set = None
-        self.spans, self.forwards, self.produced = [], 0, 0
+        self.pending: torch.Tensor | None = None        # [n, H] true features of entries known.. not fed yet
+        self._start_window(req)                         # (entries of tokens committed while context windows ran)
+
+    def _with_pending(self, features: torch.Tensor) -> torch.Tensor:
+        """features [n, H] for the entries after the pending ones → [pending + n, H] from entry `known` on."""
+        return features if self.pending is None else torch.cat([self.pending, features])
 
     def _branch(self, cmd: BranchRequest) -> None:
         with self._span(STAGE_DRAFT_BRANCHES):
-            gamma = self.req.gamma
+            gamma, size = self.req.gamma, len(self.window)
             self.runner.truncate(self.cache, self.known)
-            self.runner.forward(self.cache, self.window[:gamma], cmd.features[:gamma])  # (d_{j+1}, f_j), j < γ
-            self.prefix = gamma
+            feed = self.tokens[self.known + 1:] + self.window                 # pending entries, then d1..d_L
+            self.runner.forward(self.cache, feed, self._with_pending(cmd.features[:size]))  # (d_{j+1}, f_j), j < L
+            self.known, self.pending, self.prefix = len(self.tokens) - 1, None, size
             self._count(0, 1)
             rows = branch_rows(cmd.topk_ids)
             if not rows:
@@ -290,16 +326,28 @@ class FeatureDraftWorker(DraftWorker):
         """Feed the entries the new features complete, then draft γ tokens on predicted features (at step 0: the
         prompt's entries, the draft's prefill)."""
         with self._span(STAGE_PREFILL if self.known == 0 else STAGE_DRAFT_ROLLOUT):
+            features = self._with_pending(cmd.features)          # entries known.. (pending, then w0, d1..d_{A_t})
             keep = self.known + min(self.prefix, cmd.accepted)  # entries (d_{j+1}, f_j) already fed for accepted d's
             self.runner.truncate(self.cache, keep)
             tokens = self.tokens + new
             feed = tokens[keep + 1:]                             # x_{i+1} for entries keep..len(tokens)−2
-            self._roll_out(self.runner.forward(self.cache, feed, cmd.features[keep - self.known:]))  # [T, V], [T, H]
+            self._roll_out(self.runner.forward(self.cache, feed, features[keep - self.known:]))  # [T, V], [T, H]
 
-    def _advance(self, new: list[int]) -> None:
+    def _take_context(self, cmd: ResolveRequest, proposal: ContextProposal) -> None:
+        """The next window is the context's; the cache is brought up to date lazily (entries past `known`)."""
+        self.window = list(proposal.tokens)
+        self.p_window = None if self.req.sampling.greedy else point_mass(proposal.tokens, self.runner.vocab_size)
+
+    def _advance(self, new: list[int], cmd: ResolveRequest, drafted: bool) -> None:
+        """A drafted window (rollout or branch) leaves every committed entry fed; a context window leaves the
+        entries of d1..d_{A_t}, c pending (those M_t's features already fed stay: `prefix`)."""
         self.tokens += new
-        self.known = len(self.tokens) - 1
-        self.prefix = 0
+        if drafted:
+            self.known, self.pending, self.prefix = len(self.tokens) - 1, None, 0
+            return
+        features = self._with_pending(cmd.features)                     # entries known..len(tokens)−2
+        fed = min(self.prefix, len(features) - 1)                       # accepted drafts' entries fed with M_t
+        self.known, self.pending, self.prefix = self.known + fed, features[fed:], 0
 
     def _roll_out(self, first: tuple[torch.Tensor, torch.Tensor]) -> None:
         """γ draft tokens from the fed entries' outputs (logits [T, V], g [T, H]), each next on its predicted feature."""
@@ -316,6 +364,14 @@ class FeatureDraftWorker(DraftWorker):
             logits, g = self.runner.forward(self.cache, window[-1:], g)
         self.window = window
         self.p_window = torch.stack(ps) if ps else None                                  # [γ, V]
+
+
+def point_mass(tokens: tuple[int, ...], vocab: int) -> torch.Tensor:
+    """p_draft of a context window: each token with probability 1 ([L, V], one-hot), so that Rule R accepts d_j
+    with probability p_target(d_j) and resamples from p_target without d_j: exactly the target's law."""
+    p = torch.zeros(len(tokens), vocab)                                                  # [L, V]
+    p[torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
+    return p
 
 
 def worker_for(runner: Runner, fault: FaultPlan = FaultPlan()) -> DraftWorker:

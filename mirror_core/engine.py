@@ -20,6 +20,7 @@ from typing import Iterator
 
 from . import machine
 from .config import (
+    MAX_GAMMA,
     DEFAULT_GAMMA,
     DEFAULT_KAPPA,
     SERIAL_DECODERS,
@@ -102,6 +103,13 @@ class PairInfo:
         return RunSettings(request=request, exit_layer=exit_layer, exit_readout=self.exit_readout(exit_layer),
                            spec_note=note, spec_modelled=self.spec_choice.speedup if note else None,
                            **{name: getattr(self, name) for name in _SHARED_WITH_RUN_SETTINGS})
+
+    def window_steps(self) -> tuple[float, ...]:
+        """The target's forward of 1, 2, .. MAX_GAMMA + 1 rows in one-row steps, timed at load on the target lane
+        (Calibration.window_ms; () where it was not): the cost the context draft's window length is chosen by."""
+        cal = self.target_dtype
+        ms = [] if cal is None else [cal.window_ms(cal.sequence, m) for m in range(1, MAX_GAMMA + 2)]
+        return () if not ms or None in ms else tuple(round(v / ms[0], 4) for v in ms)
 
     def describe(self) -> dict:
         """What ran: the CLI's --json `pair` object (the numbers panel's "Ran:" line says the same from the run
@@ -273,7 +281,8 @@ class MirrorEngine:
     def _run(self, request: Request, stop: threading.Event, out: queue.Queue) -> None:
         run = DecodeState(request, self.target, request.spec.exit_layer, self.eos_ids, stop,
                           self.info.run_settings(request),
-                          features=self.info.draft_features is not None and request.decoder != "ar")
+                          features=self.info.draft_features is not None and request.decoder != "ar",
+                          window_steps=self.info.window_steps())
         for batch in decode_events(run, self.lane):
             out.put(batch)
 

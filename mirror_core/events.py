@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Union
 
 from .config import LaneConfig, Request
+from .context_draft import ContextProposal
 from .records import UNCHECKED, Calibration, Roofline, RowCheck, WholeMachine
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ class TokenEvent:
     origin: str         # one of ORIGINS
     from_branch: bool   # an accepted token that came from a reused (precomputed) branch
     t: float            # commit time on the shared clock
+    from_context: bool = False  # an accepted token of a context window (copied from the prompt or the output)
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,8 @@ class StepRecord:
     branch_rows: tuple[tuple[int, int], ...] = ()     # (slot index 0..γ, candidate token) of each branch row
     branch_row: int | None = None                     # the reused row on a hit
     t_end: float = 0.0
+    source: str = "model"                             # messages.SOURCES: where this window came from
+    context: ContextProposal | None = None            # a context window's match and why its length was chosen
 
 
 @dataclass(frozen=True)

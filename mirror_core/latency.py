@@ -183,7 +183,7 @@ class DraftProfile:
     hit: tuple[float, ...]      # the target's token is among the exit's top-κ (the draft's own token excluded)
                                 # where the draft was wrong, κ = 1, 2, ..
     tau_by_gamma: tuple[float, ...] = ()  # τ(γ), γ = 1, 2, ..: greedy decoding's own rollouts replayed on the
-                                          # held-out answers (train/feature_distill.py, chains); () = not measured
+                                          # held-out answers (training/draft/replay.py, chains); () = not measured
     hit_by_gamma: tuple[tuple[float, ...], ...] = ()  # [γ − 1][κ − 1]: the share of those rollouts whose correction
                                           # or bonus token was among the exit's top-κ at its slot; () = not measured
 

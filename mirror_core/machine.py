@@ -1,6 +1,6 @@
 """This machine: what is printed beside every speed figure and keys the dtype calibration, and what the lanes run on.
 
-- The CPU: its model and kernel flags (the CPU differs between sessions), its cores, and pinning, portably (core
+- The CPU: its model and kernel flags (one checkout runs on many CPU kinds), its cores, and pinning, portably (core
   pinning exists on Linux only: elsewhere the lanes set thread counts and nothing else); the user's cache folder.
 - Its devices, one layer for every backend: which devices exist, how a device is named, and the two things the
   lanes need anywhere (synchronise one stream; run a lane on a stream of its own). Accelerators: CUDA

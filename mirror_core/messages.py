@@ -12,6 +12,12 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import SamplingConfig
+from .context_draft import ContextPlan, ContextProposal
+from .metrics import SOURCES
+
+# where a window came from (metrics.SOURCES, whose order the per-source counters keep): a fresh rollout of the draft
+# model, a precomputed branch adopted on a hit (Mirror-SD), a copy from the prompt and the output (context_draft.py)
+SOURCE_MODEL, SOURCE_BRANCH, SOURCE_CONTEXT = SOURCES
 
 SpanTuple = tuple[str, float, float]  # (stage, t0, t1) on the shared monotonic clock
 
@@ -22,6 +28,7 @@ class DraftStart:
     prompt_ids: tuple[int, ...]
     gamma: int
     sampling: SamplingConfig
+    context: ContextPlan | None = None     # the context draft's plan (None: off)
 
 
 @dataclass(frozen=True)
@@ -41,17 +48,23 @@ class ResolveRequest:
     hit: bool   # c ∈ TopK_{s_t} of the candidates sent (s_t = A_t + 1): adopt branch (s_t, c); else roll out afresh
     features: torch.Tensor | None = None   # h^(ℓ_e) of w0, d1..d_{A_t} ([A_t+1, H]; at step 0 the prompt's [P, H]),
                                            # a feature-reading draft only
+    verify_s: float = 0.0   # the target's verification pass of this step's window (s; 0 at step 0)
+    wait_s: float = 0.0     # how long the target lane waited for that window after the previous step (s)
 
 
 @dataclass
 class DraftWindow:
-    tokens: tuple[int, ...]                 # d1..dγ of the next window
-    p_draft: torch.Tensor | None            # [γ, V] the exact law each token was drawn from (T > 0), CPU
+    tokens: tuple[int, ...]                 # d1..dγ of the next window (a context window: d1..d_L, L ≤ MAX_GAMMA)
+    p_draft: torch.Tensor | None            # [γ, V] the exact law each token was drawn from (T > 0), CPU; a context
+    #                                         window's is one-hot (a point mass)
     branch_row: int | None                  # the adopted branch row (a hit), or None (a fresh rollout)
     branches: tuple[tuple[int, ...], ...]   # every precomputed branch (row order = slot-major candidates)
     spans: list[SpanTuple] = field(default_factory=list)
     forwards: int = 0                       # draft row-forwards since the previous reply (a batch of R rows = R)
     produced: int = 0                       # draft tokens those row-forwards produced (η̄ = produced / forwards)
+    source: str = SOURCE_MODEL              # SOURCES: where the window came from
+    context: ContextProposal | None = None  # a context window's match and the latency model's reasons
+    wait_s: float = 0.0                     # set by the target lane: how long it waited for this reply (s)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 
 
 KINDS = ("tau1", "deeper", "bonus")  # where the correction landed: slot 1, a deeper draft slot, the bonus slot
+SOURCES = ("model", "branch", "context")  # where a window came from (messages.SOURCES, in the same order)
 
 
 def _ratio_of(num: str, den: str, definition: str) -> property:
@@ -29,7 +30,7 @@ class RunSummary:
     committed: int = 0                           # Σ n_t over steps
     drafted: int = 0                             # Σ D_t
     accepted: int = 0                            # Σ A_t
-    hist: tuple[int, ...] = ()                   # counts of A_t over 0..γ
+    hist: tuple[int, ...] = ()                   # counts of A_t over 0..γ (a longer context window's A_t ≥ γ: last)
     pos_accepted: tuple[int, ...] = ()           # #(A_t ≥ i), i = 1..γ
     pos_drafted: tuple[int, ...] = ()            # #(D_t ≥ i), i = 1..γ
     branched_steps: int = 0                      # steps that had precomputed branches
@@ -45,6 +46,9 @@ class RunSummary:
     hidden_s: float = 0.0                        # |draft busy ∩ target busy| on one clock
     wall_s: float = 0.0                          # prefill start → last commit
     ttft_s: float | None = None                  # prefill start → first new token (None: no token)
+    source_steps: tuple[int, int, int] = (0, 0, 0)     # verification steps whose window came from each SOURCES
+    source_drafted: tuple[int, int, int] = (0, 0, 0)   # Σ D_t of those steps (tokens proposed)
+    source_accepted: tuple[int, int, int] = (0, 0, 0)  # Σ A_t of those steps (tokens accepted)
 
     def __post_init__(self) -> None:
         g = self.gamma
@@ -79,6 +83,13 @@ class RunSummary:
     def hit_rate_by_kind(self) -> dict[str, float | None]:
         """The hit rate split by where c landed: slot s_t = A_t + 1 = 1, deeper (1 < s_t ≤ γ), bonus (s_t = γ + 1)."""
         return {k: _ratio(h, b) for k, h, b in zip(KINDS, self.hits_by_kind, self.branched_by_kind)}
+
+    @property
+    def by_source(self) -> dict[str, dict[str, float | int | None]]:
+        """Per window source (model rollout, adopted branch, context copy): steps, tokens proposed (Σ D_t), tokens
+        accepted (Σ A_t), acceptance = accepted / proposed, mean accepted run = accepted / steps."""
+        return {name: source_entry(n, d, a)
+                for name, n, d, a in zip(SOURCES, self.source_steps, self.source_drafted, self.source_accepted)}
 
     @property
     def target_passes(self) -> int:
@@ -125,10 +136,16 @@ class RunSummary:
             "exit_overlap": self.exit_overlap, "draft_hidden_fraction": self.draft_hidden_fraction,
             "draft_busy_s": self.draft_busy_s, "target_busy_s": self.target_busy_s, "wall_s": self.wall_s,
             "ttft_s": self.ttft_s, "tokens_per_s": self.tokens_per_s, "draft_forwards": self.draft_forwards,
-            "draft_tokens_per_forward": self.draft_tokens_per_forward,
+            "draft_tokens_per_forward": self.draft_tokens_per_forward, "by_source": self.by_source,
             "counters": {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
                          for f in fields(self)},
         }
+
+
+def source_entry(steps: int, proposed: int, accepted: int) -> dict[str, float | int | None]:
+    """One window source's counters and ratios (RunSummary.by_source)."""
+    return {"steps": steps, "proposed": proposed, "accepted": accepted, "acceptance": _ratio(accepted, proposed),
+            "mean_accepted_run": _ratio(accepted, steps)}
 
 
 def interval_overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:

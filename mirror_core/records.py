@@ -152,6 +152,19 @@ class Calibration:
         found = [self.ms(dtype, f"rows{m}") for m in range(1, ROOFLINE_ROWS + 1)]
         return () if None in found else tuple(found)
 
+    def window_ms(self, dtype: str, rows: int) -> float | None:
+        """The target's forward of `rows` new rows in `dtype` (ms): timed (1..ROOFLINE_ROWS and LONG_ROWS), or linear
+        between the nearest timed row counts around it; None where it was not timed."""
+        timed = {m: self.ms(dtype, f"rows{m}") for m in (*range(1, ROOFLINE_ROWS + 1), *LONG_ROWS)}
+        timed = {m: ms for m, ms in timed.items() if ms is not None}
+        if rows in timed:
+            return timed[rows]
+        below, above = [m for m in timed if m < rows], [m for m in timed if m > rows]
+        if not below or not above:
+            return None
+        lo, hi = max(below), min(above)
+        return timed[lo] + (timed[hi] - timed[lo]) * (rows - lo) / (hi - lo)
+
     def verify_ratio(self) -> float | None:
         """The chosen dtype's window of γ + 1 over its one-token step (the target; ≈ 1 is what SD needs)."""
         step, window = self.ms(self.sequence, "step"), self.ms(self.sequence, "window")
@@ -171,6 +184,9 @@ class Calibration:
 
 # -- what else a load measures or finds ---------------------------------------------------------------------
 ROOFLINE_ROWS = 8  # the target's forward is timed at load for 1..8 new rows (the AR step and windows up to γ = 7)
+# ... and for these longer windows (a context window of up to MAX_GAMMA = 16 tokens verifies 17 rows), in between
+# which the context draft's cost by rows is interpolated (Calibration.window_ms)
+LONG_ROWS = (12, 17)
 
 
 @dataclass(frozen=True)

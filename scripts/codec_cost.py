@@ -3,9 +3,9 @@
     PYTHONPATH=. python scripts/codec_cost.py [--n 20000] [--rounds 7]
 
 Prints, per message, the minimum over `rounds` of the mean encode+decode time over `n` repeats, with
-the CPU it ran on. It also runs on the tree before the session-7 renovation (commit 51012a5, where the
-codec was in mirror_core/lanes.py and the messages in mirror_core/draft.py), so the two can be
-compared in one session.
+the CPU it ran on. It also runs on the tree before the lanes were split into a package (commit 51012a5, where
+the codec was in mirror_core/lanes.py and the messages in mirror_core/draft.py), so the two can be
+compared on one machine in one sitting.
 """
 from __future__ import annotations
 

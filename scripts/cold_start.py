@@ -46,7 +46,7 @@ def main() -> int:
         client = Client("http://127.0.0.1:7871/", verbose=False)
         marks["gradio_client ready"] = time.monotonic() - t0
         values = page_values(prompt="What is the capital of France?", target="smollm2-135m-instruct",
-                             draft=os.path.join(ROOT, "assets", "smollm2_pair", "draft"), decoders=["mirror"],
+                             draft=os.path.join(ROOT, "assets", "smollm2_pair", "feature_draft"), decoders=["mirror"],
                              max_new_tokens=16)
         job, first = client.submit(*run_args(values), api_name="/run"), None
         while first is None:

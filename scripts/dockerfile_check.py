@@ -251,7 +251,7 @@ def _prepare_problems(df: Dockerfile) -> list[str]:
 
 
 def import_problems(root: str = ROOT) -> list[str]:
-    """Every third-party module imported at run time (app.py, ui/, mirror_core/ but its offline train/) must come
+    """Every third-party module imported at run time (app.py, ui/, mirror_core/; not the offline training/) must come
     with a distribution requirements.txt names, or one they depend on; modules of OPTIONAL_REQUIREMENTS' extras only
     are left to that file, and OPTIONAL_MODULES to the user who asks for them."""
     from importlib.metadata import packages_distributions
@@ -271,7 +271,7 @@ def import_problems(root: str = ROOT) -> list[str]:
 
 
 def runtime_imports(root: str) -> dict[str, str]:
-    """Third-party top-level module → the first file importing it, over app.py, ui/ and mirror_core/ (not train/)."""
+    """Third-party top-level module → the first file importing it, over app.py, ui/ and mirror_core/."""
     import ast
 
     files = ["app.py"] + sorted(os.path.relpath(os.path.join(d, f), root) for top in ("ui", "mirror_core")
@@ -279,8 +279,6 @@ def runtime_imports(root: str) -> dict[str, str]:
     local = {"app", "ui", "mirror_core", "__future__"}
     out: dict[str, str] = {}
     for rel in files:
-        if rel.startswith(os.path.join("mirror_core", "train")):
-            continue
         with open(os.path.join(root, rel), encoding="utf-8") as f:
             tree = ast.parse(f.read())
         for node in ast.walk(tree):
@@ -353,66 +351,84 @@ def slow_check(root: str = ROOT, keep: bool = False, start_timeout_s: float = ST
     Raises RuntimeError with one line on the first failure."""
     with open(os.path.join(root, "Dockerfile"), encoding="utf-8") as f:
         df = parse_dockerfile(f.read())
-    patterns = dockerignore(root)
     tmp = tempfile.mkdtemp(prefix="mirror-sd-dockerfile-")
     work = os.path.join(tmp, df.workdir.strip("/") or "app")
     times: dict[str, float] = {}
     try:
         t0 = time.perf_counter()
-        venv = os.path.join(tmp, "venv")  # the image's interpreter: a clean one, no site packages of this checkout
-        subprocess.run([_base_python(), "-m", "venv", venv], check=True)
-        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")
-               and not k.startswith(("MIRROR_SD_", "GRADIO_", "HF_"))}
-        env["PATH"] = os.path.join(venv, "bin") + os.pathsep + env.get("PATH", "")
-        env["VIRTUAL_ENV"] = venv
-        env.update({k: v.replace(df.workdir, work) for k, v in df.env.items()})
+        env = _fresh_venv(tmp, df, work)
         times["venv"] = time.perf_counter() - t0
-        for i, (kind, arg) in enumerate(df.steps):
-            t = time.perf_counter()
-            if kind == "COPY":
-                sources, dest = df.copies()[sum(1 for k, _ in df.steps[:i] if k == "COPY")]
-                copy_into(root, sources, os.path.normpath(os.path.join(work, dest)), patterns)
-                label = f"COPY {arg}"
-            else:
-                _log(f"RUN {arg}")
-                done = subprocess.run(["/bin/sh", "-c", arg], cwd=work, env=env, timeout=RUN_TIMEOUT_S,
-                                      capture_output=True, text=True)
-                if done.returncode != 0:
-                    tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-                    raise RuntimeError(f"RUN {arg} failed ({done.returncode}): {' | '.join(tail)}")
-                label = f"RUN {arg}"
-            times[label] = time.perf_counter() - t
-            _log(f"  {label}: {times[label]:.0f} s")
-        from testing.net import free_port
-
-        port = df.expose[0] if df.expose else 7860
-        if free_port(port, "0.0.0.0") != port:
-            port = free_port(0, "0.0.0.0")
-            _log(f"port {df.expose[0]} is taken on this machine: serving on {port} (GRADIO_SERVER_PORT)")
-            env["GRADIO_SERVER_PORT"] = str(port)
-        t = time.perf_counter()
-        _log(f"CMD {' '.join(df.cmd)}")
-        log = open(os.path.join(tmp, "cmd.log"), "w", encoding="utf-8")
-        proc = subprocess.Popen(list(df.cmd), cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            status = _poll(f"http://127.0.0.1:{port}/", proc, start_timeout_s)
-            times["CMD until the page answers"] = time.perf_counter() - t
-            if status != 200:
-                with open(log.name, encoding="utf-8") as f:
-                    tail = f.read().strip().splitlines()[-3:]
-                raise RuntimeError(f"the page did not answer 200 within {start_timeout_s:.0f} s (last: {status}; "
-                                   f"exit code {proc.poll()}): {' | '.join(tail)}")
-            _log(f"  the page answered 200 after {times['CMD until the page answers']:.0f} s")
-        finally:
-            _stop(proc)
-            log.close()
+        _build(df, root, work, env, times)
+        _start(df, work, env, os.path.join(tmp, "cmd.log"), start_timeout_s, times)
         return times
     finally:
         if keep:
             _log(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fresh_venv(tmp: str, df: Dockerfile, work: str) -> dict[str, str]:
+    """A clean virtual environment in tmp (the image's interpreter: no site packages of this checkout), and the
+    environment the build and the CMD run in: this one's without Python, cache and hub settings, the venv first on
+    PATH, then the Dockerfile's ENV with paths under its WORKDIR moved into `work`."""
+    venv = os.path.join(tmp, "venv")
+    subprocess.run([_base_python(), "-m", "venv", venv], check=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")
+           and not k.startswith(("MIRROR_SD_", "GRADIO_", "HF_"))}
+    env["PATH"] = os.path.join(venv, "bin") + os.pathsep + env.get("PATH", "")
+    env["VIRTUAL_ENV"] = venv
+    env.update({k: v.replace(df.workdir, work) for k, v in df.env.items()})
+    return env
+
+
+def _build(df: Dockerfile, root: str, work: str, env: dict[str, str], times: dict[str, float]) -> None:
+    """Each COPY (what .dockerignore leaves out stays out) and RUN in order, timed into `times`."""
+    patterns = dockerignore(root)
+    for i, (kind, arg) in enumerate(df.steps):
+        t = time.perf_counter()
+        if kind == "COPY":
+            sources, dest = df.copies()[sum(1 for k, _ in df.steps[:i] if k == "COPY")]
+            copy_into(root, sources, os.path.normpath(os.path.join(work, dest)), patterns)
+        else:
+            _log(f"RUN {arg}")
+            done = subprocess.run(["/bin/sh", "-c", arg], cwd=work, env=env, timeout=RUN_TIMEOUT_S,
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+                raise RuntimeError(f"RUN {arg} failed ({done.returncode}): {' | '.join(tail)}")
+        label = f"{kind} {arg}"
+        times[label] = time.perf_counter() - t
+        _log(f"  {label}: {times[label]:.0f} s")
+
+
+def _start(df: Dockerfile, work: str, env: dict[str, str], log_path: str, start_timeout_s: float,
+           times: dict[str, float]) -> None:
+    """The CMD, on the EXPOSE port (another one when it is taken here), until the page answers; stopped after."""
+    from testing.net import free_port
+
+    port = df.expose[0] if df.expose else 7860
+    if free_port(port, "0.0.0.0") != port:
+        port = free_port(0, "0.0.0.0")
+        _log(f"port {df.expose[0]} is taken on this machine: serving on {port} (GRADIO_SERVER_PORT)")
+        env["GRADIO_SERVER_PORT"] = str(port)
+    t = time.perf_counter()
+    _log(f"CMD {' '.join(df.cmd)}")
+    log = open(log_path, "w", encoding="utf-8")
+    proc = subprocess.Popen(list(df.cmd), cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        status = _poll(f"http://127.0.0.1:{port}/", proc, start_timeout_s)
+        times["CMD until the page answers"] = time.perf_counter() - t
+        if status != 200:
+            with open(log_path, encoding="utf-8") as f:
+                tail = f.read().strip().splitlines()[-3:]
+            raise RuntimeError(f"the page did not answer 200 within {start_timeout_s:.0f} s (last: {status}; "
+                               f"exit code {proc.poll()}): {' | '.join(tail)}")
+        _log(f"  the page answered 200 after {times['CMD until the page answers']:.0f} s")
+    finally:
+        _stop(proc)
+        log.close()
 
 
 def _base_python() -> str:

@@ -1,4 +1,4 @@
-"""What a deeper or wider feature-reading draft must gain to pay on this machine, by the latency model (issue 36).
+"""What a deeper or wider feature-reading draft must gain to pay on this machine, by the latency model.
 
     PYTHONPATH=. python scripts/draft_depth_cost.py [--target smollm2-135m-instruct]
                                                     [--draft assets/smollm2_pair/feature_draft]
@@ -15,8 +15,8 @@ that chooses γ and κ at load) then gives, per draft:
   agreement at depth d given the earlier depths agreed);
 - the uniform lift Δ of every a_d that the variant needs for its modelled Mirror-SD speedup to equal the shipped
   draft's (the break-even; DraftProfile.with_accept moves the measured τ by what the product form says Δ is worth);
-- the modelled speedups at the issue's goal profile (a_d 0.65 at depth 1 to 0.58 at depth 4, the hit rates
-  unchanged).
+- the modelled speedups at the goal profile the wider data aimed for (held-out top-1 0.65 at depth 1 to 0.58 at
+  depth 4, the hit rates unchanged; docs/TRAINING.md).
 
 Every speedup printed is modelled from timed step costs, not a measured decode.
 """
@@ -32,7 +32,7 @@ from dataclasses import replace
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-GOAL = (0.65, 0.627, 0.603, 0.58)  # the issue's held-out top-1 goals, depth 1 and 4, linear between
+GOAL = (0.65, 0.627, 0.603, 0.58)  # the wider data's held-out top-1 goals, depth 1 and 4, linear between
 
 
 def variant(shipped, folder: str, out: str, **change) -> str:

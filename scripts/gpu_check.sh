@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared accelerator check, within 8 minutes on one accelerator machine (issue 18):
+# One prepared accelerator check, within 8 minutes on one accelerator machine (so a lent machine can run it twice):
 #   1. the machine: the device list and lane plan (python -m mirror_core devices), torch's build;
 #   2. the accelerator-marked tests (tests/test_accelerator.py: every decoder equals AR on the device, per lane
 #      mapping; stream sync) and the device-layer tests;

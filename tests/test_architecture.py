@@ -23,7 +23,10 @@ def _modules(package: str = PACKAGE) -> dict[str, str]:
 
 MODULES = _modules()
 UI_MODULES = _modules(os.path.join(ROOT, "ui"))
-EVERY_MODULE = {**MODULES, **UI_MODULES}
+TRAINING_MODULES = _modules(os.path.join(ROOT, "training"))
+APP = {"app": os.path.join(ROOT, "app.py")}
+RUNTIME_MODULES = {**MODULES, **UI_MODULES, **APP}  # what `python app.py` and `python -m mirror_core` may import
+EVERY_MODULE = {**RUNTIME_MODULES, **TRAINING_MODULES}
 
 
 def _imports(module: str, top_level_only: bool, type_only: bool = False) -> set[str]:
@@ -101,13 +104,13 @@ def test_native_code_stands_behind_the_runners():
 
 def test_the_environment_is_read_at_the_edges_only():
     """os.environ / os.getenv: cli.py, MirrorEngine.load (the fault hook) and machine.py (the cache folder) in the
-    engine (train/ is offline); nowhere in ui/ (app.py passes os.environ in)."""
+    engine; nowhere in ui/ (app.py passes os.environ in)."""
     def reads_environment(module: str) -> bool:
         tree = ast.parse(open(EVERY_MODULE[module], encoding="utf-8").read())
         return any(isinstance(n, ast.Attribute) and n.attr in ("environ", "getenv") and getattr(n.value, "id", "") == "os"
                    for n in ast.walk(tree))
 
-    readers = {m for m in EVERY_MODULE if not m.startswith("mirror_core.train") and reads_environment(m)}
+    readers = {m for m in {**MODULES, **UI_MODULES} if reads_environment(m)}
     assert readers == {"mirror_core.cli", "mirror_core.engine", "mirror_core.machine"}, readers
 
 
@@ -134,14 +137,18 @@ def test_the_bench_uses_the_public_surface_only():
 
 
 def test_training_and_test_helpers_are_never_imported_at_run_time():
-    runtime = {m for m in MODULES if not m.startswith("mirror_core.train")}
-    assert not (_importers_of("mirror_core.train") & runtime)
-    assert _importers_of("testing") == set()
+    """The lab wing (training/) and the test helpers (testing/) stand outside what runs: no module of mirror_core/,
+    ui/ or app.py imports either (lazy imports included), and mirror_core/ holds no training code."""
+    importers = {prefix: {m for m in RUNTIME_MODULES if any(i == prefix or i.startswith(prefix + ".")
+                                                            for i in _imports(m, top_level_only=False, type_only=True))}
+                 for prefix in ("training", "testing")}
+    assert importers == {"training": set(), "testing": set()}, importers
+    assert TRAINING_MODULES and not any(m.startswith("mirror_core.train") for m in MODULES)
 
 
 def test_no_import_circles_between_modules():
-    """Imports of the engine and the UI (lazy and type-only ones included) form no circle; a package's __init__
-    importing its own modules is not one."""
+    """Imports of the engine, the UI and the training wing (lazy and type-only ones included) form no circle; a
+    package's __init__ importing its own modules is not one."""
     graph = {m: {i for i in _imports(m, top_level_only=False, type_only=True) if i in EVERY_MODULE and i != m}
              for m in EVERY_MODULE}
     state: dict[str, int] = {}
@@ -187,7 +194,7 @@ def test_only_the_two_lanes_loops_move_cache_positions():
     """The target's cache moves only in the target lane's loop (decode.py over DecodeState) and the draft's only in
     DraftWorker; outside them only runners/ (on caches of their own: calibration, the row check) and training call
     a runner; verify.py and sampling.py call no model."""
-    movers = {m for m in MODULES if not m.startswith(("mirror_core.runners", "mirror_core.train")) and _cache_moves(m)}
+    movers = {m for m in MODULES if not m.startswith("mirror_core.runners") and _cache_moves(m)}
     assert movers == {"mirror_core.decode", "mirror_core.decode_state", "mirror_core.draft_worker"}, movers
     assert not {m for m in UI_MODULES if _cache_moves(m)}  # ui/ never calls a runner
 
@@ -209,15 +216,20 @@ def test_configuration_is_frozen_and_stages_hand_over_dataclasses():
 
 # Orchestrators read as named phases: no function longer than this many lines (ast: end_lineno − lineno + 1).
 MAX_LINES = 60
-MAX_LINES_TRAIN = 80  # mirror_core/train/: offline training runs, read once top to bottom
+MAX_TRAINING_MODULE_LINES = 400  # a training module holds one stage of a recipe: read top to bottom in one sitting
 
 
 def test_no_function_is_longer_than_a_screen():
-    """No function of mirror_core/ or ui/ is longer than MAX_LINES (MAX_LINES_TRAIN in mirror_core/train/)."""
+    """No function of mirror_core/, ui/, app.py or training/ is longer than MAX_LINES."""
     long = []
     for module, path in EVERY_MODULE.items():
-        limit = MAX_LINES_TRAIN if module.startswith("mirror_core.train") else MAX_LINES
         for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit:
-                long.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines (at most {limit})")
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_LINES:
+                long.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines (at most {MAX_LINES})")
+    assert not long, long
+
+
+def test_training_modules_are_one_stage_each():
+    long = {m: n for m, path in TRAINING_MODULES.items()
+            if (n := len(open(path, encoding="utf-8").readlines())) > MAX_TRAINING_MODULE_LINES}
     assert not long, long

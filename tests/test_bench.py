@@ -7,6 +7,7 @@ import csv
 import importlib.util
 import json
 import os
+import re
 import sys
 from dataclasses import replace
 
@@ -16,7 +17,7 @@ import torch
 from mirror_core.bench.harness import BenchConfig, BenchPrompt, Cell, Measurement, measured_row, parse_sweep
 from mirror_core.bench.report import write_csv
 from mirror_core.bench.rows import derive
-from mirror_core.bench.summary import build_report
+from mirror_core.bench.summary import build_report, recorded_path
 from mirror_core.cli import main
 from mirror_core.config import SamplingConfig, SpecConfig
 from mirror_core.events import SpanEvent, StepRecord
@@ -142,17 +143,19 @@ def _row(decoder, wall, tokens, summary=None, t_ar=None, t_verify=None, model=No
 
 
 def test_derive_picks_the_faster_ar_as_baseline_and_checks_equality():
-    sd_summary = RunSummary(4, steps=1, committed=2)  # τ = 2.0
-    rows = derive([_row("ar", 1.0, [1, 2], t_ar=0.005), _row("ar_all", 0.8, [1, 2]),
+    sd_summary = RunSummary(4, steps=1, committed=2, ttft_s=0.2)  # τ = 2.0
+    rows = derive([_row("ar", 1.0, [1, 2], t_ar=0.005), _row("ar_all", 0.8, [1, 2], RunSummary(4, ttft_s=0.2)),
                    _row("sd", 0.5, [1, 2], sd_summary, t_verify=0.008), _row("hf", 0.4, [1, 3])])
     sd, hf = rows[2], rows[3]
     assert sd.speedup_vs_baseline == pytest.approx(1.6) and sd.speedup_vs_ar == pytest.approx(2.0)
+    assert sd.decode_speedup_vs_baseline == pytest.approx((0.8 - 0.2) / (0.5 - 0.2))  # the prefill left out
+    assert hf.decode_speedup_vs_baseline is None  # a peer's prefill is not timed apart
     assert sd.bound == pytest.approx(2.0 * 5.0 / 8.0) and sd.equal_to_ar is True
     assert hf.equal_to_ar is False and hf.tau is None and hf.timed_by == "perf_counter around generate()"
 
 
 def test_rows_and_report_keep_the_json_and_csv_layout_of_the_shipped_reports(tmp_path):
-    shipped = os.path.join(ROOT, "docs", "bench", "blocks_default")  # the newest layout (mirror-sd-bench/4)
+    shipped = os.path.join(ROOT, "docs", "bench", "context_grounded")  # the newest layout (mirror-sd-bench/5)
     with open(os.path.join(shipped, "bench.json"), encoding="utf-8") as f:
         ref = json.load(f)
     with open(os.path.join(ROOT, "docs", "bench", "sweep_draft_ar_128", "bench.json"), encoding="utf-8") as f:
@@ -175,6 +178,23 @@ def test_rows_and_report_keep_the_json_and_csv_layout_of_the_shipped_reports(tmp
     with open(tmp_path / "bench.csv", encoding="utf-8") as f, open(os.path.join(shipped, "bench.csv"),
                                                                    encoding="utf-8") as g:
         assert f.readline() == g.readline()
+
+
+def test_a_report_names_models_and_prompts_without_this_machines_paths(tmp_path):
+    """A committed record must read the same on every checkout: a path inside the repository is kept relative to
+    it, a registry name or hub id as it is, and any other path by its last two parts; every shipped record too."""
+    rows = derive([_row("ar", 1.0, [1, 2, 3], RunSummary(4))])
+    info = {"target": "smollm2-135m-instruct", "draft": os.path.join(ROOT, "assets", "smollm2_pair", "feature_draft"),
+            "prompts_file": str(tmp_path / "work" / "prompts.jsonl")}
+    settings = build_report(rows, BenchConfig(("ar",), 3, SamplingConfig(), SpecConfig()), info).settings
+    assert (settings["target"], settings["draft"]) == ("smollm2-135m-instruct", "assets/smollm2_pair/feature_draft")
+    assert settings["prompts_file"] == "…/work/prompts.jsonl"
+    assert recorded_path("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B" and recorded_path(None) is None
+    for folder, _, files in os.walk(os.path.join(ROOT, "docs", "bench")):
+        for name in (f for f in files if f.endswith((".json", ".csv"))):
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                text = f.read()
+            assert ROOT not in text and not re.search(r'"/(home|work|root|tmp|Users)/', text), name
 
 
 def _gpu_script():

@@ -13,7 +13,7 @@ from mirror_core import LaneConfig, MirrorEngine, MirrorError, Request, SpecConf
 from mirror_core.cli import main
 from mirror_core.runners import build_runner
 from mirror_core.runners import calibrate as cal_mod
-from mirror_core.records import ROOFLINE_ROWS, Calibration
+from mirror_core.records import LONG_ROWS, ROOFLINE_ROWS, Calibration, Timing
 from mirror_core.runners.calibrate import calibrate_draft, calibrate_target, candidates
 from mirror_core.runners.exactness import check_rows
 from testing.toy_models import prompts
@@ -43,7 +43,7 @@ def test_the_target_takes_its_fastest_window_and_the_next_load_reads_the_cache(p
     assert names[:2] == ["float32", "bfloat16"]
     assert "float32" not in cal.screened and set(cal.screened) < set(names)  # the screen may drop a slow dtype
     timed = {(n, s) for n in cal.timed(names) for s in ("step", "window")}
-    by_rows = {(cal.sequence, f"rows{m}") for m in range(1, ROOFLINE_ROWS + 1)}  # the roofline's, chosen dtype only
+    by_rows = {(cal.sequence, f"rows{m}") for m in (*range(1, ROOFLINE_ROWS + 1), *LONG_ROWS)}  # chosen dtype only
     assert {(t.dtype, t.shape) for t in cal.table} == timed | by_rows
     assert len(cal.rows_ms(cal.sequence)) == ROOFLINE_ROWS and cal.read_gbs > 0 and cal.peak_gflops > 0
     assert {n for n, _ in cal.exact} == set(cal.timed(names))  # each timed dtype's row check is kept with it
@@ -144,3 +144,14 @@ def test_the_cli_reports_each_lanes_dtype_and_refuses_a_bad_one(pairs, capsys):
     assert err.startswith("error:") and "dtype must be one of auto, float32, bfloat16, float16, int8" in err
     with pytest.raises(MirrorError, match="dtype must be one of"):
         LaneConfig(dtype="half")
+
+
+def test_window_ms_is_timed_or_linear_between_timed_row_counts():
+    """The context draft's cost by rows (PairInfo.window_steps) reads Calibration.window_ms."""
+    rows = {**{m: 10.0 + m for m in range(1, ROOFLINE_ROWS + 1)}, 12: 30.0, 17: 50.0}
+    cal = Calibration("target", "auto", "float32", "float32",
+                      tuple(Timing("float32", f"rows{m}", ms) for m, ms in rows.items()))
+    assert cal.window_ms("float32", 5) == 15.0 and cal.window_ms("float32", 17) == 50.0
+    assert cal.window_ms("float32", 10) == pytest.approx(18.0 + (30.0 - 18.0) * 2 / 4)
+    assert cal.window_ms("float32", 15) == pytest.approx(30.0 + 20.0 * 3 / 5)
+    assert cal.window_ms("float32", 18) is None and cal.window_ms("bfloat16", 3) is None

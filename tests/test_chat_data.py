@@ -10,9 +10,9 @@ import os
 import pytest
 import torch
 
-from mirror_core.train import chat_data as CD
-from mirror_core.train import chat_prompts as P
-from mirror_core.train import chat_sources as S
+from training.draft import chat_data as CD
+from training.draft import chat_prompts as P
+from training.draft import chat_sources as S
 from testing.toy_models import VOCAB, build_pair
 
 WORDS = ["[UNK]", "<eos>", "user", "assistant", ":", "?", "what", "is", "how", "do", "bees", "work"]
@@ -101,7 +101,7 @@ def test_a_second_run_skips_finished_shards_and_remakes_a_missing_one_identicall
     assert record["records"] == 8 and record["answer_tokens"] == sum(len(r["answer"]) for r in kept + lost)
 
 
-def test_the_legacy_set_keeps_its_flat_layout(chat_target, tmp_path):
+def test_the_topic_prompt_set_keeps_its_flat_layout(chat_target, tmp_path):
     CD.main(["--target", chat_target, "--out", str(tmp_path), "--held-out", "--limit", "3", "--new-tokens", "4",
              "--dtype", "float32", "--threads", "1", "--feature-layer", "0"])
     rows = _records(str(tmp_path))
@@ -138,7 +138,7 @@ def test_generation_records_the_teacher_pass_a_full_forward_would_compute(chat_t
 @pytest.mark.parametrize("speedup, chosen", [(2.0, "bfloat16"), (0.12, "float32")])  # bf16 units; AVX2 only
 def test_auto_dtype_is_resolved_by_measurement_and_the_records_name_what_ran(chat_target, tmp_path, monkeypatch,
                                                                              speedup, chosen):
-    from mirror_core.train import precision
+    from training import precision
 
     monkeypatch.setattr(precision, "bf16_speedup", lambda: speedup)
     CD.generate(_cfg(chat_target, tmp_path, sources=("code",), limit=2, batch=2, dtype="auto", feature_layer=0))
@@ -149,12 +149,12 @@ def test_auto_dtype_is_resolved_by_measurement_and_the_records_name_what_ran(cha
 def test_the_guard_refuses_every_held_out_topic_and_passes_every_training_prompt():
     with open(os.path.join(os.path.dirname(__file__), "..", "assets", "chat_prompts.jsonl"), encoding="utf-8") as f:
         bench = [json.loads(line)["turns"][0] for line in f if line.strip()]
-    held = list(P.HELD_OUT_TOPICS + P.HELD_OUT_CODE) + P.prompts(held_out=True, more=True) + bench
+    held = list(P.HELD_OUT_TOPICS + P.HELD_OUT_CODE) + P.topic_prompts(held_out=True, more=True) + bench
     for text in held:
         with pytest.raises(P.HeldOutTopic):
             P.check_prompt(text)
     requests = [r.format(n=5, t=t) for t in P.TOPICS + P.NEW_TOPICS for r in P.QUESTION_REQUESTS]
-    training = S.wide_prompts() + S.code_prompts() + requests + list(P.FOLLOW_UPS) + P.prompts(more=True)
+    training = S.wide_prompts() + S.code_prompts() + requests + list(P.FOLLOW_UPS) + P.topic_prompts(more=True)
     assert [t for t in training if P.held_out_mention(t)] == []
     assert P.held_out_mention("How do comets form?") == "comets" and P.held_out_mention("Honeybees dance.") is None
 
@@ -202,7 +202,7 @@ def test_the_row_sampler_keeps_greedy_rows_and_samples_the_others_reproducibly()
 
 @pytest.mark.parametrize("over, message", [
     ({"sources": ("templated", "poems")}, "unknown source"), ({"dtype": "int8"}, "dtype"),
-    ({"temperatures": (0.0,)}, "temperatures"), ({"sources": ("code",), "more": True}, "legacy"),
+    ({"temperatures": (0.0,)}, "temperatures"), ({"sources": ("code",), "more": True}, "topic-prompt set"),
     ({"batch": 0}, "batch"), ({"feature_layer": -1}, "feature_layer"), ({"topk": 0}, "topk")])
 def test_bad_settings_are_refused_with_a_reason(over, message):
     with pytest.raises(ValueError, match=message):
@@ -221,8 +221,8 @@ def test_the_teacher_pass_reads_what_generation_recorded_and_computes_the_rest(c
     by its content, and the data-volume probe's subsets are seeded and hold what they were asked for."""
     from transformers import AutoModelForCausalLM
 
-    from mirror_core.train import feature_distill as FD
-    from mirror_core.train.distill import load_sequences
+    from training.draft.answers import data_subset, load_sequences
+    from training.draft.teacher import teacher_pass, teacher_path
 
     CD.generate(_cfg(chat_target, tmp_path / "rec", sources=("templated",), limit=6, batch=3))
     CD.generate(_cfg(chat_target, tmp_path / "old", sources=("code",), limit=3, batch=3, feature_layer=0))
@@ -230,12 +230,12 @@ def test_the_teacher_pass_reads_what_generation_recorded_and_computes_the_rest(c
     pool = [s for f in folders for s in load_sequences(f)]
     keep = [1, 4, 5, 6, 8]  # three recorded records, then two of the code folder's (no figures)
     seqs = [pool[i] for i in keep]
-    path = FD.teacher_path(str(tmp_path), "t", seqs, 1, 4, chat_target, "bfloat16")
-    t = FD.teacher_pass(folders, keep, seqs, chat_target, 1, 4, path, "bfloat16")
+    path = teacher_path(str(tmp_path), "t", seqs, 1, 4, chat_target, "bfloat16")
+    t = teacher_pass(folders, keep, seqs, chat_target, 1, 4, path, "bfloat16")
     assert t["recorded"] == 3 and os.path.exists(path)
-    assert path not in (FD.teacher_path(str(tmp_path), "t", seqs, 2, 4, chat_target, "bfloat16"),
-                        FD.teacher_path(str(tmp_path), "t", seqs, 1, 4, str(tmp_path), "bfloat16"),
-                        FD.teacher_path(str(tmp_path), "t", seqs, 1, 4, chat_target, "float32"))
+    assert path not in (teacher_path(str(tmp_path), "t", seqs, 2, 4, chat_target, "bfloat16"),
+                        teacher_path(str(tmp_path), "t", seqs, 1, 4, str(tmp_path), "bfloat16"),
+                        teacher_path(str(tmp_path), "t", seqs, 1, 4, chat_target, "float32"))
     records = _records(folders[0])
     model = AutoModelForCausalLM.from_pretrained(chat_target, dtype=torch.float32).eval()
     for i, (p, a) in enumerate(seqs):
@@ -250,9 +250,9 @@ def test_the_teacher_pass_reads_what_generation_recorded_and_computes_the_rest(c
         torch.testing.assert_close(t["feat"][f0: f0 + n].float(), out.hidden_states[1][0], atol=5e-2, rtol=5e-2)
         agree = t["top_ids"][a0: a0 + len(a), 0].long() == out.logits[0, len(p) - 1: n - 1].argmax(-1)
         assert agree.float().mean() >= 0.8  # a bfloat16 pass against float32: near-ties may differ
-    assert torch.equal(FD.teacher_pass(folders, keep, seqs, chat_target, 1, 4, path, "bfloat16")["feat"], t["feat"])  # cached
+    assert torch.equal(teacher_pass(folders, keep, seqs, chat_target, 1, 4, path, "bfloat16")["feat"], t["feat"])  # cached
     tokens = sum(len(a) for _, a in pool) // 2
-    half = FD.data_subset(pool, tokens, torch.Generator().manual_seed(0))
+    half = data_subset(pool, tokens, torch.Generator().manual_seed(0))
     assert half == sorted(half) and sum(len(pool[i][1]) for i in half) >= tokens and len(half) < len(pool)
-    assert half == FD.data_subset(pool, tokens, torch.Generator().manual_seed(0))
-    assert FD.data_subset(pool, 0, torch.Generator()) == list(range(len(pool)))
+    assert half == data_subset(pool, tokens, torch.Generator().manual_seed(0))
+    assert data_subset(pool, 0, torch.Generator()) == list(range(len(pool)))

@@ -84,9 +84,9 @@ def test_an_error_frame_carries_the_text_cut_to_its_limit():
 
 
 def test_a_message_too_large_for_the_channel_is_refused_with_a_clear_error():
-    ch = Channel(cap_i64=16, cap_f32=4)
+    ch = Channel(cap_i64=32, cap_f32=4)
     try:
-        too_large = r"too large for the channel: frame kind 1 has \d+ int64 words, the mailbox holds 16"
+        too_large = r"too large for the channel: frame kind 1 has \d+ int64 words, the mailbox holds 32"
         with pytest.raises(ValueError, match=too_large):
             ch.to_worker.send(encode(DraftStart(tuple(range(60)), 4, SamplingConfig())), lambda: True, 1)
         with pytest.raises(ValueError, match="float32 words"):

@@ -18,7 +18,7 @@ PROMPTS = ("def fibonacci(n):\n", "The with statement is used to")
 
 def test_weights_are_fp16_safetensors_within_48_mb():
     files = glob.glob(os.path.join(PAIR, "**", "*"), recursive=True)
-    assert sum(os.path.getsize(f) for f in files if os.path.isfile(f)) <= 48_000_000  # the 48 MB
+    assert sum(os.path.getsize(f) for f in files if os.path.isfile(f)) <= 48_000_000  # the budget the toy pair's shapes were chosen for (training/toy_pair/build.py)
     for name in ("target", "draft_ar", "draft_ss"):
         with safe_open(os.path.join(PAIR, name, "model.safetensors"), "pt") as f:
             assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
@@ -51,7 +51,7 @@ def test_every_decoder_equals_transformers_greedy_on_the_shipped_pair(draft, mon
 def test_shipped_ss_draft_multi_token_steps_equal_one_token_decoding():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mirror_core.train.evaluate import ss_greedy_generate
+    from training.toy_pair.evaluate import ss_greedy_generate
     from testing.toy_models import main_greedy_generate
 
     model = AutoModelForCausalLM.from_pretrained(DRAFT_SS, dtype=torch.float32).eval()

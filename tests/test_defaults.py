@@ -104,7 +104,7 @@ def test_a_pair_with_a_profile_fills_in_its_chosen_setting(drafts, tmp_path):
 
 
 def test_the_cli_decodes_a_feature_draft_with_the_logit_lens_naming_no_layer(drafts, tmp_path, capsys):
-    """The issue's command on a toy pair: `--exit-head none` and no --exit-layer decode at the draft's feature layer
+    """The command a user types, on a toy pair: `--exit-head none` and no --exit-layer decode at the draft's feature layer
     (no longer refused as N // 2); a target without a tokenizer takes --prompt as ids, commas or spaces."""
     target, feature = drafts["feature"]
     trace = str(tmp_path / "trace.json")

@@ -1,7 +1,8 @@
-"""The distillation pipelines end to end on a tiny Llama target: train/distill.py (teacher pass, reduced draft
-vocabulary, exit heads, draft training, a saved folder the engine loads, reduced draft + exit head, whose decoders all
-equal ar; the card renders from the run's record) and train/feature_distill.py (the feature-reading draft, its exit
-head trained twice, its profile: the engine loads it, chooses γ and κ from it, and every decoder equals ar)."""
+"""The distillation pipelines end to end on a tiny Llama target: training/draft/distill.py (teacher pass, reduced
+draft vocabulary, exit heads, draft training, a saved folder the engine loads, reduced draft + exit head, whose
+decoders all equal ar; the card renders from the run's record) and training/draft/feature_distill.py (the
+feature-reading draft, its exit head trained twice, its profile: the engine loads it, chooses γ and κ from it, and
+every decoder equals ar)."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,10 +12,11 @@ import pytest
 import torch
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
-from mirror_core.train import distill as D
+from training.draft import distill as D
 from mirror_core.models.profile import load_profile, save_profile
-from mirror_core.train.distill_card import render
-from mirror_core.train.precision import resolve
+from training.draft.card import render
+from training.draft.continued import earlier_record
+from training.precision import resolve
 from testing.reliability import _save_tokenizer
 from testing.toy_models import VOCAB, build_pair
 
@@ -54,13 +56,13 @@ def test_distill_writes_a_pair_the_engine_runs_losslessly(tmp_path):
     import json
 
     record = json.load(open(os.path.join(cfg.out, "distill.json")))
-    card = render(cfg.out, record, None, None, "")
+    card = render(None, distill=record)
     assert "2 layers" in card and "top-1" in card and "logit lens" in card
 
 
 @pytest.mark.parametrize("dtype, rollout_weight", [("bfloat16", 0.0), ("float32", 1.0)])  # "auto" with bf16 units,
 def test_feature_distill_writes_a_draft_the_engine_runs_losslessly(tmp_path, dtype, rollout_weight):  # and without
-    from mirror_core.train import feature_distill as FD
+    from training.draft import feature_distill as FD
 
     target, _ = build_pair(str(tmp_path), "llama", target_layers=4)
     cfg = FD.FeatureDistillConfig(answers=_answers(tmp_path / "answers", 24), heldout=_answers(tmp_path / "held", 6, 1),
@@ -100,8 +102,8 @@ def test_feature_distill_continues_a_saved_draft_and_refuses_one_that_does_not_f
     the same held-out figures); fewer layers or another feature layer are refused before any teacher pass."""
     import json
 
-    from mirror_core.train import feature_distill as FD
-    from mirror_core.train.distill_card import render_feature
+    from training.draft import feature_distill as FD
+    from training.draft.card import render_feature
 
     target, _ = build_pair(str(tmp_path), "llama", target_layers=4)
     answers, held = _answers(tmp_path / "answers", 24), _answers(tmp_path / "held", 6, 1)
@@ -112,7 +114,7 @@ def test_feature_distill_continues_a_saved_draft_and_refuses_one_that_does_not_f
     start = os.path.join(cfg.out, "feature_draft")
     p = load_profile(start)  # re-measured (scripts/draft_profile.py --write): the run's exit hit rates are kept
     save_profile(start, [0.5] * len(p.accept), list(p.hit), "re-measured", [1.5, 1.7])
-    assert FD.earlier_record(start)["draft_log"] == first["draft_log"]
+    assert earlier_record(start)["draft_log"] == first["draft_log"]
     same = FD.distill(FD.FeatureDistillConfig(**{**cfg.__dict__, "init": start, "out": str(tmp_path / "same"),
                                                  "minutes": 0.0, "exit_epochs": 0.0}))
     for name in ("feature_draft.safetensors", "exit_head.safetensors", "draft_vocab.json"):
@@ -153,3 +155,66 @@ def test_feature_distill_continues_a_saved_draft_and_refuses_one_that_does_not_f
                                                   "feature_layer": feature_layer, "work": str(tmp_path / "fresh"),
                                                   "out": str(tmp_path / "d")}))
     assert not any(f.startswith("teacher") for f in os.listdir(tmp_path / "fresh"))   # refused before the teacher pass
+
+
+class _Parsed(Exception):
+    """Raised in place of a training run: the command's flags were parsed into its configuration."""
+
+
+# module of a `python -m` command → the function its main calls once the flags are parsed
+RUNS = {"training.toy_pair": ("training.toy_pair.cli", "train_all"),
+        "training.toy_pair.evaluate": ("training.toy_pair.evaluate", "reevaluate"),
+        "training.draft.chat_data": ("training.draft.chat_data", "generate"),
+        "training.draft.distill": ("training.draft.distill", "distill"),
+        "training.draft.feature_distill": ("training.draft.feature_distill", "distill"),
+        "training.draft.card": ("training.draft.card", "write_card")}
+
+
+def _documented_commands(path: str) -> list[list[str]]:
+    """Every `python -m training…` and `scripts/draft_profile.py` command in the file's code blocks, continuation
+    lines joined, a trailing `# comment` and a following `&` or `&&` dropped."""
+    import re
+    import shlex
+
+    with open(path, encoding="utf-8") as f:
+        blocks = re.findall(r"```(?:bash)?\n(.*?)```", f.read(), re.S)
+    commands = []
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            ends = [i for i, w in enumerate(words) if w in ("&", "&&", ";", "|", "||")]
+            words = words[: ends[0]] if ends else words  # one command: the shell's operators end it
+            if "python" in words and ("-m" in words or "scripts/draft_profile.py" in words):
+                start = words.index("python")
+                if words[start + 1:start + 2] == ["-m"] and words[start + 2].startswith("training"):
+                    commands.append(words[start + 2:])
+                elif words[start + 1:start + 2] == ["scripts/draft_profile.py"]:
+                    commands.append(words[start + 1:])
+    return commands
+
+
+@pytest.mark.parametrize("doc", ["docs/TRAINING.md", "README.md"])
+def test_every_documented_training_command_parses(doc, monkeypatch):
+    """Each training command the docs state names a module that exists and flags it accepts (the run itself is
+    replaced: these are hours of work; the recipes run end to end on tiny models in the tests above)."""
+    import importlib
+
+    commands = _documented_commands(os.path.join(ROOT, doc))
+    assert commands, doc
+    for words in commands:
+        if words[0] == "scripts/draft_profile.py":
+            script = importlib.util.spec_from_file_location("draft_profile", os.path.join(ROOT, words[0]))
+            module = importlib.util.module_from_spec(script)
+            script.loader.exec_module(module)
+            assert module.parse_args(words[1:]).heldout, words
+            continue
+        where, run = RUNS[words[0]]
+        runner = importlib.import_module(where)
+
+        def stop(*args, **kwargs):
+            raise _Parsed(args)
+
+        monkeypatch.setattr(runner, run, stop)
+        main = importlib.import_module(words[0] + (".cli" if words[0] == "training.toy_pair" else "")).main
+        with pytest.raises(_Parsed):
+            main(words[1:])

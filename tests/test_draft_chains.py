@@ -1,4 +1,4 @@
-"""The held-out figures that predict decoding (train/feature_distill.py: chains, rollout_hits, evaluate): the rollouts
+"""The held-out figures that predict decoding (training/draft/replay.py: chains, rollout_hits, evaluate): the rollouts
 greedy speculative decoding drafts, replayed on teacher-forced answers. A rollout starts where the target has
 committed the next token, the next one after its accepted tokens and the correction; Mirror-SD's hit asks whether
 that correction (or the bonus token) was among the exit's top-κ at its slot, the draft's own token excluded."""
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from mirror_core.train.feature_distill import agreed, chains, make_batch, rollout_hits, rollout_weights
+from training.draft.answers import AnswerSet
+from training.draft.replay import agreed, chains, make_batch, rollout_hits, rollout_weights
 
 V = 16  # draft vocabulary = target vocabulary here (to_draft is the identity; id 15 is "other")
 
@@ -19,7 +20,8 @@ def _batch(prompt: int, answer: int, depths: int, labels: list[int] | None = Non
     top = torch.tensor(labels or [0] * answer, dtype=torch.int32).unsqueeze(1).repeat(1, 2)   # [answer, 2]
     teacher = {"feat": torch.eye(V)[torch.arange(n) % V], "fstart": [0], "astart": [0], "top_ids": top}
     soft = (torch.zeros(answer, 2, dtype=torch.long), torch.zeros(answer, 2))
-    return seqs, teacher, make_batch(seqs, [0], teacher, soft, torch.arange(V), V - 1, depths)
+    answers = AnswerSet(seqs, teacher, soft, torch.arange(V), V - 1)
+    return answers, make_batch(answers, [0], depths)
 
 
 def _preds(batch, right: dict[int, set[int]], wrong_token: int = 9) -> list[torch.Tensor]:
@@ -31,7 +33,7 @@ def _preds(batch, right: dict[int, set[int]], wrong_token: int = 9) -> list[torc
 
 
 def test_chains_replay_the_rollouts_greedy_decoding_drafts():
-    _, _, batch = _batch(prompt=3, answer=7, depths=2)    # L = 10: depth 1 rows p = 1..7, depth 2 rows p = 0..6
+    _, batch = _batch(prompt=3, answer=7, depths=2)    # L = 10: depth 1 rows p = 1..7, depth 2 rows p = 0..6
     per_depth = batch[2]
     assert per_depth[0][1].tolist() == list(range(1, 8)) and per_depth[1][1].tolist() == list(range(0, 7))
     preds = _preds(batch, {1: {2, 3, 6}, 2: {3, 4, 6}})
@@ -50,7 +52,7 @@ def test_chains_replay_the_rollouts_greedy_decoding_drafts():
 
 
 def test_the_rows_decoding_evaluates_can_weigh_more_in_the_loss():
-    _, _, batch = _batch(prompt=3, answer=7, depths=2)
+    _, batch = _batch(prompt=3, answer=7, depths=2)
     preds = _preds(batch, {1: {2, 3, 6}, 2: {3, 4, 6}})
     w1, w2 = rollout_weights(batch, preds, torch.arange(V), [3], 2.0)
     # rollouts at p 2, 4, 5, 6 accept 1, 0, 0, 2: decoding evaluates depth 1 of each, depth 2 of p 2 and p 6
@@ -61,7 +63,7 @@ def test_the_rows_decoding_evaluates_can_weigh_more_in_the_loss():
 def test_a_hit_is_the_correction_or_bonus_token_among_the_exit_candidates_at_its_slot():
     # answer labels: x_{q+1} predicted from position q has label labels[q − (prompt − 1)]
     labels = [0, 7, 3, 3, 3, 3, 3, 3, 3]
-    seqs, teacher, batch = _batch(prompt=3, answer=9, depths=2, labels=labels)
+    answers, batch = _batch(prompt=3, answer=9, depths=2, labels=labels)
     preds = _preds(batch, {1: {2, 5}, 2: {2}}, wrong_token=4)
     ro = chains(batch, preds, agreed(batch, preds, torch.arange(V)), [3], 2)
     assert ro.start.tolist() == [2, 5, 7, 8] and ro.accepted.tolist() == [2, 1, 0, 0]
@@ -73,19 +75,19 @@ def test_a_hit_is_the_correction_or_bonus_token_among_the_exit_candidates_at_its
         z[torch.arange(len(f)), q] = 5.0
         return z
 
-    got = rollout_hits(ro, [0], seqs, teacher, torch.arange(V), readout)
+    got = rollout_hits(ro, [0], answers, readout)
     # rollout p 2, k 2 (bonus): slot position 5 ranks [5, 3, 7, 4]; the target's token there, labels[3] = 3: κ ≥ 2
     # rollout p 5, k 1: slot position 7 ranks [7, 3, 4, …] with the draft's d_2 = 4 excluded → [7, 3, 0, …];
     #   labels[5] = 3 → from κ 2
     # rollouts p 7 and 8, k 0: slot positions 8, 9 rank [q, 3, 7, …] with d_1 = 4 excluded; labels[6], [7] = 3
     assert got.tolist() == [[False, True, True, True]] * 4
     labels[3] = 5                                           # the bonus slot's own top-1 is its target token
-    seqs, teacher, _ = _batch(prompt=3, answer=9, depths=2, labels=labels)
-    assert rollout_hits(ro, [0], seqs, teacher, torch.arange(V), readout)[0].tolist() == [True] * 4
+    answers, _ = _batch(prompt=3, answer=9, depths=2, labels=labels)
+    assert rollout_hits(ro, [0], answers, readout)[0].tolist() == [True] * 4
 
 
 def test_a_sequence_too_short_for_a_whole_chain_gives_none():
-    _, _, batch = _batch(prompt=8, answer=2, depths=4)    # rows at every depth, but no chain reaches depth 4
+    _, batch = _batch(prompt=8, answer=2, depths=4)    # rows at every depth, but no chain reaches depth 4
     preds = [torch.zeros(len(rows), dtype=torch.long) for rows, *_ in batch[2]]
     ro = chains(batch, preds, agreed(batch, preds, torch.arange(V)), [8], 4)
     assert ro.right.shape == (0, 4) and ro.accepted.tolist() == []

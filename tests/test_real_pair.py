@@ -1,6 +1,6 @@
-"""The default pair on its real target: SmolLM2-135M-Instruct, prepared from its PyPI package, with each distilled
-draft in assets/smollm2_pair (the feature-reading one, the default, and the token-only one) and its trained exit head.
-Every decoder emits exactly `ar`'s greedy tokens.
+"""The default pair on its real target: SmolLM2-135M-Instruct, prepared from its PyPI package, with the distilled
+feature-reading draft in assets/smollm2_pair and its trained exit head. Every decoder emits exactly `ar`'s greedy
+tokens.
 
 Needs the prepared target (a package index, once); skipped without one, except under CI (`CI` set, as .ci/run
 does after `python -m mirror_core prepare`), where a missing target is a failure."""
@@ -12,18 +12,18 @@ import pytest
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
 from mirror_core.config import MirrorError
-from mirror_core.models.pairs import REAL_FEATURE_DRAFT, REAL_TARGET, REAL_TOKEN_DRAFT
+from mirror_core.models.pairs import REAL_FEATURE_DRAFT, REAL_TARGET
 
 pytestmark = pytest.mark.slow  # the real default pair (SmolLM2-135M) loads for about a minute (the slow tier)
 
 PROMPTS = ("What is the capital of France?", "Write a Python function that reverses a string.")
 
 
-@pytest.fixture(scope="module", params=[REAL_FEATURE_DRAFT, REAL_TOKEN_DRAFT], ids=["feature_draft", "token_draft"])
-def engine(request):
+@pytest.fixture(scope="module")
+def engine():
     from mirror_core.models.prepared import resolve_source
 
-    draft = request.param
+    draft = REAL_FEATURE_DRAFT
     if not os.path.isdir(draft):
         pytest.fail(f"the distilled draft is missing from {draft}")
     try:
@@ -38,16 +38,13 @@ def engine(request):
 
 def test_every_decoder_equals_ar_on_the_real_pair(engine):
     assert engine.info.exit_head is not None and engine.info.draft_vocab  # the shipped head and reduced draft
-    features = engine.info.draft_features is not None
-    assert features == (engine.info.draft == REAL_FEATURE_DRAFT)
-    if features:  # it ships a profile: γ, κ chosen for this machine; ℓ_e is its feature layer
-        assert engine.info.spec_choice is not None and "γ" in engine.info.describe()["chosen_settings"]["why"]
-        with pytest.raises(MirrorError, match="reads the target's hidden states"):
-            engine.generate(Request(engine.encode("Hi"), "mirror", 4, spec=SpecConfig(3, 1, 12)))
-    chosen = engine.info.resolve(SpecConfig())
-    specs = (SpecConfig(4), SpecConfig(4, 2), chosen, SpecConfig(6, 1)) if features else \
-        (SpecConfig(4), SpecConfig(4, 2), SpecConfig(3, 1, 12))
-    for i, text in enumerate(PROMPTS):
+    assert engine.info.draft_features is not None and engine.info.draft == REAL_FEATURE_DRAFT
+    # it ships a profile: γ, κ chosen for this machine; ℓ_e is its feature layer
+    assert engine.info.spec_choice is not None and "γ" in engine.info.describe()["chosen_settings"]["why"]
+    with pytest.raises(MirrorError, match="reads the target's hidden states"):
+        engine.generate(Request(engine.encode("Hi"), "mirror", 4, spec=SpecConfig(3, 1, 12)))
+    specs = (SpecConfig(4), SpecConfig(4, 2), engine.info.resolve(SpecConfig()), SpecConfig(6, 1))
+    for text in PROMPTS:
         ids = engine.encode(text)
         ar = engine.generate(Request(ids, "ar", 24))
         assert ar.error is None and len(ar.token_ids) > 0

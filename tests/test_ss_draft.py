@@ -6,8 +6,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from mirror_core.models.ss_draft import SSDraftConfig, SSDraftForCausalLM, ss_draft_from_llama, truncate_cache
-from mirror_core.train.evaluate import ss_greedy_generate
-from mirror_core.train.losses import speculative_streaming_loss
+from training.toy_pair.evaluate import ss_greedy_generate
+from training.toy_pair.losses import speculative_streaming_loss
 from testing.toy_models import main_greedy_generate
 
 VOCAB = 48

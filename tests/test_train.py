@@ -12,8 +12,8 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mirror_core.models.ss_draft import SSDraftForCausalLM
-from mirror_core.train import build, cli, data, evaluate, losses, trainer
-from mirror_core.train.config import TrainConfig
+from training.toy_pair import build, cli, data, evaluate, losses, trainer
+from training.toy_pair.config import TrainConfig
 
 pytestmark = pytest.mark.slow  # training runs (the slow tier)
 

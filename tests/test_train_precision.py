@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mirror_core.train import precision
+from training import precision
 
 
 @pytest.fixture

@@ -30,7 +30,8 @@ RUN_PARAMETERS = (("Textbox", "Prompt"), ("Textbox", "Target"), ("Textbox", "Dra
                   ("Number", "κ (candidates per slot)"), ("Number", "ℓ_e (early-exit layer)"),
                   ("Number", "Temperature"), ("Number", "Top-k"), ("Number", "Top-p"), ("Radio", "Rule"),
                   ("Number", "Max new tokens"), ("Number", "Seed"), ("Number", "Branch budget"),
-                  ("Checkbox", "Live plots"), ("Number", "Repeats"), ("Checkbox", "Raw prompt"))
+                  ("Checkbox", "Live plots"), ("Number", "Repeats"), ("Checkbox", "Raw prompt"),
+                  ("Checkbox", "Context draft"))
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,9 @@ from ui.session import Session
 from ui.settings import settings_from_ui
 from ui.streaming import DONE, STATUS, load_status, run_comparison
 
-OFFLINE_BOUND_S = 2.0  # the bound on an unknown id's failure and on Stop during a load
+# An unknown id's failure and Stop during a load answer at once, not after the hub client's ~30 s of retries:
+# the hub probe gives up after 1.5 s (HUB_PROBE_S), Stop frees the page within 0.1 s (docs/RELIABILITY.md)
+OFFLINE_BOUND_S = 2.0
 
 
 @pytest.fixture

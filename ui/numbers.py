@@ -58,6 +58,20 @@ def _f(v, fmt="{:.3f}", scale=1.0) -> str:
     return "—" if v is None else fmt.format(v * scale)
 
 
+def _source_cell(run: DecoderRun, source: str) -> str:
+    """steps · accepted / proposed · mean accepted run, of the windows from one source ("—": none, or AR)."""
+    c = run.summary.by_source[source]
+    if not c["steps"]:
+        return "—"
+    return f"{c['steps']} · {c['accepted']}/{c['proposed']} · {c['mean_accepted_run']:.2f}"
+
+
+def _source_rows(source: str, title: str) -> tuple[tuple, ...]:
+    return ((f"windows: {title}", lambda r, s: _source_cell(r, source),
+             f"steps whose window came from the {title} · tokens accepted / proposed (Σ A_t / Σ D_t) · mean accepted "
+             "run (Σ A_t / steps)"),)
+
+
 # (label, how to read it from a run, definition)
 _ROWS = (
     ("tokens/s (wall)", lambda r, s: _f(r.summary.tokens_per_s, "{:.1f}"), "new tokens / wall time (prefill start → last commit)"),
@@ -72,6 +86,8 @@ _ROWS = (
     ("fallback frequency", lambda r, s: _f(r.summary.fallback_frequency), "1 − hit rate: steps that needed a fresh draft rollout"),
     ("draft-hidden fraction", lambda r, s: _f(r.summary.draft_hidden_fraction), "Σ|draft busy ∩ target busy| / Σ|draft busy| on one clock"),
     ("Ω̂_κ (exit overlap)", lambda r, s: _f(r.summary.exit_overlap), "share of slots whose target token is in that slot's early-exit top-κ"),
+    *(row for source, title in (("model", "model draft"), ("branch", "adopted branch"), ("context", "context copy"))
+      for row in _source_rows(source, title)),
     ("new tokens / target passes", lambda r, s: f"{r.summary.new_tokens} / {r.summary.target_passes}", "target forward passes after the prefill: verification passes (sd, mirror) + one-token steps (ar)"),
 )
 

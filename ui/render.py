@@ -24,6 +24,7 @@ def asset(name: str) -> str:
 LABEL_TARGET = "target"
 LABEL_ACCEPTED = "accepted draft"
 LABEL_REUSED = "accepted · reused branch"
+LABEL_CONTEXT = "accepted · copied from context"
 LABEL_CORRECTION = "correction"
 LABEL_BONUS = "bonus"
 _ORIGIN_LABELS = {"target": LABEL_TARGET, "accepted": LABEL_ACCEPTED, "correction": LABEL_CORRECTION,
@@ -32,6 +33,7 @@ _ORIGIN_LABELS = {"target": LABEL_TARGET, "accepted": LABEL_ACCEPTED, "correctio
 COLOR_MAP = {
     LABEL_ACCEPTED: "#22c55e",    # green: a draft token the target accepted
     LABEL_REUSED: "#06b6d4",      # cyan: accepted, from a branch precomputed during the previous step
+    LABEL_CONTEXT: "#eab308",     # yellow: accepted, from a context window (copied from the prompt or the output)
     LABEL_CORRECTION: "#f97316",  # orange: the target's token at the first rejected slot
     LABEL_BONUS: "#a855f7",       # purple: the target's extra token after a fully accepted window
     LABEL_TARGET: "#94a3b8",      # grey: the target alone (prefill token, AR steps, target-only fallback)
@@ -39,6 +41,8 @@ COLOR_MAP = {
 
 
 def token_label(event: TokenEvent) -> str:
+    if event.origin == "accepted" and event.from_context:
+        return LABEL_CONTEXT
     if event.origin == "accepted" and event.from_branch:
         return LABEL_REUSED
     return _ORIGIN_LABELS.get(event.origin, event.origin)

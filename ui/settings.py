@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from mirror_core import MirrorError, Request, SamplingConfig, SpecConfig
 from mirror_core.config import (
+    ContextConfig,
     AUTO_BRANCH_BUDGET,
     DEFAULT_GAMMA,
     DEFAULT_KAPPA,
@@ -92,6 +93,9 @@ RUN_CONTROLS = (
             "first.", DEFAULT_REPEATS, (1, MAX_REPEATS), "repeats", row="speculation"),
     Control("raw_prompt", "Raw prompt", "On: the prompt's own tokens. Off: an instruct target's chat template wraps "
             "it as a user turn (models without a template always get the raw prompt).", False, row="sampling"),
+    Control("context", "Context draft", "On: where the answer copies from the prompt or from itself, SD and Mirror-SD "
+            "verify windows copied from there (yellow tokens), as long as the latency model says pays; elsewhere the "
+            "draft model drafts. Never changes the output.", ContextConfig.enabled, row="speculation"),
 )
 CONTROLS = tuple(c.name for c in RUN_CONTROLS)
 BY_NAME = {c.name: c for c in RUN_CONTROLS}
@@ -147,16 +151,14 @@ def settings_from_ui(values: Mapping[str, object]) -> ComparisonSettings:
     exit_layer = _bounded("exit_layer", _as_int(v["exit_layer"], "exit layer ℓ_e"))
     gamma, kappa = _bounded("gamma", _as_int(v["gamma"], "γ")), _bounded("kappa", _as_int(v["kappa"], "κ"))
     spec = SpecConfig(gamma=gamma or None, kappa=kappa or None, exit_layer=exit_layer or None,  # 0: the pair's
-                      branch_budget=_bounded("branch_budget", _as_int(v["branch_budget"], "branch budget")))
+                      branch_budget=_bounded("branch_budget", _as_int(v["branch_budget"], "branch budget")),
+                      context=ContextConfig(enabled=_as_flag(v["context"], "context draft")))
     sampling = SamplingConfig(temperature=_bounded("temperature", _as_float(v["temperature"], "temperature")),
                               top_k=_bounded("top_k", _as_int(v["top_k"], "top-k")),
                               top_p=_bounded("top_p", _as_float(v["top_p"], "top-p")),
                               seed=_bounded("seed", _as_int(v["seed"], "seed")), rule=v["rule"])
     max_new = _bounded("max_new_tokens", _as_int(v["max_new_tokens"], "max new tokens"))
-    live, raw = v["live_plots"], v["raw_prompt"]
-    for name, flag in (("live plots", live), ("raw prompt", raw)):
-        if not isinstance(flag, bool):
-            raise MirrorError(f"{name} must be true or false, got {flag!r}")
+    live, raw = _as_flag(v["live_plots"], "live plots"), _as_flag(v["raw_prompt"], "raw prompt")
     repeats = _bounded("repeats", _as_int(v["repeats"], "repeats"))
     return ComparisonSettings(target, draft or None, prompt, decoders_chosen, max_new, sampling, spec, live, repeats, raw)
 
@@ -198,6 +200,12 @@ def _as_text(value, name: str) -> str:
         return ""
     if not isinstance(value, str):
         raise MirrorError(f"{name} must be text, got {type(value).__name__}")
+    return value
+
+
+def _as_flag(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise MirrorError(f"{name} must be true or false, got {value!r}")
     return value
 
 

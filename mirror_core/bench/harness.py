@@ -25,14 +25,15 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Callable, Iterator
 
-from ..config import LaneConfig, MirrorError, Request, SpecConfig
+from ..config import ContextConfig, LaneConfig, MirrorError, Request, SpecConfig
 from ..engine import MirrorEngine
 from ..events import RunEnd, SpanEvent, StepRecord
 from ..latency import LatencyModel, ar_step_time, hidden_draft_bound, latency_model_from_events, step_times, verify_time
 from ..machine import usable_cpus
 from ..metrics import RunSummary
 from ..models.loading import encode_text
-from .config import BENCH_DECODERS, DRAFTING_DECODERS, ENGINE_DECODERS, PEER_DECODERS, SWEEP_AXES, BenchConfig
+from .config import (BENCH_DECODERS, DRAFTING_DECODERS, ENGINE_DECODERS, MODEL_ONLY, PEER_DECODERS, SWEEP_AXES,
+                     BenchConfig)
 from .rows import BenchRow, ModelMs, run_metrics
 
 
@@ -136,9 +137,10 @@ def all_core_lanes(lanes: LaneConfig) -> LaneConfig:
 
 
 def default_decoders(lanes: LaneConfig) -> tuple[str, ...]:
-    """Every decoder that applies, but the optional llama.cpp peers (asked for by name)."""
+    """Every decoder that applies, but those asked for by name: the optional llama.cpp peers, and sd and mirror with
+    the context draft off."""
     return tuple(d for d in BENCH_DECODERS if (d != "ar_all" or lanes.target_device == "cpu")
-                 and not d.startswith("llama_cpp"))
+                 and not d.startswith("llama_cpp") and d not in MODEL_ONLY)
 
 
 @dataclass
@@ -173,12 +175,14 @@ def plan(engine: MirrorEngine, config: BenchConfig, probe: tuple[int, ...]) -> l
     cells = []
     for decoder in config.decoders:
         specs = config.sweep if decoder == "mirror" and config.sweep else (config.spec,)
+        mirror = ENGINE_DECODERS.get(decoder) == "mirror"
         for spec in specs:
+            spec = replace(spec, context=ContextConfig(enabled=False)) if decoder in MODEL_ONLY else spec
             spec = engine.validate(Request(probe, ENGINE_DECODERS.get(decoder, "ar"), config.max_new_tokens,
                                            config.sampling, spec)).spec  # γ, κ, ℓ_e left out: the pair's
             cells.append(Cell(decoder, spec, spec.gamma if decoder in DRAFTING_DECODERS else None,
-                              spec.kappa if decoder == "mirror" else None, spec.exit_layer if decoder == "mirror" else None,
-                              spec.branch_budget if decoder == "mirror" else None))
+                              spec.kappa if mirror else None, spec.exit_layer if mirror else None,
+                              spec.branch_budget if mirror else None))
     return cells
 
 
@@ -200,7 +204,7 @@ def measure(pair: BenchPair, cell: Cell, prompt: BenchPrompt, config: BenchConfi
     spans = [e for e in events if isinstance(e, SpanEvent)]
     steps = [e for e in events if isinstance(e, StepRecord)]
     times = step_times(spans, steps)
-    mirror = cell.decoder == "mirror"
+    mirror = ENGINE_DECODERS[cell.decoder] == "mirror"
     return Measurement(end.token_ids, end.summary.wall_s, end.summary, ar_step_time(spans), verify_time(spans),
                        statistics.median(times) if times else None, hidden_draft_bound(spans) if mirror else None,
                        latency_model_from_events(spans, steps, end.summary, None) if mirror else None, end.fallback)

@@ -2,7 +2,7 @@
 
 The harness builds each row from its timed runs; `derive` then fills the fields that need the
 same prompt's `ar` / `ar_all` rows. `BenchRow.to_dict` is the row as the JSON report and the CSV
-write it ("mirror-sd-bench/4"); the report, the HTML page and scripts/gpu_bench.py read attributes.
+write it ("mirror-sd-bench/5"); the report, the HTML page and scripts/gpu_bench.py read attributes.
 """
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from ..latency import LatencyModel, physical_bound
 from ..metrics import RunSummary
 
 BASELINES = ("ar", "ar_all")       # the target-only decoders; the faster over the suite is the baseline
-SPECULATIVE = ("sd", "mirror")     # the engine's speculative decoders: the ones the physical bound applies to
+# the engine's speculative decoders (bench/config.py: *_model = the context draft off): the physical bound applies
+SPECULATIVE = ("sd", "mirror", "sd_model", "mirror_model")
 RUN_METRICS = ("tau", "acceptance_rate", "hit_rate", "fallback_frequency", "draft_hidden_fraction",
-               "draft_tokens_per_forward", "steps")  # BenchRow fields read from the engine's RunSummary
+               "draft_tokens_per_forward", "steps", "by_source", "ttft_s")  # BenchRow fields from the RunSummary
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ class BenchRow:
     draft_hidden_fraction: float | None    # RunSummary.draft_hidden_fraction
     draft_tokens_per_forward: float | None  # RunSummary.draft_tokens_per_forward
     steps: int | None                      # RunSummary.steps: verification passes after the prefill
+    by_source: dict | None                 # RunSummary.by_source: per window source (model, branch, context): steps,
+    #                                        proposed, accepted, acceptance, mean accepted run
+    ttft_s: float | None                   # RunSummary.ttft_s of the median-wall run: its prefill (the peers: None)
     t_ar_ms: float | None                  # T_AR: median target-only step (ms; ar, ar_all; llama.cpp: between tokens)
     t_verify_ms: float | None              # T_verify: median verification pass (ms; sd and mirror)
     step_ms: float | None                  # median measured step (ms)
@@ -78,6 +82,8 @@ class BenchRow:
     speedup_vs_ar: float | None = None     # per-token time of ar / of this row
     speedup_vs_ar_all: float | None = None  # per-token time of ar_all / of this row
     speedup_vs_baseline: float | None = None  # per-token time of the baseline / of this row
+    decode_speedup_vs_baseline: float | None = None  # the same after the first token: (wall − TTFT) / (tokens − 1) of
+    #                                                  the baseline over this row's (the part speculation speeds up)
     bound: float | None = None             # sd, mirror: τ·T_AR/T_verify (latency.physical_bound)
     predicted_speedup_vs_ar: float | None = None  # mirror: τ·T_AR/E[T_step] (modelled, not measured)
 
@@ -110,6 +116,7 @@ def _derived(r: BenchRow, ar: BenchRow | None, ar_all: BenchRow | None, baseline
         r, equal_to_ar=None if ar is None or r.decoder == "ar" or other_function else r.token_ids == ar.token_ids,
         agreement_with_ar=None if ar is None or r.decoder == "ar" else _agreement(r.token_ids, ar.token_ids),
         speedup_vs_ar=_speedup(ar, r), speedup_vs_ar_all=_speedup(ar_all, r), speedup_vs_baseline=_speedup(baseline, r),
+        decode_speedup_vs_baseline=_decode_speedup(baseline, r),
         bound=physical_bound(r.tau, t_ar, r.t_verify_ms) if r.decoder in SPECULATIVE else None,
         predicted_speedup_vs_ar=r.tau * t_ar / r.model_ms.expected_step if r.model_ms and t_ar else None)
 
@@ -143,6 +150,13 @@ def _speedup(base: BenchRow | None, r: BenchRow) -> float | None:
     if base is None or not r.new_tokens or not base.new_tokens:
         return None
     return (base.wall_s / base.new_tokens) / (r.wall_s / r.new_tokens)
+
+
+def _decode_speedup(base: BenchRow | None, r: BenchRow) -> float | None:
+    """Per-token time after the first token (the prefill left out), the baseline's over this row's."""
+    if base is None or base.ttft_s is None or r.ttft_s is None or min(base.new_tokens, r.new_tokens) < 2:
+        return None
+    return ((base.wall_s - base.ttft_s) / (base.new_tokens - 1)) / ((r.wall_s - r.ttft_s) / (r.new_tokens - 1))
 
 
 def entries(rows: list[BenchRow]) -> dict[str, list[BenchRow]]:

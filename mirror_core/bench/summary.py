@@ -1,14 +1,19 @@
-"""Bench rows → per-decoder summary and the whole report (BenchReport; `to_dict` is the "mirror-sd-bench/4" JSON)."""
+"""Bench rows → per-decoder summary and the whole report (BenchReport; `to_dict` is the "mirror-sd-bench/5" JSON)."""
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, fields
 
+from ..metrics import source_entry
 from .config import BenchConfig
 from .rows import BenchRow, baseline_decoder, derive, entries
 
-FORMAT = "mirror-sd-bench/4"  # /3: rows carry the --dtype they ran at; /4: agreement_with_ar, step_ar_ms (llama.cpp)
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PATH_FIELDS = ("target", "draft", "prompts_file")  # the settings that may name a folder or file of this machine
+FORMAT = "mirror-sd-bench/5"  # /3: rows carry the --dtype they ran at; /4: agreement_with_ar, step_ar_ms (llama.cpp);
+#                               /5: by_source (per window source: model, branch, context), ttft_s, decode speedup
 NOTES = (
     "Engine decoders (ar, ar_all, sd, mirror) are timed by the engine's own spans: prefill start → last commit, "
     "one monotonic clock for both lanes; loading and tokenisation excluded.",
@@ -57,6 +62,7 @@ class SummaryEntry:
     speedup_vs_baseline_range: tuple[float, float] | None  # (min, max) over prompts
     speedup_vs_baseline_iqr: tuple[float, float] | None    # (first, third) quartile over prompts
     speedup_vs_ar: float | None                    # median over prompts
+    decode_speedup_vs_baseline: float | None       # median over prompts: after the first token (the prefill left out)
     speedup_vs_ar_all: float | None                # median over prompts
     tau: float | None                              # mean over prompts
     acceptance_rate: float | None                  # mean over prompts
@@ -71,6 +77,7 @@ class SummaryEntry:
     all_equal_to_ar: bool | None                   # every row equal to ar (None: no row was compared)
     agreement_with_ar: float | None = None         # mean common-prefix share with ar (llama.cpp: another function)
     step_ar_ms: float | None = None                # median T_AR over prompts (ar, ar_all; llama.cpp: between tokens)
+    by_source: dict | None = None                  # RunSummary.by_source of the prompts' runs pooled (counters added)
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -92,7 +99,7 @@ class BenchReport:
     rows: tuple[BenchRow, ...]                # one per (prompt, decoder, setting)
 
     def to_dict(self) -> dict:
-        """The JSON report (format "mirror-sd-bench/4")."""
+        """The JSON report (format "mirror-sd-bench/5")."""
         return {"format": FORMAT, "time": self.time, "settings": self.settings, "baseline": self.baseline,
                 "notes": list(self.notes), "summary": [e.to_dict() for e in self.summary],
                 "best": None if self.best is None else {k: getattr(self.best, k) for k in BEST_KEYS},
@@ -132,6 +139,7 @@ def summarize(rows: list[BenchRow]) -> list[SummaryEntry]:
             speedup_vs_baseline_range=(min(speedups), max(speedups)) if speedups else None,
             speedup_vs_baseline_iqr=_quartiles(speedups),
             speedup_vs_ar=_median(col("speedup_vs_ar")), speedup_vs_ar_all=_median(col("speedup_vs_ar_all")),
+            decode_speedup_vs_baseline=_median(col("decode_speedup_vs_baseline")),
             tau=_mean(col("tau")), acceptance_rate=_mean(col("acceptance_rate")), hit_rate=_mean(col("hit_rate")),
             draft_hidden_fraction=_median(col("draft_hidden_fraction")),
             draft_tokens_per_forward=_mean(col("draft_tokens_per_forward")),
@@ -140,8 +148,18 @@ def summarize(rows: list[BenchRow]) -> list[SummaryEntry]:
             step_over_hidden_bound=_median([r.step_ms / r.hidden_bound_ms for r in mine
                                             if r.step_ms and r.hidden_bound_ms]),
             all_equal_to_ar=None if all(e is None for e in equal) else all(e is True for e in equal),
-            agreement_with_ar=_mean(col("agreement_with_ar")), step_ar_ms=_median(col("t_ar_ms"))))
+            agreement_with_ar=_mean(col("agreement_with_ar")), step_ar_ms=_median(col("t_ar_ms")),
+            by_source=_pooled_sources(col("by_source"))))
     return out
+
+
+def _pooled_sources(per_row: list[dict | None]) -> dict | None:
+    """Per-source counters added over rows, their ratios recomputed (metrics.RunSummary.by_source's definitions)."""
+    rows = [r for r in per_row if r]
+    if not rows:
+        return None
+    return {source: source_entry(*(sum(r[source][k] for r in rows) for k in ("steps", "proposed", "accepted")))
+            for source in rows[0]}
 
 
 def best_setting(summary: list[SummaryEntry]) -> SummaryEntry | None:
@@ -152,6 +170,17 @@ def best_setting(summary: list[SummaryEntry]) -> SummaryEntry | None:
     return max(mirror, key=lambda s: s.speedup_vs_baseline)
 
 
+def recorded_path(source: str | None, root: str = REPO_ROOT) -> str | None:
+    """A model or prompts file as a committed record names it: a registry name or hub id as it is, a path inside the
+    repository relative to it, any other path by its last two parts after …/ (never this machine's layout)."""
+    if not source or not os.path.isabs(source):
+        return source
+    rel = os.path.relpath(os.path.normpath(source), root)
+    if not rel.startswith(os.pardir):
+        return rel
+    return "…/" + "/".join(os.path.normpath(source).strip(os.sep).split(os.sep)[-2:])
+
+
 def build_report(rows: list[BenchRow], config: BenchConfig, info: dict) -> BenchReport:
     """The report of one bench; `info` (the pair, its lanes, the prompt file) joins the settings."""
     rows = derive(rows)
@@ -159,5 +188,6 @@ def build_report(rows: list[BenchRow], config: BenchConfig, info: dict) -> Bench
     settings = {"max_new_tokens": config.max_new_tokens, "repeats": config.repeats, "warmup": config.warmup,
                 "decoders": list(config.decoders), "spec": asdict(config.spec), "sampling": asdict(config.sampling),
                 "sweep": [asdict(s) for s in config.sweep], **info}
+    settings |= {k: recorded_path(settings[k]) for k in PATH_FIELDS if k in settings}
     return BenchReport(time.strftime("%Y-%m-%d %H:%M:%S"), settings, baseline_decoder(rows), NOTES, tuple(summary),
                        best_setting(summary), tuple(rows))

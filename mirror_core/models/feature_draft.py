@@ -14,7 +14,7 @@ the head reads it the way the target's trained exit head reads h^(ℓ_e) (models
 started from that head). E is the draft's (reduced) vocabulary's embedding, tied as the head (models/vocab.py).
 
 Stored as `feature_draft.json` (shape) + `feature_draft.safetensors` + `draft_vocab.json` in the draft's folder.
-Training: mirror_core/train/feature_distill.py. Running it in the engine: runners/feature.py.
+Training: training/draft/feature_distill.py. Running it in the engine: runners/feature.py.
 """
 from __future__ import annotations
 

@@ -2,9 +2,8 @@
 
 - The real pair (the default): SmolLM2-135M-Instruct as the target, prepared once from its PyPI package into the
   user's cache (prepared.py), with the feature-reading draft we distilled from it (and its trained early-exit head)
-  in assets/smollm2_pair/feature_draft; the earlier token-only draft (the paper's channel: ids only) stays beside it
-  in assets/smollm2_pair/draft, for comparison.
-- The toy pair: a small target and drafts trained from scratch by `python -m mirror_core.train`, embedded in
+  in assets/smollm2_pair/feature_draft (a token-only draft is made by `python -m training.draft.distill`).
+- The toy pair: a small target and drafts trained from scratch by `python -m training.toy_pair`, embedded in
   assets/default_pair. It needs nothing from the network, so it is the tests' pair and the fallback when the real
   target cannot be prepared (no package index reachable).
 """
@@ -19,8 +18,7 @@ from ..config import MirrorError
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "assets")
 REAL_TARGET = "smollm2-135m-instruct"
 REAL_FEATURE_DRAFT = os.path.join(ASSETS, "smollm2_pair", "feature_draft")
-REAL_TOKEN_DRAFT = os.path.join(ASSETS, "smollm2_pair", "draft")
-REAL_DRAFT = REAL_FEATURE_DRAFT if os.path.isdir(REAL_FEATURE_DRAFT) else REAL_TOKEN_DRAFT
+REAL_DRAFT = REAL_FEATURE_DRAFT
 TOY_DIR = os.path.join(ASSETS, "default_pair")
 TOY_TARGET = os.path.join(TOY_DIR, "target")
 TOY_DRAFT = os.path.join(TOY_DIR, "draft_ar")

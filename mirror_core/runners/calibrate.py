@@ -33,7 +33,7 @@ from .. import machine
 from ..config import DEFAULT_GAMMA, DEFAULT_KAPPA, MirrorError
 from ..kernels.native import FORMATS, INT8, format_name, peak_gflops, read_bandwidth
 from ..machine import cache_dir, cpu_flags, cpu_model
-from ..records import ROOFLINE_ROWS, Calibration, RowCheck, Timing
+from ..records import LONG_ROWS, ROOFLINE_ROWS, Calibration, RowCheck, Timing
 from .exactness import check_rows, probe_ids
 
 DTYPES = {**FORMATS, INT8: torch.int8}  # the formats a lane may run, by name (torch.int8 stands for int8: the kernel's
@@ -44,7 +44,7 @@ BRANCH_ROWS = DEFAULT_KAPPA * (DEFAULT_GAMMA + 1)        # the draft's branch ba
 MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 15, 1.5            # timed rounds per dtype: at least 3, then until the budget
 MARGIN = 0.05  # a lower precision than the loaded one is chosen only when it is this much faster (else: timing noise)
 SCREEN = 2.0   # a dtype whose widest matmul takes this many times the loaded dtype's is not timed further
-CACHE_VERSION = 6
+CACHE_VERSION = 7
 
 
 def candidates(runner) -> list[str]:
@@ -189,8 +189,8 @@ def _time_rows(runner, cal: Calibration, dtype: str) -> Calibration:
     """cal with the target's forward of 1..ROOFLINE_ROWS new rows timed in `dtype` (already set on the runner) after
     the probe prefix, and one core's read bandwidth (GB/s), both on the calling thread's cores."""
     t0 = time.perf_counter()
-    prefix, ids = _probe(runner, ROOFLINE_ROWS)
-    shapes = {f"rows{m}": (lambda c, m=m: runner.forward(c, ids[:m])) for m in range(1, ROOFLINE_ROWS + 1)}
+    prefix, ids = _probe(runner, max(LONG_ROWS))
+    shapes = {f"rows{m}": (lambda c, m=m: runner.forward(c, ids[:m])) for m in (*range(1, ROOFLINE_ROWS + 1), *LONG_ROWS)}
     times = _rounds(runner, prefix, shapes, 2 * MIN_ROUNDS, warmup=1)
     kernel, cpu = getattr(runner, "kernel", None), runner.device.type == "cpu"
     gbs = lane_read_gbs(runner) if cpu else 0.0

@@ -121,8 +121,8 @@ def refusal(exp: Experiment, draft_features: int | None) -> str:
     cannot move."""
     if exp.axis == "exit_layer" and draft_features is not None:
         return (f"Not for this pair: its draft reads the target's hidden states after layer {draft_features}, so ℓ_e "
-                "is fixed there. Choose the token-only draft pair on the Run tab and run it once to sweep the exit "
-                "layer.")
+                "is fixed there. Choose a toy pair on the Run tab (its drafts read token ids only) and run it once to "
+                "sweep the exit layer.")
     return ""
 
 

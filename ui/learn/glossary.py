@@ -36,6 +36,15 @@ GLOSSARY = (
                   "head, the logit lens) that guesses the target's final token better."),
     ("feature-reading draft", "An EAGLE-style draft that reads the target's layer-ℓ_e hidden states (sent with M_t) "
                               "beside the token ids, so it predicts the target's tokens more often."),
+    ("context draft", "Windows copied from the prompt and the output so far: after a run of tokens that occurred "
+                      "before, propose what followed it there (yellow tokens). Nearly free, and long where the answer "
+                      "copies (an edited function, a corrected text, a converted table); the model drafts elsewhere."),
+    ("where speculation pays", "Where the next tokens are predictable at a small cost: copied text (the context "
+                               "draft), boilerplate and repeats. On open prose a 135 M draft agrees with the target "
+                               "too rarely for verification to pay back, and no decoder can beat AR by much."),
+    ("window source", "Where a verified window came from: a fresh rollout of the draft model, a branch adopted on a "
+                      "hit, or a copy from the context; the numbers table counts each (steps, accepted/proposed, "
+                      "mean accepted run)."),
     ("row plan", "How the target splits a window into calls of measured row counts so that every position's logits "
                  "are bit-identical to a one-token step's: what keeps every decoder's tokens AR's on this CPU."),
     ("α", "Acceptance rate: accepted draft tokens over drafted tokens."),

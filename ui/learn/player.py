@@ -62,7 +62,8 @@ def phases(run: DecoderRun, rec: StepRecord) -> tuple[list[Phase], list[SpanEven
     start = spans[0].t0
     out = [Phase("Window in", f"The target reads the window [w0, d1..d{gamma}] = "
                  f"{' '.join(code(t) for t in rec.window)} in one forward pass; this window "
-                 + ("was a reused branch (a hit at the step before)." if rec.from_branch else "was a fresh rollout."),
+                 + {"branch": "was a reused branch (a hit at the step before).", "context": "was copied from the "
+                    "context (the prompt and the output so far)."}.get(rec.source, "was a fresh rollout."),
                  start)]
     layer = run.start.settings.exit_layer if run.start else None
     n = "ℓ_e" if layer is None else str(layer)

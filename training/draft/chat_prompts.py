@@ -25,7 +25,7 @@ FORMS = (
     "Write a tweet about {t}.",
 )
 
-# More varied forms (issue 28: the first draft plateaued on FORMS alone): other registers, lengths and tasks.
+# More varied forms (the first draft's held-out agreement plateaued on FORMS alone): other registers, lengths and tasks.
 MORE_FORMS = (
     "Can you tell me about {t}?",
     "I am curious about {t}. Where should I start?",
@@ -49,7 +49,7 @@ MORE_FORMS = (
     "Give me a fun fact about {t} and explain why it is true.",
 )
 
-# Issue 36's wider data: more registers and tasks again, asked of TOPICS + NEW_TOPICS (chat_sources.py).
+# The wider data's forms: more registers and tasks again, asked of TOPICS + NEW_TOPICS (chat_sources.py).
 NEW_FORMS = (
     "In what ways is {t} useful in daily life?",
     "Write a short poem about {t}.",
@@ -144,7 +144,7 @@ HELD_OUT_CODE = (
     "checks whether a list is sorted", "returns the minimum and maximum of a list",
 )
 
-# Code beyond "write a function that …" (issue 36): more tasks, functions from a docstring, a bug to fix, code to
+# Code beyond "write a function that …" (the wider data): more tasks, functions from a docstring, a bug to fix, code to
 # explain. None of them touches HELD_OUT_CODE (the held-out guard below checks every prompt built from them).
 NEW_CODE_TOPICS = (
     "counts how many times each character occurs in a string", "rotates a list by k positions",
@@ -255,7 +255,7 @@ def check_prompt(text: str) -> str:
     return text
 
 
-def prompts(held_out: bool = False, seed: int = 0, more: bool = False) -> list[str]:
+def topic_prompts(held_out: bool = False, seed: int = 0, more: bool = False) -> list[str]:
     """Every form × topic (train) or the held-out topics' prompts, in a fixed shuffled order; `more` adds
     MORE_FORMS (the feature draft's wider data)."""
     topics, code = (HELD_OUT_TOPICS, HELD_OUT_CODE) if held_out else (TOPICS, CODE_TOPICS)

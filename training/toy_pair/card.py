@@ -146,7 +146,7 @@ def _speculation_section(spec: dict) -> list[str]:
     return (["## Speculative decoding (engine, greedy)", "",
              f"γ = {st['gamma']}, κ = {st['kappa']}, ℓ_e = N/2, {st['max_new_tokens']} new tokens on each of "
              f"{st['prompts']} held-out prompts; τ counts the correction/bonus token; Ω̂_κ excludes d_j "
-             "(mirror_core/metrics.py). The inline lane used here rolls out every branch, so the hit rate is that of all κ(γ+1) candidates. Re-measure the whole card with `python -m mirror_core.train.evaluate DIR`.", ""]
+             "(mirror_core/metrics.py). The inline lane used here rolls out every branch, so the hit rate is that of all κ(γ+1) candidates. Re-measure the whole card with `python -m training.toy_pair.evaluate DIR`.", ""]
             + _table(["draft/decoder", "τ", "α", "hit rate", "Ω̂_κ", "η̄ (draft tokens/forward)",
                       "output = ar", "draft-lane failures"], rows) + [""])
 
@@ -156,7 +156,7 @@ def render_markdown(c: dict) -> str:
     m = c["corpus"]
     lines = ["# Mirror-SD Playground default model pair", "",
              "A small Llama-style target, an autoregressive (AR) draft and a Speculative-Streaming (SS) draft, "
-             "trained offline by `python -m mirror_core.train`. They are toy models meant for demonstrating "
+             "trained offline by `python -m training.toy_pair`. They are toy models meant for demonstrating "
              "speculative decoding, not for writing useful code or text.", ""]
     lines += _models_section(c) + _exit_section(c) + _draft_section(c)
     lines += _speculation_section(c.get("speculation") or {})

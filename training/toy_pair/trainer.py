@@ -2,7 +2,6 @@
 import dataclasses
 import itertools
 import json
-import math
 import os
 import time
 from contextlib import nullcontext
@@ -12,8 +11,9 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from mirror_core.train import build, data, evaluate, losses, precision
-from mirror_core.train.config import TrainConfig
+from training import loop, precision
+from training.toy_pair import build, data, evaluate, losses
+from training.toy_pair.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -24,12 +24,6 @@ class PhaseStats:
     tokens: int
     seconds: float
     final_train_loss: float | None  # mean of the last ≤ 50 steps (None: no step)
-
-
-def lr_at(cfg: TrainConfig, peak: float, step: int, progress: float) -> float:
-    """Linear warmup, then cosine to 10% of peak; progress in [0, 1] is the share of the phase spent."""
-    warm = min(1.0, (step + 1) / cfg.warmup_steps)
-    return peak * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
 def optimizer_for(model: torch.nn.Module, cfg: TrainConfig, lr: float) -> torch.optim.AdamW:
@@ -43,40 +37,28 @@ def optimizer_for(model: torch.nn.Module, cfg: TrainConfig, lr: float) -> torch.
 
 def run_phase(name: str, model: torch.nn.Module, loss_fn: Callable, batches: Callable, cfg: TrainConfig,
               peak_lr: float, budget_s: float) -> PhaseStats:
-    """Train until the phase's time (or step) budget is spent; always at least one step.
+    """Train until the phase's time (or step) budget is spent; always at least one step (training/loop.py).
 
     batches() returns the next batch, a tuple passed to loss_fn as its arguments: (inputs, next-token targets),
     both [B, T] int64 on cfg.device, for every phase but the target's unlikelihood one (unlikelihood_batches)."""
-    opt = optimizer_for(model, cfg, peak_lr)
     # bf16 autocast and torch.compile each shorten a CPU step (measured: docs/TRAINING.md)
-    amp = torch.autocast(cfg.device, dtype=torch.bfloat16) if cfg.precision == "bf16" else nullcontext()
-    if cfg.compile:
-        loss_fn = torch.compile(loss_fn)
-    model.train()
-    recent, step, tokens, t0 = [], 0, 0, time.perf_counter()
+    amp = (lambda: torch.autocast(cfg.device, dtype=torch.bfloat16)) if cfg.precision == "bf16" else nullcontext
+    compiled = torch.compile(loss_fn) if cfg.compile else loss_fn
+    budget = loop.Budget(budget_s, peak_lr, cfg.warmup_steps, cfg.max_steps, cfg.grad_clip, min_steps=1)
     bar = tqdm(total=max(round(budget_s), 1), desc=name, unit="s", mininterval=1.0)
-    while True:
-        elapsed = time.perf_counter() - t0
-        if step > 0 and (elapsed >= budget_s or (cfg.max_steps and step >= cfg.max_steps)):
-            break
-        progress = step / cfg.max_steps if cfg.max_steps else elapsed / budget_s
-        for group in opt.param_groups:
-            group["lr"] = lr_at(cfg, peak_lr, step, progress)
-        batch = batches()  # (x, y, ...), [B, T] each
-        with amp:
-            loss = loss_fn(*batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        recent = (recent + [loss.item()])[-50:]
-        step, tokens = step + 1, tokens + batch[0].numel()
-        bar.set_postfix(step=step, loss=f"{recent[-1]:.3f}", refresh=False)
-        bar.update(min(int(time.perf_counter() - t0), bar.total) - bar.n)
+    tokens = 0
+
+    def on_step(step: loop.Step) -> None:
+        nonlocal tokens
+        tokens += step.batch[0].numel()
+        bar.set_postfix(step=step.number, loss=f"{float(step.loss):.3f}", refresh=False)
+        bar.update(min(int(step.elapsed), bar.total) - bar.n)
+
+    stats = loop.run(model, optimizer_for(model, cfg, peak_lr), (batches() for _ in itertools.count()),
+                     lambda batch: (compiled(*batch), None), budget, amp, on_step)
     bar.close()
     model.eval()
-    seconds = time.perf_counter() - t0
-    return PhaseStats(step, tokens, seconds, sum(recent) / len(recent))
+    return PhaseStats(stats.steps, tokens, stats.seconds, stats.recent_loss)
 
 
 @torch.no_grad()
@@ -237,51 +219,79 @@ def train_all(cfg: TrainConfig) -> dict:
     # one data generator per phase, so a phase's batches do not depend on how many steps the previous one ran
     gen_data = [torch.Generator().manual_seed(cfg.seed + 1 + i) for i in range(3)]
     budget = [cfg.budget_minutes * 60 * share for share in cfg.budget_split]
-    if budget[0] > 0:
-        mle_s = budget[0] * (1 - cfg.unlikelihood_share)
-        stats = {"target": run_phase("target", target, target_loss_fn(target, cfg),
-                                     batches_from(train_stream, None, cfg, gen_data[0]), cfg, cfg.lr_target, mle_s)}
-        if cfg.unlikelihood_share > 0:  # fine-tuning at the learning rate the MLE phase ended at (10% of peak)
-            stats["target_unlikelihood"] = run_phase(
-                "target_unlikelihood", target, target_unlikelihood_loss_fn(target, cfg),
-                unlikelihood_batches(target, train_stream, cfg, torch.Generator().manual_seed(cfg.seed + 5)), cfg,
-                0.1 * cfg.lr_target, budget[0] - mle_s)
-    else:  # drafts only: the --init-target is kept as it is
-        stats = {"target": PhaseStats(steps=0, tokens=0, seconds=0.0, final_train_loss=None)}
+    stats = train_target(target, train_stream, cfg, gen_data[0], budget[0])
     build.save_fp16(target, tokenizer, os.path.join(cfg.out_dir, "target"))  # saved at once: hours of work
     target.requires_grad_(False).eval()
-    continuations, extra = None, {}
-    if cfg.continuation_share > 0:
-        t0 = time.perf_counter()
-        continuations = target_continuations(target, train_stream, cfg, torch.Generator().manual_seed(cfg.seed + 4))
-        prompt = cfg.continuation_prompt_tokens
-        extra["continuations"] = {"sequences": len(continuations), "prompt_tokens": prompt,
-                                  "generated_tokens": len(continuations) * (cfg.context + 1 - prompt),
-                                  "seconds": time.perf_counter() - t0}
+    continuations, extra = distillation_data(target, train_stream, cfg)
+    stats |= train_drafts(target, tokenizer, train_stream, continuations, cfg, (gen_init, *gen_data[1:]), budget[1:])
+    manifest = dict(corpus.manifest, train_tokens=len(train_stream),
+                    tokenizer={"vocab_size": len(tokenizer), "special_tokens": [data.EOT]})
+    card = evaluate.evaluate_bundle(cfg.out_dir, corpus, cfg)
+    card.update(corpus=manifest, training=training_record(stats, extra, cfg), config=dataclasses.asdict(cfg),
+                total_wall_seconds=time.perf_counter() - t_start)
+    evaluate.write_model_card(cfg.out_dir, card)
+    return card
+
+
+def train_target(target, train_stream: torch.Tensor, cfg: TrainConfig, gen: torch.Generator,
+                 budget_s: float) -> dict[str, PhaseStats]:
+    """The target's MLE phase, then its unlikelihood fine-tuning when asked for; none for a drafts-only run (the
+    --init-target is kept as it is)."""
+    if budget_s <= 0:
+        return {"target": PhaseStats(steps=0, tokens=0, seconds=0.0, final_train_loss=None)}
+    mle_s = budget_s * (1 - cfg.unlikelihood_share)
+    stats = {"target": run_phase("target", target, target_loss_fn(target, cfg),
+                                 batches_from(train_stream, None, cfg, gen), cfg, cfg.lr_target, mle_s)}
+    if cfg.unlikelihood_share > 0:  # fine-tuning at the learning rate the MLE phase ended at (10% of peak)
+        stats["target_unlikelihood"] = run_phase(
+            "target_unlikelihood", target, target_unlikelihood_loss_fn(target, cfg),
+            unlikelihood_batches(target, train_stream, cfg, torch.Generator().manual_seed(cfg.seed + 5)), cfg,
+            0.1 * cfg.lr_target, budget_s - mle_s)
+    return stats
+
+
+def distillation_data(target, train_stream: torch.Tensor, cfg: TrainConfig) -> tuple[torch.Tensor | None, dict]:
+    """The target's own continuations for the drafts' batches (None when continuation_share is 0), and their record
+    for the card."""
+    if cfg.continuation_share <= 0:
+        return None, {}
+    t0 = time.perf_counter()
+    continuations = target_continuations(target, train_stream, cfg, torch.Generator().manual_seed(cfg.seed + 4))
+    prompt = cfg.continuation_prompt_tokens
+    return continuations, {"continuations": {"sequences": len(continuations), "prompt_tokens": prompt,
+                                             "generated_tokens": len(continuations) * (cfg.context + 1 - prompt),
+                                             "seconds": time.perf_counter() - t0}}
+
+
+def train_drafts(target, tokenizer, train_stream: torch.Tensor, continuations: torch.Tensor | None, cfg: TrainConfig,
+                 gens: tuple[torch.Generator, ...], budget_s: list[float]) -> dict[str, PhaseStats]:
+    """The AR draft (from the target's first layers), then the SS draft (from the AR draft or the target), each
+    distilled from the frozen target and saved in fp16. gens: the init generator, then each draft's data one."""
+    gen_init, gen_ar, gen_ss = gens
     draft_ar = build.make_ar_draft(target, cfg.draft_layers).requires_grad_(True)
-    stats["draft_ar"] = run_phase("draft_ar", draft_ar, ar_draft_loss_fn(draft_ar, target),
-                                  batches_from(train_stream, continuations, cfg, gen_data[1]), cfg,
-                                  cfg.lr_draft, budget[1])
+    stats = {"draft_ar": run_phase("draft_ar", draft_ar, ar_draft_loss_fn(draft_ar, target),
+                                   batches_from(train_stream, continuations, cfg, gen_ar), cfg, cfg.lr_draft,
+                                   budget_s[0])}
     build.save_fp16(draft_ar, tokenizer, os.path.join(cfg.out_dir, "draft_ar"))
     ss_source = draft_ar if cfg.ss_init == "ar_draft" else target  # the AR draft starts from the target itself
     draft_ss = build.make_ss_draft(ss_source, cfg.ss_layers, cfg.ss_msa_layers, cfg.num_streams, gen_init)
     draft_ss.requires_grad_(True)
     stats["draft_ss"] = run_phase("draft_ss", draft_ss, ss_draft_loss_fn(draft_ss, target, cfg),
-                                  batches_from(train_stream, continuations, cfg, gen_data[2]), cfg,
-                                  cfg.lr_draft, budget[2])
+                                  batches_from(train_stream, continuations, cfg, gen_ss), cfg, cfg.lr_draft,
+                                  budget_s[1])
     build.save_fp16(draft_ss, tokenizer, os.path.join(cfg.out_dir, "draft_ss"))
-    manifest = dict(corpus.manifest, train_tokens=len(train_stream),
-                    tokenizer={"vocab_size": len(tokenizer), "special_tokens": [data.EOT]})
+    return stats
+
+
+def training_record(stats: dict[str, PhaseStats], extra: dict, cfg: TrainConfig) -> dict:
+    """The card's training record: each phase with the device and threads it ran on, the continuations, and for a
+    continued target its earlier training (from that run's card, when it has one)."""
     training = {name: dict(dataclasses.asdict(s), device=cfg.device, threads=torch.get_num_threads())
                 for name, s in stats.items()} | extra
-    if cfg.init_target:  # the continued target's earlier training, from that run's card when it has one
+    if cfg.init_target:
         prior = os.path.join(os.path.dirname(os.path.abspath(cfg.init_target)), "model_card.json")
         training["target"]["continued_from"] = cfg.init_target
         if os.path.exists(prior):
             with open(prior, encoding="utf-8") as f:
                 training["target"]["earlier"] = json.load(f)["training"]["target"]
-    card = evaluate.evaluate_bundle(cfg.out_dir, corpus, cfg)
-    card.update(corpus=manifest, training=training, config=dataclasses.asdict(cfg),
-                total_wall_seconds=time.perf_counter() - t_start)
-    evaluate.write_model_card(cfg.out_dir, card)
-    return card
+    return training

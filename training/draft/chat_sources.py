@@ -1,4 +1,4 @@
-"""The sources of the draft's training text (issue 36): what the target is asked, stage by stage.
+"""The sources of the draft's wider training text (docs/TRAINING.md): what the target is asked, stage by stage.
 
 Every source is one or two stages; a stage turns the previous stage's records into jobs (prompt ids + a temperature)
 that chat_data.py answers with the target in batched, resumable shards:
@@ -20,10 +20,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from mirror_core.train import chat_prompts as P
-from mirror_core.train.precision import PRECISIONS
+from training.draft import chat_prompts as P
+from training.precision import PRECISIONS
 
 SOURCES = ("templated", "sampled", "self_questions", "multi_turn", "code")
+TOPIC_PROMPTS = "topic_prompts"  # no --sources: chat_prompts.topic_prompts, flat in OUT (the held-out set's maker)
 FEATURE_LAYER = 20   # ℓ_e of the default pair's feature draft: the layer whose hidden states generation records
 TOPK = 32            # the target's next-token logits kept per answer position (the draft's soft targets)
 
@@ -33,7 +34,7 @@ class DataConfig:
     """What chat_data generates and how (the CLI maps its flags here, in chat_data.main)."""
     out: str                                      # output folder: OUT/<source>/answers_*.pt + OUT/manifest.json
     target: str = "smollm2-135m-instruct"         # a prepared model name or a folder
-    sources: tuple[str, ...] = ()                 # () = the legacy single set (chat_prompts.prompts) into OUT itself
+    sources: tuple[str, ...] = ()                 # () = the topic-prompt set (chat_prompts.topic_prompts) into OUT
     batch: int = 128                              # rows answered together (left-padded) = jobs per shard
     new_tokens: int = 128                         # answer length limit
     threads: int = 0                              # torch threads (0: torch's default)
@@ -46,10 +47,10 @@ class DataConfig:
     sampled_every: int = 2                        # `sampled` answers every N-th templated prompt
     questions: int = 5                            # questions asked for per topic and request (self_questions)
     multi_turn_every: int = 4                     # `multi_turn` continues every N-th templated prompt
-    held_out: bool = False                        # legacy set: the held-out topics' prompts (evaluation)
-    more: bool = False                            # legacy set: add MORE_FORMS
-    only_more: bool = False                       # legacy set: only the prompts MORE_FORMS adds
-    temperature: float = 0.0                      # legacy set: sample its answers at this temperature (0: greedy)
+    held_out: bool = False                        # topic-prompt set: the held-out topics' prompts (evaluation)
+    more: bool = False                            # topic-prompt set: add MORE_FORMS
+    only_more: bool = False                       # topic-prompt set: only the prompts MORE_FORMS adds
+    temperature: float = 0.0                      # topic-prompt set: sample its answers at this temperature (0: greedy)
     feature_layer: int = FEATURE_LAYER            # record h^(ℓ) at every position (0: record no teacher figures)
     topk: int = TOPK                              # record the top-k next-token logits at every answer position
 
@@ -66,9 +67,9 @@ class DataConfig:
             raise ValueError("feature_layer must be ≥ 0 (0: record none) and topk ≥ 1")
         if not self.temperatures or not all(0.0 < t <= 2.0 for t in self.temperatures) or \
                 not 0.0 <= self.temperature <= 2.0:
-            raise ValueError("temperatures must lie in (0, 2] (the legacy --temperature in [0, 2])")
+            raise ValueError("temperatures must lie in (0, 2] (the topic-prompt set's --temperature in [0, 2])")
         if self.sources and (self.held_out or self.more or self.only_more or self.temperature):
-            raise ValueError("--held-out, --more, --only-more and --temperature choose the legacy set: "
+            raise ValueError("--held-out, --more, --only-more and --temperature choose the topic-prompt set: "
                              "leave them out with --sources")
 
 
@@ -210,14 +211,12 @@ def _code(chat, cfg, _):
     return StagePlan(_asks(chat, cfg, [(p, 0.0, {}) for p in code_prompts()]))
 
 
-def _legacy(chat, cfg, _):
-    """chat_prompts.prompts (today's draft's data, and the held-out set): the guard is not applied here, since the
-    held-out set is made of exactly those topics, and the training set's tables are checked by the tests."""
-    from mirror_core.train.chat_prompts import prompts
-
-    chosen = prompts(cfg.held_out, more=cfg.more or cfg.only_more)
+def _topic_prompts(chat, cfg, _):
+    """chat_prompts.topic_prompts (the first drafts' data, and the held-out set): the guard is not applied here,
+    since the held-out set is made of exactly those topics, and the training set's tables are checked by the tests."""
+    chosen = P.topic_prompts(cfg.held_out, more=cfg.more or cfg.only_more)
     if cfg.only_more:
-        before = set(prompts(cfg.held_out))
+        before = set(P.topic_prompts(cfg.held_out))
         chosen = [p for p in chosen if p not in before]
     return StagePlan([Job(chat.encode([{"role": "user", "content": p}]), cfg.temperature, {"user": [p]})
                       for p in chosen[: cfg.limit or None]])
@@ -225,7 +224,7 @@ def _legacy(chat, cfg, _):
 
 STAGES: dict[str, tuple[Stage, ...]] = {
     "templated": (_templated,), "sampled": (_sampled,), "self_questions": (_ask_questions, _answer_questions),
-    "multi_turn": (_first_turns, _follow_ups), "code": (_code,), "legacy": (_legacy,),
+    "multi_turn": (_first_turns, _follow_ups), "code": (_code,), TOPIC_PROMPTS: (_topic_prompts,),
 }
 
 

@@ -1,12 +1,13 @@
 """Sequence-level distillation data: the target's own chat answers, generated in batches, in resumable shards.
 
-    python -m mirror_core.train.chat_data --sources templated,sampled,self_questions,multi_turn,code --out OUT
-    python -m mirror_core.train.chat_data --more --out DIR              # the legacy set (today's draft's data)
-    python -m mirror_core.train.chat_data --held-out --more --limit 96 --out DIR   # held-out answers (evaluation)
+    python -m training.draft.chat_data --sources templated,sampled,self_questions,multi_turn,code --out OUT
+    python -m training.draft.chat_data --more --out DIR              # the topic-prompt set (the first drafts' data)
+    python -m training.draft.chat_data --held-out --more --limit 96 --out DIR   # held-out answers (evaluation)
 
 With --sources each source (chat_sources.py) writes OUT/<source>/answers_s<stage>_<shard>.pt and OUT/<source>/
 generation.json (tokens, records and seconds per shard), and OUT/manifest.json sums them per source; without it the
-legacy set writes DIR/answers_<shard>.pt and DIR/generation.json. A shard is a list of records {"prompt": [ids],
+topic-prompt set (chat_prompts.topic_prompts: instruction forms × the training topics, or with --held-out the
+held-out topics: the evaluation set) writes DIR/answers_<shard>.pt and DIR/generation.json. A shard is a list of records {"prompt": [ids],
 "answer": [ids], "answer_spans": [[start, end), …] over prompt + answer (where the target's own tokens lie), "source",
 "stage", "temperature", "user": [the user turns], and what the target computed on the way (feature_distill's teacher
 pass, recorded instead of recomputed; --feature-layer 0 records none): "feat_layer" ℓ, "feat" [L − 1, H] bfloat16
@@ -31,8 +32,8 @@ from dataclasses import dataclass, replace
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from mirror_core.train.chat_sources import SOURCES, STAGES, ChatTokens, DataConfig, Job, answer_spans
-from mirror_core.train.precision import PRECISIONS, resolve
+from training.draft.chat_sources import SOURCES, STAGES, TOPIC_PROMPTS, ChatTokens, DataConfig, Job, answer_spans
+from training.precision import PRECISIONS, resolve
 
 
 class RowSampler(LogitsProcessor):
@@ -249,10 +250,10 @@ def write_manifest(cfg: DataConfig) -> dict:
 
 
 def generate(cfg: DataConfig) -> None:
-    """Every chosen source, stage by stage (the legacy set when no source is chosen)."""
+    """Every chosen source, stage by stage (the topic-prompt set when no source is chosen)."""
     target = Target(cfg)
     cfg = replace(cfg, dtype=target.dtype)  # the records and the manifest name the dtype that ran
-    for source in cfg.sources or ("legacy",):
+    for source in cfg.sources or (TOPIC_PROMPTS,):
         earlier: list[dict] = []
         stages = len(STAGES[source])
         for stage in range(1, stages + 1):
@@ -269,11 +270,11 @@ def _floats(text: str) -> tuple[float, ...]:
 
 def main(argv: list[str] | None = None) -> None:
     d = {f: DataConfig.__dataclass_fields__[f].default for f in DataConfig.__dataclass_fields__ if f != "out"}
-    parser = argparse.ArgumentParser(prog="python -m mirror_core.train.chat_data", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m training.draft.chat_data", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--target", default=d["target"])
-    parser.add_argument("--sources", default="", help=f"comma-separated, from {','.join(SOURCES)} (none: legacy)")
+    parser.add_argument("--sources", default="", help=f"comma-separated, from {','.join(SOURCES)} (none: the topic-prompt set)")
     parser.add_argument("--batch", type=int, default=d["batch"], help="rows answered together = jobs per shard")
     parser.add_argument("--new-tokens", type=int, default=d["new_tokens"])
     parser.add_argument("--threads", type=int, default=d["threads"])
@@ -287,11 +288,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sampled-every", type=int, default=d["sampled_every"])
     parser.add_argument("--questions", type=int, default=d["questions"], help="questions per request (self_questions)")
     parser.add_argument("--multi-turn-every", type=int, default=d["multi_turn_every"])
-    parser.add_argument("--held-out", action="store_true", help="legacy set: the held-out topics' prompts")
-    parser.add_argument("--more", action="store_true", help="legacy set: add chat_prompts.MORE_FORMS")
-    parser.add_argument("--only-more", action="store_true", help="legacy set: only the prompts MORE_FORMS adds")
+    parser.add_argument("--held-out", action="store_true", help="topic-prompt set: the held-out topics' prompts")
+    parser.add_argument("--more", action="store_true", help="topic-prompt set: add chat_prompts.MORE_FORMS")
+    parser.add_argument("--only-more", action="store_true", help="topic-prompt set: only the prompts MORE_FORMS adds")
     parser.add_argument("--temperature", type=float, default=d["temperature"],
-                        help="legacy set: sample its answers at this temperature (0: greedy)")
+                        help="topic-prompt set: sample its answers at this temperature (0: greedy)")
     parser.add_argument("--feature-layer", type=int, default=d["feature_layer"],
                         help="record the hidden state after this layer at every position (0: none)")
     parser.add_argument("--topk", type=int, default=d["topk"], help="record the top-k logits per answer position")

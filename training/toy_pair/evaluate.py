@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mirror_core.models.ss_draft import SSDraftForCausalLM, SSDraftOutput, cache_length, truncate_cache
-from mirror_core.train import card, data
-from mirror_core.train.config import TrainConfig
+from training.toy_pair import card, data
+from training.toy_pair.config import TrainConfig
 
 MODEL_NAMES = ("target", "draft_ar", "draft_ss")
 TOP_KS = (1, 4, 8)
@@ -258,7 +258,16 @@ def ss_greedy_generate(model: SSDraftForCausalLM, prompt_ids: list[int], n: int)
     return tokens[:n], per_forward
 
 
-if __name__ == "__main__":  # python -m mirror_core.train.evaluate OUT_DIR: re-measure and rewrite the card
-    import sys
+def main(argv: list[str] | None = None) -> dict:
+    """`python -m training.toy_pair.evaluate DIR`: re-measure a saved pair and rewrite its card."""
+    import argparse
 
-    print(card.render_markdown(reevaluate(sys.argv[1])))
+    parser = argparse.ArgumentParser(prog="python -m training.toy_pair.evaluate", description=main.__doc__)
+    parser.add_argument("pair_dir", help="a folder written by python -m training.toy_pair (target/, draft_ar/, draft_ss/)")
+    card_data = reevaluate(parser.parse_args(argv).pair_dir)
+    print(card.render_markdown(card_data))
+    return card_data
+
+
+if __name__ == "__main__":
+    main()

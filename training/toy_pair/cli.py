@@ -1,9 +1,9 @@
-"""Command line → TrainConfig, in one place; `python -m mirror_core.train --out assets/default_pair`."""
+"""Command line → TrainConfig, in one place; `python -m training.toy_pair --out assets/default_pair`."""
 import argparse
 import dataclasses
 
-from mirror_core.train.config import TrainConfig
-from mirror_core.train.trainer import train_all
+from training.toy_pair.config import TrainConfig
+from training.toy_pair.trainer import train_all
 
 # flag name → TrainConfig field; every default comes from TrainConfig itself
 FLAGS = {
@@ -60,7 +60,7 @@ def float_tuple(text: str) -> tuple[float, ...]:
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     """Parse flags into a validated, frozen TrainConfig."""
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
-    parser = argparse.ArgumentParser(prog="python -m mirror_core.train", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m training.toy_pair", description=__doc__)
     parser.add_argument("--out", required=True, help="output folder (target/, draft_ar/, draft_ss/, model card)")
     for name, help_text in FLAGS.items():
         default = fields[name].default

@@ -3,7 +3,7 @@
 The pipeline's matrix products (chat_data's generation, the teacher pass, the exit head's and the drafts' training
 under autocast) may run in bfloat16 or float32. Which is faster depends on the CPU, not on taste: with bf16 units
 (avx512_bf16, AMX) bfloat16 is 1.5x float32 or more; without them (AVX2 only) torch converts every bfloat16 product
-to float32 and back, and one product of 128 rows took 8x float32's time (docs/TRAINING.md, session 21). So "auto"
+to float32 and back, and one product of 128 rows took 8x float32's time (docs/TRAINING.md, "Precision"). So "auto"
 times one product of the pipeline's typical shape in both dtypes, once per process, and takes bfloat16 only when it
 is faster by MARGIN; the generation records and run records keep the dtype that ran.
 
