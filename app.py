@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     _, url, share_url = demo.launch(server_name=args.host, server_port=args.port, share=args.share,
                                     prevent_thread_lock=True, quiet=True, **LAUNCH)
     print(f"Mirror-SD Playground: {url}" + (f"  (public: {share_url})" if share_url else ""), flush=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `docker stop` / kill: shut down like Ctrl-C
+    _shut_down_on_signals(loader)
     try:
         if mode.zero_gpu:
             print("ZeroGPU: a pair loads in the GPU worker on its first Run", flush=True)
@@ -93,6 +93,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         loader.close()  # ends the draft lane's process and frees the token channel's shared memory
     return 0
+
+
+def _shut_down_on_signals(loader) -> None:
+    """Ctrl-C, and `docker stop` / kill like it: every run, replay and sweep the loader holds stops within one step,
+    so the server's close is not held by a run in flight; then the main thread's KeyboardInterrupt shuts down."""
+    def interrupted(signum, frame):
+        loader.stop_runs()
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
 
 
 def _preload(loader, presets) -> None:

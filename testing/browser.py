@@ -356,6 +356,25 @@ def learn_screenshot(url: str, path: str, prompt: str | None = None, timeout: fl
 
 
 @contextlib.contextmanager
+def page_without_models(tmp_path):
+    """The page with no pair loaded (the Learn tab's what-if and the tour need none) and a fresh browser on it:
+    yields (url, browser)."""
+    from mirror_core import LaneConfig
+    from testing.net import free_port
+    from testing.reliability import close_demo
+    from ui import LAUNCH, EngineLoader, build_demo, default_presets
+
+    demo = build_demo(EngineLoader(LaneConfig(kind="inline")), default_presets(str(tmp_path)), [])
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **LAUNCH)
+    browser = Chromium(CHROMIUM, tempfile.mkdtemp(prefix="mirror-chromium-"))
+    try:
+        yield url, browser
+    finally:
+        browser.close()
+        close_demo(demo)
+
+
+@contextlib.contextmanager
 def served_pair(target: str, draft: str | None, lanes=None, examples: tuple[str, ...] = ("1, 2, 3",)):
     """The page serving one pair (loaded before the browser starts, so a test's runs are short) and a fresh headless
     chromium: yields (loader, url, browser), and closes all three. `lanes`: inline lanes on one thread each unless

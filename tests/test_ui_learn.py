@@ -134,7 +134,11 @@ def test_the_what_if_starts_from_this_machines_load_time_timings():
                            spec_choice=SpecChoice(1, 4, 1.32, 1.1, "why", ()),
                            resolve=lambda spec: with_(spec, gamma=1, kappa=4, exit_layer=20))
     knobs = WhatIf.from_load(info)
-    assert knobs.t_ar_ms == 10.0 and knobs.verify_ratio == 1.1 and knobs.draft_ms == 2.0 and knobs.gamma == 1
+    assert knobs.t_ar_ms == 10.0 and knobs.draft_ms == 2.0 and knobs.gamma == 1
+    from mirror_core.config import DEFAULT_GAMMA
+
+    window = 10.0 + (16.0 - 10.0) * 1 / DEFAULT_GAMMA  # the choice's: linear between the step and the timed window
+    assert knobs.verify_ratio == pytest.approx(window / 10.0, abs=1e-3)
     assert knobs.suffix_share == pytest.approx(1 - 20 / 30, abs=1e-3) and knobs.overhead_ms == 0.0
     here = starts.start(starts.THIS_MACHINE, Session(), info)
     assert "this machine's load-time timings" in here.note and "no run has measured it yet" in here.note
@@ -154,7 +158,7 @@ def test_a_measured_figure_outside_a_sliders_range_is_shown_at_its_end_and_said(
     low = {name: lo for name, _, lo, _, _, _ in SLIDERS}
     values, note = _in_range(replace(ACCELERATOR, verify_ratio=low["verify_ratio"] / 2, t_ar_ms=1e6))
     assert values[0] == SLIDERS[0][3] and values[1] == low["verify_ratio"]
-    assert "Target step T_AR (ms) measured 1e+06" in note and f"measured {low['verify_ratio'] / 2:g}" in note
+    assert "AR's step T_AR (ms) measured 1e+06" in note and f"measured {low['verify_ratio'] / 2:g}" in note
 
 
 def test_the_speedup_curve_and_its_accelerator_switch():
@@ -174,6 +178,31 @@ def test_the_speedup_curve_and_its_accelerator_switch():
     even = break_even(cpu)
     if even is not None:  # where the curve crosses 1×, the model says 1×
         assert speedups(with_(cpu, verify_ratio=even))[0] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_the_accelerator_view_moves_the_draft_and_the_readout_and_gives_the_papers_ordering_or_names_the_term():
+    """Verify ≈ 1 step (the paper's accelerator) also shrinks the readout with the window and puts the branch batch
+    on the draft's own device (≤ one fresh rollout); with a draft whose cost matters and the branches hidden behind
+    the suffix, Mirror-SD is ahead of vanilla SD, as in the paper's Table 1; where a term prevents it, it is named."""
+    from ui.learn.curve import curve_html
+    from ui.learn.example import load_example
+    from ui.learn.whatif import WhatIf, on_accelerator, ordering, prediction
+    from ui.numbers import latency_model
+
+    example = load_example()
+    cpu = WhatIf.from_model(latency_model(example.runs["mirror"], example.runs["ar"]), example.gamma)
+    fast = on_accelerator(cpu)
+    assert fast.verify_ratio == 1.0 and fast.overhead_ms == pytest.approx(cpu.overhead_ms / cpu.verify_ratio)
+    assert fast.branch_factor == 1.0 and (fast.draft_ms, fast.tau, fast.ff) == (cpu.draft_ms, cpu.tau, cpu.ff)
+    m = fast.model()
+    assert m.t_branch <= m.delta and m.t_fresh >= 0.1 * m.t_ar  # the paper's conditions: hidden, and it matters
+    p = prediction(fast)
+    assert p["mirror_x"] >= p["sd_x"] and "the paper's ordering" in ordering(fast)
+    text = html.unescape(curve_html(cpu, accelerator=True))
+    assert "On an accelerator (modelled: the window's forward = one AR step" in text and "kept as the knobs" in text
+    assert f"Mirror-SD {p['mirror_x']:.2f}× ≥ vanilla SD {p['sd_x']:.2f}×" in text
+    every_miss = with_(fast, ff=1.0)  # every step falls back: Mirror-SD pays SD's rollout and its own readout
+    assert "the largest term that prevents it: the fallback rollouts FF·T_fresh" in ordering(every_miss)
 
 
 def test_the_speedup_curve_endpoint_follows_the_switch(fresh):
@@ -284,10 +313,15 @@ def test_the_player_replays_a_step_accelerator_shaped_and_says_it_is_modelled():
     example = load_example()
     mirror, ar = example.runs["mirror"], example.runs["ar"]
     shaped, t_ar = accelerator_shaped(mirror, ar), ar_step_time(ar.spans)
+    measured_spans = {(s.step, s.stage): s.t1 - s.t0 for s in mirror.spans}
     for rec in mirror.steps:
         spans = {s.stage: s for s in shaped.spans if s.step == rec.step}
-        verify = sum(spans[st].t1 - spans[st].t0 for st in ("target_prefix", "exit_readout", "target_suffix"))
-        assert verify == pytest.approx(t_ar)  # one AR step, as on an accelerator
+        length = lambda st: spans[st].t1 - spans[st].t0  # noqa: E731
+        window = length("target_prefix") + length("target_suffix")
+        was = measured_spans[rec.step, "target_prefix"] + measured_spans[rec.step, "target_suffix"]
+        assert window == pytest.approx(min(t_ar, was))  # one AR step, as on an accelerator
+        scale = window / was  # the readout shrinks with the window
+        assert length("exit_readout") == pytest.approx(scale * measured_spans[rec.step, "exit_readout"])
         if "draft_branches" in spans:  # branches were rolled out (the run's last step may end first): from M_t on
             assert spans["draft_branches"].t0 == pytest.approx(spans["exit_readout"].t1)
             assert (rec.hit is False) == ("draft_rollout" in spans)  # a miss rolls out afresh, after the branches
@@ -330,3 +364,15 @@ def test_the_roofline_shows_the_whole_machines_line_and_step():
     assert "memory limit on all 2 cores" in names and "AR step on all 2 cores (the baseline)" in names
     text = roofline_sentence(roof, 2)
     assert "On all 2 cores, as the baseline (AR) runs, the step took 3.2 ms against 3.0 ms" in text and "94%" in text
+
+
+def test_the_players_header_counts_the_phases_it_names_and_next_moves_one():
+    """'phase k of 6' over a trail of six names (no name with an arrow of its own), and Next moves one phase."""
+    from ui.learn.example import load_example
+    from ui.learn.player import player_html
+    from ui.learn.tab import PHASES, _one_phase_on
+
+    run = load_example().runs["mirror"]
+    head = re.search(r"phase (\d) of (\d): (.*?)</p>", player_html(run, run.steps[0].step, 0)).groups()
+    assert head[:2] == ("1", str(PHASES)) and len(re.sub("<[^>]+>", "", head[2]).split("→")) == PHASES
+    assert _one_phase_on(Session(), run.steps[0].step, 2)[0] == 3 and _one_phase_on(Session(), 1, PHASES)[0] == PHASES

@@ -91,12 +91,18 @@ def _loaded(loader, pair, timeout=10):
     return loader.loaded() == pair
 
 
-def test_stop_ends_the_wait_for_a_load_and_keeps_the_working_pair():
+def _working():
+    """A slow load, a loader with ("t", "d") loaded through it, and that engine (the next load waits for release)."""
     slow = _SlowLoad()
     loader = EngineLoader(INLINE, load=slow, warmup=False, check=None)
     slow.release.set()
     working = loader.get("t", "d")
     slow.release.clear()
+    return slow, loader, working
+
+
+def test_stop_ends_the_wait_for_a_load_and_keeps_the_working_pair():
+    slow, loader, working = _working()
     stop = threading.Event()
     threading.Timer(0.2, stop.set).start()
     t0 = time.monotonic()
@@ -150,3 +156,21 @@ def test_a_pair_loaded_again_is_not_called_a_first_use():
     loader.get("t", "d")
     loader.get("t", "other")
     assert "loaded before" in load_status(loader, first) and "first use" not in load_status(loader, first)
+
+
+def test_closing_stops_what_runs_and_does_not_wait_for_a_load():
+    """The server shutting down: every run, replay and sweep the loader holds is stopped, and close does not wait
+    for a load under way (its engine is dropped if it ends)."""
+    slow, loader, working = _working()
+    run = threading.Event()
+    with loader.holding(run):
+        loader.stop_runs()
+    assert run.is_set()
+    threading.Thread(target=lambda: loader.get("t", "other"), daemon=True).start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    loader.close()
+    assert time.monotonic() - t0 < 1.0 and working in slow.closed and loader.loaded() is None
+    slow.release.set()
+    time.sleep(0.2)
+    assert loader.loaded() is None and len(slow.closed) == 2  # the load ended after the close: dropped

@@ -83,6 +83,37 @@ def test_a_resize_redraws_the_plots_within_a_second(pair):
                 time.sleep(0.05)
 
 
+TAB_JS = """(() => { const t = [...document.querySelectorAll("button[role=tab]")].find(b => b.textContent.trim() === %s);
+  if (t) t.click(); })()"""
+ROOFLINE_JS = """JSON.stringify([".main-svg", ".xtitle"].map(sel => {
+  const e = document.querySelector("#mirror-roofline-plot " + sel); if (!e) return null;
+  const b = e.getBoundingClientRect(); return [b.left, b.right]; }))"""
+
+
+def test_a_resize_while_the_learn_tab_is_hidden_leaves_its_roofline_whole(pair):
+    """The roofline drawn at a phone's width, the Run tab shown, the window made wide, the Learn tab shown again: the
+    plot takes the new width and its axis title lies inside it (it stayed at the phone's width, the title cut)."""
+    with served(pair) as (_, url, browser):
+        open_page(browser, url)
+        _size(browser, *PHONE)
+        browser.evaluate(TAB_JS % json.dumps("Learn"))
+        time.sleep(1.0)
+        browser.evaluate("document.getElementById('mirror-roofline-show').click()")
+        deadline = time.monotonic() + 20
+        while None in json.loads(browser.evaluate(ROOFLINE_JS)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        narrow = json.loads(browser.evaluate(ROOFLINE_JS))
+        browser.evaluate(TAB_JS % json.dumps("Run"))
+        time.sleep(0.5)
+        _size(browser, 1280, 800)
+        time.sleep(1.0)
+        browser.evaluate(TAB_JS % json.dumps("Learn"))
+        time.sleep(1.5)
+        (left, right), (title_left, title_right) = json.loads(browser.evaluate(ROOFLINE_JS))
+        assert right - left > 1.5 * (narrow[0][1] - narrow[0][0]), (narrow, left, right)  # the plot took the width
+        assert left <= title_left and title_right <= right, (left, right, title_left, title_right)
+
+
 def test_an_unknown_model_id_fails_at_once_on_the_page_and_keeps_the_pair(pair, monkeypatch):
     from huggingface_hub import constants
 

@@ -99,8 +99,8 @@ def test_the_verdict_says_why_mirror_sd_is_slower_with_the_arithmetic():
     session = session_of({"ar": ar(40), "mirror": mirror(20, 0.010, 0.001, 0.010, 0.001), "sd": mirror(20, **SD,
                                                                                                         decoder="sd")})
     text = html.unescape(verdict_html(session))
-    assert ("Mirror-SD 0.91× AR (91.1 vs 100.0 tok/s) · 1.09× vanilla SD. Slower here: each verification of γ+1 = 2 "
-            "tokens cost 2.10 AR steps and committed 2.00 tokens (2.00 ÷ 2.10 ≈ 0.95). With the draft's waits and "
+    assert ("Mirror-SD 0.91× AR (91.1 vs 100.0 tok/s) · 1.09× vanilla SD. Slower here than AR: each verification "
+            "(the window of γ+1 = 2 tokens and the early-exit readout) cost 2.10 AR steps and committed 2.00 tokens (2.00 ÷ 2.10 ≈ 0.95). With the draft's waits and "
             "acceptance a whole step cost 2.20 AR steps (2.00 ÷ 2.20 ≈ 0.91 per step, the prefill aside; the latency "
             "model predicts 0.91×).") in text
     assert "mirror-slow" not in verdict_html(session) and "mirror-fast" not in verdict_html(session)  # neutral
@@ -111,9 +111,12 @@ def test_the_verdict_says_why_mirror_sd_is_faster_and_when_sd_beat_it():
     fast = mirror(20, 0.006, 0.001, 0.006, 0.001)
     text = verdict_text([{"ar": ar(40), "mirror": fast, "sd": mirror(20, 0.005, 0.0, 0.005, 0.0, decoder="sd")}])
     assert text.startswith("Mirror-SD 1.41× AR (141.4 vs 100.0 tok/s) · 0.72× vanilla SD (SD was faster). Faster "
-                           "here: each verification of γ+1 = 2 tokens cost 1.30 AR steps and committed 2.00 tokens "
-                           "(2.00 ÷ 1.30 ≈ 1.54)."), text
-    assert "tick Vanilla SD" in verdict_text([{"ar": ar(40), "mirror": fast}])  # Mirror ÷ SD only when SD ran
+                           "here than AR: each verification (the window of γ+1 = 2 tokens and the early-exit readout) "
+                           "cost 1.30 AR steps and committed 2.00 tokens (2.00 ÷ 1.30 ≈ 1.54)."), text
+    # Mirror ÷ SD's reason in the verdict, in one step's parts (no scrolling to the latency table)
+    assert "Against vanilla SD a step cost 14.00 vs 10.00 ms (τ 2.00 vs 2.00: 7.00 vs 5.00 ms a token)" in text
+    assert "the early-exit readout 1.00 vs 0.00 ms" in text
+    assert "Tick Vanilla SD" in verdict_text([{"ar": ar(40), "mirror": fast}])  # Mirror ÷ SD only when SD ran
 
 
 def test_with_repeats_the_verdict_reads_the_middle_repeat_and_gives_the_range():
@@ -276,3 +279,80 @@ def test_the_verdict_names_where_its_baseline_ran():
     assert _where(run) == "; AR on one core"
     run.start = None
     assert _where(run) == ""
+
+
+def _load_info(draft: str = "draft", window_ms: float = 16.0, step_ms: float = 10.0):
+    """A loaded pair's load-time figures (engine.PairInfo's fields the chain reads): its target timed a one-token
+    step of `step_ms` and a window of the default γ+1 of `window_ms`."""
+    from types import SimpleNamespace
+
+    from mirror_core.records import Calibration, Timing
+
+    target = Calibration("target", "auto", "float32", "float32", (Timing("float32", "step", step_ms),
+                                                                  Timing("float32", "window", window_ms)))
+    draft_cal = Calibration("draft", "auto", "float32", "float32", (Timing("float32", "step", 2.0),
+                                                                    Timing("float32", "rows", 40.0)))
+    return SimpleNamespace(target="target", draft=draft, target_dtype=target, draft_dtype=draft_cal,
+                           whole_machine=None, serial_cpus=(), num_layers=4,
+                           resolve=lambda spec: SpecConfig(gamma=1, kappa=2, exit_layer=2))
+
+
+def test_one_steps_bars_add_up_to_the_measured_step_and_the_chain_quotes_each_verify_cost_once():
+    from ui.costs import chain, chain_html, step_bar
+
+    ar_run, run = ar(40), mirror(20, 0.010, 0.001, 0.010, 0.001)
+    bar = step_bar(run)
+    assert dict(bar.parts) == pytest.approx({"prefix": 10.0, "readout": 1.0, "suffix": 10.0, "accept": 1.0,
+                                             "wait for the draft": 0.0, "the rest": 0.0}, abs=1e-6)
+    assert bar.step_ms == pytest.approx(22.0) and step_bar(ar_run).step_ms == pytest.approx(10.0)
+    c = chain(run, ar_run, _load_info())
+    text = re.sub(r"\s+", " ", html.unescape(re.sub("<[^>]+>", " ", chain_html(c))))
+    # the load's window at γ = 1: 10 + (16 − 10) · 1/γ_default ms over its 10 ms step; the run's: 20 ms over 10 ms
+    from mirror_core.config import DEFAULT_GAMMA
+
+    load_window = 10.0 + 6.0 / DEFAULT_GAMMA
+    assert f"window at load {load_window:.2f} ms {load_window / 10:.2f} AR steps" in text
+    assert "window 20.00 ms 2.00 AR steps" in text and "verification 21.00 ms 2.10 AR steps" in text
+    assert "step 22.00 ms 2.20 AR steps" in text
+    verdict = html.unescape(verdict_html(session_of({"ar": ar_run, "mirror": run})))
+    assert "cost 2.10 AR steps" in verdict and "whole step cost 2.20 AR steps" in verdict  # the same figures
+    assert f"This run's window took 20.00 ms against {load_window:.2f} ms at load" in text  # outside its spread: why
+    assert chain(run, ar_run, _load_info(window_ms=10.0 + 10.0 * DEFAULT_GAMMA)).load_window == pytest.approx(20.0)
+    same = chain_html(chain(run, ar_run, _load_info(window_ms=10.0 + 10.0 * DEFAULT_GAMMA)))
+    assert "lies within this run" in html.unescape(same)
+    other = _load_info()
+    other.target = "another target"  # the loaded pair is not the run's: no load figures
+    assert chain(run, ar_run, other).load_window is None
+
+
+def test_the_loads_choice_is_checked_against_the_run_with_the_term_that_moved_most():
+    from ui.costs import choice_check, moved
+    from ui.learn.example import ROOT
+    from ui.learn.whatif import WhatIf
+
+    load = WhatIf(10.0, 1.2, 0.5, 2.0, 1.0, 0.0, 2.0, 0.3, 1)
+    run = WhatIf(10.0, 2.1, 0.5, 2.0, 1.0, 1.0, 2.0, 0.3, 1)  # the window nearly doubled, the readout appeared
+    assert [name for name, _ in moved(load, run)][:2] == ["the window's forward", "the readout and messages"]
+    draft = os.path.join(ROOT, "assets", "smollm2_pair", "feature_draft")  # a draft with a profile
+    settings = _settings("mirror", 1, draft=draft, note="chosen for this machine", modelled=1.2)
+    run_ = mirror(20, 0.010, 0.001, 0.010, 0.001, settings=settings)
+    text = choice_check(run_, ar(40), _load_info(draft=draft))
+    assert text.startswith("The load chose γ 1, κ 2 here as modelled ") and "it measured 0.91×" in text
+    assert "The term that moved most: the window's forward" in text
+    assert choice_check(run_, ar(40), None) == ""  # no load figures: nothing to check against
+
+
+def _mirror_at(ratio: float) -> DecoderRun:
+    """A Mirror-SD run whose wall time is AR's (ar(40): 410 ms for 41 tokens) ÷ `ratio`, for the same 41 tokens."""
+    step = (0.41 / ratio - PREFILL) / 20  # 20 steps of two tokens after the prefill's
+    return mirror(20, step / 2 - 0.0005, 0.0005, step / 2 - 0.0005, 0.0005)
+
+
+def test_a_run_of_clearly_slower_repeats_is_slower_though_one_repeat_touches_one():
+    """[0.67, 0.70, 1.00]: the middle half of the repeats (0.69–0.85×) does not hold 1×, so the verdict says slower,
+    with no noise clause; [0.95, 1.02, 1.05] holds 1× in its middle half: within timing noise."""
+    slower = verdict_text([{"ar": ar(40), "mirror": _mirror_at(x)} for x in (0.67, 0.70, 1.00)])
+    assert slower.startswith("Mirror-SD 0.70× AR") and "[0.67–1.00× over 3 repeats" in slower, slower
+    assert "Slower here than AR" in slower and "timing noise" not in slower
+    tie = verdict_text([{"ar": ar(40), "mirror": _mirror_at(x)} for x in (0.95, 1.02, 1.05)])
+    assert "holds 1×: on this machine the two are within timing noise" in tie

@@ -21,6 +21,9 @@ QUEUE_MAX_SIZE = 32                # waiting requests beyond this are turned awa
 # queue-position line; tests/test_ui_app.py fails if a Gradio release drops the attributes.
 QUEUE_POLL_S = 0.05
 CSS = render.asset("page.css")  # the page's styles (ui/page.css)
+# A tab shown again: its plots were laid out while it was hidden, so a window resized meanwhile left them at their old
+# width (the roofline's axis title cut off): a resize event lays every plot out at the width it has now.
+RELAYOUT_JS = "() => { setTimeout(() => dispatchEvent(new Event('resize')), 50); }"
 
 # demo.launch(**LAUNCH) everywhere the page is served. Gradio's run history is off: it keeps every run's inputs and
 # outputs in the browser's localStorage (up to 100 runs) and, while a generator streams, re-serialises that whole
@@ -47,6 +50,7 @@ def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[s
                 player = learn.build(state, loader, learn_tab)
         run_tab.wire(demo, loader, presets, state, controls, shown)
         _wire_learn_link(state, shown, tabs, player)
+        tabs.select(None, None, None, js=RELAYOUT_JS, api_visibility="private", queue=False)
     demo.queue(max_size=QUEUE_MAX_SIZE, default_concurrency_limit=1)  # one run on the lanes at a time
     demo._queue.sleep_when_free = demo._queue.progress_update_sleep_when_free = QUEUE_POLL_S
     return demo

@@ -113,6 +113,7 @@ class EngineLoader:
         self._loading: tuple | None = None  # the pair a load is under way for
         self._wants: dict[tuple, list[threading.Event]] = {}  # pair → the stop flags of the callers waiting for it
         self._wants_lock = threading.Lock()
+        self._held: set[threading.Event] = set()  # the stop flags of what runs now (holding)
 
     def get(self, target: str, draft: str | None, stop: threading.Event | None = None) -> MirrorEngine | None:
         """The pair's engine, loaded now unless it is the loaded one. A pair that cannot load (refused by the
@@ -166,6 +167,24 @@ class EngineLoader:
             raise
         return engine
 
+    @contextlib.contextmanager
+    def holding(self, stop: threading.Event):
+        """While a run, a replay or a sweep holds the lanes or a page update stream: stop_runs sets `stop`."""
+        with self._wants_lock:
+            self._held.add(stop)
+        try:
+            yield
+        finally:
+            with self._wants_lock:
+                self._held.discard(stop)
+
+    def stop_runs(self) -> None:
+        """Stop everything held (the server is shutting down): each run ends within one step, so the page's update
+        streams close and the server stops at once."""
+        with self._wants_lock:
+            for stop in self._held:
+                stop.set()
+
     def loading(self) -> tuple[str, str | None] | None:
         """The (target, draft) being loaded now, or None (a stopped load runs on in the background until it ends)."""
         return self._loading
@@ -185,7 +204,19 @@ class EngineLoader:
         return (target, draft, self.lanes) in self._seen
 
     def close(self) -> None:
-        with self._lock:
+        """Close the loaded pair now (the server is shutting down): what runs on it is stopped first, and a load
+        under way is not waited for (every caller of it counts as stopped, so its engine is dropped if it ends)."""
+        self.stop_runs()
+        with self._wants_lock:
+            for flags in self._wants.values():
+                for flag in flags:
+                    flag.set()
+        if self._lock.acquire(blocking=False):
+            try:
+                self._close_current()
+            finally:
+                self._lock.release()
+        else:  # a load holds the lock until it ends: the working pair is closed without it
             self._close_current()
 
     def _close_current(self) -> None:

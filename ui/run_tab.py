@@ -3,6 +3,7 @@ Run, Stop, Replay and the step inspector to the per-user Session."""
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 
 import gradio as gr
@@ -171,8 +172,10 @@ def wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], state
 
     def on_replay(session: Session, speed="1×"):
         deltas = Deltas()
-        for tick in replay(session, speed=REPLAY_SPEEDS.get(speed, 1.0)):
-            yield view(components, session, tick, deltas)
+        stopped = threading.Event()
+        with loader.holding(stopped):  # a server shutting down ends the replay at once
+            for tick in replay(session, speed=REPLAY_SPEEDS.get(speed, 1.0), stopped=stopped):
+                yield view(components, session, tick, deltas)
 
     # The controls go in as a positional list (CONTROLS order, named once in on_run): set-style inputs would reorder
     # the public /run endpoint's parameters (Gradio sorts a set by component id). Progress only on the status line:

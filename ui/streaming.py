@@ -67,12 +67,20 @@ def run_comparison(loader, session: Session, settings: ComparisonSettings, *, se
     erasing them. At the end the views show the repeat the verdict reads (the middle one by Mirror ÷ AR).
     """
     generation = session.begin_comparison()
+    with loader.holding(session.stop):  # a server shutting down stops the comparison within one step
+        yield from _comparison(loader, session, settings, generation, settle_s, sleep)
+
+
+def _comparison(loader, session: Session, settings: ComparisonSettings, generation: int, settle_s: float,
+                sleep: Callable[[float], None]) -> Iterator[Tick]:
+    """run_comparison's body: its ticks from the load to DONE, the trace written and the session idle at the end."""
     cleared = False  # the previous comparison's views were cleared (this one started)
     try:
         engine, requests = yield from _prepare(loader, session, settings)
         session.clear_results()
         session.prompt, session.live_plots, session.planned_repeats = (settings.prompt, settings.live_plots,
                                                                        settings.repeats)
+        session.pair_info = engine.info
         yield Tick(RESET, session.status)  # clears the previous comparison's views, in two pieces
         cleared = True
         sleep(PAGE_PIECE_S)
@@ -135,9 +143,11 @@ def _ending(session: Session, sleep: Callable[[float], None]) -> Iterator[Tick]:
     plots' legend), or with live plots the runs replayed side by side at their measured pace, ending whole. The
     views go just before DONE, which repeats them: Gradio sends a value equal to the same view's previous one as an
     empty diff."""
-    yield Tick(RESULTS, session.status)
+    replaying = session.live_plots and not session.error and not session.stopped
+    yield Tick(RESULTS, "Timed. Replaying the runs the verdict reads at their measured pace …" if replaying
+               else session.status)
     sleep(PAGE_PIECE_S)
-    if session.live_plots and not session.error and not session.stopped:
+    if replaying:
         yield from _replayed(session, 1.0, REPLAY_FPS, sleep, session.stop, session.status)
     else:
         yield Tick(TEXT, session.status, plots=True, whole=True)
@@ -169,7 +179,8 @@ def _run_decoder(engine, session: Session, request, namer: TokenNamer, settle_s:
                 held.append(event)
                 continue
             session.add(run, event)
-            if isinstance(event, TokenEvent):  # the first token: shown at once
+            if isinstance(event, TokenEvent):  # the first token (the prefill's: no rejected draft goes before it)
+                run.view.release()            # shown at once
                 yield Tick(TEXT, session.status, active=request.decoder)
     finally:
         stream.close()  # closed early (Stop, page gone): the engine stops within one step
@@ -237,12 +248,13 @@ def final_status(session: Session) -> str:
 
 
 def replay(session: Session, *, speed: float = 1.0, fps: float = REPLAY_FPS,
-           sleep: Callable[[float], None] = time.sleep) -> Iterator[Tick]:
-    """Re-animate the finished runs side by side at their measured commit times (TokenEvent.t − RunStart.t0)."""
+           sleep: Callable[[float], None] = time.sleep, stopped: threading.Event | None = None) -> Iterator[Tick]:
+    """Re-animate the finished runs side by side at their measured commit times (TokenEvent.t − RunStart.t0);
+    `stopped` (a fresh flag by default) ends it."""
     if not session.idle.is_set():  # a live run owns the views until it ends
         yield Tick(STATUS, "A comparison is running: replay it when it has finished.")
         return
-    stopped = session.replay_stop = threading.Event()  # set by Stop, and by a new comparison (begin_comparison)
+    stopped = session.replay_stop = stopped or threading.Event()  # set by Stop, and by a new comparison
     if not any(r.tokens for r in session.runs.values()):
         yield Tick(STATUS, "Nothing to replay yet: run a comparison first.")
         return

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import statistics
 
+from .costs import costs_html, sd_reason
 from .numbers import MIN_TIMED_STEPS, MIN_TIMED_TOKENS, latency_model, per_repeat, speedup, too_short
 from .session import DecoderRun, Session
 from .settings import DECODER_TITLES
@@ -17,12 +18,12 @@ from .settings import DECODER_TITLES
 EMPTY = ("The verdict appears under this line when the runs finish: Mirror-SD against target-only AR and vanilla SD, "
          "and why, in numbers.")  # said by the status line before any run (the verdict's box is empty then)
 DEFINITIONS = ("× AR: AR's wall time ÷ Mirror-SD's for the same tokens (measured; tok/s = new tokens ÷ wall time); AR "
-               "is the target alone on every core, the fastest target-only decoding here (Mirror-SD splits the cores "
-               "between its two lanes). "
+               "is the target alone, on the cores named above (on every core where that is the fastest target-only "
+               "decoding here: Mirror-SD splits the cores between its two lanes). "
                "An AR step: the AR run's mean one-token target step (T_AR). A verification: the target's pass over "
                "the γ+1 window positions, early-exit readout included (T_pre + T_rv^ee + Δ). τ: tokens committed per "
-               "verification, correction or bonus included. The tables below hold every figure; Learn defines each "
-               "term.")
+               "verification, correction or bonus included. The fold below holds one step's milliseconds and every "
+               "verify cost from load to run; Learn defines each term.")
 
 
 def verdict_html(session: Session) -> str:
@@ -51,8 +52,12 @@ def verdict_html(session: Session) -> str:
     timed, planned = len(repeats), session.planned_repeats
     provisional = (f"<b>Provisional</b> ({timed} of {planned} repeats timed; it updates as each one ends): "
                    if not session.idle.is_set() and timed < planned else "")
+    ranked = _ranked(repeats)
+    fold = "" if not ranked else (
+        "<details id='mirror-why-fold'><summary>Where a step's time goes, from load to run</summary>"
+        + costs_html(ranked[(len(ranked) - 1) // 2], session.pair_info) + "</details>")
     return _box(provisional + html.escape(verdict_text(repeats))
-                + f"<br><small>{html.escape(how_measured(timed) + ' ' + DEFINITIONS)}</small>")
+                + f"<br><small>{html.escape(how_measured(timed) + ' ' + DEFINITIONS)}</small>" + fold)
 
 
 def how_measured(repeats: int) -> str:
@@ -92,13 +97,14 @@ def verdict_text(repeats: list[dict[str, DecoderRun]]) -> str:
     x_ar = ratio(middle, "ar")
     head = (f"Mirror-SD {x_ar:.2f}× AR ({middle['mirror'].summary.tokens_per_s:.1f} vs "
             f"{middle['ar'].summary.tokens_per_s:.1f} tok/s{_where(middle['ar'])})" + _spread(ranked, "ar", len(repeats)))
+    versus_sd = " Tick Vanilla SD for Mirror ÷ SD."
     if "sd" in middle and ratio(middle, "sd") is not None:
         x_sd = ratio(middle, "sd")
         head += (f" · {x_sd:.2f}× vanilla SD" + _spread([r for r in ranked if "sd" in r], "sd", len(repeats))
                  + (" (SD was faster)" if x_sd < 1 else ""))
-    else:
-        head += " · tick Vanilla SD for Mirror ÷ SD"
-    return f"{head}. {'Faster' if x_ar >= 1 else 'Slower'} here: {_reason(middle)}{_noise(ranked)}"
+        versus_sd = " " + sd_reason(middle["sd"], middle["mirror"])
+    return (f"{head}. {'Faster' if x_ar >= 1 else 'Slower'} here than AR: {_reason(middle)}{_noise(ranked)}"
+            f"{versus_sd}")
 
 
 def _where(ar: DecoderRun) -> str:
@@ -132,10 +138,10 @@ def _reason(rep: dict[str, DecoderRun]) -> str:
     step = model.measured_step / model.t_ar
     tau = model.tau
     modelled = "" if model.speedup is None else f"; the latency model predicts {model.speedup:.2f}×"
-    return (f"each verification of γ+1 = {gamma + 1} tokens cost {verify:.2f} AR steps and committed {tau:.2f} "
-            f"tokens ({tau:.2f} ÷ {verify:.2f} ≈ {tau / verify:.2f}). With the draft's waits and acceptance a whole "
-            f"step cost {step:.2f} AR steps ({tau:.2f} ÷ {step:.2f} ≈ {tau / step:.2f} per step, the prefill aside"
-            f"{modelled}).")
+    return (f"each verification (the window of γ+1 = {gamma + 1} tokens and the early-exit readout) cost "
+            f"{verify:.2f} AR steps and committed {tau:.2f} tokens ({tau:.2f} ÷ {verify:.2f} ≈ {tau / verify:.2f}). "
+            f"With the draft's waits and acceptance a whole step cost {step:.2f} AR steps ({tau:.2f} ÷ {step:.2f} ≈ "
+            f"{tau / step:.2f} per step, the prefill aside{modelled}).")
 
 
 def _noise(ranked: list[dict[str, DecoderRun]]) -> str:

@@ -208,6 +208,7 @@ def _choice_checked(session: Session, run) -> str:
     measured, _ = numbers.speedup(session.runs.get("ar"), run) if run.decoder == "mirror" else (None, None)
     if modelled is None or measured is None:
         return ""
-    held = ("the choice held" if measured >= 0.9 * modelled else "the choice did not hold here: the Learn tab's γ "
-            "and κ experiments measure the other settings on this prompt")
+    held = ("the choice held" if measured >= 0.9 * modelled else "the choice did not hold here: the fold under the "
+            "verdict names the term that moved most, and the Learn tab's γ and κ experiments measure the other "
+            "settings on this prompt")
     return f" Modelled at load {modelled:.2f}× AR; this run measured {measured:.2f}× ({held})."

@@ -3,7 +3,8 @@ figures shown on the page are defined here). Symbols follow docs/ALGORITHM.md §
 from __future__ import annotations
 
 GLOSSARY = (
-    ("window", "The γ draft tokens d1..dγ the target verifies in one forward, after the last committed token w0."),
+    ("window", "The γ+1 tokens the target runs in one forward: the last committed token w0 and the γ draft tokens "
+               "d1..dγ it verifies (so a window has γ+1 rows, and γ+1 slots)."),
     ("early exit (ℓ_e)", "A layer part-way through the target where its hidden state is read out through the final "
                          "norm and LM head, before the remaining layers run."),
     ("κ", "How many next-token candidates per window slot the early exit sends to the draft (its top-κ)."),
@@ -62,21 +63,32 @@ GLOSSARY = (
     ("roofline step", "Weight bytes per token ÷ read bandwidth: the least one target step can cost here (the memory "
                       "limit, flat in rows)."),
     ("share of the roofline", "Roofline step ÷ the measured AR step: 100% means the step runs at the memory limit."),
-    ("window cost", "A forward of γ+1 new rows in one-token steps: ≈ 1 while the pass is memory-bound."),
+    ("window cost", "At load, on the target lane: a forward of that many new rows ÷ the lane's one-row forward "
+                    "(the roofline's): ≈ 1 while the pass is memory-bound."),
     ("compute limit", "2 × rows × the linear maps' multiply-adds ÷ their peak rate measured at load (GFLOP/s): the "
                       "least the arithmetic of that many rows can cost (rising with rows)."),
     ("ridge", "The number of rows where the compute limit meets the memory limit: below it an extra row is nearly "
               "free, past it each row costs its arithmetic."),
-    ("verify cost", "What verifying a window of γ+1 tokens costs, in one-token AR steps: the speedup curve's x axis and "
-                    "the what-if's *Verify γ+1 tokens / one step* knob (≈ 1 on an accelerator, more on a CPU)."),
+    ("verify cost", "What verifying a window of γ+1 tokens costs, in AR steps (÷ T_AR), defined once each under the "
+                    "Run tab's verdict: the window at load (the figure the choice of γ, κ used), the window in a run "
+                    "(T_pre + Δ: the speedup curve's x axis and the what-if's *Window γ+1 ÷ T_AR* knob), the "
+                    "verification (+ the readout T_rv^ee) and the whole step (≈ 1 on an accelerator, more on a CPU)."),
+    ("T_AR", "AR's one-token step on the cores AR runs on (every core where that is fastest): the AR run's mean, or "
+             "at load the baseline's step timed then. Every speedup and every 'AR steps' figure is against it."),
+    ("provisional verdict", "The verdict from the repeats timed so far, while the others still run; it updates as "
+                            "each repeat ends."),
     ("break-even verify cost", "The verify cost up to which the latency model puts Mirror-SD at or above 1× AR at the "
                                "knobs' other values (modelled)."),
     ("you are here", "The speedup curve's point at the what-if's knobs: this machine's run or load, or the start chosen."),
     ("recorded example", "A real run of AR, vanilla SD and Mirror-SD on the default pair, shipped in "
                          "assets/learn_example/ so the Learn tab works before any run; its times are the recording "
                          "machine's, named on the page."),
-    ("accelerator-shaped timeline", "A run's steps re-timed by the latency model with each verification scaled to one "
-                                    "AR step, every other span as measured: modelled, not measured."),
+    ("accelerator-shaped timeline", "A run's steps re-timed as the accelerator view models them (the window at one "
+                                    "AR step, the readout with it, the branch batch at most one fresh rollout, the "
+                                    "rest as measured): modelled, not measured."),
+    ("accelerator view", "The curve's *verify ≈ 1 step* switch: the window costs one AR step, the readout and "
+                         "messages shrink with it, the draft's branch batch runs on a device of its own; T_AR, the "
+                         "exit split, the draft's time per token, τ, FF and γ stay (modelled)."),
     ("load-time timings", "The target's and draft's forwards timed when the pair loaded on this machine (step, "
                           "window, branch rows, forward by rows): what the what-if starts from before any run."),
 )

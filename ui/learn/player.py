@@ -71,7 +71,7 @@ def phases(run: DecoderRun, rec: StepRecord) -> tuple[list[Phase], list[SpanEven
                      f"{_ms(spans, STAGE_TARGET_PREFIX):.1f} ms.", at(STAGE_TARGET_PREFIX, start)))
     cands = "; ".join(f"slot {s + 1}: " + ", ".join(f"{code(t)} {math.exp(lp):.2f}" for t, lp in zip(ids, lps) if t >= 0)
                       for s, (ids, lps) in enumerate(zip(rec.topk_ids, rec.topk_logprobs)))
-    out.append(Phase("Early exit → M_t", f"At layer {n} the early exit reads out each slot's top-κ ({cands or 'none'}) "
+    out.append(Phase("Early exit sends M_t", f"At layer {n} the early exit reads out each slot's top-κ ({cands or 'none'}) "
                      f"and sends their ids and log-probs to the draft lane: {_ms(spans, STAGE_EXIT_READOUT):.1f} ms.",
                      at(STAGE_EXIT_READOUT, start)))
     suffix, branches = _ms(spans, STAGE_TARGET_SUFFIX), _ms(spans, STAGE_DRAFT_BRANCHES)

@@ -106,14 +106,16 @@ def _window_part(roof: Roofline, gamma: int | None) -> str:
     window = f"γ+1 = {rows} rows" if gamma and gamma + 1 <= n else f"{rows} rows"
     steps = roof.window_steps(rows)
     if ridge is None:
-        return f"A window of {window} cost {steps:.2f} steps (without both limits measured, the ridge is unknown)."
+        return (f"A window of {window} cost {steps:.2f} of the lane's one-row forwards at load (without both limits "
+                "measured, the ridge is unknown).")
     if rows > ridge:
         return (f"A window of {window} is past the ridge, where each extra row costs its arithmetic: it cost "
                 f"{steps:.2f} steps.")
     verdict = (": verifying a window is nearly free" if steps <= NEARLY_FREE else
                ", more than the limits say (per-row work besides reading the weights: attention, norms, overheads)")
     return (f"While the pass is memory-bound, every row reuses one read of the weights, so a window of γ+1 rows costs "
-            f"about one step; here a window of {window} cost {steps:.2f} steps measured{verdict}.")
+            f"about one step; here a window of {window} cost {steps:.2f} of the lane's one-row forwards, measured at "
+            f"load{verdict} (a run's window in AR steps is in the fold under the Run tab's verdict).")
 
 
 def _ridge_part(roof: Roofline) -> str:

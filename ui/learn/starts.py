@@ -67,7 +67,8 @@ def _from_run(session: Session, info) -> Start | None:
     measured, _ = speedup(ar, mirror)
     settings = mirror.start.settings
     note = (f"Started from **your last run** on this machine ({machine.cpu_model()}): its measured spans (the Run "
-            f"tab's latency table), T_AR from its AR run. Mirror-SD measured "
+            f"tab's latency table; the window knob is the run's T_pre + Δ ÷ T_AR, the *window* of the fold under the "
+            f"verdict), T_AR from its AR run. Mirror-SD measured "
             f"{'—' if measured is None else f'{measured:.2f}×'} AR; its spans model {model.speedup:.2f}×."
             + _chosen(settings, info, measured))
     return Start(WhatIf.from_model(model, settings.request.spec.gamma), note, f"run:{session.generation}")
@@ -80,8 +81,9 @@ def _from_load(info) -> Start | None:
     c = info.spec_choice
     chosen = (f" At load the latency model chose γ {c.gamma}, κ {c.kappa} here (modelled {c.speedup:.2f}× AR); no run "
               "has measured it yet: run the Run tab to check." if c else "")
-    note = (f"Started from **this machine's load-time timings** ({machine.cpu_model()}, the loaded pair): T_AR, the "
-            "window's cost and the draft's step and branch rows, timed when the pair loaded. τ and FF come from the "
+    note = (f"Started from **this machine's load-time timings** ({machine.cpu_model()}, the loaded pair): T_AR (the "
+            "baseline's step), the window's cost (the *window at load* the choice of γ, κ modelled with) and the "
+            "draft's step and branch rows, timed when the pair loaded. τ and FF come from the "
             "draft's profile (measured on held-out answers when it was trained, not here); the readout and messages "
             "are not timed at load (0 ms)." + chosen)
     return Start(knobs, note, f"load:{info.target}:{info.draft}")

@@ -30,13 +30,15 @@ from .roofline import roofline_view
 from ..session import Session
 from .starts import STARTS, THIS_MACHINE, start
 from .tree import first_steps, tree_html
-from .whatif import KNOBS, WhatIf, whatif_html
+from .whatif import ACCELERATOR_KEPT, ACCELERATOR_MODELLED, KNOBS, WhatIf, whatif_html
 
 # (knob, label, lowest, highest, step, one-line help)
 SLIDERS = (
-    ("t_ar_ms", "Target step T_AR (ms)", 0.05, 5000.0, 0.05, "One target-only decode step (one token)."),
-    ("verify_ratio", "Verify γ+1 tokens / one step", 0.1, 8.0, 0.01,
-     "How much a verification window costs against one token: ≈ 1 on accelerators, larger on CPUs."),
+    ("t_ar_ms", "AR's step T_AR (ms)", 0.05, 5000.0, 0.05,
+     "One target-only decode step (one token), on the cores AR runs on: every speedup's baseline."),
+    ("verify_ratio", "Window γ+1 ÷ T_AR (AR steps)", 0.1, 8.0, 0.01,
+     "The target's forward over the γ+1 window (T_pre + Δ; the readout is T_rv below) in AR steps: ≈ 1 on "
+     "accelerators, larger on CPUs."),
     ("suffix_share", "Share after the early exit (Δ)", 0.05, 0.95, 0.01,
      "The part of the verification pass after layer ℓ_e: the time the draft's branches can hide in."),
     ("draft_ms", "Draft time per token (ms)", 0.01, 500.0, 0.01, "One draft forward; a fresh rollout is γ of them."),
@@ -48,7 +50,7 @@ SLIDERS = (
     ("gamma", "γ (draft tokens per window)", 1, 16, 1, "Window length."),
 )
 assert tuple(s[0] for s in SLIDERS) == KNOBS
-PHASES = 6  # ui/learn/player.py: window in, layers 1..ℓ_e, early exit → M_t, suffix ∥ branches, acceptance, hit or miss
+PHASES = 6  # ui/learn/player.py: window in, layers 1..ℓ_e, early exit sends M_t, suffix ∥ branches, acceptance, hit or miss
 SPEEDS = {"0.5 s": 0.5, "1 s": 1.0, "2 s": 2.0, "4 s": 4.0}  # wall time per phase when playing
 MEASURED, SHAPED = "as measured", "accelerator-shaped (modelled)"  # the player's timelines (ui/learn/retime.py)
 
@@ -91,9 +93,9 @@ def step_views(session: Session, s, k, timeline: str = MEASURED) -> tuple[str, s
         return source_line(example) + note + player_html(run, s, int(k) - 1, runs.get("sd")), tree_html(run, s)
     t_ar = 1e3 * ar_step_time(runs["ar"].spans)
     note = (f"<p class='mirror-def' id='mirror-player-shaped'><b>Accelerator-shaped, modelled</b>: this run's spans "
-            f"with each verification pass scaled to one AR step ({t_ar:.1f} ms, as where a window of γ+1 rows costs "
-            "one read of the weights) and laid out as the latency model lays a step; every other span as measured. "
-            "Not a measurement.</p>")
+            f"laid out as the latency model lays a step, re-timed as the accelerator view models them: "
+            f"{html.escape(ACCELERATOR_MODELLED)} (one AR step: {t_ar:.1f} ms); kept as measured: "
+            f"{html.escape(ACCELERATOR_KEPT)}. Not a measurement.</p>")
     return source_line(example) + note + player_html(shaped, s, int(k) - 1, None, modelled=True), tree_html(run, s)
 
 
@@ -122,8 +124,9 @@ def _step(state: gr.State) -> StepPlayer:
                 "finishes its layers, acceptance decides, and a hit reuses a branch. Below, the same step's branch "
                 "tree: each slot's candidates as roots with the branch rolled out for each; the highlighted root is "
                 "the correction on a hit, and its branch (cyan) became the next window. **Timeline**: as measured, or "
-                "accelerator-shaped (*modelled*: each verification scaled to one AR step, as where a window costs one "
-                "read of the weights, the rest as measured).")
+                "accelerator-shaped (*modelled*: the window scaled to one AR step, as where a window costs one read "
+                "of the weights, the readout with it, the draft's branch batch on its own device; the line above the "
+                "player lists what is kept as measured).")
     with gr.Row():
         # no minimum: an empty or out-of-range step gets a line in the player (session.pick_step), not an error badge
         step = gr.Number(value=_first_step(), label="Step", precision=0, elem_id="mirror-tree-step", min_width=120)
@@ -259,11 +262,12 @@ def _experiment_runner(loader) -> Callable:
         session.experiment_stop = stop_flag = threading.Event()
         points, total = [], 0
         try:
-            for done, total, points in run_experiment(engine, exp, ids, spec, stop_flag, encode=engine.encode):
-                if stop_flag.is_set():
-                    yield plot_html(exp, points, f"Stopped after {done} of {total} runs.")
-                    return
-                yield plot_html(exp, points, f"Running: {done} of {total} runs…")
+            with loader.holding(stop_flag):  # a server shutting down stops the sweep within one run
+                for done, total, points in run_experiment(engine, exp, ids, spec, stop_flag, encode=engine.encode):
+                    if stop_flag.is_set():
+                        yield plot_html(exp, points, f"Stopped after {done} of {total} runs.")
+                        return
+                    yield plot_html(exp, points, f"Running: {done} of {total} runs…")
         except MirrorError as exc:
             yield plot_html(exp, points, str(exc))
             return
@@ -281,8 +285,9 @@ def _roofline(state: gr.State, loader, tab: gr.Tab) -> None:
                 "number of new rows (1 = an AR step, γ+1 = a verification window), measured when the pair loaded "
                 "(your last run's pair, else the one loaded now), beside the two limits no forward beats: reading "
                 "every weight once (weights ÷ bandwidth, flat) and doing the arithmetic (the compute limit, rising). "
-                "Their larger is the model (dashed, *modelled*). The what-if's *Verify γ+1 tokens / one step* knob "
-                "is this chart's window cost. It redraws when you open this tab.")
+                "Their larger is the model (dashed, *modelled*). The chart's window cost is in the lane's one-row "
+                "forwards; the what-if's *Window γ+1 ÷ T_AR* knob is the same forward in AR steps (÷ the baseline's "
+                "step). It redraws when you open this tab.")
     show = gr.Button("Show the roofline", elem_id="mirror-roofline-show", size="sm")
     plot = gr.Plot(visible=False, show_label=False, elem_id="mirror-roofline-plot")
     note = gr.HTML(roofline_view(Session())[1], elem_id="mirror-roofline")

@@ -1,6 +1,7 @@
 """A first-visit tour of the page: six stops, each pointing at a part of the page with one or two sentences. It opens
 by itself on a visitor's first visit (the browser remembers that it was seen) and reopens from the header's
-"Take the tour" button. The panel sits in a corner and blocks nothing: the page works while it is open.
+"Take the tour" button. The panel sits in the corner of the window where it covers least of the part it points at
+and of the streams, and blocks nothing: the page works while it is open.
 """
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ from ..render import asset
 
 STOPS = (
     ("#mirror-prompt", "1 · Prompt and Run",
-     "Type a prompt or pick an example, then press Run: the target alone (AR) and Mirror-SD decode it one after "
-     "the other, each with the machine to itself."),
+     "Type a prompt or pick an example, then press Run: the target alone (AR), Mirror-SD and vanilla SD decode it "
+     "one after another, each with the machine to itself, three times; the page holds still while each is timed."),
     ("#mirror-tokens-mirror", "2 · The streams",
      "Each decoder's text as it is committed, coloured by where each token came from: accepted draft tokens, tokens "
      "from a reused branch, the target's corrections and bonus tokens; rejected drafts are struck through."),
-    ("#mirror-plots", "3 · Live plots",
+    ("#mirror-plots", "3 · Plots",
      "Per verification step: tokens committed (hit or miss), both lanes' busy spans on one clock (the draft working "
-     "while the target finishes its layers), the race against AR, and acceptance by position. Hover for numbers."),
+     "while the target finishes its layers), the race against AR, and acceptance by position, replayed at the "
+     "measured pace once the runs are timed. Hover for numbers."),
     ("#mirror-numbers", "4 · Numbers",
      "τ (tokens per step), α (acceptance), hit rate, draft-hidden fraction, speedup: each with its definition, and "
      "beside them the latency model computed from the same spans (labelled modelled)."),
@@ -49,7 +51,27 @@ function show(i) {
   marked = sel === 'button[role=tab]'
     ? [...document.querySelectorAll(sel)].find(b => b.textContent.trim() === 'Learn') : document.querySelector(sel);
   if (marked) { marked.classList.add('mirror-tour-mark'); marked.scrollIntoView({block: 'center', behavior: 'smooth'}); }
+  place();
+  setTimeout(place, 600);  // again once the smooth scroll has ended
 }
+function place() {
+  // The corner that covers least of the marked part and of the streams (a phone keeps its CSS: full width, bottom).
+  if (panel.hidden || innerWidth <= 640) return;
+  const avoid = [marked, ...document.querySelectorAll("[id^=mirror-tokens-]")].filter(Boolean)
+    .map(e => e.getBoundingClientRect());
+  const w = panel.offsetWidth, h = panel.offsetHeight, m = 16;
+  const corners = [[innerWidth - w - m, innerHeight - h - m], [innerWidth - w - m, m], [m, innerHeight - h - m], [m, m]];
+  const covered = ([x, y]) => avoid.reduce((sum, r) => sum + Math.max(0, Math.min(x + w, r.right) - Math.max(x, r.left))
+    * Math.max(0, Math.min(y + h, r.bottom) - Math.max(y, r.top)), 0);
+  const [x, y] = corners.reduce((best, c) => covered(c) < covered(best) ? c : best);
+  Object.assign(panel.style, {left: x + "px", top: y + "px", right: "auto", bottom: "auto"});
+}
+let placing = false;
+addEventListener("scroll", () => {
+  if (placing) return;
+  placing = true;
+  requestAnimationFrame(() => { placing = false; place(); });
+}, {passive: true});
 function close() {
   panel.hidden = true;
   if (marked) marked.classList.remove('mirror-tour-mark');

@@ -13,7 +13,7 @@ load-time timings on this machine (from_load), or the paper's illustrative accel
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from mirror_core import SpecConfig
 from mirror_core.config import DEFAULT_GAMMA, DEFAULT_KAPPA
@@ -59,29 +59,23 @@ class WhatIf:
 
     @classmethod
     def from_load(cls, info) -> WhatIf | None:
-        """The knobs from what the loaded pair's load timed on this machine (engine.PairInfo: the lanes'
-        calibrations, the target's forward by rows) at the γ, κ, ℓ_e it would run, with τ and FF from the draft's
-        profile (measured on held-out answers when it was trained) as choose_spec models them; the readout and
-        messages are not timed at load (0). None where the load timed too little (no draft, a forced dtype)."""
-        target, draft = info.target_dtype, info.draft_dtype
+        """The knobs the engine's choice of γ, κ modelled at load (mirror_core.latency.choose_spec over the lanes'
+        calibrations and the draft's profile), at the γ, κ, ℓ_e the pair would run: T_AR is the baseline's step (AR on
+        every core where it runs there), the window's cost is the chooser's (load_costs), τ and FF come from the
+        profile, and the readout and messages are not timed at load (0). So the knobs' Mirror-SD speedup is the one
+        the choice promised. None where the load timed too little (no draft, a forced dtype)."""
         profile = load_profile(local_folder(info.draft)) if info.draft else None
-        if target is None or draft is None or profile is None:
+        if profile is None or info.target_dtype is None or info.draft_dtype is None:
             return None
         spec = info.resolve(SpecConfig())
-        t_ar, d_step = target.ms(target.sequence, "step"), draft.ms(draft.sequence, "step")
-        window, d_rows = target.ms(target.sequence, "window"), draft.ms(draft.rows, "rows")
-        if None in (t_ar, d_step, window, d_rows):
+        costs = load_costs(info, spec.exit_layer)
+        if costs is None:
             return None
-        roof = info.roofline
-        steps = roof.window_steps(spec.gamma + 1) if roof is not None else None
-        rows = DEFAULT_GAMMA + 1  # the shapes runners/calibrate.py times: a window at the default γ, a branch batch
-        costs = StepCosts(t_ar, window, rows, spec.exit_layer / info.num_layers, d_step, d_rows, DEFAULT_KAPPA * rows,
-                          DEFAULT_GAMMA)  # at the default κ, γ (the engine's choose_spec reads them alike)
         branch = costs.branch(spec.kappa * (spec.gamma + 1), spec.gamma)
-        knobs = dict(t_ar_ms=t_ar, verify_ratio=steps or costs.verify(spec.gamma) / t_ar,
-                     suffix_share=1 - spec.exit_layer / info.num_layers, draft_ms=d_step,
-                     branch_factor=branch / (spec.gamma * d_step), overhead_ms=0.0, tau=profile.tau(spec.gamma),
-                     ff=1 - profile.hit_rate(spec.kappa, spec.gamma))
+        knobs = dict(t_ar_ms=costs.base, verify_ratio=costs.verify(spec.gamma) / costs.base,
+                     suffix_share=1 - costs.exit_share, draft_ms=costs.draft_step,
+                     branch_factor=branch / (spec.gamma * costs.draft_step), overhead_ms=0.0,
+                     tau=profile.tau(spec.gamma), ff=1 - profile.hit_rate(spec.kappa, spec.gamma))
         return cls(**{k: round(v, 3) for k, v in knobs.items()}, gamma=spec.gamma)
 
     def values(self) -> list:
@@ -90,9 +84,64 @@ class WhatIf:
 
 KNOBS = tuple(f.name for f in fields(WhatIf))
 
+
+def load_costs(info, exit_layer: int) -> StepCosts | None:
+    """The step costs the engine's choice of γ, κ used at load (ms; engine._choose_spec): the lanes' calibrations
+    (a window at the default γ, a branch batch at the default κ, γ), the baseline's step (AR on every core where it
+    runs there: WholeMachine.all_ms, timed at this load). None where a lane's dtype was forced without timing."""
+    target, draft = info.target_dtype, info.draft_dtype
+    if target is None or draft is None:
+        return None
+    shapes = (target.ms(target.sequence, "step"), target.ms(target.sequence, "window"),
+              draft.ms(draft.sequence, "step"), draft.ms(draft.rows, "rows"))
+    if None in shapes:
+        return None
+    whole = getattr(info, "whole_machine", None)
+    base = whole.all_ms if whole is not None and getattr(info, "serial_cpus", ()) else None
+    rows = DEFAULT_GAMMA + 1  # the shapes runners/calibrate.py times: a window at the default γ, a branch batch
+    t_ar, window, d_step, d_rows = shapes
+    return StepCosts(t_ar, window, rows, exit_layer / info.num_layers, d_step, d_rows, DEFAULT_KAPPA * rows,
+                     DEFAULT_GAMMA, base)
+
 # The paper's illustrative accelerator numbers (docs/ALGORITHM.md §4: T_target 40 ms = 20 + 20, T_branch 15,
 # T_rv 0.5, T_fresh 10, FF 0.3, E[A_t] = 4, T_AR 30): illustrative, not measured anywhere.
 ACCELERATOR = WhatIf(30.0, 40 / 30, 0.5, 10 / 7, 1.5, 0.5, 5.0, 0.3, 7)
+
+
+# The accelerator view ("verify ≈ 1 step": the curve's switch, the step player's accelerator-shaped timeline), modelled.
+# What moves, and why: a window of γ+1 rows rides one read of the target's weights, so its forward costs one AR step;
+# the early-exit readout and the messages are a γ+1-row pass too and shrink by the same factor; the branch batch runs
+# on the draft's own device, where its rows ride one read of the draft's weights, so it costs no more than one fresh
+# rollout. What stays as the knobs give it: listed in ACCELERATOR_KEPT.
+ACCELERATOR_MODELLED = ("the window's forward = one AR step; the readout and messages ÷ the window's old cost in AR "
+                        "steps; the branch batch ≤ one fresh rollout, on the draft's own device")
+ACCELERATOR_KEPT = ("T_AR, the exit layer's split, the draft's time per token (and so each fallback rollout), τ, the "
+                    "fallback frequency and γ")
+
+
+def on_accelerator(w: WhatIf) -> WhatIf:
+    """The knobs as the accelerator view models them (ACCELERATOR_MODELLED; the rest kept: ACCELERATOR_KEPT)."""
+    shrink = max(w.verify_ratio, 1.0)
+    return replace(w, verify_ratio=min(w.verify_ratio, 1.0), overhead_ms=w.overhead_ms / shrink,
+                   branch_factor=min(w.branch_factor, 1.0))
+
+
+def ordering(w: WhatIf) -> str:
+    """Mirror-SD against vanilla SD at these knobs, and why: same τ, so Mirror-SD is ahead exactly when its own costs
+    (the readouts, the branches' overrun past Δ, the fallback rollouts) are less than the rollout SD waits for; when
+    they are not, the sentence names the largest of them."""
+    m, p = w.model(), prediction(w)
+    own = (("the readout and messages", m.t_rv_ee + m.t_rv_fv), ("the branches' overrun past Δ",
+           max(m.t_branch - m.delta, 0.0)), ("the fallback rollouts FF·T_fresh", m.ff * m.t_fresh))
+    said = ", ".join(f"{name} {1e3 * v:.2f} ms" for name, v in own)
+    total = 1e3 * sum(v for _, v in own)
+    if p["mirror_x"] >= p["sd_x"]:
+        return (f"Mirror-SD {p['mirror_x']:.2f}× ≥ vanilla SD {p['sd_x']:.2f}×, the paper's ordering: its own costs "
+                f"({said}: {total:.2f} ms) stay under the {1e3 * m.t_fresh:.2f} ms rollout SD waits for.")
+    name, worst = max(own, key=lambda t: t[1])
+    return (f"Mirror-SD {p['mirror_x']:.2f}× < vanilla SD {p['sd_x']:.2f}×, against the paper's ordering; the largest "
+            f"term that prevents it: {name} ({1e3 * worst:.2f} ms). Its own costs ({said}: {total:.2f} ms) exceed the "
+            f"{1e3 * m.t_fresh:.2f} ms rollout SD waits for.")
 
 
 def prediction(w: WhatIf) -> dict[str, float]:
@@ -115,7 +164,8 @@ def why_model(m: LatencyModel) -> str:
               f"the branch rollouts ({branch:.1f} ms) outlast the target's last layers (Δ = {delta:.1f} ms), "
               "so the draft is not hidden")
     saving = 1e3 * (m.t_sd - m.expected_step)
-    verify = (f" for {(m.t_pre + m.delta) / m.t_ar:.2f} target steps of verification" if m.t_ar else "")
+    verify = (f" for a window of {(m.t_pre + m.delta) / m.t_ar:.2f} AR steps (T_pre + Δ ÷ T_AR, the readout aside)"
+              if m.t_ar else "")
     loss = ""
     if saving < 0:  # hidden or not, Mirror-SD's own stages cost more than the serial rollout it saves SD
         extra = 1e3 * (m.t_rv_ee + m.t_rv_fv + max(m.t_branch - m.delta, 0.0) + m.ff * m.t_fresh)
