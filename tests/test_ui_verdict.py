@@ -356,3 +356,15 @@ def test_a_run_of_clearly_slower_repeats_is_slower_though_one_repeat_touches_one
     assert "Slower here than AR" in slower and "timing noise" not in slower
     tie = verdict_text([{"ar": ar(40), "mirror": _mirror_at(x)} for x in (0.95, 1.02, 1.05)])
     assert "holds 1×: on this machine the two are within timing noise" in tie
+
+
+def test_the_verdict_says_how_much_was_copied_and_where_speculation_pays():
+    from dataclasses import replace as dc_replace
+
+    from ui.verdict import where_it_pays
+
+    run = mirror(20, **SD)
+    assert where_it_pays({"mirror": run}).startswith("0 of 41 tokens were copied from the context: on open-ended")
+    run.end = dc_replace(run.end, summary=dc_replace(run.end.summary, source_steps=(0, 0, 10),
+                                                     source_drafted=(0, 0, 30), source_accepted=(0, 0, 20)))
+    assert where_it_pays({"mirror": run}).startswith("20 of 41 tokens (49%) were copied from the context (yellow)")

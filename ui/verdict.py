@@ -104,7 +104,25 @@ def verdict_text(repeats: list[dict[str, DecoderRun]]) -> str:
                  + (" (SD was faster)" if x_sd < 1 else ""))
         versus_sd = " " + sd_reason(middle["sd"], middle["mirror"])
     return (f"{head}. {'Faster' if x_ar >= 1 else 'Slower'} here than AR: {_reason(middle)}{_noise(ranked)}"
-            f"{versus_sd}")
+            f"{versus_sd} {where_it_pays(middle)}")
+
+
+def where_it_pays(rep: dict[str, DecoderRun]) -> str:
+    """How much of the answer the speculative decoders copied from the context, and what that says about where
+    speculation pays (copied, predictable text) and where it cannot (open prose with a weak draft)."""
+    runs = [r for d, r in rep.items() if d in ("mirror", "sd") and r.summary is not None]
+    if not runs:
+        return ""
+    best = max(runs, key=lambda r: r.summary.by_source["context"]["accepted"])
+    copied, tokens = best.summary.by_source["context"]["accepted"], best.summary.new_tokens
+    if not best.start or not best.start.settings.request.spec.context.enabled:
+        return "The context draft was off: only the draft model proposed."
+    if tokens and copied / tokens >= 0.25:
+        return (f"{copied} of {tokens} tokens ({copied / tokens:.0%}) were copied from the context (yellow): "
+                "speculation pays where the answer copies from the prompt or from itself.")
+    return (f"{copied} of {tokens} tokens were copied from the context: on open-ended text a small draft agrees "
+            "with the target too rarely for speculation to pay much; an example that edits, corrects or converts a "
+            "given text shows where it does.")
 
 
 def _where(ar: DecoderRun) -> str:
