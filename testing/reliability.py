@@ -547,7 +547,7 @@ def back_to_back(loader, target: str, draft: str, runs: int, warmup: int, seed: 
 def run_comparison_ticks(loader, session, settings):
     from ui.streaming import run_comparison
 
-    return run_comparison(loader, session, settings, every_s=0.0, settle_s=0.0)
+    return run_comparison(loader, session, settings, settle_s=0.0)
 
 
 @dataclass

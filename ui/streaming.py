@@ -28,6 +28,9 @@ from .settings import DECODER_TITLES, ComparisonSettings
 from .verdict import middle_repeat
 
 TEXT, STATUS, DONE, RESET, RESULTS = "text", "status", "done", "reset", "results"
+# while a run is timed the page hears nothing, but the handler yields its unchanged status this often, so that
+# Gradio can close it when the client cancels or goes away (the engine then stops within one step)
+HEARTBEAT_S = 0.2
 # Pause between a page update and the next timed prefill: the page lays out and paints the update (a column shown
 # whole, a provisional verdict, the new plots after RESET) before the lanes are timed again, not during it
 # (measured: scripts/page_cost.py, docs/BENCHMARKS.md).
@@ -173,10 +176,14 @@ def _run_decoder(engine, session: Session, request, namer: TokenNamer, settle_s:
     run = session.begin(request.decoder, namer)
     held: list = []
     stream = engine.stream(request, session.stop)
+    beat = time.monotonic()
     try:
         for event in stream:
             if run.tokens:
                 held.append(event)
+                if time.monotonic() - beat >= HEARTBEAT_S:  # an unchanged status: Gradio sends nothing, but a
+                    beat = time.monotonic()                 # cancelled or gone client can close the run here
+                    yield Tick(STATUS, session.status)
                 continue
             session.add(run, event)
             if isinstance(event, TokenEvent):  # the first token (the prefill's: no rejected draft goes before it)
