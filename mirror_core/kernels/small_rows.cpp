@@ -505,10 +505,10 @@ struct TileConfig {
 };
 
 // tiles 0, 1 and 5, 6: sums [r, 16 int32] of the two halves (even and odd blocks); 2: activations [r, 32 int8];
-// 3, 4: weights [8, 64] per half
+// 3, 4: weights [8, 64] per half. Loaded on every call, never cached: another library on the same thread (torch's
+// oneDNN after its own AMX kernels) may release the tiles (TILERELEASE), and a tile load after that is an illegal
+// instruction.
 static void configure_tiles(int64_t r) {
-    thread_local int64_t configured = -1;
-    if (configured == r) return;
     TileConfig c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
@@ -517,7 +517,6 @@ static void configure_tiles(int64_t r) {
     for (int t = 3; t < 5; t++) c.rows[t] = 8, c.colsb[t] = 64;
     for (int t = 5; t < 7; t++) c.rows[t] = (uint8_t)r, c.colsb[t] = 64;
     _tile_loadconfig(&c);
-    configured = r;
 }
 
 // One block's epilogue from its stored sums: block_i8's float steps, lane for lane.
