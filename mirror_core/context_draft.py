@@ -16,8 +16,9 @@ window of the best L is proposed when its value beats the model draft's, τ_mode
 tokens this run's model windows committed per step; otherwise the model drafts. Once the run has timed its own
 steps, a cost is what they measured where the decoder runs (the target lane reports each verification and each
 wait for a window): a window's verification at its row count (else the load's figure, rescaled to the run's), plus
-the mean wait for a window from that source (the model's rollouts where they are not hidden), in load steps. Only efficiency depends on this:
-the target verifies every window, and a context window is a point mass for Rule R (p_draft one-hot).
+the mean wait for a window from that source (the model's rollouts where they are not hidden), in load steps. Only
+efficiency depends on this: the target verifies every window, and a context window is a point mass for Rule R
+(p_draft one-hot).
 """
 from __future__ import annotations
 
@@ -114,6 +115,8 @@ class ContextDrafter:
     model: list[float] = field(default_factory=lambda: list(MODEL_PRIOR))
     budget_end: int = 0   # committed tokens (prompt included) at which the run's budget ends (start)
     verified: dict[int, list[float]] = field(default_factory=dict)  # rows → [Σ verification s, count] of this run
+    timed_s: float = 0.0       # Σ of those verifications (s) ...
+    timed_steps: float = 0.0   # ... and Σ of the load's cost for them (one-row steps): their ratio is s per load step
     waits: list[list[float]] = field(default_factory=lambda: [[0.0, 0], [0.0, 0]])  # model, context: [Σ wait s, n]
 
     def start(self, prompt_ids) -> None:
@@ -127,6 +130,8 @@ class ContextDrafter:
         if drafted and verify_s > 0:
             timed = self.verified.setdefault(drafted + 1, [0.0, 0])
             timed[0], timed[1] = timed[0] + verify_s, timed[1] + 1
+            self.timed_s += verify_s
+            self.timed_steps += self.plan.cost(drafted + 1)
             wait = self.waits[proposal is not None]
             wait[0], wait[1] = wait[0] + wait_s, wait[1] + 1
         if proposal is not None:
@@ -147,12 +152,16 @@ class ContextDrafter:
         accepted, reached = self.counts[bucket(match)]
         q = (accepted + PRIOR_WEIGHT * (match + 1) / (match + 2)) / (reached + PRIOR_WEIGHT)
         model_value = (self.model[0] / self.model[1]) / self.cost(self.gamma + 1, context=False)
-        best = max(range(1, len(available) + 1), key=lambda n: self._value(q, n))
-        expected = 1.0 + sum(q ** i for i in range(1, best + 1))
-        cost = self.cost(best + 1, context=True)
-        if expected / cost <= model_value:
+        best, expected = (0.0, 0, 0.0, 0.0), 1.0        # (value, L, expected, cost) of the best L so far
+        for n in range(1, len(available) + 1):
+            expected += q ** n                          # 1 + Σ_{i≤n} q^i
+            cost = self.cost(n + 1, context=True)
+            if expected / cost > best[0]:
+                best = (expected / cost, n, expected, cost)
+        value, size, expected, cost = best
+        if value <= model_value:
             return None
-        return ContextProposal(available[:best], match, len(available), round(q, 4), round(expected, 4),
+        return ContextProposal(available[:size], match, len(available), round(q, 4), round(expected, 4),
                                round(cost, 4), round(model_value, 4))
 
     def cost(self, rows: int, context: bool) -> float:
@@ -161,12 +170,8 @@ class ContextDrafter:
         a window."""
         if not self.verified:
             return self.plan.cost(rows)
-        seconds = sum(t for t, _ in self.verified.values())
-        per_step = seconds / sum(n * self.plan.cost(r) for r, (_, n) in self.verified.items())  # s per load step
+        per_step = self.timed_s / self.timed_steps                      # s per load step
         timed = self.verified.get(rows)
         verify = timed[0] / timed[1] if timed else self.plan.cost(rows) * per_step
         wait, n = self.waits[context]
         return (verify + (wait / n if n else 0.0)) / per_step
-
-    def _value(self, q: float, n: int) -> float:
-        return (1.0 + sum(q ** i for i in range(1, n + 1))) / self.cost(n + 1, context=True)

@@ -93,7 +93,7 @@ def speculative_decode(state: DecodeState, lane: DraftLane, mirror: bool) -> Ite
         w = [state.ids[-1], *window.tokens]                            # [w0, d1..dγ]
         t_verify = state.now()
         logits, readout, h = verify(state, lane, planner if mirror else None, w, step)  # [γ+1, V]; M_t mid-pass
-        costs = (state.now() - t_verify, window.wait_s)                # the step's measured costs, for the draft lane
+        costs = (state.now() - t_verify, state.wait_s)                 # the step's measured costs, for the draft lane
         result = accept_window(state, logits, window, step)            # (A_t, c)
         hit = verdict(readout, result)                                 # c ∈ TopK_τ (None: no branches this step)
         committed = commit_step(state, w, result, window, step)        # d1..d_{A_t}, then c
@@ -209,7 +209,7 @@ def next_window(state: DecodeState, lane: DraftLane, step: int, result: AcceptRe
         return None
     t1 = time.perf_counter()
     state.span(STAGE_WAIT, t0, t1, step)
-    window.wait_s = t1 - t0 if step > 0 else 0.0  # the first window comes with the draft's prefill
+    state.wait_s = t1 - t0 if step > 0 else 0.0  # the first window comes with the draft's prefill
     state.draft_reply(window, step)
     return window
 

@@ -61,6 +61,7 @@ class DecodeState:
         self.draft_forwards = 0   # draft row-forwards (a batched pass over R branch rows counts R)
         self.draft_produced = 0   # draft tokens they produced
         self.single_steps = 0     # one-token target passes after the prefill (ar, and after a draft-lane failure)
+        self.wait_s = 0.0         # how long the target lane waited for the current window (s; decode.next_window)
         self.gen = torch.Generator().manual_seed(self.cfg.seed)  # the target lane's stream (Rule R)
         self.t_start = time.perf_counter()
         self.t_first: float | None = None   # first new token committed

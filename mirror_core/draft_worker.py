@@ -193,11 +193,15 @@ class DraftWorker:
         self.proposal: ContextProposal | None = None
 
     def _take_context(self, cmd: ResolveRequest, proposal: ContextProposal) -> None:
-        """The next window is the context's: the draft model rolls nothing out; its cache keeps the part of the
-        committed tokens it already holds (a branch's cache is dropped)."""
-        self.runner.truncate(self.cache, min(self.runner.cache_len(self.cache), self.committed + cmd.accepted))
+        """The next window is the context's: the draft model rolls nothing out."""
+        self._keep_committed(cmd)
         self.window = list(proposal.tokens)
         self.p_window = None if self.req.sampling.greedy else point_mass(proposal.tokens, self.runner.vocab_size)
+
+    def _keep_committed(self, cmd: ResolveRequest) -> None:
+        """Before a context window: the cache keeps the part of the committed tokens it already holds (a branch's
+        cache is dropped); the rest is fed when the model next drafts."""
+        self.runner.truncate(self.cache, min(self.runner.cache_len(self.cache), self.committed + cmd.accepted))
 
     def _miss(self, cmd: ResolveRequest, new: list[int]) -> None:
         with self._span(STAGE_DRAFT_ROLLOUT):
@@ -333,10 +337,8 @@ class FeatureDraftWorker(DraftWorker):
             feed = tokens[keep + 1:]                             # x_{i+1} for entries keep..len(tokens)−2
             self._roll_out(self.runner.forward(self.cache, feed, features[keep - self.known:]))  # [T, V], [T, H]
 
-    def _take_context(self, cmd: ResolveRequest, proposal: ContextProposal) -> None:
-        """The next window is the context's; the cache is brought up to date lazily (entries past `known`)."""
-        self.window = list(proposal.tokens)
-        self.p_window = None if self.req.sampling.greedy else point_mass(proposal.tokens, self.runner.vocab_size)
+    def _keep_committed(self, cmd: ResolveRequest) -> None:
+        """Nothing to cut: entries past `known` are brought up to date lazily (`pending`, then `_advance`)."""
 
     def _advance(self, new: list[int], cmd: ResolveRequest, drafted: bool) -> None:
         """A drafted window (rollout or branch) leaves every committed entry fed; a context window leaves the

@@ -64,7 +64,6 @@ class DraftWindow:
     produced: int = 0                       # draft tokens those row-forwards produced (η̄ = produced / forwards)
     source: str = SOURCE_MODEL              # SOURCES: where the window came from
     context: ContextProposal | None = None  # a context window's match and the latency model's reasons
-    wait_s: float = 0.0                     # set by the target lane: how long it waited for this reply (s)
 
 
 @dataclass(frozen=True)

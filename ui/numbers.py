@@ -66,10 +66,10 @@ def _source_cell(run: DecoderRun, source: str) -> str:
     return f"{c['steps']} · {c['accepted']}/{c['proposed']} · {c['mean_accepted_run']:.2f}"
 
 
-def _source_rows(source: str, title: str) -> tuple[tuple, ...]:
-    return ((f"windows: {title}", lambda r, s: _source_cell(r, source),
-             f"steps whose window came from the {title} · tokens accepted / proposed (Σ A_t / Σ D_t) · mean accepted "
-             "run (Σ A_t / steps)"),)
+def _source_row(source: str, title: str) -> tuple:
+    return (f"windows: {title}", lambda r, s: _source_cell(r, source),
+            f"steps whose window came from the {title} · tokens accepted / proposed (Σ A_t / Σ D_t) · mean accepted "
+            "run (Σ A_t / steps)")
 
 
 # (label, how to read it from a run, definition)
@@ -86,8 +86,8 @@ _ROWS = (
     ("fallback frequency", lambda r, s: _f(r.summary.fallback_frequency), "1 − hit rate: steps that needed a fresh draft rollout"),
     ("draft-hidden fraction", lambda r, s: _f(r.summary.draft_hidden_fraction), "Σ|draft busy ∩ target busy| / Σ|draft busy| on one clock"),
     ("Ω̂_κ (exit overlap)", lambda r, s: _f(r.summary.exit_overlap), "share of slots whose target token is in that slot's early-exit top-κ"),
-    *(row for source, title in (("model", "model draft"), ("branch", "adopted branch"), ("context", "context copy"))
-      for row in _source_rows(source, title)),
+    *(_source_row(source, title)
+      for source, title in (("model", "model draft"), ("branch", "adopted branch"), ("context", "context copy"))),
     ("new tokens / target passes", lambda r, s: f"{r.summary.new_tokens} / {r.summary.target_passes}", "target forward passes after the prefill: verification passes (sd, mirror) + one-token steps (ar)"),
 )
 
