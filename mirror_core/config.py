@@ -4,15 +4,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from .kernels.formats import FUNCTIONS
+from .kernels.variants import VARIANTS
+
 DECODER_NAMES = ("ar", "sd", "mirror")
 RULES = ("exact", "rejection")
 LANE_KINDS = ("process", "thread", "inline")
 FAULT_MODES = ("raise", "exit")
-# auto: each lane calibrated (runners/calibrate.py); int8: a GGUF target's blocks against int8 activations
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "int8")
+# the weight formats (kernels/formats.py); auto: the pair's own format for the target (the int8 function where the
+# target has GGUF blocks, else float32), the fastest for the draft (runners/calibrate.py)
+DTYPE_CHOICES = ("auto", *FUNCTIONS)
 # the linear maps' kernel on a CPU: auto = the exact small-row kernel (kernels/native.py) in the best variant this
 # machine builds and runs, else torch's matmul under a measured row plan; torch = always that; a variant = only it
-KERNEL_CHOICES = ("auto", "torch", "amx", "avx512_vnni", "avx512_bf16", "avx512", "avx2")
+KERNEL_CHOICES = ("auto", "torch", *VARIANTS)
 SERIAL_CORES = ("all", "lane")  # LaneConfig.serial_cores
 SERIAL_DECODERS = ("ar", "sd")  # the decoders whose draft lane (if any) waits while the target works
 RUNNER_KINDS = ("auto", "fast", "hf")  # auto: the fast runners for Llama-family weights and SS drafts, else the generic one

@@ -79,8 +79,10 @@ def test_bad_input_is_a_clear_error():
         native.PackedLinear(torch.randn(8), "float32", lib)
     with pytest.raises(ValueError, match="unknown kernel variant"):
         native.library("sse2")
-    assert packed._run(0, 1, 8, 8, packed.data.data_ptr(), 4, 0, 4) == 1       # the C side refuses null pointers
-    assert packed._run(1, 1, 8, 8, packed.data.data_ptr() + 4, 4, 1, 4) == 1   # and unaligned packed weights
+    code = packed.code
+    assert packed._run(code, 0, 1, 8, 8, packed.data.data_ptr(), 4, 0, 4) == 1      # the C side refuses null pointers
+    assert packed._run(code, 1, 1, 8, 8, packed.data.data_ptr() + 4, 4, 1, 4) == 1  # and unaligned packed weights
+    assert packed._run(99, 1, 1, 8, 8, packed.data.data_ptr(), 4, 1, 4) == 1        # and an unknown format
 
 
 def test_no_compiler_says_so(monkeypatch):

@@ -1,34 +1,25 @@
-"""The exact small-row linear kernel (small_rows.cpp): built with this machine's C++ compiler on first use, loaded
-with ctypes, and called only with tensors whose dtype, shape, strides and alignment were checked here.
+"""The exact small-row kernel (src/kernel.cpp and its headers): built with this machine's C++ compiler on first use,
+loaded with ctypes, and called only with tensors whose dtype, shape, strides and alignment were checked here.
 
 Why it exists: torch's CPU matmul picks its kernel by the number of rows, so a position's logits change between an
 AR step (1 row) and a window (γ + 1 rows), and the exact plan that repairs it (runners/exactness.py) makes a window
-cost several steps. This kernel gives every row the same float32 chain whatever the call's size (small_rows.cpp's
-header says how), and streams the weights once per call, so a window of a few rows costs about one step.
+cost several steps. This kernel gives every row the same chain whatever the call's size, and streams the weights
+once per call, so a window of a few rows costs about one step.
 
-Weights may also stay in a GGUF file's own blocks (q4_1, q8_0: models/gguf_blocks.py's BlockWeights, checked here
-field by field before they are packed): they are dequantised in registers
-to exactly the float32 weights gguf's dequantisation gives, so such a map computes the float32 format's function
-bit for bit while it reads 5 (q4_1) or 8.5 (q8_0) bits a weight instead of 32.
+One function on every CPU: every variant (variants.py) is written against one 16-lane SIMD layer (src/simd.h), so the
+AVX-512, AVX2 and AMX builds compute the same bits as the scalar reference build, for every format (formats.py): the
+linear maps, and the layer's norms, attention, softmax and SiLU. A prompt gives the same tokens on every machine that
+runs the kernel. Where no compiler exists, `library()` returns None with the reason (`unavailable()`), and the
+runners keep torch's matmul under a measured row plan: a different rounding, said so wherever the format is named.
+
+Weights may also stay in a GGUF file's own blocks (q4_1, q8_0: BlockWeights, checked here before they are packed):
+dequantised in registers to exactly the float32 weights gguf's dequantisation gives, so such a map computes the
+float32 function bit for bit while it reads 5 (q4_1) or 8.5 (q8_0) bits a weight instead of 32. The int8 function
+reads the same blocks against activations rounded to int8 per row and block of 32 (llama.cpp's kind of arithmetic).
 
 Threads: `set_threads(n)` gives the calling thread a pool of n kernel threads (it and n − 1 workers, which inherit
 its CPU affinity); its later calls split their output columns (and a layer its attention heads) between them.
 Every output stays one thread's one chain, so the bits do not depend on n.
-
-Format "int8" (INT8) is another function: the same GGUF blocks against activations rounded to int8 per row and block
-of 32 (llama.cpp's kind of arithmetic; small_rows.cpp's i8), with exact integer dot products. It reads the blocks'
-bytes and does a quarter of the float work, so a window of rows costs little more than one. It is offered only for
-maps stored as blocks, and each row is still rounded alone: one function for any row count and thread count.
-
-Variants, by the CPU's flags (the best one this CPU runs and loads is the default; tests force the others):
-    amx           as avx512_vnni, and the int8 format's calls of 16+ rows (prefills) on AMX-INT8 tiles (the OS must grant
-                  tile data; the same bits as VNNI's)
-    avx512_vnni   as avx512_bf16, with VNNI's int8 dot products (vpdpbusd) for the int8 format
-    avx512_bf16   AVX-512 with bf16 dot products (bfloat16 weights: one vdpbf16ps per pair of k)
-    avx512        AVX-512 (F, BW, VL) with FMA and F16C
-    avx2          AVX2 with FMA and F16C
-Where none applies or no compiler exists, `library()` returns None with the reason (`unavailable()`), and the
-runners keep torch's matmul under a measured row plan.
 """
 from __future__ import annotations
 
@@ -40,36 +31,22 @@ import subprocess
 import tempfile
 import threading
 import time
-import types
 from dataclasses import dataclass, field
 
 import torch
 
 from .. import machine
+from .blocks import BlockWeights
+from .formats import FUNCTIONS, INT8, PACKINGS, QK, WeightFormat, packing
+from .variants import SCALAR, VARIANT_CODES, VARIANTS
 
-SOURCE = os.path.join(os.path.dirname(__file__), "small_rows.cpp")
-FORMATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # weight formats by name
+SOURCES = os.path.join(os.path.dirname(__file__), "src")  # kernel.cpp, the one translation unit, and its headers
+SOURCE = os.path.join(SOURCES, "kernel.cpp")
+FORMATS = {f: getattr(torch, f) for f in FUNCTIONS if f != INT8}  # the float formats' torch dtypes, by name
 _BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c++20", "-fno-math-errno", "-ffp-contract=off")
-VARIANTS = {  # name → (CPU flags it needs, compiler flags)
-    "amx": (("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_int8", "fma", "f16c"),
-            ("-DMSD_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mamx-tile",
-             "-mamx-int8", "-mfma", "-mf16c")),
-    "avx512_vnni": (("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "fma", "f16c"),
-                    ("-DMSD_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mfma",
-                     "-mf16c")),
-    "avx512_bf16": (("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma", "f16c"),
-                    ("-DMSD_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mf16c")),
-    "avx512": (("avx512f", "avx512bw", "avx512vl", "fma", "f16c"),
-               ("-DMSD_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c")),
-    "avx2": (("avx2", "fma", "f16c"), ("-DMSD_AVX2", "-mavx2", "-mfma", "-mf16c")),
-}
-VARIANT_CODES = {6: "amx", 5: "avx512_vnni", 4: "avx512_bf16", 3: "avx512", 2: "avx2"}
 BUILD_TIMEOUT_S = 120
 ALIGN = 64  # bytes: packed panels are read with aligned vector loads
 HUGE_PAGE = 2 << 20  # bytes: packed weights of at least this size start on a 2 MB boundary and ask for 2 MB pages
-BLOCK_FORMATS = {"q4_1": 3, "q8_0": 4}  # GGUF block storages the kernel streams, by small_rows.cpp's format code
-INT8 = "int8"  # the format whose activations are rounded to int8 (blocks only)
-INT8_CODES = {"q4_1": 5, "q8_0": 6}  # the blocks packed for it, by small_rows.cpp's format code
 
 
 class KernelError(RuntimeError):
@@ -84,7 +61,7 @@ def format_name(dtype: torch.dtype) -> str:
 
 def runnable_variants() -> tuple[str, ...]:
     """The variants this CPU can run, best first."""
-    return tuple(name for name, (needs, _) in VARIANTS.items() if machine.has_cpu_flags(*needs))
+    return tuple(name for name, (needs, _) in VARIANTS.items() if not needs or machine.has_cpu_flags(*needs))
 
 
 def compiler() -> str | None:
@@ -103,13 +80,15 @@ class Build:
 
 
 def _build(variant: str, cxx: str) -> Build:
-    """Compile small_rows.cpp for one variant into the cache folder (keyed by source, flags and compiler)."""
+    """Compile src/kernel.cpp for one variant into the cache folder (keyed by the sources, flags and compiler)."""
     flags = _BASE_FLAGS + VARIANTS[variant][1]
-    with open(SOURCE, "rb") as f:
-        source = f.read()
+    source = b""
+    for name in sorted(os.listdir(SOURCES)):
+        with open(os.path.join(SOURCES, name), "rb") as f:
+            source += name.encode() + f.read()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[:1]
     key = hashlib.sha256(source + " ".join((cxx, *flags, *version)).encode()).hexdigest()[:16]
-    path = os.path.join(machine.cache_dir("kernels"), f"small_rows_{variant}_{key}.so")
+    path = os.path.join(machine.cache_dir("kernels"), f"kernel_{variant}_{key}.so")
     if os.path.exists(path):
         return Build(variant, path, True, 0.0)
     t0 = time.perf_counter()
@@ -160,25 +139,42 @@ class Library:
         return self.dll.msd_threads()
 
 
+class _FormatInfo(ctypes.Structure):  # src/formats.h's msd_format_info, field for field
+    _fields_ = [("code", ctypes.c_int32), ("element_bytes", ctypes.c_int32), ("k_per_element", ctypes.c_int32),
+                ("block_bytes", ctypes.c_int32), ("int8_activations", ctypes.c_int32), ("name", ctypes.c_char * 12)]
+
+
+def _check_formats(dll) -> None:
+    """The library's format table equals formats.PACKINGS row for row (the one table in both languages)."""
+    count = ctypes.c_int64()
+    table = ctypes.cast(dll.msd_format_table(ctypes.byref(count)), ctypes.POINTER(_FormatInfo))
+    got = [(t.code, t.name.decode(), t.element_bytes, t.k_per_element, t.block_bytes, bool(t.int8_activations))
+           for t in table[: count.value]]
+    want = [(p.code, p.name, p.element_bytes, p.k_per_element, p.block_bytes, p.activations == INT8) for p in PACKINGS]
+    if got != want:
+        raise OSError(f"the kernel's format table {got} is not formats.PACKINGS {want}")
+
+
 def _load(build: Build) -> Library:
     dll = ctypes.CDLL(build.path)
-    for fmt in ("f32", "f16", "bf16"):
-        pack, run = getattr(dll, f"msd_pack_{fmt}"), getattr(dll, f"msd_linear_{fmt}")
-        pack.argtypes, pack.restype = [_P, _I64, _I64, _I64, _P], ctypes.c_int
-        run.argtypes, run.restype = [_P, _I64, _I64, _I64, _P, _I64, _P, _I64], ctypes.c_int
-    for suffix in ("", "_i8"):
-        for fmt in BLOCK_FORMATS:
-            run = getattr(dll, f"msd_linear_{fmt}{suffix}")
-            run.argtypes, run.restype = [_P, _I64, _I64, _I64, _P, _I64, _P, _I64], ctypes.c_int
-        pack_q4, pack_q8 = getattr(dll, f"msd_pack_q4_1{suffix}"), getattr(dll, f"msd_pack_q8_0{suffix}")
-        pack_q4.argtypes, pack_q4.restype = [_P, _P, _P, _I64, _I64, _P], ctypes.c_int  # d, m, q, k, n, out
-        pack_q8.argtypes, pack_q8.restype = [_P, _P, _I64, _I64, _P], ctypes.c_int      # d, q, k, n, out
+    dll.msd_format_table.argtypes, dll.msd_format_table.restype = [ctypes.POINTER(ctypes.c_int64)], _P
+    _check_formats(dll)
+    for p in PACKINGS:
+        pack = getattr(dll, f"msd_pack_{p.name}")
+        if p.blocks:  # d, m (q4_1; NULL for q8_0), q, k, n, out
+            pack.argtypes, pack.restype = [_P, _P, _P, _I64, _I64, _P], ctypes.c_int
+        else:         # w, k, n, row stride, out
+            pack.argtypes, pack.restype = [_P, _I64, _I64, _I64, _P], ctypes.c_int
+    dll.msd_linear.argtypes = [ctypes.c_int32, _P, _I64, _I64, _I64, _P, _I64, _P, _I64]
+    dll.msd_linear.restype = ctypes.c_int
+    dll.msd_rms_norm.argtypes, dll.msd_rms_norm.restype = [_P, _I64, _I64, _P, ctypes.c_float, _P], ctypes.c_int
     dll.msd_variant.restype = dll.msd_panel.restype = dll.msd_threads.restype = dll.msd_qk.restype = ctypes.c_int
     dll.msd_set_threads.argtypes, dll.msd_set_threads.restype = [ctypes.c_int], ctypes.c_int
-    dll.msd_block_bytes.argtypes, dll.msd_block_bytes.restype = [ctypes.c_int], _I64
     dll.msd_advise_huge.argtypes, dll.msd_advise_huge.restype = [_P, _I64], ctypes.c_int
     dll.msd_layer_size.restype = _I64
     dll.msd_set_amx_rows.argtypes, dll.msd_set_amx_rows.restype = [_I64], None
+    if dll.msd_qk() != QK:
+        raise OSError(f"{build.path}: blocks of {dll.msd_qk()} k, formats.QK {QK}")
     if VARIANT_CODES.get(dll.msd_variant()) == "amx" and dll.msd_amx_init():
         raise OSError("the OS refused AMX tile data to this process (arch_prctl ARCH_REQ_XCOMP_PERM)")
     if dll.msd_layer_size() != ctypes.sizeof(_LayerSpec):
@@ -228,8 +224,8 @@ def peak_gflops(lib: Library | None, fmt: str, rows: int = 16) -> float:
         gen = torch.Generator().manual_seed(2)
         d, m = torch.full((n, k // 32), 0.01).half(), torch.full((n, k // 32), -0.05).half()
         q = torch.randint(0, 16, (n, k // 32, 32), generator=gen, dtype=torch.uint8)
-        blocks = types.SimpleNamespace(kind="q4_1", d=d, q=q, m=m)
-        w = _dequantised(blocks).t().contiguous()
+        blocks = BlockWeights("q4_1", d, q, m)
+        w = blocks.dequantize().t().contiguous()
     if lib is not None:
         packed = PackedLinear(w, fmt, lib, blocks=blocks)
         run = lambda: packed(x)  # noqa: E731
@@ -251,7 +247,7 @@ def library(variant: str | None = None) -> Library | None:
             lib = library(name)
             if lib is not None:
                 return lib
-        _failures["None"] = _failures.get(str(next(iter(runnable_variants()), None)), "no AVX2/FMA/F16C on this CPU")
+        _failures["None"] = _failures.get(next(iter(runnable_variants()), SCALAR), "no variant could be built")
         return None
     if variant not in VARIANTS:
         raise ValueError(f"unknown kernel variant {variant!r} (known: {', '.join(VARIANTS)})")
@@ -311,92 +307,65 @@ def _aligned_zeros(count: int, dtype: torch.dtype, huge: Library | None = None) 
     return raw[skip: skip + count * item].zero_().view(dtype)
 
 
-def _check_blocks(b, qk: int) -> None:
-    """GGUF blocks as the packer reads them: kind q4_1 or q8_0; d [N, K/qk] float16; q [N, K/qk, qk] uint8 with
-    values 0..15 (q4_1) or int8 (q8_0); m like d (q4_1 only); all on the CPU."""
-    want = {"q4_1": torch.uint8, "q8_0": torch.int8}.get(getattr(b, "kind", None))
-    d, q, m = getattr(b, "d", None), getattr(b, "q", None), getattr(b, "m", None)
-    tensors = all(isinstance(t, torch.Tensor) and t.is_cpu for t in (d, q) + ((m,) if want == torch.uint8 else ()))
-    ok = (want is not None and tensors and d.dim() == 2 and d.dtype == torch.float16 and q.dtype == want
-          and tuple(q.shape) == (*d.shape, qk)
-          and (m is None if want == torch.int8 else (m.dtype == torch.float16 and m.shape == d.shape)))
-    if not ok:
-        raise ValueError(f"GGUF blocks must be q4_1 or q8_0 with d [N, K/{qk}] float16, q [N, K/{qk}, {qk}] and, for "
-                         f"q4_1, m like d; got {getattr(b, 'kind', b)!r}")
-    if want == torch.uint8 and q.numel() and int(q.max()) > 15:
+def _check_blocks(b: BlockWeights, w: torch.Tensor, k: int, n: int) -> None:
+    """GGUF blocks as the packer reads them: on the CPU, shaped for this map, and dequantising to w bit for bit."""
+    if not b.d.is_cpu or not b.q.is_cpu or (b.m is not None and not b.m.is_cpu):
+        raise ValueError("GGUF blocks must be on the CPU")
+    if b.shape != (n, k):
+        raise ValueError(f"{b.kind} blocks of shape {b.shape} for a {k}x{n} weight (want {(n, k)})")
+    if b.kind == "q4_1" and b.q.numel() and int(b.q.max()) > 15:
         raise ValueError("q4_1 values must lie in 0..15")
+    same = torch.equal(b.dequantize().view(torch.int32), w.detach().t().contiguous().view(torch.int32))
+    if w.dtype != torch.float32 or not same:
+        raise ValueError(f"these {b.kind} blocks do not dequantise to this weight bit for bit")
 
 
-def _dequantised(b) -> torch.Tensor:
-    """W [N, K] float32 as small_rows.cpp dequantises checked blocks: d·q (exact in float32), then + m for q4_1."""
-    w = b.d.float().unsqueeze(-1) * b.q.float()                                           # [N, K/qk, qk]
-    return (w if b.m is None else w + b.m.float().unsqueeze(-1)).reshape(b.d.shape[0], -1)
-
-
-_PACK = {"float32": ("f32", torch.float32, 1), "float16": ("f16", torch.int16, 1), "bfloat16": ("bf16", torch.int32, 2)}
-_FORMAT_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+_STORE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}  # a per-element packing's element, by bytes (bits only)
 
 
 class PackedLinear:
-    """W [K, N] packed for the kernel in one format; calling it computes x [..., K] float32 → [..., N] float32,
-    every row by the same chain whatever the number of rows (small_rows.cpp).
+    """W [K, N] packed for the kernel to compute one format (formats.FUNCTIONS); calling it computes x [..., K] float32
+    → [..., N] float32, every row by the same chain whatever the number of rows, on every variant.
 
-    With `blocks` (W's own GGUF blocks, checked to dequantise to exactly w), a float32 map is stored as those blocks:
-    the same function as the float32 pack, bit for bit, at the blocks' bytes."""
+    With `blocks` (W's own GGUF blocks, checked to dequantise to exactly w), the map is stored as those blocks: float32
+    computes the same function as from float32 values, bit for bit, at the blocks' bytes; int8 needs them."""
 
-    def __init__(self, w: torch.Tensor, fmt: str, lib: Library, blocks=None):
-        if fmt not in _PACK and fmt != INT8:
-            raise ValueError(f"unknown weight format {fmt!r} (known: {', '.join(_PACK)}, {INT8})")
-        if fmt == INT8 and blocks is None:
-            raise ValueError("the int8 format runs on GGUF blocks only; give the map's blocks")
+    def __init__(self, w: torch.Tensor, fmt: str, lib: Library, blocks: BlockWeights | None = None):
+        if fmt not in FUNCTIONS:
+            raise ValueError(f"unknown weight format {fmt!r} (known: {', '.join(FUNCTIONS)})")
         if w.dim() != 2 or w.device.type != "cpu" or not w.dtype.is_floating_point:
             raise ValueError(f"a linear map's weight must be a 2-D floating CPU tensor, got {tuple(w.shape)} "
                              f"{w.dtype} on {w.device}")
+        if fmt == INT8 and blocks is None:
+            raise ValueError("the int8 format runs on GGUF blocks only; give the map's blocks")
+        if blocks is not None and not isinstance(blocks, BlockWeights):
+            raise ValueError(f"GGUF blocks must be BlockWeights (q4_1 or q8_0), got {type(blocks).__name__}")
+        if blocks is not None and fmt not in ("float32", INT8):
+            raise ValueError(f"GGUF blocks dequantise to float32 weights; they cannot be packed as {fmt}")
         self.format, self.lib = fmt, lib
         self.k, self.n = int(w.shape[0]), int(w.shape[1])
-        self.storage = fmt if blocks is None else blocks.kind  # what one call streams: a format or a block format
-        panel = lib.dll.msd_panel()
-        panels = -(-self.n // panel)
+        self.packing: WeightFormat = packing(fmt, None if blocks is None else blocks.kind)
+        self.storage = self.packing.storage  # what one call streams: a format or a block format
+        self.code = self.packing.code
+        panels = -(-self.n // lib.dll.msd_panel())
+        pack = lib.fn(f"msd_pack_{self.packing.name}")
         if blocks is not None:
-            # the packing and the linear map share a name: q4_1 / q8_0, with _i8 for the int8 format
-            name = blocks.kind + ("_i8" if fmt == INT8 else "")
-            self.code = (INT8_CODES if fmt == INT8 else BLOCK_FORMATS).get(blocks.kind)  # small_rows.cpp's format
-            self._pack_blocks(w, blocks, panels, name)
+            _check_blocks(blocks, w, self.k, self.n)
+            self.data = _aligned_zeros(panels * (self.k // QK) * self.packing.block_bytes, torch.uint8, huge=lib)
+            d, q = blocks.d.contiguous().view(torch.int16), blocks.q.contiguous()
+            m = None if blocks.m is None else blocks.m.contiguous().view(torch.int16)
+            bad = pack(d.data_ptr(), None if m is None else m.data_ptr(), q.data_ptr(), self.k, self.n,
+                       self.data.data_ptr())
         else:
-            name, store, per = _PACK[fmt]
-            self.code = _FORMAT_CODES[fmt]
-            rows = -(-self.k // per)  # k (float32/float16) or k pairs (bfloat16)
+            p = self.packing
+            rows = -(-self.k // p.k_per_element)  # k, or k pairs (bfloat16)
             src = w.detach().to(torch.float32).contiguous()
-            self.data = _aligned_zeros(panels * rows * panel, store, huge=lib)
-            if lib.fn(f"msd_pack_{name}")(src.data_ptr(), self.k, self.n, src.stride(0), self.data.data_ptr()):
-                raise KernelError(f"packing a {self.k}x{self.n} weight was refused")
-        self._run = lib.fn(f"msd_linear_{name}")
-        self._data_ptr = self.data.data_ptr()
-
-    def _pack_blocks(self, w: torch.Tensor, blocks, panels: int, name: str) -> None:
-        qk = self.lib.dll.msd_qk()  # k per block, as small_rows.cpp packs them
-        _check_blocks(blocks, qk)
-        if self.format not in ("float32", INT8):
-            raise ValueError(f"GGUF blocks dequantise to float32 weights; they cannot be packed as {self.format}")
-        shape = (int(blocks.d.shape[0]), int(blocks.d.shape[1]) * qk)
-        if shape != (self.n, self.k):
-            raise ValueError(f"{blocks.kind} blocks of shape {shape} for a {self.k}x{self.n} weight (want "
-                             f"{(self.n, self.k)})")
-        same = torch.equal(_dequantised(blocks).view(torch.int32), w.detach().t().contiguous().view(torch.int32))
-        if w.dtype != torch.float32 or not same:
-            raise ValueError(f"these {blocks.kind} blocks do not dequantise to this weight bit for bit")
-        d = blocks.d.contiguous().view(torch.int16)
-        q = blocks.q.contiguous()
-        self.data = _aligned_zeros(panels * (self.k // qk) * self.lib.dll.msd_block_bytes(self.code), torch.uint8,
-                                   huge=self.lib)
-        pack = self.lib.fn(f"msd_pack_{name}")
-        if blocks.kind == "q4_1":
-            m = blocks.m.contiguous().view(torch.int16)
-            bad = pack(d.data_ptr(), m.data_ptr(), q.data_ptr(), self.k, self.n, self.data.data_ptr())
-        else:
-            bad = pack(d.data_ptr(), q.data_ptr(), self.k, self.n, self.data.data_ptr())
+            self.data = _aligned_zeros(panels * rows * lib.dll.msd_panel(), _STORE[p.element_bytes], huge=lib)
+            bad = pack(src.data_ptr(), self.k, self.n, src.stride(0), self.data.data_ptr())
         if bad:
-            raise KernelError(f"packing {blocks.kind} blocks of a {self.k}x{self.n} weight was refused")
+            raise KernelError(f"packing a {self.k}x{self.n} weight as {self.packing.name} was refused")
+        self._run = lib.dll.msd_linear
+        self._data_ptr = self.data.data_ptr()
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -423,13 +392,27 @@ class PackedLinear:
             x = x.contiguous()
         m = x.numel() // self.k
         y = torch.empty(x.shape[:-1] + (self.n,), dtype=torch.float32)                     # [..., N]
-        if m and self._run(x.data_ptr(), m, self.k, self.k, self._data_ptr, self.n, y.data_ptr(), self.n):
+        if m and self._run(self.code, x.data_ptr(), m, self.k, self.k, self._data_ptr, self.n, y.data_ptr(), self.n):
             raise KernelError(f"the kernel refused x {tuple(x.shape)} for a {self.k}x{self.n} weight")
         return y
 
 
+def rms_norm(lib: Library, x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., H] RMS-normalised with gain [H] by the kernel's own norm (the layer's: one function on every variant),
+    float32 in and out; checked here."""
+    if not (isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.is_cpu and x.dim() >= 1):
+        raise TypeError(f"the kernel's norm takes float32 CPU tensors, got {getattr(x, 'dtype', type(x).__name__)}")
+    h = x.shape[-1]
+    g = _vector(gain, h, "the norm's gain")
+    x = x.contiguous()
+    y = torch.empty_like(x)                                                               # [..., H]
+    if x.numel() and lib.dll.msd_rms_norm(x.data_ptr(), x.numel() // h, h, g.data_ptr(), float(eps), y.data_ptr()):
+        raise KernelError(f"the kernel's norm refused x {tuple(x.shape)}")
+    return y
+
+
 # -- a whole decoder layer ------------------------------------------------------------------------------------
-class _LayerSpec(ctypes.Structure):  # small_rows.cpp's msd_layer, field for field
+class _LayerSpec(ctypes.Structure):  # src/layer.h's msd_layer, field for field
     _fields_ = [("hidden", _I64), ("heads", _I64), ("kv_heads", _I64), ("head_dim", _I64), ("inter", _I64),
                 ("fmt", ctypes.c_int32 * 4), ("eps", ctypes.c_float), ("scale", ctypes.c_float),
                 ("ln1", _P), ("ln2", _P), ("w_qkv", _P), ("b_qkv", _P), ("q_norm", _P), ("k_norm", _P),
@@ -447,7 +430,7 @@ def _vector(t: torch.Tensor | None, n: int, what: str) -> torch.Tensor | None:
 
 class NativeLayer:
     """One Llama-family decoder layer (RMS norms, fused q|k|v with optional bias (Qwen2) and q/k norms (Qwen3),
-    RoPE, grouped-query causal attention over the layer's cache, SiLU MLP) run by small_rows.cpp in one call:
+    RoPE, grouped-query causal attention over the layer's cache, SiLU MLP) run by the kernel (src/layer.h) in one call:
     every new row computed alone, so its output is the same in a call of any size."""
 
     def __init__(self, lib: Library, *, ln1, ln2, qkv: PackedLinear, b_qkv, q_norm, k_norm, o: PackedLinear,

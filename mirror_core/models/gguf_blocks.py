@@ -4,7 +4,7 @@ kernels/native.py), keyed by the Hugging Face parameter they dequantise to.
 Why: the default target is a GGUF (Q4_1 layers, a Q8_0 tied embedding / LM head, about 96 MB), and its prepared
 float32 folder is gguf's dequantisation of exactly these blocks. Streamed as blocks and dequantised in registers, the
 target computes what the float32 folder computes, bit for bit, while reading 2.8x fewer bytes than float16 and 5.6x
-fewer than float32 (kernels/small_rows.cpp says why the arithmetic is the same). Every map is checked against the
+fewer than float32 (kernels/src/gguf_kernels.h says why the arithmetic is the same). Every map is checked against the
 loaded float32 weight when it is packed; a map that does not match stays float32.
 
 Rows: transformers' GGUF loader reverses llama.cpp's interleaving of the query and key heads (rotary halves); that
@@ -14,61 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-QK = 32  # k per block: GGUF's QK4_1 and QK8_0 (the kernel reads its own from small_rows.cpp, msd_qk)
-
-
-@dataclass(frozen=True, eq=False)
-class BlockWeights:
-    """A linear map's weight W [N, K] (out, in: rows as a GGUF file stores them) in GGUF blocks of QK k:
-    q4_1 (w = fp32(d)·q + fp32(m), q in 0..15) or q8_0 (w = fp32(d)·q, q int8)."""
-
-    kind: str                        # "q4_1" or "q8_0"
-    d: torch.Tensor                  # [N, K/QK] float16: each block's scale
-    q: torch.Tensor                  # [N, K/QK, QK] uint8 (q4_1: 0..15) or int8 (q8_0)
-    m: torch.Tensor | None = None    # [N, K/QK] float16: each block's minimum (q4_1 only)
-
-    def __post_init__(self):
-        want = {"q4_1": torch.uint8, "q8_0": torch.int8}.get(self.kind)
-        if want is None:
-            raise ValueError(f"unknown block format {self.kind!r} (known: q4_1, q8_0)")
-        n, kb = self.d.shape if self.d.dim() == 2 else (-1, -1)
-        ok = (self.d.dtype == torch.float16 and self.q.dtype == want and tuple(self.q.shape) == (n, kb, QK)
-              and (self.m is None) == (self.kind == "q8_0")
-              and (self.m is None or (self.m.dtype == torch.float16 and self.m.shape == self.d.shape)))
-        if not ok:
-            raise ValueError(f"{self.kind} blocks: d {tuple(self.d.shape)} {self.d.dtype}, q {tuple(self.q.shape)} "
-                             f"{self.q.dtype}, m {None if self.m is None else tuple(self.m.shape)} do not fit")
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(N, K): outputs and inputs."""
-        return int(self.d.shape[0]), int(self.d.shape[1]) * QK
-
-    def dequantize(self) -> torch.Tensor:
-        """W [N, K] float32 as gguf dequantises it (d·q is exact in float32, then + m rounds once)."""
-        w = self.d.float().unsqueeze(-1) * self.q.float()                                 # [N, K/QK, QK]
-        if self.m is not None:
-            w = w + self.m.float().unsqueeze(-1)
-        return w.reshape(self.shape)                                                      # [N, K]
-
-    def rows(self, index: torch.Tensor) -> "BlockWeights":
-        """The weight's rows `index` (outputs), e.g. the exit head's readout tokens of a tied LM head."""
-        return BlockWeights(self.kind, self.d[index], self.q[index], None if self.m is None else self.m[index])
-
-    @staticmethod
-    def cat(parts: list["BlockWeights"]) -> "BlockWeights":
-        """Outputs stacked (fused maps: q|k|v, gate|up); every part in one block format."""
-        kinds = {p.kind for p in parts}
-        if len(kinds) != 1:
-            raise ValueError(f"fused blocks must share one format, got {sorted(kinds)}")
-        m = None if parts[0].m is None else torch.cat([p.m for p in parts])
-        return BlockWeights(parts[0].kind, torch.cat([p.d for p in parts]), torch.cat([p.q for p in parts]), m)
-
+from ..kernels.blocks import QK, BlockWeights
 
 # GGUF tensor names → Hugging Face Llama parameter names (a layer's {i})
 _NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",

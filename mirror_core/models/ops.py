@@ -17,11 +17,14 @@ def default_inv_freq(head_dim: int, theta: float, device: torch.device | str) ->
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
 
 
-def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype: torch.dtype,
+                exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [..., D] for integer positions [...]: angles in fp32, cast once after the scaling
-    (HF's `attention_scaling`; 1.0 leaves the values as they are), as Llama's rotary module does."""
-    freqs = positions.float().unsqueeze(-1) * inv_freq                                   # [..., D/2]
+    (HF's `attention_scaling`; 1.0 leaves the values as they are), as Llama's rotary module does. exact: angles,
+    cos and sin in float64, each value rounded once to dtype, so the tables are the same bits on every CPU (torch's
+    float32 cos and sin are vectorised per CPU kind), as the exact kernel's one function needs."""
+    work = torch.float64 if exact else torch.float32
+    freqs = positions.to(work).unsqueeze(-1) * inv_freq.to(work)                          # [..., D/2]
     emb = torch.cat([freqs, freqs], -1)                                                  # [..., D]
     return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 

@@ -16,7 +16,8 @@ from ..models.ops import apply_rope, attend, attend_blocks, rms_norm, rope_table
 from ..records import RowBand, RowPlan
 from .exactness import EXACT_ROWS, RowOp, pad_rows
 from ..kernels.native import INT8, Library, NativeLayer, PackedLinear, format_name
-from ..models.gguf_blocks import BlockWeights
+from ..kernels.native import rms_norm as native_rms_norm
+from ..kernels.blocks import BlockWeights
 from .protocol import ExitPass
 
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -159,7 +160,7 @@ class FastLlamaRunner:
         """The dtype of the linear maps' weights in one-sequence forwards (AR steps, windows) and in branch
         rows (forward_rows). Only the matmuls change: with torch's matmul each casts its input to the weights'
         dtype and its product back, and the LM head keeps the loaded dtype; with the kernel every linear map and
-        the LM head run packed in that format (float32 inputs and products; kernels/small_rows.cpp). The residual
+        the LM head run packed in that format (float32 inputs and products; kernels/src/kernel.cpp). The residual
         stream, norms, attention and KV cache keep the model's dtype either way."""
         self.layers, self.lm_head, self.native_layers = self._weights_in(sequence)
         self.row_layers, self.row_head, _ = self._weights_in(rows or sequence)
@@ -267,7 +268,7 @@ class FastLlamaRunner:
         if need > cos.shape[0]:
             size = max(need, 2 * cos.shape[0], 256)
             cos, sin = rope_tables(torch.arange(size, device=self.device), self.inv_freq, self.rope_scale,
-                                   self.dtype)                                                    # [S, D] each
+                                   self.dtype, exact=self.kernel is not None)                     # [S, D] each
             self._rope_rows = (cos, sin)
         return cos[positions], sin[positions]
 
@@ -330,7 +331,14 @@ class FastLlamaRunner:
     def _head(self, x: torch.Tensor, plan: RowPlan | None = None, head=None) -> torch.Tensor:
         band = plan and plan.band("head")
         w = self.lm_head if head is None else head
-        return self._matmul(rms_norm(x, self.norm, self.eps), w, band).float()            # [..., V]
+        return self._matmul(self._final_norm(x), w, band).float()                         # [..., V]
+
+    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The final RMS norm: the kernel's own (the layers' norm: the same bits on every CPU) where the kernel runs
+        the maps, else ops.rms_norm."""
+        if self.kernel is not None and x.dtype == torch.float32:
+            return native_rms_norm(self.kernel, x, self.norm, self.eps)
+        return rms_norm(x, self.norm, self.eps)
 
     def exit_readout(self, h: torch.Tensor, layer: int) -> torch.Tensor:
         """The layer-ℓ_e readout: the trained exit head when it was trained for this layer, else the logit lens."""

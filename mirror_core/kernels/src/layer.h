@@ -1,0 +1,161 @@
+// One Llama-family decoder layer over T new rows, every row computed alone. The layer's own arithmetic (norms, RoPE,
+// attention, SiLU) runs row by row with fixed orders written for 16 lanes (simd.h), and its linear maps are the
+// kernels above, so a row's output depends only on its own input and the cache entries before it (an AR step and a
+// window give every position the same bits without any row plan), and is the same on every variant.
+#pragma once
+
+struct msd_layer {
+    int64_t hidden, heads, kv_heads, head_dim, inter;
+    int32_t fmt[4];                   // each map's Format (formats.h): q|k|v, o, gate|up, down
+    float eps, scale;                 // RMS-norm epsilon; attention's 1/sqrt(D)
+    const float* ln1;                 // [H]
+    const float* ln2;                 // [H]
+    const void* w_qkv;                // packed [H, (Hq + 2·Hkv)·D]
+    const float* b_qkv;               // [(Hq + 2·Hkv)·D] or NULL (Qwen2)
+    const float* q_norm;              // [D] or NULL (Qwen3)
+    const float* k_norm;              // [D] or NULL
+    const void* w_o;                  // packed [Hq·D, H]
+    const void* w_gate_up;            // packed [H, 2·I]
+    const void* w_down;               // packed [I, H]
+};
+
+static int linear(int32_t fmt, const float* x, int64_t m, int64_t k, const void* w, int64_t n, float* y);
+
+// y = gain · (x / sqrt(mean(x²) + eps)) over n values (LlamaRMSNorm's order: normalise, then the gain); the squares
+// summed in 16 lanes (i mod 16), the lanes then in order, the tail last.
+static void rms_norm_row(const float* x, const float* gain, int64_t n, float eps, float* y) {
+    float lanes[VL] = {0};
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL)
+        for (int l = 0; l < VL; l++) lanes[l] += x[i + l] * x[i + l];
+    float ss = 0.0f;
+    for (int l = 0; l < VL; l++) ss += lanes[l];
+    for (; i < n; i++) ss += x[i] * x[i];
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t j = 0; j < n; j++) y[j] = gain[j] * (x[j] * inv);
+}
+
+// act[j] = silu(g[j]) · u[j] over n values, 16 at a time (the tail through the same lanes)
+static void silu_mul(const float* g, const float* u, int64_t n, float* act) {
+    int64_t j = 0;
+    for (; j + VL <= n; j += VL) vstore(act + j, vsilu_mul(vloadu(g + j), vloadu(u + j)));
+    if (j < n) {
+        alignas(64) float gt[VL] = {0}, ut[VL] = {0};
+        memcpy(gt, g + j, sizeof(float) * (n - j));
+        memcpy(ut, u + j, sizeof(float) * (n - j));
+        vstore_cols(act + j, vsilu_mul(vloadu(gt), vloadu(ut)), n - j);
+    }
+}
+
+static float dot(const float* a, const float* b, int64_t n) {  // one FMA chain per lane, then hsum, then the tail
+    vf acc = vzero();
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) acc = vfma(vloadu(a + i), vloadu(b + i), acc);
+    float s = hsum(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+// One query row of one head over its n visible keys: out[D] = Σ_j softmax(q·k_j · scale)_j v_j. w: n floats scratch.
+static void attend_row(const float* q, const float* keys, const float* values, int64_t n, int64_t d, float scale,
+                       float* w, float* out) {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; j++) {
+        w[j] = dot(q, keys + j * d, d) * scale;
+        mx = w[j] > mx ? w[j] : mx;
+    }
+    vf vsum = vzero(), vmx = vbcast(mx);
+    int64_t j = 0;
+    for (; j + VL <= n; j += VL) {
+        vf e = vexp(vsub(vloadu(w + j), vmx));
+        vstore(w + j, e);
+        vsum = vadd(vsum, e);
+    }
+    alignas(64) float tail[VL];
+    for (int l = 0; l < VL; l++) tail[l] = j + l < n ? w[j + l] - mx : -INFINITY;
+    vf e = vexp(vloadu(tail));
+    alignas(64) float el[VL];
+    vstore(el, e);
+    float sum = hsum(vsum);
+    for (int l = 0; j + l < n; l++) sum += (w[j + l] = el[l]);
+    const float inv = 1.0f / sum;
+    for (int64_t i = 0; i < d; i++) out[i] = 0.0f;
+    for (int64_t k = 0; k < n; k++) {
+        const float p = w[k] * inv;
+        const float* v = values + k * d;
+        for (int64_t i = 0; i < d; i++) out[i] += p * v[i];
+    }
+}
+
+// x[d] ← x[d]·cos[d] + rotate_half(x)[d]·sin[d]  (rotate_half(x) = [−x[D/2:], x[:D/2]])
+static void rope(float* x, const float* cos, const float* sin, int64_t d) {
+    int64_t h = d / 2;
+    float tmp[512];
+    for (int64_t i = 0; i < d; i++) tmp[i] = x[i];
+    for (int64_t i = 0; i < h; i++) x[i] = tmp[i] * cos[i] + (-tmp[i + h]) * sin[i];
+    for (int64_t i = h; i < d; i++) x[i] = tmp[i] * cos[i] + tmp[i - h] * sin[i];
+}
+
+// The attention half of a row: bias, q/k norms, RoPE, and the new keys and values into the cache.
+static void qkv_row(const msd_layer* L, float* row, int64_t r, const float* cos, const float* sin, float* kc, float* vc,
+                    int64_t cap, int64_t start) {
+    const int64_t Hq = L->heads, Hkv = L->kv_heads, D = L->head_dim, nq = Hq * D, nkv = Hkv * D;
+    if (L->b_qkv) for (int64_t j = 0; j < nq + 2 * nkv; j++) row[j] = row[j] + L->b_qkv[j];
+    for (int64_t h = 0; h < Hq + Hkv; h++) {  // the query heads, then the key heads
+        float* head = row + h * D;
+        if (L->q_norm) {
+            float tmp[512];
+            rms_norm_row(head, h < Hq ? L->q_norm : L->k_norm, D, L->eps, tmp);
+            memcpy(head, tmp, sizeof(float) * D);
+        }
+        rope(head, cos + r * D, sin + r * D, D);
+    }
+    for (int64_t g = 0; g < Hkv; g++) {
+        memcpy(kc + (g * cap + start + r) * D, row + nq + g * D, sizeof(float) * D);
+        memcpy(vc + (g * cap + start + r) * D, row + nq + nkv + g * D, sizeof(float) * D);
+    }
+}
+
+// x [t, H] (in/out: the residual stream) through one layer at positions start..start+t−1; the layer's keys and
+// values are written into kc/vc [Hkv, cap, D] at those positions, and row r attends to entries 0..start+r.
+// cos/sin: [t, D]. Returns 0, or 1 on arguments it refuses.
+static int layer_forward(const msd_layer* L, float* x, int64_t t, const float* cos, const float* sin, float* kc,
+                         float* vc, int64_t cap, int64_t start) {
+    if (!L || !x || !cos || !sin || !kc || !vc || t < 1 || start < 0 || start + t > cap) return 1;
+    const int64_t H = L->hidden, Hq = L->heads, Hkv = L->kv_heads, D = L->head_dim, I = L->inter;
+    if (H < 1 || Hq < 1 || Hkv < 1 || Hq % Hkv || D < 2 || D % 2 || D > 512 || I < 1) return 1;
+    const int64_t nq = Hq * D, nkv = Hkv * D, nqkv = nq + 2 * nkv, rep = Hq / Hkv, keys = start + t;
+    // scratch: kept between calls for windows (no allocation per step); a long prefill's is freed when it returns
+    thread_local std::vector<float> kept;
+    std::vector<float> once;
+    const int64_t threads = tl_pool.active;
+    size_t need = (size_t)(t * H + t * nqkv + t * nq + t * 2 * I + t * I + threads * keys);
+    std::vector<float>& buf = need <= ((size_t)1 << 22) ? kept : once;
+    if (buf.size() < need) buf.resize(need);
+    float* xn = buf.data();            // [t, H]
+    float* qkv = xn + t * H;           // [t, nqkv]
+    float* att = qkv + t * nqkv;       // [t, nq]
+    float* gu = att + t * nq;          // [t, 2I]
+    float* act = gu + t * 2 * I;       // [t, I]
+    float* w = act + t * I;            // [threads, keys] attention weights of one row and head, per thread
+
+    for (int64_t r = 0; r < t; r++) rms_norm_row(x + r * H, L->ln1, H, L->eps, xn + r * H);
+    if (linear(L->fmt[0], xn, t, H, L->w_qkv, nqkv, qkv)) return 1;
+    for (int64_t r = 0; r < t; r++) qkv_row(L, qkv + r * nqkv, r, cos, sin, kc, vc, cap, start);
+    parallel_for(t * Hq, [&](int64_t lo, int64_t hi, int tid) {  // (row, head) pairs split between the threads
+        float* scratch = w + tid * keys;                           // this thread's own
+        for (int64_t u = lo; u < hi; u++) {
+            const int64_t r = u / Hq, h = u % Hq, n = start + r + 1;  // row r sees entries 0..start+r
+            attend_row(qkv + r * nqkv + h * D, kc + (h / rep) * cap * D, vc + (h / rep) * cap * D, n, D, L->scale,
+                       scratch, att + r * nq + h * D);
+        }
+    });
+    if (linear(L->fmt[1], att, t, nq, L->w_o, H, xn)) return 1;                    // xn ← o_proj(att)
+    for (int64_t i = 0; i < t * H; i++) x[i] = x[i] + xn[i];
+    for (int64_t r = 0; r < t; r++) rms_norm_row(x + r * H, L->ln2, H, L->eps, xn + r * H);
+    if (linear(L->fmt[2], xn, t, H, L->w_gate_up, 2 * I, gu)) return 1;
+    for (int64_t r = 0; r < t; r++) silu_mul(gu + r * 2 * I, gu + r * 2 * I + I, I, act + r * I);  // silu(gate)·up
+    if (linear(L->fmt[3], act, t, I, L->w_down, H, xn)) return 1;
+    for (int64_t i = 0; i < t * H; i++) x[i] = x[i] + xn[i];
+    return 0;
+}

@@ -1,0 +1,98 @@
+// The calling thread's pool: workers that run a job's share and sleep when idle. A call splits its panels (a layer
+// its attention heads) between the pool's threads in contiguous ranges; every output is still one thread's one
+// chain, so the bits do not depend on the thread count.
+#pragma once
+
+constexpr int MAX_THREADS = 64;
+constexpr auto SPIN = std::chrono::microseconds(100);  // an idle worker spins this long before it sleeps
+
+struct Pool {
+    using Fn = void (*)(void*, int);
+    std::vector<std::thread> workers;
+    std::atomic<uint32_t> gen{0};     // bumped once per job
+    std::atomic<int> sleepers{0};     // workers asleep on gen (a job wakes them only when some are)
+    std::atomic<int> pending{0};      // workers yet to finish the current job
+    std::atomic<bool> quit{false};
+    Fn fn = nullptr;
+    void* ctx = nullptr;
+    int active = 1;                   // threads a job uses, the caller included
+
+    void work(int tid, uint32_t seen) {  // seen: the job count when this worker was made (it runs only later jobs)
+        for (;;) {
+            auto t0 = std::chrono::steady_clock::now();
+            uint32_t g;
+            for (int spins = 0; (g = gen.load(std::memory_order_acquire)) == seen; spins++) {
+                cpu_relax();
+                if ((spins & 255) == 255 && std::chrono::steady_clock::now() - t0 > SPIN) {
+                    sleepers.fetch_add(1);
+                    gen.wait(seen);
+                    sleepers.fetch_sub(1);
+                    t0 = std::chrono::steady_clock::now();
+                }
+            }
+            seen = g;
+            if (quit.load(std::memory_order_acquire)) return;
+            if (tid < active) fn(ctx, tid);
+            pending.fetch_sub(1, std::memory_order_release);
+        }
+    }
+
+    void run(Fn f, void* c, int threads) {  // f(c, tid) for tid 0..threads−1; tid 0 on the calling thread
+        fn = f, ctx = c, active = threads;
+        pending.store((int)workers.size(), std::memory_order_relaxed);
+        gen.fetch_add(1);
+        if (sleepers.load() > 0) gen.notify_all();
+        f(c, 0);
+        while (pending.load(std::memory_order_acquire) != 0) cpu_relax();
+    }
+
+    void resize(int threads) {  // threads − 1 workers (kept when fewer are asked for later: they sleep)
+        active = threads;
+        while ((int)workers.size() < threads - 1) {
+            int tid = (int)workers.size() + 1;
+            uint32_t now = gen.load();
+            workers.emplace_back([this, tid, now] { work(tid, now); });
+        }
+    }
+
+    ~Pool() {
+        quit.store(true, std::memory_order_release);
+        pending.store((int)workers.size());
+        gen.fetch_add(1);
+        gen.notify_all();
+        for (auto& t : workers) t.join();
+    }
+};
+
+thread_local Pool tl_pool;
+
+// f(lo, hi, tid) over [0, units) split into the calling thread's pool's contiguous shares (on this thread alone when
+// the pool has one thread or there is one unit).
+template <typename F>
+static void parallel_for(int64_t units, F&& f) {
+    int threads = (int)(tl_pool.active < units ? tl_pool.active : units);
+    if (threads <= 1) { f((int64_t)0, units, 0); return; }
+    struct Ctx { F* f; int64_t units; int threads; } ctx{&f, units, threads};
+    tl_pool.run([](void* c, int tid) {
+        auto* k = (Ctx*)c;
+        int64_t lo = k->units * tid / k->threads, hi = k->units * (tid + 1) / k->threads;
+        if (lo < hi) (*k->f)(lo, hi, tid);
+    }, &ctx, threads);
+}
+
+// Every panel once, the panels split between the pool's threads; within a panel, the rows GROUP at a time (the panel
+// stays in L1/L2 for the next group). blocks[R − 1] computes R rows; panel_bytes: one panel's packed bytes.
+template <typename X, typename W>
+static void run_panels(const Block<X, W>* blocks, const X* x, int64_t m, int64_t xs, const W* w, int64_t kk,
+                       int64_t panel_bytes, float* y, int64_t ys, int64_t n) {
+    int64_t panels = (n + PANEL - 1) / PANEL;
+    parallel_for(panels, [&](int64_t first, int64_t last, int) {
+        for (int64_t p = first; p < last; p++) {
+            const W* wp = (const W*)((const uint8_t*)w + p * panel_bytes);
+            for (int64_t r0 = 0; r0 < m; r0 += GROUP) {
+                int64_t rows = m - r0 < GROUP ? m - r0 : GROUP;
+                blocks[rows - 1](x + r0 * xs, xs, wp, kk, y + r0 * ys, ys, p * PANEL, n);
+            }
+        }
+    });
+}

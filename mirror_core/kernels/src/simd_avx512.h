@@ -1,0 +1,73 @@
+// simd.h's vf and vi on one zmm register each (AVX-512 F/BW/VL with FMA and F16C; VNNI where the build has it).
+#pragma once
+
+constexpr int GROUP = 8;  // rows per register block: 8 rows x 2 vf accumulators per panel
+typedef __m512 vf;
+typedef __m512i vi;
+
+static inline vf vzero() { return _mm512_setzero_ps(); }
+static inline vf vbcast(float a) { return _mm512_set1_ps(a); }
+static inline vf vload(const float* p) { return _mm512_load_ps(p); }    // 64-byte aligned
+static inline vf vloadu(const float* p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
+static inline void vstore_cols(float* y, vf v, int64_t cols) {  // lanes 0..cols−1 (cols ≥ 1)
+    if (cols >= VL) _mm512_storeu_ps(y, v);
+    else _mm512_mask_storeu_ps(y, (__mmask16)((1u << cols) - 1u), v);
+}
+static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }    // a·b + c, rounded once
+static inline vf vfnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }  // c − a·b, rounded once
+static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+static inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+static inline vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
+static inline vf vround(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vf vpow2(vf n) {  // 2^n for integral n in [−126, 127], exactly
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+static inline vf vcvt(vi a) { return _mm512_cvtepi32_ps(a); }
+static inline vf vload_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+// 16 bfloat16 pairs (k even in the low half of each 32-bit lane) → the even or the odd weights as float32, exactly
+static inline vf vbf16_even(const uint32_t* p) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_load_si512(p), 16)); }
+static inline vf vbf16_odd(const uint32_t* p) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_load_si512(p), _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+static inline vi izero() { return _mm512_setzero_si512(); }
+static inline vi iset(int32_t v) { return _mm512_set1_epi32(v); }
+static inline vi iload(const uint8_t* p) { return _mm512_load_si512((const void*)p); }  // 64-byte aligned
+static inline vi iload_u8(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
+static inline vi iload_s8(const uint8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)); }
+static inline vi iand(vi a, vi b) { return _mm512_and_si512(a, b); }
+static inline vi isrl4(vi a) { return _mm512_srli_epi32(a, 4); }
+static inline void istore(int32_t* p, vi a) { _mm512_storeu_si512((void*)p, a); }
+
+// Dot products of 4-byte groups, lane l += Σ_t a[4l + t]·b[4l + t] (exact). dot_u4s8: a in 0..15, b int8;
+// dot_s8s8: both int8, through s8_wsum (per weight vector) and s8_fix (per sum), which VNNI's unsigned operand needs.
+#if defined(__AVX512VNNI__)
+static inline vi dot_u4s8(vi acc, vi a, vi b) { return _mm512_dpbusd_epi32(acc, a, b); }
+// Σ (x + 128)·w − 128·Σ w, with the activations x as vpdpbusd's unsigned operand
+static inline vi dot_s8s8(vi acc, vi w, vi x) { return _mm512_dpbusd_epi32(acc, _mm512_xor_si512(x, iset((int32_t)0x80808080u)), w); }
+static inline vi s8_wsum(vi acc, vi w) { return _mm512_dpbusd_epi32(acc, iset(0x01010101), w); }
+static inline vi s8_fix(vi sum, vi wsum) { return _mm512_sub_epi32(sum, _mm512_slli_epi32(wsum, 7)); }
+#else
+static inline vi dot_u4s8(vi acc, vi a, vi b) {  // a ≤ 15: a pair's sum ≤ 2·15·128 never saturates int16
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(a, b), _mm512_set1_epi16(1)));
+}
+static inline vi dot_s8s8(vi acc, vi w, vi x) {  // the even and the odd bytes sign-extended to int16, then madd
+    vi we = _mm512_srai_epi16(_mm512_slli_epi16(w, 8), 8), wo = _mm512_srai_epi16(w, 8);
+    vi xe = _mm512_srai_epi16(_mm512_slli_epi16(x, 8), 8), xo = _mm512_srai_epi16(x, 8);
+    return _mm512_add_epi32(acc, _mm512_add_epi32(_mm512_madd_epi16(we, xe), _mm512_madd_epi16(wo, xo)));
+}
+static inline vi s8_wsum(vi acc, vi) { return acc; }
+static inline vi s8_fix(vi sum, vi) { return sum; }
+#endif
+
+static inline float hsum(vf v) {  // simd.h's tree: (i, i+8), (i, i+4), (i, i+2), (0, 1)
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
