@@ -125,6 +125,18 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
                    "(the whole-machine baseline), lane = the target lane's own cores; mirror always uses the lane's")
 
 
+def function_line(info) -> str:
+    """The target's format as the function it computes (kernels/formats.py), and on what: the exact kernel (the same
+    bits on every CPU that runs it) or torch's matmul (this machine's rounding)."""
+    from .kernels.formats import FUNCTIONS
+
+    fmt = info.target_dtype.sequence
+    roof = info.roofline
+    on = ("the exact kernel: the same tokens on every CPU" if roof is not None and roof.kernel != "torch"
+          else "torch's matmul: this machine's rounding, not the kernel's")
+    return f"{FUNCTIONS.get(fmt, fmt)}; on {on} ({info.target_dtype.note or 'forced by --dtype'})"
+
+
 def lanes_from_args(args) -> LaneConfig:
     from .lanes.placement import auto_lanes
 
@@ -198,6 +210,8 @@ def generate(args) -> int:
             print(_summary_line(end, engine.info.target_rows))
             if engine.info.roofline is not None:
                 print(f"-- target: {engine.info.roofline.describe}")
+            if engine.info.target_dtype is not None:
+                print(f"-- the function that wrote this: {function_line(engine.info)}")
             note = engine.info.spec_note(request.spec) if request.decoder != "ar" else ""
             if note:
                 print(f"-- settings: γ {request.spec.gamma}, κ {request.spec.kappa} {note}")

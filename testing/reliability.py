@@ -254,7 +254,7 @@ CATALOGUE: list[Case] = [
          lambda m, e: _load(m.target, m.draft, LaneConfig(target_device="cuda:3", kind="inline"))),
     Case("unknown device", "must be cpu, cuda[:N], mps, xpu[:N] or npu[:N]", lambda m: _ids(m, "--draft-device", "tpu"),
          lambda m, e: LaneConfig(draft_device="tpu")),
-    Case("unknown kernel", "kernel must be one of auto, torch, amx, avx512_vnni, avx512_bf16, avx512, avx2",
+    Case("unknown kernel", "kernel must be one of auto, torch, amx, avx512_vnni, avx512, avx2, scalar",
          lambda m: _ids(m, "--kernel", "sse2"), lambda m, e: LaneConfig(kernel="sse2")),
 ]
 

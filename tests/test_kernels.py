@@ -6,11 +6,15 @@ logits equal the one-token logits) without any row plan."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 
 from mirror_core.kernels import native
+from mirror_core.kernels.blocks import BlockWeights
+from mirror_core.kernels.formats import PACKINGS
+from mirror_core.kernels.variants import SCALAR
 from testing.variants import DEFAULT_TIER, variant_params
 
 VARIANTS = native.runnable_variants()
@@ -43,6 +47,52 @@ def test_every_row_equals_its_own_one_row_call(variant, fmt):
             assert torch.equal(packed(x[start:start + m]), alone[start:start + m]), (k, n, m, start)
         wq, xq = _quantised(w, x, fmt)
         assert torch.allclose(alone, xq @ wq, rtol=1e-4, atol=1e-4 * k ** 0.5)
+
+
+def _blocks(kind: str, n: int, k: int, gen: torch.Generator) -> BlockWeights:
+    d = (torch.rand(n, k // 32, generator=gen) * 0.02).half()
+    if kind == "q4_1":
+        q = torch.randint(0, 16, (n, k // 32, 32), generator=gen, dtype=torch.uint8)
+        return BlockWeights(kind, d, q, (-torch.rand(n, k // 32, generator=gen) * 0.1).half())
+    return BlockWeights(kind, d, torch.randint(-128, 128, (n, k // 32, 32), generator=gen, dtype=torch.int8))
+
+
+@needs_kernel
+@pytest.mark.parametrize("variant", variant_params())
+def test_every_variant_equals_the_scalar_reference(variant):
+    """One function on every CPU kind: every packing of every format (formats.PACKINGS: float values and GGUF blocks,
+    float and int8 activations) gives the scalar reference's bits, at several row counts and shapes; and so does the
+    kernel's RMS norm."""
+    lib, ref = native.library(variant), native.library(SCALAR)
+    gen = torch.Generator().manual_seed(11)
+    seen = set()
+    for k, n in ((64, 33), (576, 100), (96, 257)):
+        x = torch.randn(9, k, generator=gen) * 3
+        for p in PACKINGS:
+            if p.blocks:
+                b = _blocks(p.storage, n, k, gen)
+                w, kw = b.dequantize().t().contiguous(), {"blocks": b}
+            else:
+                w, kw = torch.randn(k, n, generator=gen) / k ** 0.5, {}
+            for m in (1, 4, 9):
+                got = native.PackedLinear(w, p.function, lib, **kw)(x[:m])
+                assert torch.equal(got, native.PackedLinear(w, p.function, ref, **kw)(x[:m])), (variant, p.name, k, n, m)
+            seen.add(p.name)
+        gain = torch.rand(k, generator=gen) + 0.5
+        assert torch.equal(native.rms_norm(lib, x, gain, 1e-5), native.rms_norm(ref, x, gain, 1e-5))
+    assert seen == {p.name for p in PACKINGS}
+
+
+def test_the_format_tables_agree(monkeypatch):
+    """formats.py and the kernel's formats.h hold one table: a library whose table differs is refused at load."""
+    lib = native.library(SCALAR)
+    if lib is None:
+        pytest.skip(native.unavailable(SCALAR))
+    native._check_formats(lib.dll)  # today's tables agree
+    changed = (replace(PACKINGS[0], block_bytes=PACKINGS[0].block_bytes + 1),) + PACKINGS[1:]
+    monkeypatch.setattr(native, "PACKINGS", changed)
+    with pytest.raises(OSError, match="format table"):
+        native._check_formats(lib.dll)
 
 
 @needs_kernel
@@ -136,7 +186,8 @@ def test_native_layers_match_the_hf_forward(pairs, arch):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_target_on_the_kernel_is_one_function_without_a_plan(pairs, variant, fmt):
     """Every slot's logits alone (AR's path) equal its logits in every window of up to 16 rows, bitwise, for every
-    format and variant; the load-time check (runners/exactness.py) finds it so and sets no plan."""
+    format and variant, and equal the scalar reference's (the whole model: layers, norms, attention, LM head); the
+    load-time check (runners/exactness.py) finds it so and sets no plan."""
     from mirror_core.runners.exactness import check_rows
 
     _, runner = _runner(pairs["qwen3"][0], variant, fmt)   # Qwen3: q/k norms; the widest native path
@@ -154,6 +205,9 @@ def test_a_target_on_the_kernel_is_one_function_without_a_plan(pairs, variant, f
     for rows in range(2, 17):
         assert torch.equal(runner.forward(cache, window[:rows]), alone[:rows]), (variant, fmt, rows)
         runner.truncate(cache, len(prefix))
+    _, reference = _runner(pairs["qwen3"][0], SCALAR, fmt)
+    assert torch.equal(reference.forward(reference.new_cache(), prefix + window),
+                       runner.forward(runner.new_cache(), prefix + window))
 
 
 def _first_layer(pairs):

@@ -58,3 +58,50 @@ def test_im_end_stops_a_chat_answer(engine):
     end = engine.generate(Request(engine.encode("Say only the word yes."), "mirror", 64))
     assert end.token_ids and end.token_ids[-1] in engine.eos_ids and len(end.token_ids) < 64
     assert engine.tokenizer.decode([end.token_ids[-1]]) == "<|im_end|>"
+
+
+def test_every_kernel_variant_computes_the_same_function_on_the_real_target():
+    """One function on every CPU kind, on the real weights: each variant this CPU runs and the scalar reference
+    choose the same format for the pair and give the same prefill logits, bit for bit, and the same 64 greedy tokens,
+    in int8 (the pair's format) and in float32."""
+    import torch
+
+    from mirror_core.kernels import native
+    from mirror_core.kernels.variants import SCALAR
+    from mirror_core.models.gguf_blocks import read_blocks
+    from mirror_core.models.loading import ModelSpec, load_model
+    from mirror_core.models.prepared import find_gguf, resolve_source
+    from mirror_core.runners.calibrate import pair_format
+    from mirror_core.runners.fast import FastLlamaRunner
+
+    try:
+        folder = resolve_source(REAL_TARGET)
+    except MirrorError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"cannot prepare {REAL_TARGET}: {exc}")
+    model = load_model(ModelSpec(folder, "cpu"))
+    blocks = read_blocks(find_gguf(folder), model.config)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    turn = [{"role": "user", "content": "Explain why the sky is blue in two sentences."}]
+    prompt = tokenizer(tokenizer.apply_chat_template(turn, add_generation_prompt=True, tokenize=False))["input_ids"]
+    variants = native.runnable_variants()
+    assert SCALAR in variants
+    for fmt in ("int8", "float32"):
+        seen = {}
+        for variant in variants:
+            runner = FastLlamaRunner(model, kernel=native.library(variant), blocks=blocks)
+            assert pair_format(runner) == "int8"
+            runner.set_dtypes(torch.int8 if fmt == "int8" else torch.float32)
+            cache = runner.new_cache()
+            logits = runner.forward(cache, prompt)                                        # [T, V]
+            tokens = [int(logits[-1].argmax())]
+            while len(tokens) < 64:
+                tokens.append(int(runner.forward(cache, tokens[-1:])[-1].argmax()))
+            seen[variant] = (logits, tokens)
+        ref_logits, ref_tokens = seen[SCALAR]
+        for variant, (logits, tokens) in seen.items():
+            assert torch.equal(logits, ref_logits), (fmt, variant)
+            assert tokens == ref_tokens, (fmt, variant)

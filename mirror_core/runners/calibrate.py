@@ -62,6 +62,23 @@ def candidates(runner) -> list[str]:
     return ["float32"] + (["bfloat16"] if bf16 else []) + ["float16"]
 
 
+# Why the target's format is what it is when none is asked for (it is the pair's, the same on every machine, never
+# the one that times fastest here: the function decides the text, docs/ALGORITHM.md "One function on every CPU").
+PAIR_FORMAT_WHY = {
+    True: "the pair's format: a GGUF target runs int8, what llama.cpp computes from the same file, reading the same "
+          "bytes as float32 on its blocks with a quarter of the float work",
+    False: "the pair's format: the target's own float32 weights (no GGUF blocks for int8)",
+}
+
+
+def pair_format(runner) -> str:
+    """The target's format when none is asked for: int8 where the kernel runs the target's own GGUF blocks (the
+    function its GGUF was made for), else the loaded weights' own float format."""
+    if getattr(runner, "kernel", None) is not None and getattr(runner, "has_blocks", False):
+        return INT8
+    return format_name(runner.dtype)
+
+
 def calibrate_target(runner, vocab_size: int, requested: str, config) -> tuple[Calibration, RowCheck]:
     """Choose the target's dtype (the fastest window of γ + 1, each dtype made one function first by its row plan),
     set it on the runner, and return the calibration and the call-shape check at that dtype."""
@@ -70,7 +87,8 @@ def calibrate_target(runner, vocab_size: int, requested: str, config) -> tuple[C
     if requested == INT8 and not getattr(runner, "has_blocks", False):
         raise MirrorError("--dtype int8 runs a GGUF target's own blocks on the exact kernel; this target has none "
                           "(a prepared registry model keeps its GGUF; python -m mirror_core prepare adds it)")
-    names = candidates(runner) if requested == "auto" else [requested]
+    chosen = pair_format(runner) if requested == "auto" else requested
+    names = [chosen]
     prefix, ids = _probe(runner, WINDOW)
     shapes = {"step": lambda c: runner.forward(c, ids[:1]), "window": lambda c: runner.forward(c, ids)}
     path = _cache_path(runner, "target", names, list(shapes), config)
@@ -86,10 +104,10 @@ def calibrate_target(runner, vocab_size: int, requested: str, config) -> tuple[C
 
     if cal is None:
         cal = _time(runner, "target", requested, names, WINDOW, shapes, prepare, prefix)
-    choice = _fastest(cal, cal.timed(names), "window") if requested == "auto" else requested
+    choice = chosen
     prepare(choice)
     cal = replace(cal, requested=requested, sequence=choice, rows=choice, exact=tuple({**known, **checks}.items()),
-                  note="forced by --dtype" if requested != "auto" else f"fastest window of {WINDOW} tokens")
+                  note="forced by --dtype" if requested != "auto" else PAIR_FORMAT_WHY[choice == INT8])
     fresh = not cal.rows_ms(choice)
     if fresh:  # the roofline's figures for the chosen dtype (records.Roofline), once per machine and model shape
         cal = _time_rows(runner, cal, choice)
