@@ -14,8 +14,8 @@ QK = 32  # k per GGUF block (src/formats.h)
 
 FUNCTIONS = {  # the function a model computes in each format, in one line (the CLI and the page show it)
     "float32": "float32: the dequantised model exactly (float32 weights and activations, one fused chain per output)",
-    "float16": "float16 weights widened exactly, float32 activations",
     "bfloat16": "bfloat16 weights and activations (each rounded to nearest even), widened exactly, float32 sums",
+    "float16": "float16 weights widened exactly, float32 activations",
     "int8": "int8 activations per block of 32 against the GGUF's own blocks, as llama.cpp computes this GGUF",
 }
 INT8 = "int8"  # the format whose activations are rounded to int8 (a GGUF target's blocks only)
