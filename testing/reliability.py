@@ -23,8 +23,10 @@ from dataclasses import dataclass, field, replace
 import psutil
 import torch
 
-from mirror_core import LaneConfig, MirrorEngine, MirrorError, Request, SamplingConfig, SpecConfig
+from mirror_core import (LaneConfig, MirrorEngine, MirrorError, Request, RunEnd, SamplingConfig, SpanEvent,
+                         SpecConfig, StepRecord)
 from mirror_core.config import AUTO_BRANCH_BUDGET, MAX_GAMMA, MAX_KAPPA, MAX_NEW_TOKENS_CAP, MAX_PROMPT_CHARS, FaultPlan
+from mirror_core.events import LANE_DRAFT, LANE_TARGET
 from testing.toy_models import VOCAB, build_pair
 
 INLINE = LaneConfig(kind="inline", target_threads=1, draft_threads=1)
@@ -355,25 +357,64 @@ class TargetFault:
             delattr(self.engine.target, name)  # the class's methods again
 
 
+@dataclass
+class Hold:
+    """A run held at a known step: its target pass of `step` waits for the run's stop flag (at most `timeout_s`),
+    so that a cancel sent while it waits arrives at that step, however fast the CPU."""
+    decoder: str
+    step: int
+    timeout_s: float
+    stop: threading.Event | None = None   # the held run's stop flag (None until its stream starts)
+    passes: int = 0                       # target passes the held run has begun (the first is its prefill)
+    held: threading.Event = field(default_factory=threading.Event)  # set when the pass of `step` waits
+    released_at: float | None = None      # time.monotonic() when it went on
+    released_by_stop: bool = False        # it went on because its stop flag was set (not at the timeout)
+    events: list = field(default_factory=list)  # the held run's events, in order
+
+    def steps_from_hold(self) -> dict[str, int]:
+        """The steps each lane worked on from the held one on (the step the cancel arrived in counts as one): the
+        target's verification passes (StepRecords) and the draft lane's windows (its spans' steps)."""
+        target = {e.step for e in self.events if isinstance(e, StepRecord) and e.step >= self.step}
+        draft = {e.step for e in self.events
+                 if isinstance(e, SpanEvent) and e.lane == LANE_DRAFT and e.step >= self.step}
+        return {LANE_TARGET: len(target), LANE_DRAFT: len(draft)}
+
+
 class WatchedLoad:
     """An EngineLoader `load` that logs (time, event type) of every stream, plus "closing"/"closed" when a
-    stream is closed: closed is stamped once the engine has stopped and both lanes are idle."""
+    stream is closed: closed is stamped once the engine has stopped and both lanes are idle. `hold` stops the
+    next run of a decoder at a known step until its stop flag is set (Hold)."""
 
     def __init__(self) -> None:
         self.log: list[tuple[float, str]] = []
+        self._hold: Hold | None = None
+
+    def hold(self, decoder: str, step: int, timeout_s: float = 30.0) -> Hold:
+        """Hold the next run of `decoder` of more than one token (not the page's one-token warm prefill) in its
+        target pass of `step`."""
+        self._hold = Hold(decoder, step, timeout_s)
+        return self._hold
 
     def __call__(self, target: str, draft: str | None, lanes: LaneConfig) -> MirrorEngine:
         engine = MirrorEngine.load(target, draft, lanes)
         stream, log = engine.stream, self.log
+        for name in TargetFault.STARTS:  # where each target pass begins
+            setattr(engine.target, name, self._holding(getattr(engine.target, name)))
 
         def watched(request, stop=None):
             inner = stream(request, stop)
+            hold = self._hold if self._hold and request.decoder == self._hold.decoder \
+                and request.max_new_tokens > 1 and self._hold.stop is None else None
+            if hold is not None:
+                hold.stop = stop
 
             def gen():
                 try:
                     for event in inner:
                         stopped = ":stopped" if getattr(event, "stopped", False) else ""
                         log.append((time.monotonic(), type(event).__name__ + stopped))
+                        if hold is not None:
+                            hold.events.append(event)
                         yield event
                 finally:
                     log.append((time.monotonic(), "closing"))
@@ -383,6 +424,19 @@ class WatchedLoad:
 
         engine.stream = watched
         return engine
+
+    def _holding(self, real):
+        """The target pass `real`, held at the armed run's step until that run's stop flag is set."""
+        def pass_(*args, **kwargs):
+            hold = self._hold
+            if hold is not None and hold.stop is not None and hold.released_at is None:
+                hold.passes += 1
+                if hold.passes == hold.step + 1:  # pass 1 is the prefill; pass k + 1 verifies step k
+                    hold.held.set()
+                    hold.released_by_stop = hold.stop.wait(hold.timeout_s)
+                    hold.released_at = time.monotonic()
+            return real(*args, **kwargs)
+        return pass_
 
     def count(self, kind: str, after: float = 0.0) -> int:
         return sum(1 for t, k in self.log if k == kind and t > after)
@@ -425,30 +479,44 @@ with http.stream("GET", base + "/gradio_api/queue/data", params={"session_hash":
 """
 
 
-def disconnect_trial(url: str, watch: WatchedLoad, values: list) -> tuple[bool, str]:
-    """A browser-like client process (heartbeat + queue streams) starts a long run and is killed mid-run
-    (a closed tab): Gradio's heartbeat drops, the page's unload handler sets the run's stop flag, and the
-    engine stops within one step."""
+def disconnect_trial(url: str, watch: WatchedLoad, values: list, decoder: str = "mirror",
+                     step: int = 5) -> tuple[bool, str]:
+    """A browser-like client process (heartbeat + queue streams) starts a long run; while its `decoder` run is held
+    at `step` (WatchedLoad.hold) the process is killed (a closed tab): Gradio's heartbeat drops, the page's unload
+    handler sets the run's stop flag, and each lane ends the step it is in and starts no other."""
     import subprocess
     import sys
 
+    hold = watch.hold(decoder, step)
     proc = subprocess.Popen([sys.executable, "-c", DISCONNECT_CLIENT, url, json.dumps(values)],
                             stdout=subprocess.PIPE, text=True)
     try:
-        start = time.monotonic()
-        if not watch.wait("StepRecord", 5, after=start, timeout=120):
-            return False, "the run never started"
+        if not hold.held.wait(120):
+            return False, f"the {decoder} run never reached step {step}"
         t_kill = time.monotonic()
         proc.kill()
-        if not watch.wait("closed", 1, after=t_kill, timeout=30):
-            return False, "the lanes were not freed within 30 s of the disconnect"
-        freed = watch.first("closed", after=t_kill) - t_kill
-        if watch.count("RunEnd", after=watch.last("RunStart", before=t_kill)):  # "RunEnd:stopped": noticed
-            return False, "the run finished before the disconnect was noticed"
-        return True, f"freed {freed:.2f} s after the disconnect"
+        if not watch.wait("closed", 1, after=t_kill, timeout=hold.timeout_s + 30):
+            return False, f"the lanes were not freed within {hold.timeout_s + 30:.0f} s of the disconnect"
+        return cut_at_hold(hold, t_kill, watch.first("closed", after=t_kill), "disconnect")
     finally:
         proc.kill()
         proc.wait()
+
+
+def cut_at_hold(hold: Hold, t_sent: float, t_freed: float, what: str) -> tuple[bool, str]:
+    """Whether a cancel sent at `t_sent` while `hold` waited cut its run within one step: the cancel set the run's
+    stop flag while the step was held, the engine ended the run itself (its last event a stopped RunEnd, so every
+    event of it was seen), and each lane worked on at most the step in flight after it. The detail names the
+    figures."""
+    if not hold.released_by_stop:
+        return False, f"the {what} did not set the run's stop flag in {hold.timeout_s:.0f} s (held at step {hold.step})"
+    end = hold.events[-1] if hold.events else None
+    if not (isinstance(end, RunEnd) and end.stopped):
+        return False, f"the engine did not end the run at its stop flag (last event: {type(end).__name__})"
+    steps = hold.steps_from_hold()
+    detail = (f"stop flag set {(hold.released_at - t_sent) * 1e3:.0f} ms and lanes free {(t_freed - t_sent) * 1e3:.0f} "
+              f"ms after the {what}; steps each lane worked on after it: {steps}")
+    return max(steps.values()) <= 1, detail
 
 
 # -- load ------------------------------------------------------------------------------------------

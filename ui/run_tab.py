@@ -2,6 +2,7 @@
 Run, Stop, Replay and the step inspector to the per-user Session."""
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from mirror_core import MirrorError
 from mirror_core.config import MAX_PROMPT_CHARS
 
 from . import inspector, verdict
+from .cancellable import cancellable
 from .loader import EngineLoader, PairPreset
 from .session import Session
 from .settings import (
@@ -136,9 +138,52 @@ def wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], state
     components = {**v.outputs, STATE: state}
     outputs = [components[name] for name in (*OUTPUT_NAMES, STATE)]  # the endpoints' output order
 
+    on_run, on_unload = _run_handlers(loader, presets, components)
+
+    def on_stop(session: Session):
+        running = not session.idle.is_set()
+        session.stop.set()
+        session.replay_stop.set()
+        session.idle.wait(timeout=60)  # the run's generator ends within one step (or is closed by `cancels`)
+        status = final_status(session) if running else "Nothing was running."
+        return view(components, session, Tick(DONE, status), Deltas())
+
+    def on_replay(session: Session, speed="1×"):
+        deltas = Deltas()
+        stopped = threading.Event()
+        with loader.holding(stopped):  # a server shutting down ends the replay at once
+            for tick in replay(session, speed=REPLAY_SPEEDS.get(speed, 1.0), stopped=stopped):
+                yield view(components, session, tick, deltas)
+
+    # The controls go in as a positional list (CONTROLS order, named once in the Run handler): set-style inputs would
+    # reorder the public /run endpoint's parameters (Gradio sorts a set by component id). Progress only on the status
+    # line: it shows the queue position ("queue: 2/3") while waiting, and no spinner covers the live plots. No
+    # preprocessing: out-of-range or non-numeric values reach settings_from_ui, which answers each with one line.
+    run_evt = c.run.click(on_run, [state, *c.inputs()], outputs, api_name="run", concurrency_id="lanes",
+                          concurrency_limit=1, show_progress="minimal", show_progress_on=[v.outputs["status"]],
+                          scroll_to_output=True, preprocess=False)  # raw values: settings_from_ui checks every field with one message
+    replay_evt = c.replay.click(on_replay, [state, c.replay_speed], outputs, api_name="replay", concurrency_limit=8,
+                                show_progress="hidden")
+    c.stop.click(on_stop, [state], outputs, api_name="stop", cancels=[run_evt, replay_evt], concurrency_limit=None,
+                 show_progress="hidden")
+    demo.unload(on_unload)
+    _wire_inspector(state, v)
+    _wire_pickers(presets, c, v)
+
+
+def _run_handlers(loader: EngineLoader, presets: list[PairPreset], components: dict):
+    """Run's handler and the unload handler that stops a closed tab's run (they share the runs in flight)."""
     in_flight: dict[str, Session] = {}  # session hash → its Session while a run is going (this page's visitors)
 
-    def on_run(request: gr.Request, session: Session, *values):
+    async def on_run(request: gr.Request, session: Session, *values):
+        """The comparison's page updates; Gradio's cancel (Stop, a client's cancel) stops the engine between two
+        steps, however long the page has held still (ui/cancellable.py)."""
+        async with contextlib.aclosing(cancellable(comparison_views(request, session, values), session.cancel)) as run:
+            async for update in run:
+                yield update
+
+    def comparison_views(request: gr.Request, session: Session, values: tuple):
+        """on_run's body: the settings checked, then each tick of the comparison as {component: value}."""
         try:
             settings = settings_from_ui(with_sources(controls_by_name(values), preset_sources(presets)))
         except MirrorError as exc:
@@ -162,35 +207,7 @@ def wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], state
         if session is not None:
             session.cancel()
 
-    def on_stop(session: Session):
-        running = not session.idle.is_set()
-        session.stop.set()
-        session.replay_stop.set()
-        session.idle.wait(timeout=60)  # the run's generator ends within one step (or is closed by `cancels`)
-        status = final_status(session) if running else "Nothing was running."
-        return view(components, session, Tick(DONE, status), Deltas())
-
-    def on_replay(session: Session, speed="1×"):
-        deltas = Deltas()
-        stopped = threading.Event()
-        with loader.holding(stopped):  # a server shutting down ends the replay at once
-            for tick in replay(session, speed=REPLAY_SPEEDS.get(speed, 1.0), stopped=stopped):
-                yield view(components, session, tick, deltas)
-
-    # The controls go in as a positional list (CONTROLS order, named once in on_run): set-style inputs would reorder
-    # the public /run endpoint's parameters (Gradio sorts a set by component id). Progress only on the status line:
-    # it shows the queue position ("queue: 2/3") while waiting, and no spinner covers the live plots. No preprocessing:
-    # out-of-range or non-numeric values reach settings_from_ui, which answers each with one readable line.
-    run_evt = c.run.click(on_run, [state, *c.inputs()], outputs, api_name="run", concurrency_id="lanes",
-                          concurrency_limit=1, show_progress="minimal", show_progress_on=[v.outputs["status"]],
-                          scroll_to_output=True, preprocess=False)  # raw values: settings_from_ui checks every field with one message
-    replay_evt = c.replay.click(on_replay, [state, c.replay_speed], outputs, api_name="replay", concurrency_limit=8,
-                                show_progress="hidden")
-    c.stop.click(on_stop, [state], outputs, api_name="stop", cancels=[run_evt, replay_evt], concurrency_limit=None,
-                 show_progress="hidden")
-    demo.unload(on_unload)
-    _wire_inspector(state, v)
-    _wire_pickers(presets, c, v)
+    return on_run, on_unload
 
 
 def _wire_inspector(state: gr.State, v: Views) -> None:

@@ -28,8 +28,11 @@ from .settings import DECODER_TITLES, ComparisonSettings
 from .verdict import middle_repeat
 
 TEXT, STATUS, DONE, RESET, RESULTS = "text", "status", "done", "reset", "results"
-# while a run is timed the page hears nothing, but the handler yields its unchanged status this often, so that
-# Gradio can close it when the client cancels or goes away (the engine then stops within one step)
+# While a run is timed the page hears nothing new, but the handler yields its unchanged status this often: Gradio
+# sends an empty update (a few hundred bytes), which keeps the client's stream alive, and checks between yields that
+# the client is still there (a raw API client whose connection dropped, with no cancel and no tab to unload, is
+# closed at the next one). A cancel, Stop and a closed tab do not wait for it: they set the run's stop flag at once
+# (ui/cancellable.py, the page's unload handler), and the engine stops between two steps.
 HEARTBEAT_S = 0.2
 # Pause between a page update and the next timed prefill: the page lays out and paints the update (a column shown
 # whole, a provisional verdict, the new plots after RESET) before the lanes are timed again, not during it
@@ -181,8 +184,8 @@ def _run_decoder(engine, session: Session, request, namer: TokenNamer, settle_s:
         for event in stream:
             if run.tokens:
                 held.append(event)
-                if time.monotonic() - beat >= HEARTBEAT_S:  # an unchanged status: Gradio sends nothing, but a
-                    beat = time.monotonic()                 # cancelled or gone client can close the run here
+                if time.monotonic() - beat >= HEARTBEAT_S:  # an unchanged status: an empty update that keeps
+                    beat = time.monotonic()                 # the client's stream alive
                     yield Tick(STATUS, session.status)
                 continue
             session.add(run, event)
