@@ -39,7 +39,7 @@ from .lanes.faults import fault_plan_from_env
 from .latency import SpecChoice, StepCosts, choose_spec
 from .metrics import RunSummary
 from .models.exit_head import ExitHead, find_exit_head
-from .models.feature_draft import feature_draft_config, is_feature_draft
+from .models.feature_draft import check_feature_draft, feature_draft_config, is_feature_draft
 from .models.gguf_blocks import read_blocks
 from .models.loading import ModelSpec, encode_text, load_config, load_model, load_tokenizer, local_folder, shared_vocab_size
 from .models.prepared import find_gguf
@@ -481,20 +481,6 @@ def _choose_spec(target: Calibration | None, draft: Calibration | None, profile,
     t_ar, t_window, d_step, d_rows = shapes
     return choose_spec(StepCosts(t_ar, t_window, WINDOW, exit_share, d_step, d_rows, BRANCH_ROWS, WINDOW - 1, baseline),
                        profile)
-
-
-def check_feature_draft(cfg, target_cfg, vmap) -> None:
-    """A feature-reading draft fits a target of its hidden size, depth and vocabulary (it reads its features)."""
-    mine = (cfg.hidden_size, cfg.target_layers, cfg.target_vocab_size)
-    theirs = (int(target_cfg.hidden_size), int(target_cfg.num_hidden_layers), int(target_cfg.vocab_size))
-    if mine != theirs:
-        raise MirrorError(f"the feature-reading draft was trained for a target with hidden size, layers, vocabulary "
-                          f"{mine}, not {theirs}")
-    if vmap is None or vmap.target_vocab_size != theirs[2]:
-        raise MirrorError("a feature-reading draft needs its draft_vocab.json for this target's vocabulary")
-    if cfg.vocab_size != vmap.size + 1:
-        raise MirrorError(f"the feature-reading draft reads {cfg.vocab_size} tokens but its draft_vocab.json lists "
-                          f"{vmap.size} (+1 for \"other\")")
 
 
 def _context_of(config) -> int | None:

@@ -167,6 +167,20 @@ def load_feature_draft(folder: str, dtype: torch.dtype = torch.float32) -> Featu
     return model.to(dtype).eval().requires_grad_(False)
 
 
+def check_feature_draft(cfg, target_cfg, vmap) -> None:
+    """A feature-reading draft fits a target of its hidden size, depth and vocabulary (it reads its features)."""
+    mine = (cfg.hidden_size, cfg.target_layers, cfg.target_vocab_size)
+    theirs = (int(target_cfg.hidden_size), int(target_cfg.num_hidden_layers), int(target_cfg.vocab_size))
+    if mine != theirs:
+        raise MirrorError(f"the feature-reading draft was trained for a target with hidden size, layers, vocabulary "
+                          f"{mine}, not {theirs}")
+    if vmap is None or vmap.target_vocab_size != theirs[2]:
+        raise MirrorError("a feature-reading draft needs its draft_vocab.json for this target's vocabulary")
+    if cfg.vocab_size != vmap.size + 1:
+        raise MirrorError(f"the feature-reading draft reads {cfg.vocab_size} tokens but its draft_vocab.json lists "
+                          f"{vmap.size} (+1 for \"other\")")
+
+
 def from_target(target, vocab_ids: torch.Tensor, num_layers: int, feature_layer: int, exit_head=None) -> FeatureDraft:
     """A new draft for a transformers Llama target: layers started from the target's layers ℓ_e.. (the ones that
     read h^(ℓ_e)), W_fc = [small; I] (u starts as the feature), embedding = the target's rows of the vocabulary
