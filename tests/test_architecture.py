@@ -77,7 +77,7 @@ def test_models_say_where_weights_come_from_and_decide_nothing():
         imported = _imports(module, top_level_only=False, type_only=True)
         assert not any(i.startswith(d) for i in imported for d in (
             "mirror_core.decode", "mirror_core.draft_worker", "mirror_core.lanes", "mirror_core.planner",
-            "mirror_core.engine", "mirror_core.verify", "mirror_core.runners", "ui")), module
+            "mirror_core.engine", "mirror_core.pair", "mirror_core.verify", "mirror_core.runners", "ui")), module
     assert _importers_of("mirror_core.bench.html_report", top_level_only=True) == set()
 
 

@@ -282,7 +282,7 @@ def test_the_verdict_names_where_its_baseline_ran():
 
 
 def _load_info(draft: str = "draft", window_ms: float = 16.0, step_ms: float = 10.0):
-    """A loaded pair's load-time figures (engine.PairInfo's fields the chain reads): its target timed a one-token
+    """A loaded pair's load-time figures (pair.PairInfo's fields the chain reads): its target timed a one-token
     step of `step_ms` and a window of the default γ+1 of `window_ms`."""
     from types import SimpleNamespace
 

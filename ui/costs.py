@@ -119,7 +119,7 @@ class Chain:
 
 def chain(mirror: DecoderRun | None, ar: DecoderRun | None, info=None) -> Chain | None:
     """The chain for a Mirror-SD run and its repeat's AR run (None without both, timed); `info`: the loaded pair's
-    engine.PairInfo (its load-time figures are used only when it is the run's pair)."""
+    pair.PairInfo (its load-time figures are used only when it is the run's pair)."""
     model, bar = latency_model(mirror, ar), step_bar(mirror)
     if model is None or not model.t_ar or bar is None:
         return None

@@ -86,7 +86,7 @@ KNOBS = tuple(f.name for f in fields(WhatIf))
 
 
 def load_costs(info, exit_layer: int) -> StepCosts | None:
-    """The step costs the engine's choice of γ, κ used at load (ms; engine._choose_spec): the lanes' calibrations
+    """The step costs the engine's choice of γ, κ used at load (ms; pair._choose_spec): the lanes' calibrations
     (a window at the default γ, a branch batch at the default κ, γ), the baseline's step (AR on every core where it
     runs there: WholeMachine.all_ms, timed at this load). None where a lane's dtype was forced without timing."""
     target, draft = info.target_dtype, info.draft_dtype
