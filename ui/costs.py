@@ -21,7 +21,7 @@ from mirror_core import events as ev
 from mirror_core.config import SERIAL_DECODERS
 from mirror_core.latency import per_step_totals, step_times
 
-from .learn.whatif import WhatIf, load_costs, prediction
+from .whatif import WhatIf, load_costs, prediction
 from .numbers import latency_model, speedup
 from .plots import STAGE_STYLE
 from .session import DecoderRun

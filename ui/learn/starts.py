@@ -16,7 +16,7 @@ from mirror_core import machine
 from .example import Example, load_example
 from ..numbers import latency_model, speedup
 from ..session import DecoderRun, Session
-from .whatif import ACCELERATOR, WhatIf
+from ..whatif import ACCELERATOR, WhatIf
 
 THIS_MACHINE = "This machine"
 EXAMPLE = "The recorded example"
