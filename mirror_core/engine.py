@@ -132,7 +132,7 @@ class MirrorEngine:
     def _target_lane(self) -> None:
         """The target lane's thread: pinned once, then runs one request after another (ar and sd on the cores
         PairInfo.serial_cpus names, when it names any)."""
-        lanes, kernel = self.info.lanes, getattr(self.target, "kernel", None) is not None
+        lanes, kernel = self.info.lanes, self.target.kernel.library is not None
         serial = self.info.serial_cpus
         with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads, kernel):
             while True:

@@ -221,7 +221,7 @@ def _gguf_blocks(target: str, config) -> dict | None:
 def time_target(runner, vocab: int, lanes: LaneConfig, config) -> TargetTiming:
     """With the target lane's threads, the kernels it will run: its dtype first, then its call-shape check; where
     the lane has some of the cores, its one-token step there and on all of them, timed alike."""
-    kernel = getattr(runner, "kernel", None) is not None
+    kernel = runner.kernel.library is not None
     with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads, kernel):
         dtype, rows = calibrate_target(runner, vocab, lanes.dtype, config)
     whole = None
@@ -246,14 +246,13 @@ def _roofline(runner, cal: Calibration | None, whole: WholeMachine | None = None
     timed (None where the forward by rows was not timed: the generic runner, a forced dtype on a device without
     timings)."""
     rows = () if cal is None else cal.rows_ms(cal.sequence)
-    if not rows or not hasattr(runner, "weight_bytes"):
+    stream = runner.weight_stream
+    if not rows or stream is None:
         return None
-    kernel = getattr(runner, "kernel", None)
-    note = "" if kernel is not None else getattr(runner, "kernel_note", "") or "the generic runner has no kernel"
     machine = {} if whole is None or not whole.read_gbs else dict(
         machine_cores=whole.all_cores, machine_read_gbs=whole.read_gbs, machine_step_ms=whole.all_ms)
-    return Roofline("torch" if kernel is None else kernel.variant, note, getattr(runner, "weight_storage", cal.sequence),
-                    runner.weight_bytes, cal.read_gbs, rows, runner.weight_params, cal.peak_gflops, **machine)
+    return Roofline(runner.kernel.name, runner.kernel.reason, stream.storage, stream.nbytes, cal.read_gbs, rows,
+                    stream.params, cal.peak_gflops, **machine)
 
 
 def draft_lane_spec(draft: str, lanes: LaneConfig, pair: PairFiles, trust_remote_code: bool) -> DraftLaneSpec:

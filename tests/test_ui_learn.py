@@ -131,6 +131,7 @@ def test_the_what_if_starts_from_this_machines_load_time_timings():
     roof = Roofline("torch", "", "float32", 1, 1.0, (10.0, 11.0, 12.0))
     info = SimpleNamespace(target="t", draft=os.path.join(ROOT, "assets", "smollm2_pair", "feature_draft"),
                            target_dtype=target, draft_dtype=draft, roofline=roof, num_layers=30,
+                           whole_machine=None, serial_cpus=(),
                            spec_choice=SpecChoice(1, 4, 1.32, 1.1, "why", ()),
                            resolve=lambda spec: with_(spec, gamma=1, kappa=4, exit_layer=20))
     knobs = WhatIf.from_load(info)
