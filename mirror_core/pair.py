@@ -4,7 +4,6 @@ and its early-exit readout; its dtype and call-shape check timed where it runs (
 draft lane's spec; γ, κ chosen for this machine."""
 from __future__ import annotations
 
-import os
 import statistics
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Mapping
@@ -15,10 +14,11 @@ from .events import RunSettings
 from .lanes import DraftLaneSpec, auto_lanes, pinned
 from .lanes.faults import fault_plan_from_env
 from .latency import SpecChoice, StepCosts, choose_spec
-from .models.exit_head import ExitHead, find_exit_head
+from .models.exit_head import choose_exit_head
 from .models.feature_draft import check_feature_draft, feature_draft_config, is_feature_draft
 from .models.gguf_blocks import read_blocks
-from .models.loading import ModelSpec, load_config, load_model, load_tokenizer, local_folder, shared_vocab_size
+from .models.loading import (ModelSpec, context_of, eos_ids, load_config, load_model, load_tokenizer, local_folder,
+                              shared_vocab_size)
 from .models.prepared import find_gguf
 from .models.profile import load_profile
 from .models.vocab import load_vocab_map
@@ -170,7 +170,7 @@ def read_pair(target: str, draft: str | None, lanes: LaneConfig, trust_remote_co
     target_cfg = load_config(ModelSpec(target, lanes.target_device, trust_remote_code))
     tokenizer = load_tokenizer(target)
     vocab = int(target_cfg.vocab_size)
-    contexts = [_context_of(target_cfg)]
+    contexts = [context_of(target_cfg)]
     features = vmap = None
     if draft is not None and is_feature_draft(local_folder(draft)):
         features = feature_draft_config(local_folder(draft))
@@ -182,7 +182,7 @@ def read_pair(target: str, draft: str | None, lanes: LaneConfig, trust_remote_co
         vmap = load_vocab_map(local_folder(draft))
         vocab = shared_vocab_size(target_cfg, draft_cfg, tokenizer, load_tokenizer(draft),
                                   None if vmap is None else vmap.target_vocab_size)
-        contexts.append(_context_of(draft_cfg))
+        contexts.append(context_of(draft_cfg))
     known = [c for c in contexts if c]
     return PairFiles(tokenizer, vocab, min(known) if known else None, features, vmap)
 
@@ -194,13 +194,13 @@ def load_target(target: str, draft: str | None, lanes: LaneConfig, trust_remote_
     if lanes.target_devices and lanes.runner == "fast":
         raise MirrorError("the fast runner keeps a model on one device; a target spread over "
                           f"{', '.join(lanes.target_devices)} runs on the generic runner (--runner auto or hf)")
-    head = _exit_head(lanes.exit_head, draft, model)
+    head = choose_exit_head(lanes.exit_head, local_folder(draft), model)
     cpu = lanes.kernel != "torch" and lanes.target_device == "cpu"
     runner = build_runner(model, vocab, "hf" if lanes.target_devices else lanes.runner, exit_head=head,
                           kernel=lanes.kernel, blocks=_gguf_blocks(target, model.config) if cpu else None)
     info = None if head is None else ExitHeadInfo(
         head.layer, int(head.ids.numel()), lanes.exit_head if lanes.exit_head != "auto" else local_folder(draft))
-    return LoadedTarget(model, runner, _eos_ids(model), info)
+    return LoadedTarget(model, runner, eos_ids(model), info)
 
 
 def _serial_cpus(lanes: LaneConfig, whole: WholeMachine | None) -> tuple[int, ...]:
@@ -284,28 +284,6 @@ def pair_info(target: str, draft: str | None, lanes: LaneConfig, pair: PairFiles
                                                   info.default_exit_layer() / info.num_layers, baseline))
 
 
-def _exit_head(choice: str, draft: str | None, target_model) -> ExitHead | None:
-    """The target's early-exit head (exit_head.py) for LaneConfig.exit_head: "none"; a folder (it must fit the
-    target); "auto", the draft folder's head when there is one and it fits (else the logit lens)."""
-    if choice == "none":
-        return None
-    folder = local_folder(draft) if choice == "auto" else choice
-    if choice != "auto" and not os.path.isdir(choice):
-        raise MirrorError(f"exit head folder {choice!r} does not exist")
-    weights = find_exit_head(folder)
-    if weights is None:
-        if choice != "auto":
-            raise MirrorError(f"{choice!r} holds no exit head (exit_head.json and exit_head.safetensors)")
-        return None
-    why = weights.matches(target_model.config)
-    if why:
-        if choice != "auto":
-            raise MirrorError(f"the exit head in {choice!r} does not fit this target: {why}")
-        return None
-    lm_head = target_model.get_output_embeddings().weight                                # [V, H]
-    return ExitHead(weights, lm_head, float(target_model.config.rms_norm_eps))
-
-
 def _choose_spec(target: Calibration | None, draft: Calibration | None, profile, exit_share: float,
                  baseline: float | None = None) -> SpecChoice | None:
     """γ and κ for this machine: the latency model over the lanes' timed step costs and the draft's profile, its
@@ -320,18 +298,3 @@ def _choose_spec(target: Calibration | None, draft: Calibration | None, profile,
     t_ar, t_window, d_step, d_rows = shapes
     return choose_spec(StepCosts(t_ar, t_window, WINDOW, exit_share, d_step, d_rows, BRANCH_ROWS, WINDOW - 1, baseline),
                        profile)
-
-
-def _context_of(config) -> int | None:
-    limits = [getattr(config, name, None) for name in ("max_position_embeddings", "n_positions", "sliding_window")]
-    limits = [int(v) for v in limits if isinstance(v, int) and v > 0]
-    return min(limits) if limits else None
-
-
-def _eos_ids(model) -> frozenset[int]:
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    if eos is None:
-        eos = getattr(model.config, "eos_token_id", None)
-    if eos is None:
-        return frozenset()
-    return frozenset([eos] if isinstance(eos, int) else eos)

@@ -112,3 +112,25 @@ class ExitHead:
         out = sub.new_full(sub.shape[:-1] + (self.vocab_size,), float("-inf"))          # [..., T, V]
         out[..., self.ids] = sub
         return out
+
+
+def choose_exit_head(choice: str, draft_folder: str | None, target_model) -> ExitHead | None:
+    """The target's early-exit head for LaneConfig.exit_head: "none"; a folder (it must fit the target); "auto",
+    the draft folder's head when there is one and it fits (else the logit lens)."""
+    if choice == "none":
+        return None
+    folder = draft_folder if choice == "auto" else choice
+    if choice != "auto" and not os.path.isdir(choice):
+        raise MirrorError(f"exit head folder {choice!r} does not exist")
+    weights = find_exit_head(folder)
+    if weights is None:
+        if choice != "auto":
+            raise MirrorError(f"{choice!r} holds no exit head (exit_head.json and exit_head.safetensors)")
+        return None
+    why = weights.matches(target_model.config)
+    if why:
+        if choice != "auto":
+            raise MirrorError(f"the exit head in {choice!r} does not fit this target: {why}")
+        return None
+    lm_head = target_model.get_output_embeddings().weight                                # [V, H]
+    return ExitHead(weights, lm_head, float(target_model.config.rms_norm_eps))
