@@ -11,7 +11,7 @@ Whether to use it, and how many tokens to propose, is the latency model's choice
 
 where q is this run's acceptance of context tokens at this match length, counted, starting from Laplace's rule of
 succession (after m tokens that matched, the next matches with probability (m+1)/(m+2)), and cost(r) the
-target's forward of r rows over its one-row step, measured at load (engine.PairInfo.window_steps). The context
+target's forward of r rows over its one-row step, measured at load (pair.PairInfo.window_steps). The context
 window of the best L is proposed when its value beats the model draft's, τ_model / cost(γ + 1) with τ_model the
 tokens this run's model windows committed per step; otherwise the model drafts. Once the run has timed its own
 steps, a cost is what they measured where the decoder runs (the target lane reports each verification and each

@@ -378,4 +378,4 @@ def point_mass(tokens: tuple[int, ...], vocab: int) -> torch.Tensor:
 
 def worker_for(runner: Runner, fault: FaultPlan = FaultPlan()) -> DraftWorker:
     """The draft lane's worker for this runner: a feature-reading draft's own, else the token-only one."""
-    return (FeatureDraftWorker if getattr(runner, "reads_features", False) else DraftWorker)(runner, fault)
+    return (FeatureDraftWorker if runner.reads_features else DraftWorker)(runner, fault)

@@ -6,141 +6,26 @@
     engine.close()
 
 The target runs on the engine's target-lane thread (pinned to its cores); the draft on its own
-lane (a process by default). No global state: two engines are independent.
+lane (a process by default). No global state: two engines are independent. What a loaded pair is, and the
+phases that load it: pair.py.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import queue
-import statistics
 import threading
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import replace
 from typing import Iterator
 
-from . import machine
-from .config import (
-    MAX_GAMMA,
-    DEFAULT_GAMMA,
-    DEFAULT_KAPPA,
-    SERIAL_DECODERS,
-    LaneConfig,
-    MirrorError,
-    Request,
-    SpecConfig,
-    check_prompt_text,
-    parse_token_ids,
-)
+from .config import SERIAL_DECODERS, LaneConfig, MirrorError, Request, check_prompt_text, parse_token_ids
 from .decode import decode_events
 from .decode_state import DecodeState
-from .events import Event, RunEnd, RunSettings
-from .lanes import DraftLaneSpec, auto_lanes, make_draft_lane, pinned
-from .lanes.faults import fault_plan_from_env
-from .latency import SpecChoice, StepCosts, choose_spec
+from .events import Event, RunEnd
+from .lanes import make_draft_lane, pinned
 from .metrics import RunSummary
-from .models.exit_head import ExitHead, find_exit_head
-from .models.feature_draft import feature_draft_config, is_feature_draft
-from .models.gguf_blocks import read_blocks
-from .models.loading import ModelSpec, encode_text, load_config, load_model, load_tokenizer, local_folder, shared_vocab_size
-from .models.prepared import find_gguf
-from .models.profile import load_profile
-from .models.vocab import load_vocab_map
-from .records import UNCHECKED, Calibration, ExitHeadInfo, Roofline, RowCheck, WholeMachine
-from .runners import build_runner
-from .runners.calibrate import BRANCH_ROWS, WINDOW, calibrate_target, lane_read_gbs, step_ms
-
-
-@dataclass(frozen=True)
-class PairInfo:
-    """What a loaded pair is and what its load measured (records.py); the one home of the defaults the pair
-    decides (`resolve`: γ, κ and ℓ_e a request left out)."""
-
-    target: str
-    draft: str | None
-    num_layers: int          # N of the target
-    vocab_size: int
-    max_context: int | None  # tokens both models can attend over (prompt + new + window)
-    lanes: LaneConfig
-    target_runner: str = ""  # which runner executes the target (FastLlamaRunner, HFRunner)
-    target_rows: RowCheck = UNCHECKED        # the target's call-shape check and row plan (runners/exactness.py)
-    target_dtype: Calibration | None = None  # the target lane's dtype and its timings (runners/calibrate.py)
-    draft_dtype: Calibration | None = None   # the draft lane's, per shape
-    draft_runner: str = ""                   # which runner executes the draft ("" without a draft)
-    exit_head: ExitHeadInfo | None = None    # the trained exit head in use (exit_head.py), None: the logit lens
-    draft_vocab: int | None = None           # V_d of a reduced-vocabulary draft (models/vocab.py), None: all of V
-    draft_features: int | None = None        # ℓ_e whose hidden states a feature-reading draft reads, None: ids only
-    spec_choice: SpecChoice | None = None    # γ, κ the latency model chose for this machine (None: no draft profile)
-    whole_machine: WholeMachine | None = None  # the target's step on its lane's cores and on all of them
-    roofline: Roofline | None = None         # the target's kernel, bytes per token and forward by rows vs. the roofline
-    serial_cpus: tuple[int, ...] = ()        # where ar and sd run the target (every core, LaneConfig.serial_cores);
-    #                                          () = on the target lane's own cores
-
-    def default_exit_layer(self) -> int:
-        """ℓ_e where a request names none: the layer a feature-reading draft reads (it can read no other), else the
-        trained exit head's layer, else N // 2 of the target (the paper's default)."""
-        if self.draft_features is not None:
-            return self.draft_features
-        return self.exit_head.layer if self.exit_head is not None else max(1, self.num_layers // 2)
-
-    def resolve(self, spec: SpecConfig) -> SpecConfig:
-        """`spec` with what it left out (None) decided by this pair: γ and κ the latency model chose for this machine
-        (DEFAULT_GAMMA, DEFAULT_KAPPA without a draft profile), ℓ_e `default_exit_layer`."""
-        c = self.spec_choice
-        return replace(spec, gamma=spec.gamma if spec.gamma is not None else c.gamma if c else DEFAULT_GAMMA,
-                       kappa=spec.kappa if spec.kappa is not None else c.kappa if c else DEFAULT_KAPPA,
-                       exit_layer=spec.exit_layer if spec.exit_layer is not None else self.default_exit_layer())
-
-    def spec_note(self, spec: SpecConfig) -> str:
-        """Why γ and κ are what they are, when they are this machine's choice ("" otherwise)."""
-        c = self.spec_choice
-        if c is None or (spec.gamma, spec.kappa) != (c.gamma, c.kappa):
-            return ""
-        return f"chosen for this machine by the latency model (modelled): {c.why}"
-
-    def run_settings(self, request: Request) -> RunSettings:
-        """What RunStart records for a request resolved on this pair (the fields the two records share copied)."""
-        exit_layer, note = request.spec.exit_layer, self.spec_note(request.spec)
-        return RunSettings(request=request, exit_layer=exit_layer, exit_readout=self.exit_readout(exit_layer),
-                           spec_note=note, spec_modelled=self.spec_choice.speedup if note else None,
-                           **{name: getattr(self, name) for name in _SHARED_WITH_RUN_SETTINGS})
-
-    def window_steps(self) -> tuple[float, ...]:
-        """The target's forward of 1, 2, .. MAX_GAMMA + 1 rows in one-row steps, timed at load on the target lane
-        (Calibration.window_ms; () where it was not): the cost the context draft's window length is chosen by."""
-        cal = self.target_dtype
-        ms = [] if cal is None else [cal.window_ms(cal.sequence, m) for m in range(1, MAX_GAMMA + 2)]
-        return () if not ms or None in ms else tuple(round(v / ms[0], 4) for v in ms)
-
-    def describe(self) -> dict:
-        """What ran: the CLI's --json `pair` object (the numbers panel's "Ran:" line says the same from the run
-        settings)."""
-        lanes = self.lanes
-        target = {"source": self.target, "device": lanes.target_device, **(
-                  {"devices": list(lanes.target_devices)} if lanes.target_devices else {}), "runner": self.target_runner,
-                  "dtype": None if self.target_dtype is None else self.target_dtype.label,
-                  "layers": self.num_layers, "vocab_size": self.vocab_size,
-                  "roofline": None if self.roofline is None else self.roofline.to_dict()}
-        draft = None if self.draft is None else {
-            "source": self.draft, "device": lanes.draft_device, "runner": self.draft_runner, "lane": lanes.kind,
-            "dtype": None if self.draft_dtype is None else self.draft_dtype.label,
-            **({"vocab": self.draft_vocab} if self.draft_vocab else {}),
-            **({"reads_features_of_layer": self.draft_features} if self.draft_features else {})}
-        settings = None if self.spec_choice is None else {
-            "gamma": self.spec_choice.gamma, "kappa": self.spec_choice.kappa, "why": self.spec_choice.why,
-            "modelled_speedup": self.spec_choice.speedup, "modelled_sd_speedup": self.spec_choice.sd_speedup}
-        return {"target": target, "draft": draft, "chosen_settings": settings,
-                "exit_head": None if self.exit_head is None else asdict(self.exit_head)}  # None: the logit lens
-
-    def exit_readout(self, layer: int) -> str:
-        """How a run at ℓ_e = layer reads its candidates, in words (the run settings and the page say it)."""
-        head = self.exit_head
-        if head and head.layer == layer:
-            return f"trained exit head at layer {layer} over {head.readout_tokens} tokens"
-        return "logit lens (final norm + LM head)" + (f"; the trained head reads layer {head.layer}" if head else "")
-
-
-# RunSettings' fields that are the pair's (lanes, sources, runners, dtypes, row check, ...), copied as they are
-_SHARED_WITH_RUN_SETTINGS = tuple(f.name for f in fields(RunSettings) if f.name in {g.name for g in fields(PairInfo)})
+from .models.loading import encode_text
+from .pair import PairInfo, draft_lane_spec, lane_plan, load_target, pair_info, read_pair, time_target
 
 
 class MirrorEngine:
@@ -166,24 +51,12 @@ class MirrorEngine:
         """Load a pair onto its lanes, phase by phase: the lane plan; both models' configs checked together (no
         weights yet); the target and its early-exit readout; its dtype and call-shape check timed where it runs
         (and the whole-machine baseline); the draft's lane started; γ, κ chosen for this machine."""
-        lanes = _plan_lanes(lanes)
-        pair = _read_pair(target, draft, lanes, trust_remote_code)
-        loaded = _load_target(target, draft, lanes, trust_remote_code, pair.vocab)
-        timed = _time_target(loaded.runner, pair.vocab, lanes, loaded.config)
-        lane = None if draft is None else make_draft_lane(lanes, _draft_lane_spec(draft, lanes, pair, trust_remote_code))
-        info = PairInfo(target=target, draft=draft, num_layers=loaded.runner.num_layers, vocab_size=pair.vocab,
-                        max_context=pair.max_context, lanes=lanes, target_runner=type(loaded.runner).__name__,
-                        target_rows=timed.rows, target_dtype=timed.dtype,
-                        draft_dtype=None if lane is None else lane.calibration,
-                        draft_runner="" if lane is None else lane.runner_name, exit_head=loaded.head,
-                        draft_vocab=None if pair.vmap is None else pair.vmap.size,
-                        draft_features=None if pair.features is None else pair.features.feature_layer,
-                        whole_machine=timed.whole, roofline=_roofline(loaded.runner, timed.dtype, timed.whole),
-                        serial_cpus=_serial_cpus(lanes, timed.whole))
-        if lane is not None:  # γ, κ for this machine: the latency model at the pair's own ℓ_e
-            baseline = timed.whole.all_ms if timed.whole is not None and info.serial_cpus else None
-            info = replace(info, spec_choice=_choose_spec(timed.dtype, lane.calibration, load_profile(local_folder(draft)),
-                                                          info.default_exit_layer() / info.num_layers, baseline))
+        lanes = lane_plan(lanes, os.environ)
+        pair = read_pair(target, draft, lanes, trust_remote_code)
+        loaded = load_target(target, draft, lanes, trust_remote_code, pair.vocab)
+        timed = time_target(loaded.runner, pair.vocab, lanes, loaded.config)
+        lane = None if draft is None else make_draft_lane(lanes, draft_lane_spec(draft, lanes, pair, trust_remote_code))
+        info = pair_info(target, draft, lanes, pair, loaded, timed, lane)
         return cls(loaded.runner, lane, info, pair.tokenizer, loaded.eos_ids)
 
     @staticmethod
@@ -191,7 +64,7 @@ class MirrorEngine:
                    trust_remote_code: bool = False) -> None:
         """load's first checks alone (both configs and tokenizers found, supported and fitting together; no
         weights, no lanes): MirrorError when the pair cannot load, so a caller can keep the pair it has until then."""
-        _read_pair(target, draft, lanes or LaneConfig(), trust_remote_code)
+        read_pair(target, draft, lanes or LaneConfig(), trust_remote_code)
 
     # -- requests --------------------------------------------------------------------------
     def validate(self, request: Request) -> Request:
@@ -259,7 +132,7 @@ class MirrorEngine:
     def _target_lane(self) -> None:
         """The target lane's thread: pinned once, then runs one request after another (ar and sd on the cores
         PairInfo.serial_cpus names, when it names any)."""
-        lanes, kernel = self.info.lanes, getattr(self.target, "kernel", None) is not None
+        lanes, kernel = self.info.lanes, self.target.kernel.library is not None
         serial = self.info.serial_cpus
         with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads, kernel):
             while True:
@@ -297,216 +170,3 @@ class MirrorEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-# -- the phases of MirrorEngine.load -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _PairFiles:
-    """What the pair's configs say before any weights load: the vocabulary both index alike, the context both
-    attend over, and what kind of draft it is."""
-
-    tokenizer: object | None     # the target's (None: prompts as ids)
-    vocab: int                   # V: the ids both models share
-    max_context: int | None      # tokens both models can attend over
-    features: object | None      # a feature-reading draft's FeatureDraftConfig (None: a token-only draft or none)
-    vmap: object | None          # a reduced-vocabulary draft's VocabMap
-
-
-@dataclass(frozen=True)
-class _LoadedTarget:
-    model: object                # the transformers model (its config: the calibration cache's key)
-    runner: object               # the runner the target lane drives (build_runner)
-    eos_ids: frozenset[int]
-    head: ExitHeadInfo | None    # the trained exit head the runner reads ℓ_e with (None: the logit lens)
-
-    @property
-    def config(self):
-        return self.model.config
-
-
-WHOLE_MACHINE_PAIRS = 4  # the lane's and the whole machine's step, timed alternately this many times at load
-
-
-@dataclass(frozen=True)
-class _TargetTiming:
-    dtype: Calibration           # the target lane's dtype and its timings
-    rows: RowCheck               # its call-shape check and row plan
-    whole: WholeMachine | None   # its step on the lane's cores and on every core (None: the lane has them all)
-
-
-def _plan_lanes(lanes: LaneConfig | None) -> LaneConfig:
-    """The lane plan (automatic when none is given) with the fault hook resolved once here (lanes/faults.py), its
-    devices checked to exist."""
-    lanes = lanes or auto_lanes()
-    if lanes.fault.at_step is None:
-        lanes = replace(lanes, fault=fault_plan_from_env(os.environ))
-    machine.check(lanes.target_device)
-    machine.check(lanes.draft_device)
-    return lanes
-
-
-def _read_pair(target: str, draft: str | None, lanes: LaneConfig, trust_remote_code: bool) -> _PairFiles:
-    """Both models' configs and tokenizers, checked to fit together, before any weights load."""
-    target_cfg = load_config(ModelSpec(target, lanes.target_device, trust_remote_code))
-    tokenizer = load_tokenizer(target)
-    vocab = int(target_cfg.vocab_size)
-    contexts = [_context_of(target_cfg)]
-    features = vmap = None
-    if draft is not None and is_feature_draft(local_folder(draft)):
-        features = feature_draft_config(local_folder(draft))
-        vmap = load_vocab_map(local_folder(draft))
-        check_feature_draft(features, target_cfg, vmap)
-        contexts.append(features.max_positions)
-    elif draft is not None:
-        draft_cfg = load_config(ModelSpec(draft, lanes.draft_device, trust_remote_code), draft=True)
-        vmap = load_vocab_map(local_folder(draft))
-        vocab = shared_vocab_size(target_cfg, draft_cfg, tokenizer, load_tokenizer(draft),
-                                  None if vmap is None else vmap.target_vocab_size)
-        contexts.append(_context_of(draft_cfg))
-    known = [c for c in contexts if c]
-    return _PairFiles(tokenizer, vocab, min(known) if known else None, features, vmap)
-
-
-def _load_target(target: str, draft: str | None, lanes: LaneConfig, trust_remote_code: bool,
-                 vocab: int) -> _LoadedTarget:
-    """The target's weights on its device(s), its early-exit readout, and the runner the target lane drives."""
-    model = load_model(ModelSpec(target, lanes.target_device, trust_remote_code), spread=lanes.target_devices)
-    if lanes.target_devices and lanes.runner == "fast":
-        raise MirrorError("the fast runner keeps a model on one device; a target spread over "
-                          f"{', '.join(lanes.target_devices)} runs on the generic runner (--runner auto or hf)")
-    head = _exit_head(lanes.exit_head, draft, model)
-    cpu = lanes.kernel != "torch" and lanes.target_device == "cpu"
-    runner = build_runner(model, vocab, "hf" if lanes.target_devices else lanes.runner, exit_head=head,
-                          kernel=lanes.kernel, blocks=_gguf_blocks(target, model.config) if cpu else None)
-    info = None if head is None else ExitHeadInfo(
-        head.layer, int(head.ids.numel()), lanes.exit_head if lanes.exit_head != "auto" else local_folder(draft))
-    return _LoadedTarget(model, runner, _eos_ids(model), info)
-
-
-def _serial_cpus(lanes: LaneConfig, whole: WholeMachine | None) -> tuple[int, ...]:
-    """Every usable core, where ar and sd run the target on them: LaneConfig.serial_cores "all", a CPU target lane
-    holding fewer than all of them, and the step timed at load faster there than on the lane in every alternated
-    pair (WholeMachine); else () (the lane's own cores)."""
-    if lanes.serial_cores != "all" or whole is None or not whole.settled or whole.all_ms >= whole.lane_ms:
-        return ()
-    return machine.usable_cpus()
-
-
-def _gguf_blocks(target: str, config) -> dict | None:
-    """The target's own GGUF blocks where its folder keeps the GGUF it was prepared from (models/gguf_blocks.py)."""
-    path = find_gguf(local_folder(target))
-    return None if path is None else read_blocks(path, config)
-
-
-def _time_target(runner, vocab: int, lanes: LaneConfig, config) -> _TargetTiming:
-    """With the target lane's threads, the kernels it will run: its dtype first, then its call-shape check; where
-    the lane has some of the cores, its one-token step there and on all of them, timed alike."""
-    kernel = getattr(runner, "kernel", None) is not None
-    with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads, kernel):
-        dtype, rows = calibrate_target(runner, vocab, lanes.dtype, config)
-    whole = None
-    every = machine.usable_cpus()
-    if lanes.target_device == "cpu" and lanes.target_cpus and len(every) > len(lanes.target_cpus):
-        lane, whole_machine = [], []
-        for _ in range(WHOLE_MACHINE_PAIRS):  # alternated, so that a drift of the machine falls on both alike
-            with pinned(lanes.target_cpus, lanes.target_threads, kernel):
-                lane.append(step_ms(runner))
-            with pinned(every, len(every), kernel):  # the whole-machine baseline's step (AR on every core)
-                whole_machine.append(step_ms(runner))
-        with pinned(every, len(every), kernel):  # every core's read bandwidth: the whole-machine roofline
-            gbs = lane_read_gbs(runner)
-        whole = WholeMachine(len(lanes.target_cpus), statistics.median(lane), len(every),
-                             statistics.median(whole_machine),
-                             tuple(round(a / b, 3) for a, b in zip(whole_machine, lane)), gbs)
-    return _TargetTiming(dtype, rows, whole)
-
-
-def _roofline(runner, cal: Calibration | None, whole: WholeMachine | None = None) -> Roofline | None:
-    """The target's Roofline from its calibration, with the whole machine's step and read bandwidth where they were
-    timed (None where the forward by rows was not timed: the generic runner, a forced dtype on a device without
-    timings)."""
-    rows = () if cal is None else cal.rows_ms(cal.sequence)
-    if not rows or not hasattr(runner, "weight_bytes"):
-        return None
-    kernel = getattr(runner, "kernel", None)
-    note = "" if kernel is not None else getattr(runner, "kernel_note", "") or "the generic runner has no kernel"
-    machine = {} if whole is None or not whole.read_gbs else dict(
-        machine_cores=whole.all_cores, machine_read_gbs=whole.read_gbs, machine_step_ms=whole.all_ms)
-    return Roofline("torch" if kernel is None else kernel.variant, note, getattr(runner, "weight_storage", cal.sequence),
-                    runner.weight_bytes, cal.read_gbs, rows, runner.weight_params, cal.peak_gflops, **machine)
-
-
-def _draft_lane_spec(draft: str, lanes: LaneConfig, pair: _PairFiles, trust_remote_code: bool) -> DraftLaneSpec:
-    """What the draft's lane loads and where; a feature-reading draft's channel is sized for the longest prompt."""
-    feature_floats = 0 if pair.features is None else (pair.max_context + 2) * pair.features.hidden_size
-    return DraftLaneSpec(draft, lanes.draft_device, pair.vocab, lanes.draft_threads, lanes.draft_cpus,
-                         trust_remote_code=trust_remote_code, runner=lanes.runner, dtype=lanes.dtype,
-                         kernel=lanes.kernel, fault=lanes.fault,
-                         feature_floats=feature_floats)
-
-
-def _exit_head(choice: str, draft: str | None, target_model) -> ExitHead | None:
-    """The target's early-exit head (exit_head.py) for LaneConfig.exit_head: "none"; a folder (it must fit the
-    target); "auto", the draft folder's head when there is one and it fits (else the logit lens)."""
-    if choice == "none":
-        return None
-    folder = local_folder(draft) if choice == "auto" else choice
-    if choice != "auto" and not os.path.isdir(choice):
-        raise MirrorError(f"exit head folder {choice!r} does not exist")
-    weights = find_exit_head(folder)
-    if weights is None:
-        if choice != "auto":
-            raise MirrorError(f"{choice!r} holds no exit head (exit_head.json and exit_head.safetensors)")
-        return None
-    why = weights.matches(target_model.config)
-    if why:
-        if choice != "auto":
-            raise MirrorError(f"the exit head in {choice!r} does not fit this target: {why}")
-        return None
-    lm_head = target_model.get_output_embeddings().weight                                # [V, H]
-    return ExitHead(weights, lm_head, float(target_model.config.rms_norm_eps))
-
-
-def _choose_spec(target: Calibration | None, draft: Calibration | None, profile, exit_share: float,
-                 baseline: float | None = None) -> SpecChoice | None:
-    """γ and κ for this machine: the latency model over the lanes' timed step costs and the draft's profile, its
-    speedups against `baseline` (AR's step on every core, where ar runs there; None: the lane's step); None when the
-    draft has no profile or a lane's dtype was forced without timing."""
-    if profile is None or target is None or draft is None:
-        return None
-    shapes = (target.ms(target.sequence, "step"), target.ms(target.sequence, "window"),
-              draft.ms(draft.sequence, "step"), draft.ms(draft.rows, "rows"))
-    if any(v is None for v in shapes):
-        return None
-    t_ar, t_window, d_step, d_rows = shapes
-    return choose_spec(StepCosts(t_ar, t_window, WINDOW, exit_share, d_step, d_rows, BRANCH_ROWS, WINDOW - 1, baseline),
-                       profile)
-
-
-def check_feature_draft(cfg, target_cfg, vmap) -> None:
-    """A feature-reading draft fits a target of its hidden size, depth and vocabulary (it reads its features)."""
-    mine = (cfg.hidden_size, cfg.target_layers, cfg.target_vocab_size)
-    theirs = (int(target_cfg.hidden_size), int(target_cfg.num_hidden_layers), int(target_cfg.vocab_size))
-    if mine != theirs:
-        raise MirrorError(f"the feature-reading draft was trained for a target with hidden size, layers, vocabulary "
-                          f"{mine}, not {theirs}")
-    if vmap is None or vmap.target_vocab_size != theirs[2]:
-        raise MirrorError("a feature-reading draft needs its draft_vocab.json for this target's vocabulary")
-    if cfg.vocab_size != vmap.size + 1:
-        raise MirrorError(f"the feature-reading draft reads {cfg.vocab_size} tokens but its draft_vocab.json lists "
-                          f"{vmap.size} (+1 for \"other\")")
-
-
-def _context_of(config) -> int | None:
-    limits = [getattr(config, name, None) for name in ("max_position_embeddings", "n_positions", "sliding_window")]
-    limits = [int(v) for v in limits if isinstance(v, int) and v > 0]
-    return min(limits) if limits else None
-
-
-def _eos_ids(model) -> frozenset[int]:
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    if eos is None:
-        eos = getattr(model.config, "eos_token_id", None)
-    if eos is None:
-        return frozenset()
-    return frozenset([eos] if isinstance(eos, int) else eos)

@@ -41,7 +41,7 @@ TARGET_BUSY_STAGES = (STAGE_PREFILL, STAGE_TARGET_STEP, STAGE_TARGET_VERIFY, STA
 
 @dataclass(frozen=True)
 class RunSettings:
-    """Everything a run was asked to do and where it ran (recorded in RunStart; engine.PairInfo.run_settings builds
+    """Everything a run was asked to do and where it ran (recorded in RunStart; pair.PairInfo.run_settings builds
     it, the load-time records are records.py's)."""
 
     request: Request       # prompt ids, decoder, budget, sampling and speculation settings (γ, κ, ℓ_e resolved)

@@ -1,5 +1,5 @@
 """The records measured when a pair loads, as small frozen dataclasses (no torch): what every layer above the
-runners reads about the load (the engine's PairInfo, the events' RunSettings, the CLI, the bench, the page).
+runners reads about the load (pair.py's PairInfo, the events' RunSettings, the CLI, the bench, the page).
 
 - RowBand, RowPlan, RowCheck (UNCHECKED): how the target computes each position's logits the same in a one-token
   and a window call on this machine (measured by runners/exactness.py).

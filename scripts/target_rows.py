@@ -24,6 +24,7 @@ from mirror_core.models.loading import ModelSpec, load_model
 from mirror_core.models.prepared import find_gguf, resolve_source
 from mirror_core.runners.calibrate import DTYPES
 from mirror_core.runners.fast import FastLlamaRunner
+from mirror_core.runners.protocol import KernelChoice
 
 
 def main() -> None:
@@ -46,7 +47,7 @@ def main() -> None:
     print(f"read bandwidth: one core {native.read_bandwidth(lib)} GB/s", end="")
     with pinned(every, len(every), True):
         print(f", {len(every)} cores {native.read_bandwidth(lib, pool=True)} GB/s")
-    runner = FastLlamaRunner(model, kernel=lib, blocks=read_blocks(find_gguf(folder), model.config))
+    runner = FastLlamaRunner(model, kernel=KernelChoice(lib), blocks=read_blocks(find_gguf(folder), model.config))
     rows = [int(r) for r in args.rows.split(",")]
     ids = list(range(100, 196))
     for fmt in args.formats.split(","):
@@ -64,7 +65,8 @@ def main() -> None:
                         times.append(time.perf_counter() - t0)
                         runner.truncate(cache, len(ids))
                     ms.append(sorted(times)[len(times) // 4] * 1e3)
-            print(f"{runner.weight_storage:>22}, {threads} thread(s), {runner.weight_bytes / 1e6:.0f} MB a token; "
+            stream = runner.weight_stream
+            print(f"{stream.storage:>22}, {threads} thread(s), {stream.nbytes / 1e6:.0f} MB a token; "
                   f"rows {rows}: ms {[round(t, 2) for t in ms]}, steps {[round(t / ms[0], 2) for t in ms]}")
 
 

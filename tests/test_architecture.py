@@ -77,7 +77,7 @@ def test_models_say_where_weights_come_from_and_decide_nothing():
         imported = _imports(module, top_level_only=False, type_only=True)
         assert not any(i.startswith(d) for i in imported for d in (
             "mirror_core.decode", "mirror_core.draft_worker", "mirror_core.lanes", "mirror_core.planner",
-            "mirror_core.engine", "mirror_core.verify", "mirror_core.runners", "ui")), module
+            "mirror_core.engine", "mirror_core.pair", "mirror_core.verify", "mirror_core.runners", "ui")), module
     assert _importers_of("mirror_core.bench.html_report", top_level_only=True) == set()
 
 
@@ -201,6 +201,23 @@ def test_only_the_two_lanes_loops_move_cache_positions():
     movers = {m for m in MODULES if not m.startswith("mirror_core.runners") and _cache_moves(m)}
     assert movers == {"mirror_core.decode", "mirror_core.decode_state", "mirror_core.draft_worker"}, movers
     assert not {m for m in UI_MODULES if _cache_moves(m)}  # ui/ never calls a runner
+
+
+def test_a_runner_is_read_by_what_it_declares_never_probed():
+    """What a runner can do is declared by runners/protocol.py (its kernel, formats, weight stream, row plan, readout)
+    and read as declared: no getattr/hasattr by name over a runner in the engine or the page, and no packed map set
+    as an attribute on a model object (it is passed into the forward)."""
+    probes, installed = [], []
+    for module, path in {**MODULES, **UI_MODULES}.items():
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("getattr", "hasattr")
+                    and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                    and ast.unparse(node.args[0]).lower().endswith(("runner", "target", "inner", "exit_head"))):
+                probes.append(f"{module}: {ast.unparse(node)}")
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr in ("packed", "kernel_note")
+                                                    and ast.unparse(t.value) != "self" for t in node.targets):
+                installed.append(f"{module}: {ast.unparse(node)}")
+    assert not probes and not installed, (probes, installed)
 
 
 def test_configuration_is_frozen_and_stages_hand_over_dataclasses():

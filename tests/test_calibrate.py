@@ -16,6 +16,7 @@ from mirror_core.runners import calibrate as cal_mod
 from mirror_core.records import LONG_ROWS, ROOFLINE_ROWS, Calibration, Timing
 from mirror_core.runners.calibrate import calibrate_draft, calibrate_target, candidates
 from mirror_core.runners.exactness import check_rows
+from mirror_core.runners.protocol import KernelChoice, TargetRunner, WeightFormats
 from testing.toy_models import prompts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,6 +105,25 @@ def test_the_generic_runner_keeps_its_loaded_dtype_or_takes_the_forced_one(pairs
     assert cal.sequence == "float32" and not cal.table and "not timed" in cal.note
     cal, _ = calibrate_target(runner, runner.vocab_size, "bfloat16", model.config)
     assert cal.sequence == "bfloat16" and next(model.parameters()).dtype == torch.bfloat16
+
+
+def test_each_target_runner_declares_what_it_can_do_and_the_calibration_reads_it(pairs):
+    """The fast runner and the generic one declare their kernel, formats, row plans and weight stream (no probing);
+    a format a runner does not offer is a clear error (int8 needs a GGUF target's blocks on the kernel)."""
+    model = AutoModelForCausalLM.from_pretrained(pairs["llama"][0], dtype=torch.float32).eval()
+    fast = build_runner(model, int(model.config.vocab_size), kernel="torch")
+    assert isinstance(fast, TargetRunner) and fast.kernel == KernelChoice(None, "asked for: --kernel torch")
+    assert fast.formats == WeightFormats((torch.float32, torch.bfloat16, torch.float16)) and fast.plans_rows
+    assert fast.weight_stream.storage == "float32" and fast.weight_stream.nbytes == 4 * fast.weight_stream.params
+    assert candidates(fast)[:2] == ["float32", "bfloat16"]
+    gpt2 = AutoModelForCausalLM.from_pretrained(pairs["gpt2"][0]).eval()
+    hf = build_runner(gpt2, int(gpt2.config.vocab_size))
+    assert isinstance(hf, TargetRunner) and hf.kernel.library is None and hf.kernel.reason
+    assert hf.formats.whole_model and hf.formats.offered[0] == torch.float32 and torch.int8 not in hf.formats.offered
+    assert hf.weight_stream is None and not hf.plans_rows and hf.row_plan is None
+    with pytest.raises(MirrorError, match="--dtype int8 runs a GGUF target's own blocks"):
+        calibrate_target(hf, hf.vocab_size, "int8", gpt2.config)
+    assert next(gpt2.parameters()).dtype == torch.float32  # refused before anything moved
 
 
 @pytest.mark.parametrize("arch,dtype", [("llama", "auto"), ("qwen3", "bfloat16")] + [  # the rest: the slow tier

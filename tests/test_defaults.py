@@ -1,4 +1,4 @@
-"""Each default the loaded pair decides has one home (engine.PairInfo.resolve, applied once in MirrorEngine.validate).
+"""Each default the loaded pair decides has one home (pair.PairInfo.resolve, applied once in MirrorEngine.validate).
 
 For every draft kind (token-only, feature-reading, speculative-streaming) × exit head (none: the logit lens; the
 trained head in the draft's folder) × setting left out (ℓ_e, γ, κ, all three): the request resolves to the pair's

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import mirror_core.engine as engine_mod
+import mirror_core.pair as pair_mod
 from mirror_core import LaneConfig, MirrorEngine, Request, SamplingConfig, SpecConfig
 from mirror_core.cli import main
 from mirror_core.runners.fast import FastLlamaRunner
@@ -58,7 +58,7 @@ def _load(monkeypatch, runner_cls, target, draft=None, **attrs):
         for k, v in attrs.items():
             setattr(runner, k, v)
         return runner
-    monkeypatch.setattr(engine_mod, "build_runner", build)
+    monkeypatch.setattr(pair_mod, "build_runner", build)
     return MirrorEngine.load(target, draft, LaneConfig(kind="inline", dtype="float32", target_threads=1))
 
 

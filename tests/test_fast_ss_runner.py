@@ -10,6 +10,7 @@ import torch
 from mirror_core.models.ss_draft import SSDraftConfig, SSDraftForCausalLM
 from mirror_core.runners import build_runner
 from mirror_core.runners.fast_ss import FastSSRunner
+from mirror_core.runners.protocol import Runner
 from mirror_core.runners.ss_reference import SSRunner
 
 VOCAB = 48
@@ -87,6 +88,17 @@ def test_build_runner_picks_the_fast_ss_runner_unless_asked_for_the_models_own()
     assert isinstance(build_runner(model, VOCAB), FastSSRunner)
     assert isinstance(build_runner(model, VOCAB, "fast"), FastSSRunner)
     assert type(build_runner(model, VOCAB, "hf")) is SSRunner
+
+
+def test_both_ss_runners_declare_what_they_can_do():
+    """No kernel and no row plan (a draft's rounding never changes the output), no readout at ℓ_e; the fast one
+    changes its linear maps' format alone, the model's own forward moves the whole model."""
+    model = tiny_model(0, 1, 1)
+    for runner in (FastSSRunner(model), SSRunner(model)):
+        assert isinstance(runner, Runner) and runner.kernel.library is None and runner.kernel.reason
+        assert not runner.plans_rows and runner.exit_head is None and not runner.reads_features
+        assert runner.formats.whole_model == (type(runner) is SSRunner)
+        assert runner.max_positions == model.config.max_position_embeddings
 
 
 def test_runner_steps_script_times_every_case_on_the_shipped_pair(capsys):

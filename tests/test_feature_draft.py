@@ -13,6 +13,7 @@ from mirror_core.config import MirrorError, SamplingConfig
 from mirror_core.models.feature_draft import load_feature_draft, train_step_outputs
 from mirror_core.models.vocab import load_vocab_map
 from mirror_core.runners.feature import FeatureRunner
+from mirror_core.runners.protocol import Runner
 from testing.toy_models import VOCAB, build_pair, feature_draft, hf_greedy, prompts
 
 N_NEW = 24
@@ -72,6 +73,17 @@ def test_sampling_is_reproducible_and_runs_every_rule(pair, inline):
             a = _run(inline, prompt, decoder, temperature=0.8, seed=3)
             b = _run(inline, prompt, decoder, temperature=0.8, seed=3)
             assert list(a.token_ids) == list(b.token_ids) and len(a.token_ids) == N_NEW
+
+
+def test_the_feature_runner_declares_what_it_can_do(pair):
+    """It reads the target's features, takes no row plan and reads nothing out at ℓ_e; without the kernel a format
+    moves the whole draft, one format for every shape."""
+    _, draft = pair
+    runner = FeatureRunner(load_feature_draft(draft), load_vocab_map(draft))
+    assert isinstance(runner, Runner) and runner.reads_features and not runner.plans_rows and runner.exit_head is None
+    assert runner.kernel.library is None and runner.formats.whole_model and runner.weight_stream is None
+    with pytest.raises(ValueError, match="one format"):
+        runner.set_dtypes(torch.float32, torch.bfloat16)
 
 
 def test_training_time_test_equals_the_runners_rollout(pair):

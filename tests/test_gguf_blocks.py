@@ -24,6 +24,7 @@ from mirror_core.models.loading import ModelSpec, load_model
 from mirror_core.models.prepared import RegistryModel, _write_marker, convert_gguf, find_gguf
 from mirror_core.runners import set_kernel_threads
 from mirror_core.runners.fast import FastLlamaRunner
+from mirror_core.runners.protocol import KernelChoice
 from testing.toy_gguf import write_tiny_gguf
 
 needs_kernel = pytest.mark.skipif(native.library() is None, reason=f"no kernel here: {native.unavailable()}")
@@ -193,10 +194,10 @@ def test_blocks_that_do_not_fit_are_refused(folder):
     blocks = read_blocks(find_gguf(folder), model.config)
     name = "model.layers.1.mlp.down_proj.weight"
     blocks[name] = BlockWeights("q4_1", blocks[name].d * 2, blocks[name].q, blocks[name].m)
-    runner = FastLlamaRunner(model, kernel=lib, blocks=blocks)
-    plain = FastLlamaRunner(model, kernel=lib)
+    runner = FastLlamaRunner(model, kernel=KernelChoice(lib), blocks=blocks)
+    plain = FastLlamaRunner(model, kernel=KernelChoice(lib))
     assert "(1, 'down')" in runner.block_note and runner.layers[1].w_down.storage == "float32"
-    assert runner.layers[0].w_down.storage == "q4_1" and runner.weight_storage == "float32 as float32+q4_1+q8_0"
+    assert runner.layers[0].w_down.storage == "q4_1" and runner.weight_stream.storage == "float32 as float32+q4_1+q8_0"
     ids = [1, 5, 9, 40, 70, 200]
     assert torch.equal(runner.forward(runner.new_cache(), ids), plain.forward(plain.new_cache(), ids))
 
@@ -206,10 +207,11 @@ def test_blocks_that_do_not_fit_are_refused(folder):
 def test_an_engine_on_a_quantised_gguf_streams_its_blocks_and_every_decoder_equals_ar(folder, dtype):
     with MirrorEngine.load(folder, folder, LaneConfig(kind="inline", dtype=dtype, target_threads=2)) as engine:
         runner = engine.target
-        assert runner.weight_storage == ("float32 as q4_1+q8_0" if dtype == "float32" else "int8 on q4_1+q8_0")
-        assert engine.info.roofline.weight_bytes == runner.weight_bytes
+        stream = runner.weight_stream
+        assert stream.storage == ("float32 as q4_1+q8_0" if dtype == "float32" else "int8 on q4_1+q8_0")
+        assert engine.info.roofline.weight_bytes == stream.nbytes
         model = load_model(ModelSpec(folder, "cpu"))
-        plain = FastLlamaRunner(model, kernel=native.library())
+        plain = FastLlamaRunner(model, kernel=KernelChoice(native.library()))
         ids = engine.encode("the cat sat on")
         same = torch.equal(runner.forward(runner.new_cache(), list(ids)), plain.forward(plain.new_cache(), list(ids)))
         assert same == (dtype == "float32")  # float32 on blocks is the folder's function; int8 is another

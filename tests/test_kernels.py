@@ -151,9 +151,11 @@ def _runner(path: str, variant: str, fmt: str):
     from transformers import AutoModelForCausalLM
 
     from mirror_core.runners.fast import FastLlamaRunner
+    from mirror_core.runners.protocol import KernelChoice
 
     model = AutoModelForCausalLM.from_pretrained(path).eval()
-    runner = FastLlamaRunner(model, capacity=8, kernel=native.library(variant))  # capacity 8: the cache must grow
+    kernel = KernelChoice(native.library(variant))
+    runner = FastLlamaRunner(model, capacity=8, kernel=kernel)  # capacity 8: the cache must grow
     runner.set_dtypes(native.FORMATS[fmt])
     return model, runner
 

@@ -174,7 +174,7 @@ def test_ar_and_sd_take_every_core_only_where_the_load_measured_it_faster():
     """LaneConfig.serial_cores "all" runs ar and sd on every core when every alternated pair of timings at load put
     the whole machine ahead of the target lane; a split verdict, a slower machine or "lane" keeps the lane's cores."""
     from mirror_core.config import LaneConfig
-    from mirror_core.engine import _serial_cpus
+    from mirror_core.pair import _serial_cpus
     from mirror_core.machine import usable_cpus
     from mirror_core.records import WholeMachine
 

@@ -73,6 +73,7 @@ def test_every_kernel_variant_computes_the_same_function_on_the_real_target():
     from mirror_core.models.prepared import find_gguf, resolve_source
     from mirror_core.runners.calibrate import pair_format
     from mirror_core.runners.fast import FastLlamaRunner
+    from mirror_core.runners.protocol import KernelChoice
 
     try:
         folder = resolve_source(REAL_TARGET)
@@ -92,7 +93,7 @@ def test_every_kernel_variant_computes_the_same_function_on_the_real_target():
     for fmt in ("int8", "float32"):
         seen = {}
         for variant in variants:
-            runner = FastLlamaRunner(model, kernel=native.library(variant), blocks=blocks)
+            runner = FastLlamaRunner(model, kernel=KernelChoice(native.library(variant)), blocks=blocks)
             assert pair_format(runner) == "int8"
             runner.set_dtypes(torch.int8 if fmt == "int8" else torch.float32)
             cache = runner.new_cache()

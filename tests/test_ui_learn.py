@@ -122,7 +122,7 @@ def test_the_what_if_starts_from_this_machines_load_time_timings():
     from mirror_core.records import Calibration, Roofline, Timing
     from ui.learn import starts
     from ui.learn.example import ROOT
-    from ui.learn.whatif import WhatIf
+    from ui.whatif import WhatIf
 
     target = Calibration("target", "auto", "float32", "float32", (Timing("float32", "step", 10.0),
                                                                      Timing("float32", "window", 16.0)))
@@ -131,6 +131,7 @@ def test_the_what_if_starts_from_this_machines_load_time_timings():
     roof = Roofline("torch", "", "float32", 1, 1.0, (10.0, 11.0, 12.0))
     info = SimpleNamespace(target="t", draft=os.path.join(ROOT, "assets", "smollm2_pair", "feature_draft"),
                            target_dtype=target, draft_dtype=draft, roofline=roof, num_layers=30,
+                           whole_machine=None, serial_cpus=(),
                            spec_choice=SpecChoice(1, 4, 1.32, 1.1, "why", ()),
                            resolve=lambda spec: with_(spec, gamma=1, kappa=4, exit_layer=20))
     knobs = WhatIf.from_load(info)
@@ -151,7 +152,7 @@ def test_a_measured_figure_outside_a_sliders_range_is_shown_at_its_end_and_said(
     from dataclasses import replace
 
     from ui.learn.tab import SLIDERS, _in_range
-    from ui.learn.whatif import ACCELERATOR
+    from ui.whatif import ACCELERATOR
 
     inside, note = _in_range(ACCELERATOR)
     assert inside == ACCELERATOR.values() and note == ""
@@ -165,7 +166,7 @@ def test_the_speedup_curve_and_its_accelerator_switch():
     from ui.learn.curve import break_even, curve_html, speedups
     from ui.learn.example import load_example
     from ui.numbers import latency_model
-    from ui.learn.whatif import WhatIf
+    from ui.whatif import WhatIf
 
     example = load_example()
     cpu = WhatIf.from_model(latency_model(example.runs["mirror"], example.runs["ar"]), example.gamma)
@@ -186,7 +187,7 @@ def test_the_accelerator_view_moves_the_draft_and_the_readout_and_gives_the_pape
     the suffix, Mirror-SD is ahead of vanilla SD, as in the paper's Table 1; where a term prevents it, it is named."""
     from ui.learn.curve import curve_html
     from ui.learn.example import load_example
-    from ui.learn.whatif import WhatIf, on_accelerator, ordering, prediction
+    from ui.whatif import WhatIf, on_accelerator, ordering, prediction
     from ui.numbers import latency_model
 
     example = load_example()
@@ -289,7 +290,7 @@ def test_the_learn_tab_follows_the_visitors_own_run(app):
 
 def test_the_what_if_reproduces_the_latency_model_and_moves_with_its_knobs():
     from mirror_core.latency import LatencyModel
-    from ui.learn.whatif import ACCELERATOR, WhatIf, prediction, whatif_html, why
+    from ui.whatif import ACCELERATOR, WhatIf, prediction, whatif_html, why
 
     paper = prediction(ACCELERATOR)
     assert paper["mirror_x"] == pytest.approx(5 * 30 / 43.5, rel=1e-6) and paper["sd_x"] == pytest.approx(3.0)
@@ -342,7 +343,7 @@ def test_the_learn_tabs_new_terms_have_a_line_in_the_glossary():
 def test_the_what_if_explains_a_negative_saving_beside_a_hidden_draft():
     """"Draft hidden" and "−2.0 ms saved" can both be true: the sentence says which of Mirror-SD's own stages cost it."""
     from mirror_core.latency import LatencyModel
-    from ui.learn.whatif import why_model
+    from ui.whatif import why_model
 
     costly = LatencyModel(t_pre=0.01, t_rv_ee=0.002, delta=0.005, t_branch=0.004, t_rv_fv=0.001, t_fresh=0.002,
                           ff=0.5, tau=1.5, t_ar=0.012, measured_step=0.02)

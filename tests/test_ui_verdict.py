@@ -282,7 +282,7 @@ def test_the_verdict_names_where_its_baseline_ran():
 
 
 def _load_info(draft: str = "draft", window_ms: float = 16.0, step_ms: float = 10.0):
-    """A loaded pair's load-time figures (engine.PairInfo's fields the chain reads): its target timed a one-token
+    """A loaded pair's load-time figures (pair.PairInfo's fields the chain reads): its target timed a one-token
     step of `step_ms` and a window of the default γ+1 of `window_ms`."""
     from types import SimpleNamespace
 
@@ -328,7 +328,7 @@ def test_one_steps_bars_add_up_to_the_measured_step_and_the_chain_quotes_each_ve
 def test_the_loads_choice_is_checked_against_the_run_with_the_term_that_moved_most():
     from ui.costs import choice_check, moved
     from ui.learn.example import ROOT
-    from ui.learn.whatif import WhatIf
+    from ui.whatif import WhatIf
 
     load = WhatIf(10.0, 1.2, 0.5, 2.0, 1.0, 0.0, 2.0, 0.3, 1)
     run = WhatIf(10.0, 2.1, 0.5, 2.0, 1.0, 1.0, 2.0, 0.3, 1)  # the window nearly doubled, the readout appeared

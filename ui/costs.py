@@ -21,7 +21,7 @@ from mirror_core import events as ev
 from mirror_core.config import SERIAL_DECODERS
 from mirror_core.latency import per_step_totals, step_times
 
-from .learn.whatif import WhatIf, load_costs, prediction
+from .whatif import WhatIf, load_costs, prediction
 from .numbers import latency_model, speedup
 from .plots import STAGE_STYLE
 from .session import DecoderRun
@@ -119,7 +119,7 @@ class Chain:
 
 def chain(mirror: DecoderRun | None, ar: DecoderRun | None, info=None) -> Chain | None:
     """The chain for a Mirror-SD run and its repeat's AR run (None without both, timed); `info`: the loaded pair's
-    engine.PairInfo (its load-time figures are used only when it is the run's pair)."""
+    pair.PairInfo (its load-time figures are used only when it is the run's pair)."""
     model, bar = latency_model(mirror, ar), step_bar(mirror)
     if model is None or not model.t_ar or bar is None:
         return None

@@ -10,7 +10,7 @@ from mirror_core.latency import LatencyModel, latency_model_from_events, stage_m
 from .render import shown_path
 from .session import DecoderRun
 from .settings import DECODER_TITLES
-from .learn.whatif import why_model
+from .whatif import why_model
 
 
 def speedup(baseline: DecoderRun | None, run: DecoderRun | None) -> tuple[float | None, str]:

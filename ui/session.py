@@ -137,7 +137,7 @@ class Session:
         self.feed = Feed()                      # the plots' records of the runs shown (ui/plots.py; built by show)
         self.live_plots = True               # the comparison ends with its runs replayed at their measured pace
         self.planned_repeats = 0             # repeats the comparison asked for (fewer timed: its verdict is provisional)
-        self.pair_info = None                # the comparison's pair as its load timed it (engine.PairInfo)
+        self.pair_info = None                # the comparison's pair as its load timed it (pair.PairInfo)
         self.status = ""
         self.error: str | None = None
         self.trace_path: str | None = None

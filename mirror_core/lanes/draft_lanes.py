@@ -71,8 +71,8 @@ def make_runner(spec: DraftLaneSpec):
     vmap = load_vocab_map(local_folder(spec.source))
     if is_feature_draft(local_folder(spec.source)):
         draft = load_feature_draft(local_folder(spec.source))
-        runner = FeatureRunner(draft, vmap, spec.device,
-                               kernel=choose_kernel(spec.kernel, spec.device, draft.embed.dtype).library)
+        kernel = choose_kernel(spec.kernel, spec.device, draft.embed.dtype)
+        runner = FeatureRunner(draft, vmap, spec.device, kernel=kernel)
         return runner, calibrate_feature_draft(runner, spec.dtype)
     model = load_model(ModelSpec(spec.source, spec.device, spec.trust_remote_code), draft=True)
     if vmap is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -72,6 +73,17 @@ def find_exit_head(folder: str | None) -> ExitHeadWeights | None:
         raise MirrorError(f"cannot read the exit head in {folder}: {exc}") from None
 
 
+@dataclass(frozen=True)
+class ExitProducts:
+    """How a runner computes the head's two products (runners/fast.py: packed for the exact kernel, in its weights'
+    format); None: torch's matmul. The readout picks candidates only, so its rounding never changes the output."""
+    adapter: Callable[[torch.Tensor], torch.Tensor] | None = None  # h [..., H] → h · A [..., H]
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None     # z [..., H] → z · W_LM[:, ids] [..., V_e]
+
+
+TORCH_PRODUCTS = ExitProducts()
+
+
 class ExitHead:
     """The head bound to a target's LM head, on the target's device: `readout(h [..., T, H]) → logits [..., T, V]`
     (float32, -inf outside its ids)."""
@@ -87,19 +99,38 @@ class ExitHead:
         self.gain = weights.gain.to(device, torch.float32)                              # [H]
         self.ids = weights.ids.to(device)                                               # [V_e]
         self.w = lm_head.detach()[self.ids].t().contiguous().float()                    # [H, V_e] (lm_head is [V, H])
-        # the target runner's packed products (runners/fast.py: the exact kernel) for "adapter" and "head"; empty:
-        # torch's matmul. The readout picks candidates only, so its rounding never changes the output.
-        self.packed: dict = {}
         self.full = self.ids.numel() == weights.vocab_size and bool((self.ids == torch.arange(
             weights.vocab_size, device=device)).all())
 
-    def readout(self, h: torch.Tensor) -> torch.Tensor:
-        adapter, head = self.packed.get("adapter"), self.packed.get("head")
-        a = h.float() @ self.adapter if adapter is None else adapter(h.float())         # [..., T, H]
+    def readout(self, h: torch.Tensor, products: ExitProducts = TORCH_PRODUCTS) -> torch.Tensor:
+        """Logits [..., T, V] of h [..., T, H], its two products computed as the calling runner computes them."""
+        a = h.float() @ self.adapter if products.adapter is None else products.adapter(h.float())  # [..., T, H]
         z = rms_norm(a + self.bias, self.gain, self.eps)                                # [..., T, H]
-        sub = z @ self.w if head is None else head(z)                                   # [..., T, V_e]
+        sub = z @ self.w if products.head is None else products.head(z)                 # [..., T, V_e]
         if self.full:
             return sub
         out = sub.new_full(sub.shape[:-1] + (self.vocab_size,), float("-inf"))          # [..., T, V]
         out[..., self.ids] = sub
         return out
+
+
+def choose_exit_head(choice: str, draft_folder: str | None, target_model) -> ExitHead | None:
+    """The target's early-exit head for LaneConfig.exit_head: "none"; a folder (it must fit the target); "auto",
+    the draft folder's head when there is one and it fits (else the logit lens)."""
+    if choice == "none":
+        return None
+    folder = draft_folder if choice == "auto" else choice
+    if choice != "auto" and not os.path.isdir(choice):
+        raise MirrorError(f"exit head folder {choice!r} does not exist")
+    weights = find_exit_head(folder)
+    if weights is None:
+        if choice != "auto":
+            raise MirrorError(f"{choice!r} holds no exit head (exit_head.json and exit_head.safetensors)")
+        return None
+    why = weights.matches(target_model.config)
+    if why:
+        if choice != "auto":
+            raise MirrorError(f"the exit head in {choice!r} does not fit this target: {why}")
+        return None
+    lm_head = target_model.get_output_embeddings().weight                                # [V, H]
+    return ExitHead(weights, lm_head, float(target_model.config.rms_norm_eps))

@@ -32,6 +32,13 @@ from .ops import apply_rope, default_inv_freq, rms_norm, rope_tables
 
 CONFIG_FILE, WEIGHTS_FILE = "feature_draft.json", "feature_draft.safetensors"
 
+Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x [..., in], w [out, in]) → x @ wᵀ [..., out]
+
+
+def plain_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ wᵀ with torch's matmul: how training and a runner without the kernel multiply by a weight."""
+    return x @ w.t()
+
 
 @dataclass(frozen=True)
 class FeatureDraftConfig:
@@ -77,64 +84,57 @@ class FeatureDraft(nn.Module):
         self.head_bias = nn.Parameter(torch.zeros(h))                                     # b [H]
         self.head_gain = nn.Parameter(torch.ones(h))                                      # g_o [H]
         self.register_buffer("inv_freq", default_inv_freq(cfg.head_dim, cfg.rope_theta, "cpu"), persistent=False)
-        # the runner's packed linear maps (runners/feature.py: the exact kernel), keyed by their weight's storage,
-        # shape and strides (a weight and its transpose differ); empty: every product is torch's matmul (training,
-        # other devices)
-        self.packed: dict[tuple, Callable[[torch.Tensor], torch.Tensor]] = {}
 
     @staticmethod
     def weight_key(w: torch.Tensor) -> tuple:
+        """A weight by its storage, shape and strides (a weight and its transpose differ): how a runner finds the
+        map it packed for it (runners/feature.py)."""
         return w.data_ptr(), tuple(w.shape), tuple(w.stride())
-
-    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """x [..., in] @ wᵀ for a weight w [out, in] of this model: its packed map when the runner packed it."""
-        packed = self.packed.get(self.weight_key(w)) if self.packed else None
-        return x @ w.t() if packed is None else packed(x)
 
     def matmul_weights(self) -> list[torch.Tensor]:
         """Every weight the forward multiplies by ([out, in]; the embedding too, as the tied head)."""
         per_layer = [layer[k] for layer in self.layers for k in ("q", "k", "v", "o", "gate", "up", "down")]
         return [self.fc, *per_layer, self.head_adapter.t(), self.embed]
 
-    # -- the maths ---------------------------------------------------------------------------------
-    def inputs(self, ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    # -- the maths (`linear`: how the caller multiplies by a weight; a runner passes its packed maps) -------------
+    def inputs(self, ids: torch.Tensor, features: torch.Tensor, linear: Linear = plain_linear) -> torch.Tensor:
         """u = W_fc [embed(ids); f]: ids [..., T] (draft ids), features [..., T, H] → [..., T, H]."""
         e = F.embedding(ids, self.embed)                                                   # [..., T, H]
-        return self.linear(torch.cat([e, features.to(e.dtype)], -1), self.fc)              # [..., T, H]
+        return linear(torch.cat([e, features.to(e.dtype)], -1), self.fc)                   # [..., T, H]
 
-    def logits(self, g: torch.Tensor) -> torch.Tensor:
+    def logits(self, g: torch.Tensor, linear: Linear = plain_linear) -> torch.Tensor:
         """The head: g [..., H] → logits over the draft vocabulary [..., V_d+1] ("other" included)."""
-        z = rms_norm(self.linear(g, self.head_adapter.t()) + self.head_bias, self.head_gain, self.cfg.rms_norm_eps)
-        return self.linear(z, self.embed)
+        z = rms_norm(linear(g, self.head_adapter.t()) + self.head_bias, self.head_gain, self.cfg.rms_norm_eps)
+        return linear(z, self.embed)
 
-    def qkv(self, layer, x: torch.Tensor, positions: torch.Tensor):
+    def qkv(self, layer, x: torch.Tensor, positions: torch.Tensor, linear: Linear = plain_linear):
         """Layer input x [B, T, H] at positions [B, T] → q [B, Hq, T, D], k, v [B, Hkv, T, D] (RoPE applied)."""
         c = self.cfg
         b, t, _ = x.shape
         hn = rms_norm(x, layer["in_norm"], c.rms_norm_eps)
-        q = self.linear(hn, layer["q"]).view(b, t, c.num_heads, c.head_dim).transpose(1, 2)
-        k = self.linear(hn, layer["k"]).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        v = self.linear(hn, layer["v"]).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        q = linear(hn, layer["q"]).view(b, t, c.num_heads, c.head_dim).transpose(1, 2)
+        k = linear(hn, layer["k"]).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = linear(hn, layer["v"]).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
         cos, sin = rope_tables(positions, self.inv_freq.to(x.device), 1.0, x.dtype)           # [B, T, D]
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def finish(self, layer, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               may_attend: torch.Tensor) -> torch.Tensor:
+               may_attend: torch.Tensor, linear: Linear = plain_linear) -> torch.Tensor:
         """Attention of q [B, Hq, T, D] over keys/values [B, Hkv, S, D] (may_attend [B, T, S] bool), then the MLP."""
         c = self.cfg
         rep = c.num_heads // c.num_kv_heads
         keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)       # [B, Hq, S, D]
         a = F.scaled_dot_product_attention(q, keys, values, attn_mask=may_attend.unsqueeze(1))  # [B, Hq, T, D]
-        return self.after_attention(layer, x, a)
+        return self.after_attention(layer, x, a, linear)
 
-    def after_attention(self, layer, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    def after_attention(self, layer, x: torch.Tensor, a: torch.Tensor, linear: Linear = plain_linear) -> torch.Tensor:
         """The layer after its attention: x [B, T, H] + o(a) (a [B, Hq, T, D]), then the MLP."""
         c = self.cfg
         b, _, t, _ = a.shape
-        x = x + self.linear(a.transpose(1, 2).reshape(b, t, -1), layer["o"])
+        x = x + linear(a.transpose(1, 2).reshape(b, t, -1), layer["o"])
         hn = rms_norm(x, layer["post_norm"], c.rms_norm_eps)
-        return x + self.linear(F.silu(self.linear(hn, layer["gate"])) * self.linear(hn, layer["up"]), layer["down"])
+        return x + linear(F.silu(linear(hn, layer["gate"])) * linear(hn, layer["up"]), layer["down"])
 
     # -- storage -----------------------------------------------------------------------------------
     def save(self, folder: str) -> None:
@@ -165,6 +165,20 @@ def load_feature_draft(folder: str, dtype: torch.dtype = torch.float32) -> Featu
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise MirrorError(f"cannot read the feature draft in {folder}: {exc}") from None
     return model.to(dtype).eval().requires_grad_(False)
+
+
+def check_feature_draft(cfg, target_cfg, vmap) -> None:
+    """A feature-reading draft fits a target of its hidden size, depth and vocabulary (it reads its features)."""
+    mine = (cfg.hidden_size, cfg.target_layers, cfg.target_vocab_size)
+    theirs = (int(target_cfg.hidden_size), int(target_cfg.num_hidden_layers), int(target_cfg.vocab_size))
+    if mine != theirs:
+        raise MirrorError(f"the feature-reading draft was trained for a target with hidden size, layers, vocabulary "
+                          f"{mine}, not {theirs}")
+    if vmap is None or vmap.target_vocab_size != theirs[2]:
+        raise MirrorError("a feature-reading draft needs its draft_vocab.json for this target's vocabulary")
+    if cfg.vocab_size != vmap.size + 1:
+        raise MirrorError(f"the feature-reading draft reads {cfg.vocab_size} tokens but its draft_vocab.json lists "
+                          f"{vmap.size} (+1 for \"other\")")
 
 
 def from_target(target, vocab_ids: torch.Tensor, num_layers: int, feature_layer: int, exit_head=None) -> FeatureDraft:

@@ -213,6 +213,23 @@ def shared_vocab_size(target_config, draft_config, tok_target, tok_draft, draft_
     return vt
 
 
+def context_of(config) -> int | None:
+    """The tokens a model config lets the model attend over (its position limits and sliding window; None: none)."""
+    limits = [getattr(config, name, None) for name in ("max_position_embeddings", "n_positions", "sliding_window")]
+    limits = [int(v) for v in limits if isinstance(v, int) and v > 0]
+    return min(limits) if limits else None
+
+
+def eos_ids(model) -> frozenset[int]:
+    """The ids that end a model's answer (its generation config's, else its config's)."""
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)
+
+
 def local_folder(source: str | None) -> str | None:
     """The folder a model source names on this machine (a registry name's prepared folder), None for a hub id."""
     if source is None:

@@ -1,4 +1,5 @@
-"""Runners: everything the engine asks of a model, in token ids and positions (protocol.py).
+"""Runners: everything the engine asks of a model, in token ids and positions, and what each declares it can do
+(protocol.py).
 
 fast.py (Llama family) and fast_ss.py (our SS draft) are the lean defaults; hf.py runs any supported
 Hugging Face model; ss_reference.py is the SS draft through its own forward (the reference the fast
@@ -7,19 +8,10 @@ exactness.py (check_rows) makes the target's logits independent of how many rows
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ..config import MirrorError
-
-
-@dataclass(frozen=True)
-class KernelChoice:
-    """The exact small-row kernel a model's runner computes with (kernels/native.py), or None and why."""
-
-    library: object | None      # native.Library
-    reason: str = ""            # why there is none, in a few words ("" when there is one)
+from .protocol import KernelChoice
 
 
 def choose_kernel(choice: str, device, dtype: torch.dtype) -> KernelChoice:
@@ -61,10 +53,7 @@ def build_runner(model, vocab_size: int, choice: str = "auto", exit_head=None, k
         # outside the try: a kernel this CPU cannot run is the user's error to see
         kernel_choice = choose_kernel(kernel, weight.device, weight.dtype)
         try:
-            runner = FastLlamaRunner(model, vocab_size, exit_head=exit_head, kernel=kernel_choice.library,
-                                     blocks=blocks)
-            runner.kernel_note = kernel_choice.reason
-            return runner
+            return FastLlamaRunner(model, vocab_size, exit_head=exit_head, kernel=kernel_choice, blocks=blocks)
         except ValueError as exc:  # e.g. sequence-length-dependent RoPE: the generic runner handles it
             if choice == "fast":
                 raise MirrorError(str(exc)) from None

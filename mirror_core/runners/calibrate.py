@@ -48,18 +48,18 @@ CACHE_VERSION = 7
 
 
 def candidates(runner) -> list[str]:
-    """The dtypes worth timing for this runner on its device. The fast runners keep the loaded weights as the
-    master copy, so only dtypes of equal or lower precision are offered. CPUs get float16 only with fp16
-    matmul units (avx512_fp16, amx_fp16): without them it is far slower than float32, never a candidate."""
-    loaded = runner.dtype
-    if loaded != torch.float32:
-        return [format_name(loaded)]
-    if getattr(runner, "kernel", None) is not None:  # the exact kernel runs every format with float32 arithmetic
-        return list(FORMATS) + ([INT8] if getattr(runner, "has_blocks", False) else [])  # int8: on GGUF blocks
-    if runner.device.type == "cpu":
-        return ["float32", "bfloat16"] + (["float16"] if {"avx512_fp16", "amx_fp16"} & set(cpu_flags()) else [])
-    bf16 = runner.device.type != "cuda" or torch.cuda.is_bf16_supported()
-    return ["float32"] + (["bfloat16"] if bf16 else []) + ["float16"]
+    """The dtypes worth timing for this runner on its device: the formats it offers (runners/protocol.py:
+    WeightFormats; the fast runners keep the loaded weights as the master copy, so only formats of equal or lower
+    precision), less the ones this device runs far slower than the loaded one. The exact kernel runs every format
+    with float32 arithmetic; without it, CPUs get float16 only with fp16 matmul units (avx512_fp16, amx_fp16), and
+    a CUDA device bfloat16 only where it supports it."""
+    loaded, *others = [format_name(d) for d in runner.formats.offered]
+    kind, slow = runner.device.type, set()
+    if runner.kernel.library is None and kind == "cpu" and not {"avx512_fp16", "amx_fp16"} & set(cpu_flags()):
+        slow.add("float16")
+    if kind == "cuda" and not torch.cuda.is_bf16_supported():
+        slow.add("bfloat16")
+    return [loaded] + [n for n in others if n not in slow]
 
 
 # Why the target's format is what it is when none is asked for (it is the pair's, the same on every machine, never
@@ -74,19 +74,18 @@ PAIR_FORMAT_WHY = {
 def pair_format(runner) -> str:
     """The target's format when none is asked for: int8 where the kernel runs the target's own GGUF blocks (the
     function its GGUF was made for), else the loaded weights' own float format."""
-    if getattr(runner, "kernel", None) is not None and getattr(runner, "has_blocks", False):
-        return INT8
-    return format_name(runner.dtype)
+    loaded, *others = runner.formats.offered
+    return INT8 if runner.kernel.library is not None and torch.int8 in others else format_name(loaded)
 
 
 def calibrate_target(runner, vocab_size: int, requested: str, config) -> tuple[Calibration, RowCheck]:
     """Choose the target's dtype (the fastest window of γ + 1, each dtype made one function first by its row plan),
     set it on the runner, and return the calibration and the call-shape check at that dtype."""
-    if not hasattr(runner, "set_dtypes"):
-        return calibrate_generic(runner, "target", requested), check_rows(runner, vocab_size)
-    if requested == INT8 and not getattr(runner, "has_blocks", False):
+    if requested == INT8 and torch.int8 not in runner.formats.offered:
         raise MirrorError("--dtype int8 runs a GGUF target's own blocks on the exact kernel; this target has none "
                           "(a prepared registry model keeps its GGUF; python -m mirror_core prepare adds it)")
+    if runner.formats.whole_model:
+        return calibrate_generic(runner, "target", requested), check_rows(runner, vocab_size)
     chosen = pair_format(runner) if requested == "auto" else requested
     names = [chosen]
     prefix, ids = _probe(runner, WINDOW)
@@ -119,10 +118,10 @@ def calibrate_target(runner, vocab_size: int, requested: str, config) -> tuple[C
 
 def calibrate_draft(runner, requested: str, config) -> Calibration:
     """Choose the draft's dtype per shape (its fastest step and its fastest branch rollout) and set them."""
-    if not hasattr(runner, "set_dtypes"):
-        return calibrate_generic(runner, "draft", requested)
-    if requested == INT8 and not getattr(runner, "has_blocks", False):
+    if requested == INT8 and torch.int8 not in runner.formats.offered:
         requested = "auto"  # --dtype int8 is the target's (blocks only); the draft keeps its own choice
+    if runner.formats.whole_model:
+        return calibrate_generic(runner, "draft", requested)
     names = candidates(runner) if requested == "auto" else [requested]
     width = 1 + runner.num_streams  # an SS draft feeds its token and its lookahead together
     prefix, ids = _probe(runner, width + WINDOW)
@@ -170,7 +169,7 @@ def calibrate_feature_draft(runner, requested: str) -> Calibration:
     shapes = {"step": lambda c: runner.forward(c, ids[:1], one), "rows": rows}
     samples: dict[tuple[str, str], list[float]] = {(n, s): [] for n in names for s in shapes}
     for name in names:
-        runner.set_dtype(DTYPES[name])
+        runner.set_dtypes(DTYPES[name])
         cache = runner.new_cache()
         runner.forward(cache, prefix, feats)
         for rnd in range(MIN_ROUNDS + 3):  # round 0 warms the kernels up and is not kept
@@ -180,7 +179,7 @@ def calibrate_feature_draft(runner, requested: str) -> Calibration:
     total = {n: cal.ms(n, "step") * WINDOW + cal.ms(n, "rows") for n in names}   # a fresh rollout + a branch batch
     best = min(names, key=total.get)
     best = best if total[best] < (1 - MARGIN) * total[names[0]] else names[0]
-    runner.set_dtype(DTYPES[best])
+    runner.set_dtypes(DTYPES[best])
     note = "forced by --dtype" if requested != "auto" else "fastest γ+1 steps plus a branch rollout (one dtype)"
     return replace(cal, sequence=best, rows=best, note=note)
 
@@ -210,7 +209,7 @@ def _time_rows(runner, cal: Calibration, dtype: str) -> Calibration:
     prefix, ids = _probe(runner, max(LONG_ROWS))
     shapes = {f"rows{m}": (lambda c, m=m: runner.forward(c, ids[:m])) for m in (*range(1, ROOFLINE_ROWS + 1), *LONG_ROWS)}
     times = _rounds(runner, prefix, shapes, 2 * MIN_ROUNDS, warmup=1)
-    kernel, cpu = getattr(runner, "kernel", None), runner.device.type == "cpu"
+    kernel, cpu = runner.kernel.library, runner.device.type == "cpu"
     gbs = lane_read_gbs(runner) if cpu else 0.0
     peak = peak_gflops(kernel, dtype) if cpu else 0.0
     return replace(cal, table=cal.table + _table({(dtype, s): v for s, v in times.items()}), read_gbs=gbs,
@@ -220,14 +219,14 @@ def _time_rows(runner, cal: Calibration, dtype: str) -> Calibration:
 def lane_read_gbs(runner) -> float:
     """GB/s the calling thread's cores read together: with the kernel, its pool's threads splitting one stream;
     else torch's sum on the calling thread's torch threads."""
-    kernel = getattr(runner, "kernel", None)
+    kernel = runner.kernel.library
     return read_bandwidth(kernel, pool=True) if kernel is not None else read_bandwidth(None)
 
 
 def _probe(runner, new: int) -> tuple[list[int], list[int]]:
     """A cached prefix (PREFIX tokens, fewer where the context is short) and `new` token ids after it, all inside
     the model's vocabulary and context."""
-    context = getattr(runner, "max_positions", None) or PREFIX + 2 * new
+    context = runner.max_positions or PREFIX + 2 * new
     length = max(1, min(PREFIX, context - 2 * new))
     return probe_ids(runner.vocab_size, length, 7, 3), probe_ids(runner.vocab_size, new, 1, 5)
 
@@ -235,7 +234,7 @@ def _probe(runner, new: int) -> tuple[list[int], list[int]]:
 def _screen(runner, names: list[str], rows: int) -> list[str]:
     """The dtypes worth timing: the loaded one, and each other whose product of `rows` rows with the model's widest
     linear map takes less than SCREEN times the loaded dtype's (median of 3, after a warm-up)."""
-    if len(names) == 1 or getattr(runner, "kernel", None) is not None:  # the kernel's formats all stream fast
+    if len(names) == 1 or runner.kernel.library is not None:  # the kernel's formats all stream fast
         return names
     w = runner.layers[0].w_gate_up                                                        # [H, 2·I]
     x = torch.randn(rows, w.shape[0], generator=torch.Generator().manual_seed(0)).to(w.device)
@@ -265,8 +264,8 @@ def _fastest(cal: Calibration, names: list[str], shape: str) -> str:
 def calibrate_generic(runner, lane: str, requested: str) -> Calibration:
     """The generic runner: the whole model in one dtype (forced ones are applied here, auto keeps the loaded)."""
     if requested != "auto":
-        runner.model.to(DTYPES[requested])
-    name = format_name(next(runner.model.parameters()).dtype)
+        runner.set_dtypes(DTYPES[requested])
+    name = format_name(runner.dtype)
     return Calibration(lane, requested, name, name,
                        note="forced by --dtype" if requested != "auto" else "generic runner: the loaded dtype, not timed")
 
@@ -316,11 +315,11 @@ def _cache_key(runner, lane: str, names: list[str], shapes: list[str], config) -
     """What the timings depend on: the machine, torch, the device, the lane's threads, the runner and the
     model's shapes (its config; the weights' values do not change a forward's time)."""
     device = str(runner.device) + ("" if runner.device.type == "cpu" else " " + machine.describe(str(runner.device)))
+    kernel = runner.kernel.library
     ident = {"v": CACHE_VERSION, "cpu": cpu_model(), "torch": torch.__version__, "device": device,
              "threads": torch.get_num_threads(), "runner": type(runner).__name__, "lane": lane, "dtypes": names,
-             "kernel": os.path.basename(runner.kernel.build.path) if getattr(runner, "kernel", None) else "torch",
-             "kernel_threads": runner.kernel.threads if getattr(runner, "kernel", None) else 0,
-             "storage": sorted(map(str, getattr(runner, "_blocks", {}))),
+             "kernel": os.path.basename(kernel.build.path) if kernel is not None else "torch",
+             "kernel_threads": kernel.threads if kernel is not None else 0, "storage": list(runner.formats.blocks),
              "shapes": shapes, "prefix": PREFIX, "window": WINDOW, "branch_rows": BRANCH_ROWS,
              "config": config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]

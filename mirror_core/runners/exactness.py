@@ -129,7 +129,7 @@ def probe_ids(vocab_size: int, n: int, a: int, b: int) -> list[int]:
 def differing_logits(runner, vocab_size: int) -> int:
     """Logits that differ between 17 positions computed one token at a time (AR's path) and the same positions
     inside windows of 2..17 rows, summed over the window sizes; positions stay inside the model's context."""
-    context = getattr(runner, "max_positions", None) or 4096
+    context = runner.max_positions or 4096
     rows = min(EXACT_ROWS, max(2, context // 2))
     prefix = probe_ids(vocab_size, max(1, min(56, context - rows)), 7, 3)  # the window crosses a key bucket (64)
     probe = probe_ids(vocab_size, rows, 11, 5)
@@ -147,12 +147,12 @@ def differing_logits(runner, vocab_size: int) -> int:
 def check_rows(runner, vocab_size: int, known: RowCheck | None = None) -> RowCheck:
     """Make the target one function on this machine, with the calling thread's settings, and say how.
 
-    A runner that takes a plan (runners/fast.py: `row_plan`, `row_ops`) gets one: the known one (the calibration
-    cache's) if it still checks out, else none if the logits are already invariant, else the searched one, else
-    row by row. A runner without plans (HFRunner) is measured and reported as it is."""
+    A runner that takes a plan (Runner.plans_rows: runners/fast.py's `row_plan`, `row_ops`) gets one: the known one
+    (the calibration cache's) if it still checks out, else none if the logits are already invariant, else the
+    searched one, else row by row. A runner without plans (HFRunner) is measured and reported as it is."""
     t0 = time.perf_counter()
     done = lambda check: replace(check, seconds=round(time.perf_counter() - t0, 2))  # noqa: E731
-    if not hasattr(runner, "row_plan"):
+    if not runner.plans_rows:
         before = differing_logits(runner, vocab_size)
         return done(RowCheck(None, before == 0, before, source="measured"))
     if known is not None and known.checked and known.invariant:

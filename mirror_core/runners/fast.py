@@ -15,10 +15,11 @@ import torch.nn.functional as F
 from ..models.ops import apply_rope, attend, attend_blocks, rms_norm, rope_tables
 from ..records import RowBand, RowPlan
 from .exactness import EXACT_ROWS, RowOp, pad_rows
-from ..kernels.native import INT8, Library, NativeLayer, PackedLinear, format_name
-from ..kernels.native import rms_norm as native_rms_norm
 from ..kernels.blocks import BlockWeights
-from .protocol import ExitPass
+from ..kernels.native import INT8, NativeLayer, PackedLinear, format_name
+from ..kernels.native import rms_norm as native_rms_norm
+from ..models.exit_head import TORCH_PRODUCTS, ExitProducts
+from .protocol import NO_KERNEL, ExitPass, KernelChoice, WeightFormats, WeightStream, lower_formats
 
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -91,13 +92,15 @@ class FastLlamaRunner:
     (an integer) and adopting a branch is `select_row`; no position moves except by the engine's calls.
     """
 
-    kernel: Library | None = None  # the exact small-row kernel (kernels/native.py), or None: torch's matmul
-    kernel_note: str = ""          # why there is none (runners.choose_kernel; "" when there is one)
+    kernel = NO_KERNEL             # the exact small-row kernel (kernels/native.py), or none and why
+    #                                (runners.choose_kernel decides it for build_runner)
+    plans_rows = True              # its calls take a row plan (row_ops, row_plan)
+    reads_features = False
     _rope_rows: tuple = (torch.empty(0, 0), torch.empty(0, 0))  # _rope's cos, sin table [S, D], grown on demand
     native_layers: list[NativeLayer] | None = None  # the sequence layers as the kernel runs them (with `kernel`)
 
     def __init__(self, model, vocab_size: int | None = None, capacity: int = 512, exit_head=None,
-                 kernel: Library | None = None, blocks: dict[str, BlockWeights] | None = None):
+                 kernel: KernelChoice | None = None, blocks: dict[str, BlockWeights] | None = None):
         cfg = model.config
         if cfg.model_type not in FAST_MODEL_TYPES:
             raise ValueError(f"fast runner supports {FAST_MODEL_TYPES}, not {cfg.model_type!r}")
@@ -118,9 +121,9 @@ class FastLlamaRunner:
         self.capacity = capacity
         self.max_positions = getattr(cfg, "max_position_embeddings", None)
         self.exit_head = exit_head  # an exit_head.ExitHead: the layer-ℓ_e readout instead of the final norm + LM head
-        self.kernel = kernel  # decided by runners.choose_kernel (None: torch's matmul)
+        self.kernel = kernel or self.kernel
         # the model's own GGUF blocks (models/gguf_blocks.py), by map: the kernel's float32 format streams them
-        self._blocks = _fused_blocks(blocks or {}, cfg.num_hidden_layers, self.vocab_size) if self.kernel is not None else {}
+        self._blocks = {} if self._lib is None else _fused_blocks(blocks or {}, cfg.num_hidden_layers, self.vocab_size)
         self.block_note = ""  # why a map given as blocks stayed float32 ("" when none did)
         with torch.no_grad():
             self.embed = model.model.embed_tokens.weight.detach()                          # [V, H]
@@ -153,7 +156,8 @@ class FastLlamaRunner:
         or packed for the kernel (then the LM head too)."""
         self._master = (layers, lm_head)
         self._weights: dict[torch.dtype, tuple[list[_Layer], object, list[NativeLayer] | None]] = {}
-        self._exit_packs: dict[torch.dtype, dict] = {}  # the exit head's packed readout per format
+        self._exit_packs: dict[torch.dtype, ExitProducts] = {}  # the exit head's packed products per format
+        self._exit_products = TORCH_PRODUCTS  # the ones exit_readout passes to the head now
         self.set_dtypes(self.dtype)
 
     def set_dtypes(self, sequence: torch.dtype, rows: torch.dtype | None = None) -> None:
@@ -164,10 +168,10 @@ class FastLlamaRunner:
         stream, norms, attention and KV cache keep the model's dtype either way."""
         self.layers, self.lm_head, self.native_layers = self._weights_in(sequence)
         self.row_layers, self.row_head, _ = self._weights_in(rows or sequence)
-        if self.kernel is not None and self.exit_head is not None:  # the readout in the same format
+        if self._lib is not None and self.exit_head is not None:  # the readout in the same format
             if sequence not in self._exit_packs:
                 self._exit_packs[sequence] = self._pack_exit_head(sequence)
-            self.exit_head.packed = self._exit_packs[sequence]
+            self._exit_products = self._exit_packs[sequence]
 
     def drop_unused_dtypes(self) -> None:
         """Free the weight copies that neither set_dtypes choice uses (the loaded ones included)."""
@@ -185,26 +189,31 @@ class FastLlamaRunner:
         return self.row_layers[0].w_qkv.dtype
 
     @property
-    def weight_bytes(self) -> int:
-        """Bytes of weights one one-token forward streams: every layer's linear maps and the LM head (the
-        embedding row, norms and attention's cache are not counted)."""
-        def size(w) -> int:
-            return w.nbytes if isinstance(w, PackedLinear) else w.numel() * w.element_size()
-        maps = sum(size(w) for layer in self.layers for w in (layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down))
-        return maps + size(self.lm_head)
+    def _lib(self):
+        """The kernel's native.Library (None: torch's matmul)."""
+        return self.kernel.library
 
     @property
-    def weight_params(self) -> int:
-        """Multiply-adds per row of every layer's linear maps and the LM head."""
-        return sum(w.shape[0] * w.shape[1] for layer in self.layers
-                   for w in (layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down)) + self.lm_head.shape[0] * self.lm_head.shape[1]
+    def formats(self) -> WeightFormats:
+        """The loaded format and those of lower precision (every format on the kernel), and int8 where the kernel
+        streams the model's own GGUF blocks; only the linear maps change format."""
+        blocks = tuple(sorted(map(str, self._blocks))) if self._lib is not None else ()
+        return WeightFormats(lower_formats(self.dtype) + ((torch.int8,) if blocks else ()), blocks=blocks)
+
+    @property
+    def weight_stream(self) -> WeightStream:
+        """Every layer's linear maps and the LM head as the one-sequence forwards stream them now."""
+        maps = [w for layer in self.layers for w in (layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down)]
+        maps.append(self.lm_head)
+        size = sum(w.nbytes if isinstance(w, PackedLinear) else w.numel() * w.element_size() for w in maps)
+        return WeightStream(size, sum(w.shape[0] * w.shape[1] for w in maps), self._storage())
 
     def _weights_in(self, dtype: torch.dtype) -> tuple[list[_Layer], object, list[NativeLayer] | None]:
         if dtype not in self._weights:
             if self._master is None:
                 raise RuntimeError(f"no {dtype} weights: the loaded ones were freed (drop_unused_dtypes)")
             layers, head = self._master
-            if self.kernel is not None:
+            if self._lib is not None:
                 fmt = format_name(dtype)
                 pack = lambda w, name: self._pack(w, fmt, name)  # noqa: E731
                 head = pack(head, "head")
@@ -214,7 +223,7 @@ class FastLlamaRunner:
             elif dtype != self.dtype:
                 layers = [replace(layer, w_qkv=layer.w_qkv.to(dtype), w_o=layer.w_o.to(dtype),
                                   w_gate_up=layer.w_gate_up.to(dtype), w_down=layer.w_down.to(dtype)) for layer in layers]
-            self._weights[dtype] = (layers, head, None if self.kernel is None else [self._native(x) for x in layers])
+            self._weights[dtype] = (layers, head, None if self._lib is None else [self._native(x) for x in layers])
         return self._weights[dtype]
 
     def _pack(self, w: torch.Tensor, fmt: str, name, rows: torch.Tensor | None = None) -> PackedLinear:
@@ -224,18 +233,12 @@ class FastLlamaRunner:
         blocks = self._blocks.get(name) if fmt in ("float32", INT8) else None
         if blocks is not None:
             try:
-                return PackedLinear(w, fmt, self.kernel, blocks=blocks if rows is None else blocks.rows(rows))
+                return PackedLinear(w, fmt, self._lib, blocks=blocks if rows is None else blocks.rows(rows))
             except ValueError as exc:
                 self.block_note = f"{name}: {exc}; streamed as float32"
-        return PackedLinear(w, "float32" if fmt == INT8 else fmt, self.kernel)
+        return PackedLinear(w, "float32" if fmt == INT8 else fmt, self._lib)
 
-    @property
-    def has_blocks(self) -> bool:
-        """The kernel runs this model's own GGUF blocks (so the int8 format is on offer)."""
-        return bool(self._blocks)
-
-    @property
-    def weight_storage(self) -> str:
+    def _storage(self) -> str:
         """What the sequence forwards' linear maps stream: the format, or the GGUF block formats it is stored in
         ("float32 as q4_1+q8_0")."""
         stores = sorted({w.storage for layer in self.layers for w in (layer.w_qkv, layer.w_o, layer.w_gate_up,
@@ -244,13 +247,13 @@ class FastLlamaRunner:
         kinds = [k for k in stores if k != fmt]
         return fmt if not kinds else f"{fmt} on {'+'.join(stores)}" if fmt == INT8 else f"{fmt} as {'+'.join(stores)}"
 
-    def _pack_exit_head(self, dtype: torch.dtype) -> dict:
+    def _pack_exit_head(self, dtype: torch.dtype) -> ExitProducts:
         fmt = format_name(dtype)
-        return {"adapter": self._pack(self.exit_head.adapter, fmt, "exit adapter"),
-                "head": self._pack(self.exit_head.w, fmt, "head", rows=self.exit_head.ids)}
+        return ExitProducts(self._pack(self.exit_head.adapter, fmt, "exit adapter"),
+                            self._pack(self.exit_head.w, fmt, "head", rows=self.exit_head.ids))
 
     def _native(self, layer: _Layer) -> NativeLayer:
-        return NativeLayer(self.kernel, ln1=layer.ln1, ln2=layer.ln2, qkv=layer.w_qkv, b_qkv=layer.b_qkv,
+        return NativeLayer(self._lib, ln1=layer.ln1, ln2=layer.ln2, qkv=layer.w_qkv, b_qkv=layer.b_qkv,
                            q_norm=layer.q_norm, k_norm=layer.k_norm, o=layer.w_o, gate_up=layer.w_gate_up,
                            down=layer.w_down, heads=self.h_q, kv_heads=self.h_kv, head_dim=self.head_dim, eps=self.eps)
 
@@ -268,7 +271,7 @@ class FastLlamaRunner:
         if need > cos.shape[0]:
             size = max(need, 2 * cos.shape[0], 256)
             cos, sin = rope_tables(torch.arange(size, device=self.device), self.inv_freq, self.rope_scale,
-                                   self.dtype, exact=self.kernel is not None)                     # [S, D] each
+                                   self.dtype, exact=self._lib is not None)                     # [S, D] each
             self._rope_rows = (cos, sin)
         return cos[positions], sin[positions]
 
@@ -336,14 +339,16 @@ class FastLlamaRunner:
     def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
         """The final RMS norm: the kernel's own (the layers' norm: the same bits on every CPU) where the kernel runs
         the maps, else ops.rms_norm."""
-        if self.kernel is not None and x.dtype == torch.float32:
-            return native_rms_norm(self.kernel, x, self.norm, self.eps)
+        if self._lib is not None and x.dtype == torch.float32:
+            return native_rms_norm(self._lib, x, self.norm, self.eps)
         return rms_norm(x, self.norm, self.eps)
 
     def exit_readout(self, h: torch.Tensor, layer: int) -> torch.Tensor:
         """The layer-ℓ_e readout: the trained exit head when it was trained for this layer, else the logit lens."""
         head = self.exit_head
-        return head.readout(h) if head is not None and head.layer == layer else self._head(h.to(self.dtype))  # [T, V]
+        if head is not None and head.layer == layer:
+            return head.readout(h, self._exit_products)                                   # [T, V]
+        return self._head(h.to(self.dtype))                                               # [T, V]
 
     # -- the row-shape-dependent operations, bound to this model's weights (runners/exactness.py measures them) ------
     def row_ops(self) -> list[RowOp]:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from ..models.ops import attend_blocks, default_inv_freq, rms_norm, t_major_rows
 from ..models.ss_draft import SSDraftForCausalLM
 from .fast import FastCache, FastLlamaRunner
+from .protocol import KernelChoice
 
 
 @dataclass
@@ -40,6 +41,10 @@ class FastSSBranches:
 class FastSSRunner(FastLlamaRunner):
     """Runner over SSDraftForCausalLM weights; main logits [.., T, V] and normed stream states [.., T, n, H]."""
 
+    kernel = KernelChoice(None, "the SS draft's runner runs torch's matmul")
+    plans_rows = False  # a draft's rounding never changes the output: its calls need no row plan
+    exit_head = None    # a draft reads out nothing at ℓ_e
+
     def __init__(self, model: SSDraftForCausalLM, vocab_size: int | None = None, capacity: int = 512):
         cfg = model.config
         self.device = model.embed_tokens.weight.device
@@ -55,6 +60,7 @@ class FastSSRunner(FastLlamaRunner):
         self.inv_freq = default_inv_freq(self.head_dim, cfg.rope_theta, self.device)       # [D/2]
         self.rope_scale = 1.0
         self.capacity = capacity
+        self.max_positions = cfg.max_position_embeddings
         with torch.no_grad():
             self.embed = model.embed_tokens.weight.detach()                                    # [V, H]
             self.norm = model.norm.weight.detach()                                             # [H]

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.native import Library, PackedLinear, format_name
+from ..kernels.native import PackedLinear, format_name
 from ..models.feature_draft import FeatureDraft
 from ..models.vocab import VocabMap
+from .protocol import NO_KERNEL, KernelChoice, WeightFormats, lower_formats
 
 
 @dataclass
@@ -35,9 +36,13 @@ class FeatureRunner:
 
     num_streams = 0
     reads_features = True
+    plans_rows = False     # a draft's rounding never changes the output: its calls need no row plan
+    row_plan = None
+    exit_head = None       # a draft reads out nothing at ℓ_e
+    weight_stream = None   # not drawn against a roofline
 
     def __init__(self, model: FeatureDraft, vmap: VocabMap, device: str | torch.device = "cpu",
-                 kernel: Library | None = None):
+                 kernel: KernelChoice = NO_KERNEL):
         self.model = model.to(device)
         self.cfg = model.cfg
         self.vmap = vmap
@@ -46,10 +51,11 @@ class FeatureRunner:
         self.vocab_size = vmap.target_vocab_size
         self.feature_layer = model.cfg.feature_layer
         self.num_layers = model.cfg.num_layers
-        self.exit_head = None
+        self.max_positions = model.cfg.max_positions
         # the exact small-row kernel (runners.choose_kernel decides): the weights stay float32 and every product
-        # runs packed in the chosen format; None: set_dtype moves the whole model
+        # runs packed in the chosen format; none: set_dtypes moves the whole model
         self.kernel = kernel
+        self._packed: dict[tuple, PackedLinear] = {}  # the packed map of each weight (FeatureDraft.weight_key)
         self._to_draft = vmap.to_draft.to(self.device)
         self._ids = vmap.target_ids.to(self.device)
 
@@ -57,16 +63,28 @@ class FeatureRunner:
     def dtype(self) -> torch.dtype:
         return self.model.embed.dtype
 
-    def set_dtype(self, dtype: torch.dtype) -> None:
-        """Run the draft's products in `dtype` (runners/calibrate.py chooses it): with the kernel, its linear maps
-        packed in that format (activations and the KV cache stay float32); else the whole draft (weights,
-        activations, KV cache) in `dtype`. The logits and predicted features it returns stay float32."""
-        if self.kernel is None:
-            self.model.to(dtype)
+    @property
+    def formats(self) -> WeightFormats:
+        return WeightFormats(lower_formats(self.dtype), whole_model=self.kernel.library is None)
+
+    def set_dtypes(self, sequence: torch.dtype, rows: torch.dtype | None = None) -> None:
+        """Run the draft's products in `sequence`, one format for every shape (runners/calibrate.py chooses it): with
+        the kernel, its linear maps packed in that format (activations and the KV cache stay float32); else the
+        whole draft (weights, activations, KV cache) in it. The logits and predicted features it returns stay
+        float32."""
+        if rows not in (None, sequence):
+            raise ValueError("the feature-reading draft runs one format for every shape")
+        if self.kernel.library is None:
+            self.model.to(sequence)
             return
-        fmt = format_name(dtype)
-        self.model.packed = {self.model.weight_key(w): PackedLinear(w.detach().t(), fmt, self.kernel)
-                             for w in self.model.matmul_weights()}
+        fmt = format_name(sequence)
+        self._packed = {self.model.weight_key(w): PackedLinear(w.detach().t(), fmt, self.kernel.library)
+                        for w in self.model.matmul_weights()}
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x [..., in] @ wᵀ for a weight w [out, in] of the draft: its packed map where set_dtypes packed it."""
+        packed = self._packed.get(self.model.weight_key(w)) if self._packed else None
+        return x @ w.t() if packed is None else packed(x)
 
     # -- sequences -------------------------------------------------------------------------------
     def new_cache(self, capacity: int = 256) -> FeatureCache:
@@ -96,16 +114,17 @@ class FeatureRunner:
         self._reserve(cache, end)
         m = self.model
         x = m.inputs(self._draft_ids(torch.tensor(ids, device=self.device)).unsqueeze(0),
-                     features.to(self.device, self.dtype).unsqueeze(0))                          # [1, T, H]
+                     features.to(self.device, self.dtype).unsqueeze(0), self._linear)            # [1, T, H]
         pos = torch.arange(start, end, device=self.device).unsqueeze(0)                           # [1, T]
         may = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(start).unsqueeze(0)   # [1, T, S]
         for i, layer in enumerate(m.layers):
-            q, k, v = m.qkv(layer, x, pos)
+            q, k, v = m.qkv(layer, x, pos, self._linear)
             cache.k[i, :, start:end] = k[0]
             cache.v[i, :, start:end] = v[0]
-            x = m.finish(layer, x, q, cache.k[i, :, :end].unsqueeze(0), cache.v[i, :, :end].unsqueeze(0), may)
+            x = m.finish(layer, x, q, cache.k[i, :, :end].unsqueeze(0), cache.v[i, :, :end].unsqueeze(0), may,
+                         self._linear)
         cache.length = end
-        return self._out(m.logits(x[0])), x[0].float()                                           # [T, V], [T, H]
+        return self._out(m.logits(x[0], self._linear)), x[0].float()                             # [T, V], [T, H]
 
     # -- branch rows -----------------------------------------------------------------------------
     def fork(self, cache: FeatureCache, valid_lengths: list[int]) -> FeatureBranches:
@@ -127,18 +146,18 @@ class FeatureRunner:
             br.v = torch.nn.functional.pad(br.v, (0, 0, 0, grow))
         m = self.model
         x = m.inputs(self._draft_ids(ids.to(self.device)).unsqueeze(1),
-                     features.to(self.device, self.dtype).unsqueeze(1))                          # [R, 1, H]
+                     features.to(self.device, self.dtype).unsqueeze(1), self._linear)            # [R, 1, H]
         pos = br.lengths.unsqueeze(1)                                                             # [R, 1]
         s = need
         may = (torch.arange(s, device=self.device).unsqueeze(0) <= br.lengths.unsqueeze(1)).unsqueeze(1)  # [R, 1, S]
         at = torch.arange(rows, device=self.device)
         for i, layer in enumerate(m.layers):
-            q, k, v = m.qkv(layer, x, pos)                                                        # k [R, Hkv, 1, D]
+            q, k, v = m.qkv(layer, x, pos, self._linear)                                          # k [R, Hkv, 1, D]
             br.k[i, at, :, br.lengths] = k[:, :, 0]
             br.v[i, at, :, br.lengths] = v[:, :, 0]
-            x = m.finish(layer, x, q, br.k[i, :, :, :s], br.v[i, :, :, :s], may)
+            x = m.finish(layer, x, q, br.k[i, :, :, :s], br.v[i, :, :, :s], may, self._linear)
         br.lengths = br.lengths + 1
-        return self._out(m.logits(x[:, 0])), x[:, 0].float()                                     # [R, V], [R, H]
+        return self._out(m.logits(x[:, 0], self._linear)), x[:, 0].float()                      # [R, V], [R, H]
 
     def select_row(self, br: FeatureBranches, row: int) -> FeatureCache:
         n = int(br.lengths[row])

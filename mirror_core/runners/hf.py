@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..models.architectures import layout
-from .protocol import ExitPass
+from .protocol import ExitPass, KernelChoice, WholeModelFormats
 
 
 def _attr_path(obj, path: str):
@@ -45,8 +45,14 @@ class HFBranches:
     positions: torch.Tensor  # [R] long: the position the row's next token gets
 
 
-class HFRunner:
+class HFRunner(WholeModelFormats):
     """Runner over a loaded Hugging Face model; inference only."""
+
+    kernel = KernelChoice(None, "the generic runner has no kernel")
+    plans_rows = False     # the model's own forward takes no row plan: check_rows measures it as it is
+    row_plan = None
+    reads_features = False
+    weight_stream = None   # the model's forward streams what it streams: the roofline is not drawn for it
 
     def __init__(self, model: PreTrainedModel, vocab_size: int | None = None, exit_head=None):
         layers_path, norm_path = layout(getattr(model.config, "model_type", "?"))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.ss_draft import KVCache, SSDraftForCausalLM, cache_length, truncate_cache
+from .protocol import KernelChoice, WholeModelFormats
 
 
 @dataclass
@@ -31,15 +32,24 @@ class SSBranches:
     positions: torch.Tensor  # [R] long: the position of the row's next token
 
 
-class SSRunner:
+class SSRunner(WholeModelFormats):
+    """The SS draft through its own forward (the reference FastSSRunner is tested against)."""
+
+    kernel = KernelChoice(None, "the SS draft's own forward has no kernel")
+    plans_rows = False
+    row_plan = None
+    reads_features = False
+    exit_head = None
+    weight_stream = None
+
     def __init__(self, model: SSDraftForCausalLM, vocab_size: int | None = None):
         self.model = model.eval()
         self.num_layers = model.config.num_hidden_layers
         self.num_streams = model.config.num_streams
         self.vocab_size = int(vocab_size or model.config.vocab_size)
+        self.max_positions = model.config.max_position_embeddings
         self.device = model.embed_tokens.weight.device
         self.devices = (self.device,)
-
     def new_cache(self) -> SSCache:
         return SSCache()
 

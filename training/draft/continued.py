@@ -34,9 +34,8 @@ def continued_draft(cfg: FeatureDistillConfig, target_dir: str) -> ContinuedDraf
     from transformers import AutoConfig
 
     from mirror_core.config import MirrorError
-    from mirror_core.engine import check_feature_draft
     from mirror_core.models.exit_head import find_exit_head
-    from mirror_core.models.feature_draft import load_feature_draft
+    from mirror_core.models.feature_draft import check_feature_draft, load_feature_draft
     from mirror_core.models.vocab import load_vocab_map
 
     try:

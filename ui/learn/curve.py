@@ -1,5 +1,5 @@
 """The Learn tab's speedup curve: Mirror-SD's and vanilla SD's speedup over AR against τ and against the window's
-cost in AR steps, from the latency model (mirror_core/latency.py through ui/learn/whatif.py: modelled, never timed),
+cost in AR steps, from the latency model (mirror_core/latency.py through ui/whatif.py: modelled, never timed),
 with "you are here" at the what-if's knobs, the 1× line, and the switch "verify ≈ 1 step (an accelerator)": the
 accelerator view (whatif.on_accelerator), where the window costs one step and the readout and the draft's branch
 batch move with it, which is what turns a CPU's loss into the paper's win, or says which term prevents it.
@@ -11,7 +11,7 @@ import json
 from dataclasses import replace
 
 from ..plots import DECODER_COLORS
-from .whatif import ACCELERATOR_KEPT, ACCELERATOR_MODELLED, WhatIf, on_accelerator, ordering, prediction
+from ..whatif import ACCELERATOR_KEPT, ACCELERATOR_MODELLED, WhatIf, on_accelerator, ordering, prediction
 
 W, H, LEFT, BOTTOM, TOP = 400, 220, 40, 34, 14  # one panel's drawing units (the SVG scales to the page's width)
 

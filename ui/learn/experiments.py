@@ -83,7 +83,7 @@ def run_experiment(engine, exp: Experiment, prompt_ids: tuple[int, ...], spec: S
     """Yields (runs done, runs in all, points so far) after every run; the last yield has every point."""
     prompts = ([encode(p) for p in exp.values] if exp.axis == "prompt" else [prompt_ids])
     axis_values = exp.values
-    why = refusal(exp, getattr(engine.info, "draft_features", None))
+    why = refusal(exp, engine.info.draft_features)
     if why:
         raise MirrorError(why)
     if exp.axis == "exit_layer":  # fractions of this target's depth; two that round to one layer run once

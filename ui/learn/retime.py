@@ -1,6 +1,6 @@
 """An accelerator-shaped Mirror-SD run for the step player, modelled from a measured one: each step's spans laid out
 as the latency model lays a step (docs/ALGORITHM.md §4: T_pre + T_rv^ee + max(Δ, T_branch) + T_rv^fv, plus a fresh
-rollout on a miss), re-timed as the accelerator view models them (ui/learn/whatif.py, ACCELERATOR_MODELLED): the
+rollout on a miss), re-timed as the accelerator view models them (ui/whatif.py, ACCELERATOR_MODELLED): the
 window (prefix + suffix) scaled to cost one AR step (T_AR from the AR run), the readout, acceptance and adopting a
 branch scaled by the same factor, and the branch batch capped at the run's mean fresh rollout (its own device's rows
 are cheap). A fresh rollout keeps its measured length (the draft's time per token is kept). Modelled, not measured:

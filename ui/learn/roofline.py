@@ -135,7 +135,7 @@ def _ridge_part(roof: Roofline) -> str:
 
 def roofline_view(session: Session, info=None) -> tuple[object | None, str]:
     """The figure (None when there is none to draw) and the HTML under it: the session's last run's pair, else the
-    pair loaded now (`info`: its engine.PairInfo), both as timed on this machine when that pair loaded."""
+    pair loaded now (`info`: its pair.PairInfo), both as timed on this machine when that pair loaded."""
     run = next((r for r in reversed(session.history) if r.start is not None), None)
     if run is None and info is None:
         return None, AFTER_A_RUN_HTML

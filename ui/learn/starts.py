@@ -1,7 +1,7 @@
 """Where the Learn tab's what-if and speedup curve start, each with the source of its figures said on the page:
 
 - this machine: the visitor's last Mirror-SD run (measured spans, with T_AR from its AR run), else the loaded pair's
-  load-time timings (engine.PairInfo: measured here when the pair loaded);
+  load-time timings (pair.PairInfo: measured here when the pair loaded);
 - the recorded example (ui/learn/example.py): measured where it was recorded, and labelled with that machine and file;
 - the paper's illustrative accelerator (docs/ALGORITHM.md §4): illustrative, measured nowhere.
 
@@ -16,7 +16,7 @@ from mirror_core import machine
 from .example import Example, load_example
 from ..numbers import latency_model, speedup
 from ..session import DecoderRun, Session
-from .whatif import ACCELERATOR, WhatIf
+from ..whatif import ACCELERATOR, WhatIf
 
 THIS_MACHINE = "This machine"
 EXAMPLE = "The recorded example"

@@ -1,4 +1,4 @@
-"""The Learn tab: the step player and tree, experiments, what-if on other hardware (modelled, ui/learn/whatif.py) with the
+"""The Learn tab: the step player and tree, experiments, what-if on other hardware (modelled, ui/whatif.py) with the
 speedup curve (ui/learn/curve.py) beside the target against its roofline (ui/learn/roofline.py), and a glossary of every term the
 page uses.
 
@@ -30,7 +30,7 @@ from .roofline import roofline_view
 from ..session import Session
 from .starts import STARTS, THIS_MACHINE, start
 from .tree import first_steps, tree_html
-from .whatif import ACCELERATOR_KEPT, ACCELERATOR_MODELLED, KNOBS, WhatIf, whatif_html
+from ..whatif import ACCELERATOR_KEPT, ACCELERATOR_MODELLED, KNOBS, WhatIf, whatif_html
 
 # (knob, label, lowest, highest, step, one-line help)
 SLIDERS = (

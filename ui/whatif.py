@@ -86,7 +86,7 @@ KNOBS = tuple(f.name for f in fields(WhatIf))
 
 
 def load_costs(info, exit_layer: int) -> StepCosts | None:
-    """The step costs the engine's choice of γ, κ used at load (ms; engine._choose_spec): the lanes' calibrations
+    """The step costs the engine's choice of γ, κ used at load (ms; pair._choose_spec): the lanes' calibrations
     (a window at the default γ, a branch batch at the default κ, γ), the baseline's step (AR on every core where it
     runs there: WholeMachine.all_ms, timed at this load). None where a lane's dtype was forced without timing."""
     target, draft = info.target_dtype, info.draft_dtype
@@ -96,8 +96,8 @@ def load_costs(info, exit_layer: int) -> StepCosts | None:
               draft.ms(draft.sequence, "step"), draft.ms(draft.rows, "rows"))
     if None in shapes:
         return None
-    whole = getattr(info, "whole_machine", None)
-    base = whole.all_ms if whole is not None and getattr(info, "serial_cpus", ()) else None
+    whole = info.whole_machine
+    base = whole.all_ms if whole is not None and info.serial_cpus else None
     rows = DEFAULT_GAMMA + 1  # the shapes runners/calibrate.py times: a window at the default γ, a branch batch
     t_ar, window, d_step, d_rows = shapes
     return StepCosts(t_ar, window, rows, exit_layer / info.num_layers, d_step, d_rows, DEFAULT_KAPPA * rows,
