@@ -40,6 +40,14 @@ def _boxes(browser: Chromium, *selectors: str) -> dict:
     return json.loads(browser.evaluate(BOXES_JS % json.dumps(list(selectors))))
 
 
+def _one_run(browser: Chromium, url: str) -> None:
+    """The page opened, one run of its defaults done and its plots drawn."""
+    open_page(browser, url)
+    press_run(browser)
+    wait_for(browser, lambda s: "Done" in s["status"] and all(s["plots"]) and s["tokens"] > 0, 120)
+    time.sleep(1.0)
+
+
 @pytest.fixture(scope="module")
 def pair(pair_root):
     from testing.toy_models import build_pair
@@ -67,10 +75,7 @@ def test_a_phone_reaches_run_and_the_verdict_without_sideways_scrolling(pair):
 
 def test_a_resize_redraws_the_plots_within_a_second(pair):
     with served(pair) as (_, url, browser):
-        open_page(browser, url)
-        press_run(browser)
-        wait_for(browser, lambda s: "Done" in s["status"] and all(s["plots"]) and s["tokens"] > 0, 120)
-        time.sleep(1.0)
+        _one_run(browser, url)
         painted = json.loads(browser.evaluate(PLOTS_JS))[-1]
         for width in (900, 1280):
             _size(browser, width, 800)
@@ -114,6 +119,33 @@ def test_a_resize_while_the_learn_tab_is_hidden_leaves_its_roofline_whole(pair):
         assert left <= title_left and title_right <= right, (left, right, title_left, title_right)
 
 
+# Per table header cell, the words the browser broke across lines (a word whose pieces sit on different lines; a
+# break after a hyphen is a line break, not a broken word).
+BROKEN_WORDS_JS = """JSON.stringify([...document.querySelectorAll("#mirror-numbers .mirror-table th")].flatMap(th => {
+  const out = [], walk = document.createTreeWalker(th, NodeFilter.SHOW_TEXT);
+  for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+    for (const m of node.textContent.matchAll(/[^\\s-]+-?/g)) {
+      const r = document.createRange(); r.setStart(node, m.index); r.setEnd(node, m.index + m[0].length);
+      if (new Set([...r.getClientRects()].map(b => Math.round(b.top))).size > 1) out.push(m[0]);
+    }
+  }
+  return out; }))"""
+# Inked pixels of the lane timeline left of its rows, just above the first and below the last (live_plots.js:
+# Timeline draws its row names there, on a panel at x 130, y 30 with 44 px under it, and no y ticks; the x axis's
+# first label starts at x 126).
+TIMELINE_MARGIN_JS = """(() => { const c = document.querySelector(".mirror-plot-gantt canvas"), r = window.devicePixelRatio || 1;
+  const ctx = c.getContext("2d"), top = 30 * r, bottom = c.height - 44 * r, w = Math.floor(125 * r), band = 12 * r;
+  const inked = (y) => ctx.getImageData(0, y, w, band).data.filter((v, i) => i % 4 === 3 && v > 0).length;
+  return inked(top - band - 2 * r) + inked(bottom + 2 * r); })()"""
+
+
+def test_at_1280_px_the_numbers_headers_keep_their_words_and_the_lane_timeline_only_its_row_names(pair):
+    with served(pair) as (_, url, browser):
+        _one_run(browser, url)
+        assert json.loads(browser.evaluate(BROKEN_WORDS_JS)) == []  # "Vanil la SD" broke mid-word
+        assert browser.evaluate(TIMELINE_MARGIN_JS) == 0  # the y axis's stray tick labels above and below the rows
+
+
 def test_an_unknown_model_id_fails_at_once_on_the_page_and_keeps_the_pair(pair, monkeypatch):
     from huggingface_hub import constants
 
@@ -135,3 +167,8 @@ def test_an_unknown_model_id_fails_at_once_on_the_page_and_keeps_the_pair(pair, 
             time.sleep(0.05)
         assert "not found offline" in status and time.monotonic() - t0 <= 2.5, status  # the bound, and the polls'
         assert loader.loaded() == tuple(pair)
+        title = ""
+        while title != "Error" and time.monotonic() - t0 < 10:  # the toast is an error's (it was titled "Warning")
+            title = browser.evaluate('document.querySelector(".toast-title")?.innerText.trim() || ""')
+            time.sleep(0.1)
+        assert title == "Error", title

@@ -372,6 +372,9 @@ def test_the_roofline_view_plots_the_forward_by_rows_against_both_limits_and_say
     assert all(memory.y[m - 1] >= compute.y[m - 1] for m in range(1, 5)) and compute.y[7] > memory.y[7]
     figure = roofline_figure(roof)
     assert [s.x0 for s in figure.layout.shapes] == [pytest.approx(5.0)]          # the ridge, marked at 5 rows
+    assert tuple(figure.layout.xaxis.range) == (0.5, 8.5)  # fixed: a phone's autorange started the axis at -2 rows
+    title = figure.layout.title  # under the toolbar row (its top 40 px), the plot's top margin holding its 2 lines
+    assert title.yref == "container" and title.pad.t >= 40 and figure.layout.margin.t >= title.pad.t + 40
     assert figure.layout.annotations[0].text == "ridge ≈ 5.0 rows"
     text = roofline_sentence(roof, gamma=3)
     assert "the step reaches 80% of the roofline" in text and "(100 MB of weights ÷ 10.0 GB/s) is 10.0 ms" in text

@@ -175,6 +175,49 @@ def test_one_slot_numbering_in_the_inspector_the_tree_and_the_player():
     assert re.findall(r"slot (\d) <span", tree) == ["1", "2"]
     assert re.findall(r"slot (\d): ", next(p for p in phases if "top-κ (" in p)) == ["1", "2"]
     assert "τ =" not in inspected.split("</p>")[0] and "slot τ" not in inspected  # τ is only the mean
+    # one draft token is d1, not "d1..d1"; a count of one takes the singular
+    shown = " ".join([inspected, tree, *phases])
+    assert "d1..d1" not in shown and not re.search(r"(?<!j − )\b1 (tokens|draft tokens|fresh tokens)\b", shown)
+    assert "W = [w0, d1]" in inspected and "window d1 = " in tree and "after d1<" in tree
+    assert any("branches, 1 token each" in p for p in phases) and any("of 1 draft token (" in p for p in phases)
+
+
+def test_both_numbers_tables_keep_the_pages_column_order_whatever_order_the_runs_ran_in():
+    """Every other repeat runs in reverse order; the shown repeat's table and the spread table both go AR, Mirror-SD,
+    vanilla SD (the streams' order), so a column never changes place between the two."""
+    first = {"ar": ar(40), "mirror": mirror(20, **SD), "sd": mirror(20, **SD, decoder="sd")}
+    second = {"sd": mirror(20, **SD, decoder="sd"), "mirror": mirror(20, **SD), "ar": ar(40)}
+    session = session_of(first, second)
+    session.runs = second  # the repeat shown, in its run order
+    from ui.numbers import spread_html
+
+    for table in (numbers_html(session.runs), spread_html(session.history)):
+        head = table.split("<table")[1].split("</tr>")[0]
+        assert head.index("Target-only AR") < head.index("Mirror-SD") < head.index("Vanilla SD"), head
+
+
+def test_an_earlier_comparisons_verdict_left_under_a_failed_run_says_so():
+    from ui.run_tab import _error_toast
+
+    session = session_of({"ar": ar(40), "mirror": mirror(20, **SD)})
+    assert "earlier comparison" not in verdict_html(session)
+    session.begin_comparison()  # the next Run fails while its pair loads: the results are the earlier ones
+    session.error = "the target does not exist"
+    session.idle.set()
+    assert "The earlier comparison's verdict</b>: the last Run failed" in verdict_html(session)
+    with pytest.raises(Exception) as raised:  # and the page's toast is an error's, titled "Error"
+        _error_toast(session)
+    assert type(raised.value).__name__ == "Error" and raised.value.title == "Error"
+    session.begin_comparison()
+    session.refuse("max new tokens must be in 1..1024")  # a bad setting: nothing ran, the verdict is the earlier one
+    assert "the last Run failed" in verdict_html(session) and session.status.startswith("**Error:**")
+    session.begin_comparison()
+    session.load_stopped, session.error = True, None
+    session.idle.set()
+    assert "the last Run was stopped while its pair loaded" in verdict_html(session)
+    _error_toast(session)  # no error: no toast
+    session.clear_results()
+    assert verdict_html(session) == "" and not session.earlier
 
 
 def test_the_last_runs_gamma_kappa_and_exit_layer_show_beside_the_knobs():

@@ -6,6 +6,7 @@ import math
 
 from mirror_core import StepRecord
 
+from .render import count, drafts
 from .session import DecoderRun, pick_step
 
 MAX_BRANCH_ROWS = 64
@@ -20,9 +21,9 @@ def inspector_html(run: DecoderRun | None, step: float | None) -> str:
     name = run.namer.show
     bonus = rec.accepted == rec.drafted
     kind = "bonus" if bonus else "correction"
-    head = (f"<p><b>Step {rec.step}</b>: the target verified W = [w0, d1..d{rec.drafted}] in one pass, accepted "
+    head = (f"<p><b>Step {rec.step}</b>: the target verified W = [w0, {drafts(rec.drafted)}] in one pass, accepted "
             f"A_t = {rec.accepted}, and its {kind} c = <code>{html.escape(name(rec.token))}</code> sits at slot "
-            f"s_t = A_t + 1 = {rec.accepted + 1} (slots 1..γ+1; slot γ+1 is the bonus); {rec.committed} token(s) "
+            f"s_t = A_t + 1 = {rec.accepted + 1} (slots 1..γ+1; slot γ+1 is the bonus); {count(rec.committed, 'token')} "
             "committed. This window was " + window_source(rec) + "</p>")
     sampling = run.start.settings.request.sampling if run.start else None
     rule = None if sampling is None or sampling.greedy else sampling.rule

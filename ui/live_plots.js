@@ -117,7 +117,7 @@ class Panel {
   px(x) { return this.box.x + ((x - this.xmin) / (this.xmax - this.xmin)) * this.box.w; }
   py(y) { return this.box.y + this.box.h - (y / this.ymax) * this.box.h; }
   fits(x, y) { return x <= this.xmax && y <= this.ymax; }
-  axes(title, integerX) {
+  axes(title, integerX, yTicks = true) {  // yTicks false: the caller writes row names there (the lane timeline)
     const c = this.ctx, b = this.box;
     c.clearRect(b.x - 56, b.y - 22, b.w + 64, b.h + 58);
     c.font = FONT; c.fillStyle = INK;
@@ -129,7 +129,7 @@ class Panel {
       c.fillStyle = INK; c.fillText(fmt(x), this.px(x), b.y + b.h + 4);
     }
     c.textAlign = "right"; c.textBaseline = "middle";
-    for (let y = 0; y <= this.ymax + 1e-9; y += ys) {
+    for (let y = 0; yTicks && y <= this.ymax + 1e-9; y += ys) {
       c.fillStyle = GRID; c.fillRect(b.x, this.py(y), b.w, 1);
       c.fillStyle = INK; c.fillText(fmt(y), b.x - 6, this.py(y));
     }
@@ -378,9 +378,9 @@ class Timeline extends Plot {
   }
   repaint() {
     const c = this.ctx, p = this.panel;
-    p.axes("");
+    p.axes("", false, false);  // no y ticks: the row names stand there
     c.clearRect(p.box.x, p.box.y, p.box.w, p.box.h);
-    c.clearRect(0, p.box.y - 2, p.box.x - 1, p.box.h + 4);  // row names instead of y ticks
+    c.clearRect(0, p.box.y - 2, p.box.x - 1, p.box.h + 4);
     c.font = FONT; c.fillStyle = INK; c.textAlign = "right"; c.textBaseline = "middle";
     this.rows.forEach((name, i) => c.fillText(name, p.box.x - 8, p.box.y + this.ROW * (i + 0.5)));
     this.painted = 0;

@@ -9,8 +9,13 @@ from mirror_core.latency import LatencyModel, latency_model_from_events, stage_m
 
 from .render import shown_path
 from .session import DecoderRun
+<<<<<<< HEAD
 from .settings import DECODER_TITLES
 from .whatif import why_model
+=======
+from .settings import DECODER_ORDER, DECODER_TITLES
+from .learn.whatif import why_model
+>>>>>>> page
 
 
 def speedup(baseline: DecoderRun | None, run: DecoderRun | None) -> tuple[float | None, str]:
@@ -109,7 +114,7 @@ def _speedup_cell(run: DecoderRun, ctx: tuple[dict, dict]) -> str:
 
 def numbers_html(runs: dict[str, DecoderRun]) -> str:
     """One table: a column per decoder, a row per metric, each with its definition."""
-    done = [r for r in runs.values() if r.end is not None]
+    done = [runs[d] for d in DECODER_ORDER if d in runs and runs[d].end is not None]  # the page's column order
     if not done:
         return "<p><i>Numbers appear when a run finishes.</i></p>"
     ctx = (speedups(runs), {d: too_short(r) or too_short(runs.get("ar")) for d, r in runs.items()})
@@ -296,7 +301,8 @@ def repeats_by_decoder(history: list[DecoderRun]) -> dict[str, list[tuple[Decode
 
 def spread_html(history: list[DecoderRun]) -> str:
     """Median and range of the main numbers over the repeats ('' for a single repeat)."""
-    runs = repeats_by_decoder(history)
+    found = repeats_by_decoder(history)
+    runs = {d: found[d] for d in DECODER_ORDER if d in found}  # the columns in the order of the table above
     if max((len(v) for v in runs.values()), default=0) < 2:
         return ""
     head = "".join(f"<th>{html.escape(DECODER_TITLES[d])} (n = {len(v)})</th>" for d, v in runs.items())

@@ -148,3 +148,13 @@ def legend_html() -> str:
     chips = "".join(f'<span class="mirror-chip" style="background:{c}55">{html.escape(k)}</span>'
                     for k, c in COLOR_MAP.items())
     return f'<div class="mirror-legend">{chips}<del class="mirror-rejected">rejected draft</del></div>'
+
+
+def drafts(n: int) -> str:
+    """The draft tokens d1..dn of a window, as every view names them ('d1' alone for one)."""
+    return "d1" if n == 1 else f"d1..d{n}"
+
+
+def count(n: int, noun: str) -> str:
+    """'1 token', '3 tokens': a count with its noun in the number it needs."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -27,7 +27,7 @@ from .settings import (
     controls_by_name,
     settings_from_ui,
 )
-from .streaming import DONE, STATUS, Tick, final_status, replay, run_comparison
+from .streaming import DONE, RESULTS, Tick, final_status, replay, run_comparison
 from .render import shown_path
 from .views import COLUMNS, OUTPUT_NAMES, RAN_BEFORE, STATE, Deltas, Views, refreshed
 
@@ -187,16 +187,13 @@ def _run_handlers(loader: EngineLoader, presets: list[PairPreset], components: d
         try:
             settings = settings_from_ui(with_sources(controls_by_name(values), preset_sources(presets)))
         except MirrorError as exc:
-            session.status = f"**Error:** {exc}"
-            gr.Warning(str(exc))  # a toast too: the page answers even when the status line is off screen
-            yield view(components, session, Tick(STATUS, session.status), Deltas())
+            session.refuse(str(exc))
+            yield view(components, session, Tick(RESULTS, session.status), Deltas())  # the verdict says it is earlier
             return
         in_flight[request.session_hash] = session
         deltas = Deltas()
         try:
             for tick in run_comparison(loader, session, settings):
-                if tick.kind == DONE and session.error:
-                    gr.Warning(session.error)
                 yield view(components, session, tick, deltas)
         finally:
             in_flight.pop(request.session_hash, None)
@@ -207,7 +204,49 @@ def _run_handlers(loader: EngineLoader, presets: list[PairPreset], components: d
         if session is not None:
             session.cancel()
 
+<<<<<<< HEAD
     return on_run, on_unload
+=======
+    def on_stop(session: Session):
+        running = not session.idle.is_set()
+        session.stop.set()
+        session.replay_stop.set()
+        session.idle.wait(timeout=60)  # the run's generator ends within one step (or is closed by `cancels`)
+        status = final_status(session) if running else "Nothing was running."
+        return view(components, session, Tick(DONE, status), Deltas())
+
+    def on_replay(session: Session, speed="1×"):
+        deltas = Deltas()
+        stopped = threading.Event()
+        with loader.holding(stopped):  # a server shutting down ends the replay at once
+            for tick in replay(session, speed=REPLAY_SPEEDS.get(speed, 1.0), stopped=stopped):
+                yield view(components, session, tick, deltas)
+
+    # The controls go in as a positional list (CONTROLS order, named once in on_run): set-style inputs would reorder
+    # the public /run endpoint's parameters (Gradio sorts a set by component id). Progress only on the status line:
+    # it shows the queue position ("queue: 2/3") while waiting, and no spinner covers the live plots. No preprocessing:
+    # out-of-range or non-numeric values reach settings_from_ui, which answers each with one readable line.
+    run_evt = c.run.click(on_run, [state, *c.inputs()], outputs, api_name="run", concurrency_id="lanes",
+                          concurrency_limit=1, show_progress="minimal", show_progress_on=[v.outputs["status"]],
+                          scroll_to_output=True, preprocess=False)  # raw values: settings_from_ui checks every field with one message
+    run_evt.then(_error_toast, state, None, api_visibility="private", concurrency_limit=None, show_progress="hidden")
+    replay_evt = c.replay.click(on_replay, [state, c.replay_speed], outputs, api_name="replay", concurrency_limit=8,
+                                show_progress="hidden")
+    c.stop.click(on_stop, [state], outputs, api_name="stop", cancels=[run_evt, replay_evt], concurrency_limit=None,
+                 show_progress="hidden")
+    demo.unload(on_unload)
+    _wire_inspector(state, v)
+    _wire_pickers(presets, c, v)
+>>>>>>> page
+
+
+def _error_toast(session: Session) -> None:
+    """The last Run's error as the page's error toast (titled "Error"), so that the page answers even when the status
+    line is off screen; nothing when it had none. Raised by an event of its own after the run's: it has no outputs,
+    so no component is marked failed and /run's clients get its outputs whole (and queued: Gradio shows no toast
+    for an error of an unqueued event)."""
+    if session.error:
+        raise gr.Error(session.error, print_exception=False)
 
 
 def _wire_inspector(state: gr.State, v: Views) -> None:

@@ -138,6 +138,8 @@ class Session:
         self.live_plots = True               # the comparison ends with its runs replayed at their measured pace
         self.planned_repeats = 0             # repeats the comparison asked for (fewer timed: its verdict is provisional)
         self.pair_info = None                # the comparison's pair as its load timed it (pair.PairInfo)
+        self.earlier = False                 # the runs shown are an earlier comparison's: the last Run ended (an error,
+                                             # a stop during the load) before it cleared them
         self.status = ""
         self.error: str | None = None
         self.trace_path: str | None = None
@@ -169,8 +171,14 @@ class Session:
         self.stop = threading.Event()
         self.idle.clear()
         self.error, self.skipped, self.load_stopped = None, False, False
+        self.earlier = bool(self.runs)
         self.generation += 1
         return self.generation
+
+    def refuse(self, why: str) -> None:
+        """A Run refused before it started (a bad setting): the error, and the runs shown are the earlier ones."""
+        self.error, self.status = why, f"**Error:** {why}"
+        self.earlier = bool(self.runs)
 
     def clear_results(self) -> None:
         """The new comparison's pair loaded and its settings passed: drop the previous results and trace."""
@@ -179,6 +187,7 @@ class Session:
                 os.remove(self.trace_path)
         self.runs, self.history, self.trace_path = {}, [], None
         self.feed = Feed()
+        self.earlier = False
 
     def begin(self, decoder: str, namer: TokenNamer) -> DecoderRun:
         self.runs[decoder] = run = DecoderRun(decoder, namer)

@@ -27,28 +27,39 @@ DEFINITIONS = ("× AR: AR's wall time ÷ Mirror-SD's for the same tokens (measur
 
 
 def verdict_html(session: Session) -> str:
-    """The verdict for the session's comparison (a placeholder before any run, a line saying why there is none)."""
+    """The verdict for the session's comparison (a placeholder before any run, a line saying why there is none),
+    labelled as the earlier comparison's where the last Run ended before it replaced the results."""
+    body = _verdict(session)
+    if not body or not session.earlier:
+        return _box(body) if body else ""
+    why = "failed (its error is on the status line)" if session.error else "was stopped while its pair loaded"
+    return _box(f"<p class='mirror-earlier' id='mirror-verdict-earlier'><b>The earlier comparison's verdict</b>: the "
+                f"last Run {why} before it timed anything.</p>" + body)
+
+
+def _verdict(session: Session) -> str:
+    """verdict_html's body ('' before any run)."""
     runs = session.runs
     if not any(r.end is not None for r in runs.values()):
         return ""
     if session.stopped:
-        return _box("<b>Stopped</b>: no verdict, the runs did not finish. Press Run for a full comparison.")
+        return "<b>Stopped</b>: no verdict, the runs did not finish. Press Run for a full comparison."
     if "ar" not in runs or "mirror" not in runs:
-        return _box("<b>No verdict</b>: tick both Target-only AR and Mirror-SD (and Vanilla SD for the paper's "
-                    "comparison).")
+        return ("<b>No verdict</b>: tick both Target-only AR and Mirror-SD (and Vanilla SD for the paper's "
+                "comparison).")
     short: dict[str, list[str]] = {}  # why → the decoders it applies to
     for r in runs.values():
         if why := too_short(r):
             short.setdefault(why, []).append(DECODER_TITLES[r.decoder])
     if short:
         said = "; ".join(f"{', '.join(names)}: {why}" for why, names in short.items())
-        return _box(f"<b>Too short to time</b> ({html.escape(said)}). A run this short is mostly its "
-                    f"prefill and start-up noise; a verdict needs at least {MIN_TIMED_TOKENS} tokens and "
-                    f"{MIN_TIMED_STEPS} verification steps per run. Raise <i>Max new tokens</i> or pick a longer "
-                    "example.")
+        return (f"<b>Too short to time</b> ({html.escape(said)}). A run this short is mostly its "
+                f"prefill and start-up noise; a verdict needs at least {MIN_TIMED_TOKENS} tokens and "
+                f"{MIN_TIMED_STEPS} verification steps per run. Raise <i>Max new tokens</i> or pick a longer "
+                "example.")
     repeats = _repeats(session.history)
     if not repeats:
-        return _box("<b>No verdict</b>: no repeat has both a finished AR and Mirror-SD run.")
+        return "<b>No verdict</b>: no repeat has both a finished AR and Mirror-SD run."
     timed, planned = len(repeats), session.planned_repeats
     provisional = (f"<b>Provisional</b> ({timed} of {planned} repeats timed; it updates as each one ends): "
                    if not session.idle.is_set() and timed < planned else "")
@@ -56,8 +67,8 @@ def verdict_html(session: Session) -> str:
     fold = "" if not ranked else (
         "<details id='mirror-why-fold'><summary>Where a step's time goes, from load to run</summary>"
         + costs_html(ranked[(len(ranked) - 1) // 2], session.pair_info) + "</details>")
-    return _box(provisional + html.escape(verdict_text(repeats))
-                + f"<br><small>{html.escape(how_measured(timed) + ' ' + DEFINITIONS)}</small>" + fold)
+    return (provisional + html.escape(verdict_text(repeats))
+            + f"<br><small>{html.escape(how_measured(timed) + ' ' + DEFINITIONS)}</small>" + fold)
 
 
 def how_measured(repeats: int) -> str:

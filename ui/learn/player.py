@@ -28,6 +28,7 @@ from mirror_core.events import (
 from mirror_core.latency import stage_median
 
 from ..plots import DECODER_COLORS, STAGE_STYLE
+from ..render import count, drafts
 from ..session import DecoderRun, pick_step
 
 # One colour code and one name per stage across the page: the Run tab's lane timeline's (ui/plots.py).
@@ -60,7 +61,7 @@ def phases(run: DecoderRun, rec: StepRecord) -> tuple[list[Phase], list[SpanEven
     end = max(s.t1 for s in spans)
     at = lambda stage, default: (_first(spans, stage).t1 if _first(spans, stage) else default)  # noqa: E731
     start = spans[0].t0
-    out = [Phase("Window in", f"The target reads the window [w0, d1..d{gamma}] = "
+    out = [Phase("Window in", f"The target reads the window [w0, {drafts(gamma)}] = "
                  f"{' '.join(code(t) for t in rec.window)} in one forward pass; this window "
                  + {"branch": "was a reused branch (a hit at the step before).", "context": "was copied from the "
                     "context (the prompt and the output so far)."}.get(rec.source, "was a fresh rollout."),
@@ -77,20 +78,20 @@ def phases(run: DecoderRun, rec: StepRecord) -> tuple[list[Phase], list[SpanEven
     suffix, branches = _ms(spans, STAGE_TARGET_SUFFIX), _ms(spans, STAGE_DRAFT_BRANCHES)
     rows = len(rec.branch_rows)
     out.append(Phase("Suffix ∥ branches", f"While the target runs its last layers ({suffix:.1f} ms), the draft lane "
-                     f"rolls out {rows} branch{'es' if rows != 1 else ''}, {gamma} tokens each, one per candidate "
+                     f"rolls out {rows} branch{'es' if rows != 1 else ''}, {count(gamma, 'token')} each, one per candidate "
                      f"({branches:.1f} ms): " + ("hidden, it ends first." if branches <= suffix else
                                                  f"{branches - suffix:.1f} ms longer than the suffix."),
                      max(at(STAGE_TARGET_SUFFIX, start), at(STAGE_DRAFT_BRANCHES, start))))
     kept = " ".join(code(t) for t in rec.window[1: 1 + rec.accepted]) or "none"
     kind = "bonus" if rec.accepted == rec.drafted else "correction"
-    out.append(Phase("Acceptance", f"The target keeps A_t = {rec.accepted} of {gamma} draft tokens ({kept}) and adds "
-                     f"its {kind} c = {code(rec.token)} at slot s_t = A_t + 1 = {rec.accepted + 1}: {rec.committed} "
-                     "token(s) committed.", at(STAGE_ACCEPT, start)))
+    out.append(Phase("Acceptance", f"The target keeps A_t = {rec.accepted} of {count(gamma, 'draft token')} ({kept}) and adds "
+                     f"its {kind} c = {code(rec.token)} at slot s_t = A_t + 1 = {rec.accepted + 1}: {count(rec.committed, 'token')} "
+                     "committed.", at(STAGE_ACCEPT, start)))
     if rec.hit:
         text = (f"Hit: c = {code(rec.token)} was a candidate at slot s_t = {rec.accepted + 1}, so its branch is the "
                 f"next window at once; the draft lane adopts its cache ({_ms(spans, STAGE_SELECT_BRANCH):.1f} ms).")
     elif rec.hit is False:
-        text = (f"Miss: no branch starts with c = {code(rec.token)}, so the draft rolls out {gamma} fresh tokens "
+        text = (f"Miss: no branch starts with c = {code(rec.token)}, so the draft rolls out {count(gamma, 'fresh token')} "
                 f"({_ms(spans, STAGE_DRAFT_ROLLOUT):.1f} ms) while the target waits ({_ms(spans, STAGE_WAIT):.1f} ms).")
     else:
         text = "No branches this step (the run ended, or the draft lane did not answer)."
@@ -119,7 +120,7 @@ def sd_beside(run: DecoderRun, rec: StepRecord, spans: list[SpanEvent], sd: Deco
     scale = 300 / max(sd_ms, mirror_ms)
     bar = lambda ms, colour: f"<span class='mirror-bar' style='display:inline-block;width:{ms * scale:.0f}px;background:{colour}'></span>"  # noqa: E731
     return (f"<p><b>Vanilla SD on the same step</b> ({source}): verify {verify:.1f} ms, then draft the next "
-            f"{rec.drafted} tokens serially, {draft:.1f} ms: {sd_ms:.1f} ms "
+            f"{count(rec.drafted, 'token')} serially, {draft:.1f} ms: {sd_ms:.1f} ms "
             f"{bar(sd_ms, DECODER_COLORS['sd'])}<br>Mirror-SD, this step {how}: {mirror_ms:.1f} ms "
             f"{bar(mirror_ms, DECODER_COLORS['mirror'])} (its draft works during the target's last layers).</p>")
 

@@ -65,11 +65,17 @@ def roofline_figure(roof: Roofline):
                         name="modelled: the larger limit", line={"color": COLOURS["modelled"], "dash": "dash"})
     if ridge and 1 <= ridge <= rows[-1]:
         fig.add_vline(x=ridge, line={"color": COLOURS["modelled"], "dash": "dot", "width": 1},
-                      annotation_text=f"ridge ≈ {ridge:.1f} rows", annotation_position="top left")
-    fig.update_layout(template="plotly_white", height=380, margin={"l": 60, "r": 20, "t": 40, "b": 50},
-                      title={"text": "The target's forward against its roofline (dashed: modelled)", "x": 0},
-                      legend={"orientation": "h", "y": -0.25}, hovermode="x unified")
-    fig.update_xaxes(title="new rows in one forward (1 = an AR step, γ+1 = a verification window)", dtick=1)
+                      annotation_text=f"ridge ≈ {ridge:.1f} rows", annotation_position="top right")
+    # The title sits under the plot's toolbar row (which covers the figure's top 40 px), both titles in lines a
+    # phone's plot holds, and the x range is fixed: on a phone's narrow plot, autorange padded the markers out to
+    # -2 rows.
+    fig.update_layout(template="plotly_white", height=420, margin={"l": 60, "r": 20, "t": 94, "b": 60},
+                      title={"text": "The target's forward<br>against its roofline (dashed: modelled)", "x": 0,
+                             "xref": "paper", "yref": "container", "y": 1, "yanchor": "top", "pad": {"t": 44},
+                             "font": {"size": 15}},
+                      legend={"orientation": "h", "y": -0.3}, hovermode="x unified")
+    fig.update_xaxes(title="new rows per forward (γ+1 = a window)", dtick=1,
+                     range=[0.5, rows[-1] + 0.5])
     fig.update_yaxes(title="forward time (ms)", rangemode="tozero")
     return fig
 

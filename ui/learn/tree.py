@@ -13,6 +13,7 @@ import math
 
 from mirror_core import StepRecord
 
+from ..render import drafts
 from ..session import DecoderRun, pick_step
 
 
@@ -46,7 +47,7 @@ def _caption(rec: StepRecord, name) -> str:
         verdict = f"<b class='mirror-fast'>hit</b>: c = {c} was a candidate at slot {slot}, its branch is the next window"
     else:
         verdict = f"<b class='mirror-slow'>miss</b>: c = {c} was not a candidate at slot {slot}; the draft rolled out afresh"
-    return (f"<p><b>Step {rec.step}</b>: window d1..d{rec.drafted} = {window}; the target accepted A_t = "
+    return (f"<p><b>Step {rec.step}</b>: window {drafts(rec.drafted)} = {window}; the target accepted A_t = "
             f"{rec.accepted}, so slot s_t = A_t + 1 = {slot} decides: {verdict}.</p>"
             "<p class='mirror-def'>Each row is a slot j (1..γ+1): the target's check of d_j, where the correction goes "
             "if the target accepts exactly j − 1 draft tokens (slot γ+1: the bonus). Its roots are the early-exit "
@@ -60,7 +61,7 @@ def _slot(rec: StepRecord, s: int, name) -> str:
     rows = {cand: r for r, (slot, cand) in enumerate(rec.branch_rows) if slot == s}
     rows_any = bool(rec.branch_rows)  # no rows at all: nothing was rolled out this step (not a budget's choice)
     reachable = s <= rec.accepted
-    label = "after w0" if s == 0 else f"after d1..d{s}"
+    label = "after w0" if s == 0 else f"after {drafts(s)}"
     roots = []
     for token, logp in zip(rec.topk_ids[s], rec.topk_logprobs[s] if s < len(rec.topk_logprobs) else ()):
         if token < 0:
