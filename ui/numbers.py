@@ -9,13 +9,8 @@ from mirror_core.latency import LatencyModel, latency_model_from_events, stage_m
 
 from .render import shown_path
 from .session import DecoderRun
-<<<<<<< HEAD
-from .settings import DECODER_TITLES
-from .whatif import why_model
-=======
 from .settings import DECODER_ORDER, DECODER_TITLES
-from .learn.whatif import why_model
->>>>>>> page
+from .whatif import why_model
 
 
 def speedup(baseline: DecoderRun | None, run: DecoderRun | None) -> tuple[float | None, str]:

@@ -162,6 +162,7 @@ def wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], state
     run_evt = c.run.click(on_run, [state, *c.inputs()], outputs, api_name="run", concurrency_id="lanes",
                           concurrency_limit=1, show_progress="minimal", show_progress_on=[v.outputs["status"]],
                           scroll_to_output=True, preprocess=False)  # raw values: settings_from_ui checks every field with one message
+    run_evt.then(_error_toast, state, None, api_visibility="private", concurrency_limit=None, show_progress="hidden")
     replay_evt = c.replay.click(on_replay, [state, c.replay_speed], outputs, api_name="replay", concurrency_limit=8,
                                 show_progress="hidden")
     c.stop.click(on_stop, [state], outputs, api_name="stop", cancels=[run_evt, replay_evt], concurrency_limit=None,
@@ -169,6 +170,16 @@ def wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], state
     demo.unload(on_unload)
     _wire_inspector(state, v)
     _wire_pickers(presets, c, v)
+
+
+def _error_toast(session: Session) -> None:
+    """The last Run's error as the page's error toast (titled "Error"), so that the page answers even when the status
+    line is off screen; nothing when it had none. Raised by an event of its own after the run's: it has no outputs,
+    so no component is marked failed and /run's clients get its outputs whole (and queued: Gradio shows no toast
+    for an error of an unqueued event)."""
+    if session.error:
+        raise gr.Error(session.error, print_exception=False)
+
 
 
 def _run_handlers(loader: EngineLoader, presets: list[PairPreset], components: dict):
@@ -204,49 +215,7 @@ def _run_handlers(loader: EngineLoader, presets: list[PairPreset], components: d
         if session is not None:
             session.cancel()
 
-<<<<<<< HEAD
     return on_run, on_unload
-=======
-    def on_stop(session: Session):
-        running = not session.idle.is_set()
-        session.stop.set()
-        session.replay_stop.set()
-        session.idle.wait(timeout=60)  # the run's generator ends within one step (or is closed by `cancels`)
-        status = final_status(session) if running else "Nothing was running."
-        return view(components, session, Tick(DONE, status), Deltas())
-
-    def on_replay(session: Session, speed="1×"):
-        deltas = Deltas()
-        stopped = threading.Event()
-        with loader.holding(stopped):  # a server shutting down ends the replay at once
-            for tick in replay(session, speed=REPLAY_SPEEDS.get(speed, 1.0), stopped=stopped):
-                yield view(components, session, tick, deltas)
-
-    # The controls go in as a positional list (CONTROLS order, named once in on_run): set-style inputs would reorder
-    # the public /run endpoint's parameters (Gradio sorts a set by component id). Progress only on the status line:
-    # it shows the queue position ("queue: 2/3") while waiting, and no spinner covers the live plots. No preprocessing:
-    # out-of-range or non-numeric values reach settings_from_ui, which answers each with one readable line.
-    run_evt = c.run.click(on_run, [state, *c.inputs()], outputs, api_name="run", concurrency_id="lanes",
-                          concurrency_limit=1, show_progress="minimal", show_progress_on=[v.outputs["status"]],
-                          scroll_to_output=True, preprocess=False)  # raw values: settings_from_ui checks every field with one message
-    run_evt.then(_error_toast, state, None, api_visibility="private", concurrency_limit=None, show_progress="hidden")
-    replay_evt = c.replay.click(on_replay, [state, c.replay_speed], outputs, api_name="replay", concurrency_limit=8,
-                                show_progress="hidden")
-    c.stop.click(on_stop, [state], outputs, api_name="stop", cancels=[run_evt, replay_evt], concurrency_limit=None,
-                 show_progress="hidden")
-    demo.unload(on_unload)
-    _wire_inspector(state, v)
-    _wire_pickers(presets, c, v)
->>>>>>> page
-
-
-def _error_toast(session: Session) -> None:
-    """The last Run's error as the page's error toast (titled "Error"), so that the page answers even when the status
-    line is off screen; nothing when it had none. Raised by an event of its own after the run's: it has no outputs,
-    so no component is marked failed and /run's clients get its outputs whole (and queued: Gradio shows no toast
-    for an error of an unqueued event)."""
-    if session.error:
-        raise gr.Error(session.error, print_exception=False)
 
 
 def _wire_inspector(state: gr.State, v: Views) -> None:
