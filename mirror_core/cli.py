@@ -130,11 +130,18 @@ def function_line(info) -> str:
     bits on every CPU that runs it) or torch's matmul (this machine's rounding)."""
     from .kernels.formats import FUNCTIONS
 
+    from .models.pairs import format_quality
+
     fmt = info.target_dtype.sequence
     roof = info.roofline
     on = ("the exact kernel: the same tokens on every CPU" if roof is not None and roof.kernel != "torch"
           else "torch's matmul: this machine's rounding, not the kernel's")
-    return f"{FUNCTIONS.get(fmt, fmt)}; on {on} ({info.target_dtype.note or 'forced by --dtype'})"
+    line = f"{FUNCTIONS.get(fmt, fmt)}; on {on} ({info.target_dtype.note or 'forced by --dtype'})"
+    q = format_quality(info.target) if fmt in ("int8", "float32") else None
+    if q:
+        line += (f"; int8 against float32 on a fixed {q['tokens']:,}-token text: top-1 agreement "
+                 f"{q['top1_agreement']:.1%}, perplexity {q['int8_perplexity_change']:+.2%} (scripts/format_quality.py)")
+    return line
 
 
 def lanes_from_args(args) -> LaneConfig:

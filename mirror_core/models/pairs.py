@@ -19,9 +19,21 @@ ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.ab
 REAL_TARGET = "smollm2-135m-instruct"
 REAL_FEATURE_DRAFT = os.path.join(ASSETS, "smollm2_pair", "feature_draft")
 REAL_DRAFT = REAL_FEATURE_DRAFT
+# int8 against float32 on a fixed text, for the real target (scripts/format_quality.py writes it)
+FORMAT_QUALITY = os.path.join(ASSETS, "smollm2_pair", "format_quality.json")
 TOY_DIR = os.path.join(ASSETS, "default_pair")
 TOY_TARGET = os.path.join(TOY_DIR, "target")
 TOY_DRAFT = os.path.join(TOY_DIR, "draft_ar")
+
+
+def format_quality(target: str) -> dict | None:
+    """The recorded int8-against-float32 measurement for a target (FORMAT_QUALITY), or None where none was made."""
+    import json
+
+    if target != REAL_TARGET or not os.path.exists(FORMAT_QUALITY):
+        return None
+    with open(FORMAT_QUALITY, encoding="utf-8") as f:
+        return json.load(f)
 
 
 @dataclass(frozen=True)
