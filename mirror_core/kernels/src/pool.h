@@ -1,6 +1,6 @@
-// The calling thread's pool: workers that run a job's share and sleep when idle. A call splits its panels (a layer
-// its attention heads) between the pool's threads in contiguous ranges; every output is still one thread's one
-// chain, so the bits do not depend on the thread count.
+// The calling thread's pool: workers that help with a job and sleep when idle. A call's panels (a layer's attention
+// heads) are claimed in chunks by the pool's threads; every output is still one thread's one chain, so the bits do
+// not depend on the thread count or on who ran what.
 #pragma once
 
 constexpr int MAX_THREADS = 64;
@@ -11,12 +11,15 @@ struct Pool {
     std::vector<std::thread> workers;
     std::atomic<uint32_t> gen{0};     // bumped once per job
     std::atomic<int> sleepers{0};     // workers asleep on gen (a job wakes them only when some are)
-    std::atomic<int> pending{0};      // workers yet to finish the current job
+    std::atomic<bool> open{false};    // the current job still takes helpers
+    std::atomic<int> inflight{0};     // workers inside the current job
     std::atomic<bool> quit{false};
     Fn fn = nullptr;
     void* ctx = nullptr;
     int active = 1;                   // threads a job uses, the caller included
 
+    // A worker joins a job only while it is open, and the caller waits only for the workers inside it: one that
+    // the OS has not scheduled yet costs nothing (the work is claimed in chunks by whoever runs: parallel_for).
     void work(int tid, uint32_t seen) {  // seen: the job count when this worker was made (it runs only later jobs)
         for (;;) {
             auto t0 = std::chrono::steady_clock::now();
@@ -32,18 +35,20 @@ struct Pool {
             }
             seen = g;
             if (quit.load(std::memory_order_acquire)) return;
-            if (tid < active) fn(ctx, tid);
-            pending.fetch_sub(1, std::memory_order_release);
+            inflight.fetch_add(1);  // seq_cst with `open`: the caller either sees this worker inside or it backs out
+            if (open.load() && tid < active) fn(ctx, tid);
+            inflight.fetch_sub(1);
         }
     }
 
-    void run(Fn f, void* c, int threads) {  // f(c, tid) for tid 0..threads−1; tid 0 on the calling thread
+    void run(Fn f, void* c, int threads) {  // f(c, tid) on this thread (tid 0) and on the workers that come in time
         fn = f, ctx = c, active = threads;
-        pending.store((int)workers.size(), std::memory_order_relaxed);
+        open.store(true);
         gen.fetch_add(1);
         if (sleepers.load() > 0) gen.notify_all();
         f(c, 0);
-        while (pending.load(std::memory_order_acquire) != 0) cpu_relax();
+        open.store(false);
+        while (inflight.load() != 0) cpu_relax();
     }
 
     void resize(int threads) {  // threads − 1 workers (kept when fewer are asked for later: they sleep)
@@ -57,7 +62,6 @@ struct Pool {
 
     ~Pool() {
         quit.store(true, std::memory_order_release);
-        pending.store((int)workers.size());
         gen.fetch_add(1);
         gen.notify_all();
         for (auto& t : workers) t.join();
@@ -66,17 +70,19 @@ struct Pool {
 
 thread_local Pool tl_pool;
 
-// f(lo, hi, tid) over [0, units) split into the calling thread's pool's contiguous shares (on this thread alone when
-// the pool has one thread or there is one unit).
+// f(lo, hi, tid) over [0, units), in chunks claimed by whichever of the calling thread's pool's threads is running
+// (on this thread alone when the pool has one thread or there is one unit): a thread the OS deschedules delays only
+// the chunk it holds. Every unit is one thread's whole work, so the bits never depend on who ran it.
 template <typename F>
 static void parallel_for(int64_t units, F&& f) {
     int threads = (int)(tl_pool.active < units ? tl_pool.active : units);
     if (threads <= 1) { f((int64_t)0, units, 0); return; }
-    struct Ctx { F* f; int64_t units; int threads; } ctx{&f, units, threads};
+    struct Ctx { F* f; int64_t units, chunk; std::atomic<int64_t> next{0}; } ctx;
+    ctx.f = &f, ctx.units = units, ctx.chunk = (units + 8 * threads - 1) / (8 * threads);
     tl_pool.run([](void* c, int tid) {
         auto* k = (Ctx*)c;
-        int64_t lo = k->units * tid / k->threads, hi = k->units * (tid + 1) / k->threads;
-        if (lo < hi) (*k->f)(lo, hi, tid);
+        for (int64_t lo; (lo = k->next.fetch_add(k->chunk)) < k->units;)
+            (*k->f)(lo, lo + k->chunk < k->units ? lo + k->chunk : k->units, tid);
     }, &ctx, threads);
 }
 

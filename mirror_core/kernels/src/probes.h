@@ -20,7 +20,7 @@ static double stream_read(const float* p, int64_t n, bool pool) {
     if (!pool) return stream_sum(p, n);
     double parts[MAX_THREADS] = {0};
     const int64_t chunks = n / (4 * VL);
-    parallel_for(chunks, [&](int64_t lo, int64_t hi, int tid) { parts[tid] = stream_sum(p + lo * 4 * VL, (hi - lo) * 4 * VL); });
+    parallel_for(chunks, [&](int64_t lo, int64_t hi, int tid) { parts[tid] += stream_sum(p + lo * 4 * VL, (hi - lo) * 4 * VL); });
     double s = 0.0;
     for (double v : parts) s += v;
     return s;
