@@ -90,14 +90,14 @@ class DraftWorker:
         self.committed = len(req.prompt_ids)   # tokens through w0 (the prompt's last token for now)
         self._start_window(req)
         with self._span(STAGE_PREFILL):
-            self.runner.forward(self.cache, list(req.prompt_ids))
+            self.runner.forward(self.cache, list(req.prompt_ids), rows=1)  # the cache is what is kept: one head row
 
     def _branch(self, cmd: BranchRequest) -> None:
         """Branch-complete rollouts: a γ-token continuation for every candidate, as one batch."""
         with self._span(STAGE_DRAFT_BRANCHES):
             have, need = self.runner.cache_len(self.cache), self.committed + len(self.window)
             if have < need:  # feed d_γ for the bonus slot's branches (after a context window: all it lacks)
-                self.runner.forward(self.cache, (self.tokens + self.window)[have:need])
+                self.runner.forward(self.cache, (self.tokens + self.window)[have:need], rows=1)
                 self._count(1, 1)
             rows = branch_rows(cmd.topk_ids)
             if not rows:

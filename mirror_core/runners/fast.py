@@ -391,10 +391,10 @@ class FastLlamaRunner:
             cache.k, cache.v = F.pad(cache.k, pad), F.pad(cache.v, pad)
 
     @torch.inference_mode()
-    def forward(self, cache: FastCache, ids: list[int]) -> torch.Tensor:
+    def forward(self, cache: FastCache, ids: list[int], rows: int | None = None) -> torch.Tensor:
         p = self._begin(cache, ids)
         self._run_layers(p, 0, self.num_layers)
-        return self._end(p)                                                               # [T, V]
+        return self._end(p, rows)                                                         # [T, V] ([rows, V])
 
     @torch.inference_mode()
     def forward_to_exit(self, cache: FastCache, ids: list[int], layer: int) -> ExitPass:
@@ -403,10 +403,10 @@ class FastLlamaRunner:
         return ExitPass(p.x[0].float().clone(), layer, p)                                 # h^(ℓ_e) [T, H]
 
     @torch.inference_mode()
-    def finish_pass(self, exit_pass: ExitPass) -> torch.Tensor:
+    def finish_pass(self, exit_pass: ExitPass, rows: int | None = None) -> torch.Tensor:
         p: _FastPass = exit_pass.rest
         self._run_layers(p, exit_pass.layer, self.num_layers)
-        return self._end(p)                                                               # [T, V]
+        return self._end(p, rows)                                                         # [T, V] ([rows, V])
 
     def _begin(self, cache: FastCache, ids: list[int]) -> _FastPass:
         t, start = len(ids), cache.length
@@ -423,9 +423,12 @@ class FastLlamaRunner:
             mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(start).unsqueeze(0)  # [1, T, S]
         return _FastPass(cache, start, end, x, cos, sin, plan, groups, mask)
 
-    def _end(self, p: _FastPass) -> torch.Tensor:
+    def _end(self, p: _FastPass, rows: int | None = None) -> torch.Tensor:
+        """The pass's logits: every row's, or (rows) only the last rows' (a prefill reads one: the LM head is a fifth
+        of a token's arithmetic, so the other rows skip it)."""
         p.cache.length = p.end
-        return self._head(p.x, p.plan)[0]                                                 # [T, V]
+        x = p.x if rows is None else p.x[:, p.x.shape[1] - rows:]                          # [1, T|rows, H]
+        return self._head(x, p.plan)[0]                                                   # [T|rows, V]
 
     def _run_layers(self, p: _FastPass, first: int, stop: int) -> None:
         """Layers first+1..stop of a pass (p.x [1, T, H] in and out; their keys and values into the cache)."""

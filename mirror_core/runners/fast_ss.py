@@ -100,8 +100,9 @@ class FastSSRunner(FastLlamaRunner):
         return x, states
 
     # -- one sequence ---------------------------------------------------------------------------
-    def forward(self, cache: FastCache, ids: list[int]) -> torch.Tensor:
-        return self._sequence(cache, ids, streams=False)[0]
+    def forward(self, cache: FastCache, ids: list[int], rows: int | None = None) -> torch.Tensor:
+        logits = self._sequence(cache, ids, streams=False)[0]                             # [T, V]
+        return logits if rows is None else logits[logits.shape[0] - rows:]
 
     def forward_streams(self, cache: FastCache, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         return self._sequence(cache, ids, streams=True)

@@ -86,8 +86,9 @@ class HFRunner(WholeModelFormats):
         return {"input_ids": x, "position_ids": pos, "cache": cache, "use_cache": True}
 
     @torch.inference_mode()
-    def forward(self, cache: DynamicCache, ids: list[int]) -> torch.Tensor:
-        return self.model(**self._inputs(cache, ids)).logits[0, :, : self.vocab_size].float()  # [T, V]
+    def forward(self, cache: DynamicCache, ids: list[int], rows: int | None = None) -> torch.Tensor:
+        logits = self.model(**self._inputs(cache, ids)).logits[0, :, : self.vocab_size].float()  # [T, V]
+        return logits if rows is None else logits[logits.shape[0] - rows:]                    # [rows, V]
 
     @torch.inference_mode()
     def forward_to_exit(self, cache: DynamicCache, ids: list[int], layer: int) -> ExitPass:
@@ -131,10 +132,10 @@ class HFRunner(WholeModelFormats):
         return ExitPass(seen[0][0].float(), layer, _HFPass((), {}, logits=logits))
 
     @torch.inference_mode()
-    def finish_pass(self, exit_pass: ExitPass) -> torch.Tensor:
+    def finish_pass(self, exit_pass: ExitPass, rows: int | None = None) -> torch.Tensor:
         p: _HFPass = exit_pass.rest
         if p.logits is not None:
-            return p.logits
+            return p.logits if rows is None else p.logits[p.logits.shape[0] - rows:]          # [rows, V]
         types = self.layer_types
         args, kwargs = p.args, dict(p.kwargs)
         hidden = args[0] if args else kwargs.pop("hidden_states")                        # [1, T, H]
@@ -143,8 +144,9 @@ class HFRunner(WholeModelFormats):
                 kwargs["attention_mask"] = p.masks[types[i]]
             out = self.layers[i](hidden, *args[1:], **kwargs)
             hidden = out[0] if isinstance(out, tuple) else out                            # [1, T, H]
+        hidden = hidden if rows is None else hidden[:, hidden.shape[1] - rows:]           # [1, rows, H]
         hidden = self.final_norm(hidden.to(self.final_norm.weight.device))
-        return self.lm_head(hidden)[0, :, : self.vocab_size].float()                     # [T, V]
+        return self.lm_head(hidden)[0, :, : self.vocab_size].float()                     # [T, V] ([rows, V])
 
     @torch.inference_mode()
     def exit_readout(self, h: torch.Tensor, layer: int) -> torch.Tensor:

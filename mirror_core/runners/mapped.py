@@ -35,9 +35,9 @@ class MappedRunner:
         full[..., self._ids] = logits[..., : self.vmap.size]                                        # "other" dropped
         return full
 
-    def forward(self, cache, ids: list[int]) -> torch.Tensor:
+    def forward(self, cache, ids: list[int], rows: int | None = None) -> torch.Tensor:
         mapped = self._to_draft[torch.tensor(ids, dtype=torch.long, device=self._to_draft.device)].tolist()
-        return self._out(self.inner.forward(cache, mapped))
+        return self._out(self.inner.forward(cache, mapped, rows))
 
     def forward_rows(self, branches, ids: torch.Tensor):
         logits, states = self.inner.forward_rows(branches, self._to_draft[ids.to(self._to_draft.device)])

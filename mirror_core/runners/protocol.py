@@ -136,8 +136,9 @@ class Runner(Protocol):
     def cache_len(self, cache: Any) -> int:
         """Tokens held; the next appended token gets this position."""
 
-    def forward(self, cache: Any, ids: list[int]) -> torch.Tensor:
-        """Append ids at positions cache_len.. and return logits [T, V] (float32)."""
+    def forward(self, cache: Any, ids: list[int], rows: int | None = None) -> torch.Tensor:
+        """Append ids at positions cache_len.. and return logits [T, V] (float32); with `rows`, only the last rows'
+        [rows, V] (the same values; a prefill reads one, and a runner may skip the others' LM head)."""
 
     def truncate(self, cache: Any, length: int) -> None:
         """Keep the first `length` tokens."""
@@ -169,8 +170,9 @@ class TargetRunner(Runner, Protocol):
         """Layers 1..ℓ_e of forward(cache, ids), the same arithmetic; the cache is not used again before
         finish_pass."""
 
-    def finish_pass(self, exit_pass: ExitPass) -> torch.Tensor:
-        """Layers ℓ_e+1..N and the head of that pass: logits [T, V], equal to what forward(cache, ids) returns."""
+    def finish_pass(self, exit_pass: ExitPass, rows: int | None = None) -> torch.Tensor:
+        """Layers ℓ_e+1..N and the head of that pass: logits [T, V] (with `rows`, the last rows' [rows, V]), equal to
+        what forward(cache, ids) returns."""
 
     def exit_readout(self, h: torch.Tensor, layer: int) -> torch.Tensor:
         """The layer-ℓ_e readout of h [T, H]: the trained exit head when it reads this layer (its products run

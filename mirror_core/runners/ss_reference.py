@@ -56,8 +56,9 @@ class SSRunner(WholeModelFormats):
     def cache_len(self, cache: SSCache) -> int:
         return cache_length(cache.kv)
 
-    def forward(self, cache: SSCache, ids: list[int]) -> torch.Tensor:
-        return self._forward(cache, ids, with_streams=False)[0]
+    def forward(self, cache: SSCache, ids: list[int], rows: int | None = None) -> torch.Tensor:
+        logits = self._forward(cache, ids, with_streams=False)[0]                         # [T, V]
+        return logits if rows is None else logits[logits.shape[0] - rows:]
 
     def forward_streams(self, cache: SSCache, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         return self._forward(cache, ids, with_streams=True)
