@@ -42,7 +42,9 @@ static inline vf i8_epilogue(vf acc, vf dw, vf mw, const uint8_t* rec, vi sum) {
     return MIN ? vfma(mw, vbcast(rec_f32(rec + QK + 4)), acc) : acc;
 }
 
-// R row records against one panel of _I8-packed q4_1 (MIN) or q8_0 blocks.
+// R row records against one panel of _I8-packed q4_1 (MIN) or q8_0 blocks. Per block, the weights of both halves
+// are unpacked once (wv), then each row broadcasts each of its 8 groups of 4 activations once for both halves: per
+// row and block 8 broadcasts and 16 dot products, whatever R is.
 template <int R, bool MIN>
 static void block_i8(const uint8_t* x, int64_t xs, const uint8_t* w, int64_t kb, float* y, int64_t ys, int64_t col0, int64_t n) {
     constexpr int64_t BYTES = MIN ? sizeof(PackedQ4_1) : sizeof(PackedQ8_0), HALF = MIN ? 4 * 64 : 8 * 64;
@@ -52,30 +54,33 @@ static void block_i8(const uint8_t* x, int64_t xs, const uint8_t* w, int64_t kb,
         const uint8_t* blk = w + b * BYTES;
         for (int64_t i = 0; i < BYTES; i += 64) prefetch(blk + PREFETCH + i);
         const uint8_t* q = blk + (MIN ? 2 : 1) * PANEL * 2;
+        vi wv[NV][8];  // each half's 8 groups of 4 k, one 32-bit lane a column
+        vf dw[NV], mw[NV];
+        vi wsum[NV];
         for (int h = 0; h < NV; h++) {  // columns 16h .. 16h + 15
-            vf dw = vload_f16((const uint16_t*)blk + h * VL);
-            vf mw = MIN ? vload_f16((const uint16_t*)blk + PANEL + h * VL) : vzero();
-            vi wv[8];
-            vi wsum = izero();
-            if (MIN) {
-                for (int g = 0; g < 4; g++) {
-                    vi t = iload(q + h * HALF + g * 64);
-                    wv[g] = iand(t, iset(0x0F0F0F0F));
-                    wv[g + 4] = iand(isrl4(t), iset(0x0F0F0F0F));
+            dw[h] = vload_f16((const uint16_t*)blk + h * VL);
+            mw[h] = MIN ? vload_f16((const uint16_t*)blk + PANEL + h * VL) : vzero();
+            wsum[h] = izero();
+            for (int g = 0; g < 8; g++) {
+                if (MIN) {  // q4_1: groups g and g + 4 share a byte (low and high nibble)
+                    vi t = iload(q + h * HALF + (g % 4) * 64);
+                    wv[h][g] = iand(g < 4 ? t : isrl4(t), iset(0x0F0F0F0F));
+                } else {
+                    wsum[h] = s8_wsum(wsum[h], wv[h][g] = iload(q + h * HALF + g * 64));
                 }
-            } else {
-                for (int g = 0; g < 8; g++) wsum = s8_wsum(wsum, wv[g] = iload(q + h * HALF + g * 64));
             }
-            for (int r = 0; r < R; r++) {
-                const uint8_t* rec = x + r * xs + b * XREC;
-                vi sum = izero();
-                for (int g = 0; g < 8; g++) {
-                    const vi x4 = iset(rec_i32(rec + 4 * g));
-                    sum = MIN ? dot_u4s8(sum, wv[g], x4) : dot_s8s8(sum, wv[g], x4);
-                }
-                if (!MIN) sum = s8_fix(sum, wsum);
-                acc[r][h] = i8_epilogue<MIN>(acc[r][h], dw, mw, rec, sum);
+        }
+        for (int r = 0; r < R; r++) {
+            const uint8_t* rec = x + r * xs + b * XREC;
+            vi sum[NV];
+            for (int h = 0; h < NV; h++) sum[h] = izero();
+            for (int g = 0; g < 8; g++) {
+                const vi x4 = iset(rec_i32(rec + 4 * g));
+                for (int h = 0; h < NV; h++)
+                    sum[h] = MIN ? dot_u4s8(sum[h], wv[h][g], x4) : dot_s8s8(sum[h], wv[h][g], x4);
             }
+            for (int h = 0; h < NV; h++)
+                acc[r][h] = i8_epilogue<MIN>(acc[r][h], dw[h], mw[h], rec, MIN ? sum[h] : s8_fix(sum[h], wsum[h]));
         }
     }
     store_block(y, ys, R, acc, col0, n);
