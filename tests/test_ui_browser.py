@@ -114,8 +114,18 @@ def test_the_learn_tab_plays_a_step_of_the_last_run_and_shows_its_tree(pair_root
     with served_pair(*build_pair(pair_root, "llama")) as (_, url, browser):
         open_page(browser, url)
         press_run(browser)
-        wait_for(browser, lambda s: "Done" in s["status"] and s["tokens"] > 0, 60)
         state = lambda click=None: json.loads(browser.evaluate(PLAYER_JS % json.dumps(click)) or "{}")  # noqa: E731
+        opened, deadline = "", time.monotonic() + 10
+        while not opened and time.monotonic() < deadline:  # the Learn tab opened before the run's end (and drawn) ...
+            opened = state()["player"]
+            time.sleep(0.2)
+        assert "Showing the recorded example" in opened, opened
+        wait_for(browser, lambda s: "Done" in s["status"] and s["tokens"] > 0, 60)
+        shown, deadline = "", time.monotonic() + 10  # ... follows it there, with no Show pressed
+        while "Showing your last Mirror-SD run" not in shown and time.monotonic() < deadline:
+            shown = state()["player"]
+            time.sleep(0.2)
+        assert "Showing your last Mirror-SD run" in shown and "phase 1 of 6" in shown, shown
         for first, verdict in (("mirror-tree-hit", "Hit: c = "), ("mirror-tree-miss", "Miss: no branch starts with c = ")):
             seen, deadline = [], time.monotonic() + 20
             while time.monotonic() < deadline and "phase 1 of 6" not in (seen[-1]["player"] if seen else ""):

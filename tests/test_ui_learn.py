@@ -89,6 +89,29 @@ def test_before_any_run_the_learn_tab_shows_the_recorded_step_in_the_player_tree
     assert "recorded no roofline" in note and "ToyRunner" in note and not plot["visible"]
 
 
+def test_the_player_follows_a_new_mirror_sd_run_once_without_a_show_press():
+    """A comparison's end (and opening the tab) moves the player to the new run's first hit; the same run again
+    leaves a step picked since where it is; a comparison without Mirror-SD goes back to the recorded example."""
+    import gradio as gr
+
+    from ui.learn.example import load_example
+    from ui.learn.tab import follow
+    from ui.learn.tree import first_steps
+
+    skip = (gr.skip(),) * 4
+    assert follow(Session(), None) == skip + (None,)  # before any run: the example stays as it is
+    runs = load_example().runs
+    session = Session()
+    session.runs, session.history = dict(runs), list(runs.values())
+    step, phase, player, tree, key = follow(session, None)
+    assert (step, phase) == (first_steps(runs["mirror"])[0], 1) and key == runs["mirror"].start.t0
+    assert "Showing your last Mirror-SD run" in player and f"<b>Step {step}</b>" in tree
+    assert follow(session, key) == skip + (key,)
+    session.runs = {"ar": runs["ar"]}
+    *_, player, _, key = follow(session, key)
+    assert key is None and "Showing the recorded example" in player
+
+
 def test_an_experiment_the_loaded_pair_cannot_run_is_disabled_with_its_reason(fresh):
     client, demo = fresh
     offer = next(f.fn for f in demo.fns.values() if f.api_name == "experiment_offer")  # its button is not in the API
