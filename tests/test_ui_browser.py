@@ -35,6 +35,13 @@ def test_page_runs_a_generation_and_shows_tokens_and_plots(pair_root, tmp_path):
         state = run_once(url, shot)
         assert state["tokens"] > 0 and state["arTokens"] > 0
         assert state["spans"] > 0                                  # the lane timeline drew its spans
+        for d, a in state["alpha"].items():  # each α_i with its count n, and the τ(γ) the curve implies ...
+            g = a["gamma"]
+            assert a["n"][0] > 0 and a["tau"] == pytest.approx(1 + sum(k / n for k, n in zip(a["accepted"][:g],
+                                                                                           a["n"][:g]) if n)), a
+        shown = {d: round(a["tau"], 2) for d, a in state["alpha"].items()}  # ... as the numbers table says it
+        assert sorted(shown) == ["mirror", "sd"] and state["tauRow"] == ["—", f"{shown['mirror']:.2f}",
+                                                                        f"{shown['sd']:.2f}"], (shown, state)
         assert os.path.getsize(shot) > 20_000
         top = state["first_top"]  # page y of each element as the page opens, in a 1280x800 window
         assert top["mirror-status"] < 800 and top["mirror-tokens-ar"] < 800, top  # status and streams: first screen

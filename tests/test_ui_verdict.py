@@ -77,6 +77,7 @@ def mirror(steps: int, pre: float, readout: float, suffix: float, accept: float,
                            branch_row=2, t_end=t))
     run.add(RunEnd((5, 6) * steps + (5,), RunSummary(1, new_tokens=2 * steps + 1, steps=steps, committed=2 * steps,
                                                      drafted=steps, accepted=steps, branched_steps=steps, hits=steps,
+                                                     hist=(0, steps), pos_accepted=(steps,), pos_drafted=(steps,),
                                                      wall_s=t, ttft_s=PREFILL), None))
     return run
 
@@ -194,6 +195,16 @@ def test_both_numbers_tables_keep_the_pages_column_order_whatever_order_the_runs
     for table in (numbers_html(session.runs), spread_html(session.history)):
         head = table.split("<table")[1].split("</tr>")[0]
         assert head.index("Target-only AR") < head.index("Mirror-SD") < head.index("Vanilla SD"), head
+
+
+def test_the_numbers_give_each_positions_acceptance_with_its_count_and_the_tau_it_implies():
+    from ui.learn.glossary import GLOSSARY
+
+    table = html.unescape(numbers_html({"ar": ar(40), "mirror": mirror(20, **SD)}))  # γ = 1, every d1 accepted
+    row = lambda label: table.split(f"<th>{label}</th>")[1].split("</tr>")[0]  # noqa: E731
+    assert "<td>—</td><td>α_1 1.00 (n 20)</td>" in row("α_i (n) by position")
+    assert "<td>—</td><td>2.00</td>" in row("τ(γ) from α_i")
+    assert {"α_i (n)", "τ(γ) from α_i"} <= {term for term, _ in GLOSSARY}
 
 
 def test_an_earlier_comparisons_verdict_left_under_a_failed_run_says_so():

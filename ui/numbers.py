@@ -66,6 +66,14 @@ def _source_cell(run: DecoderRun, source: str) -> str:
     return f"{c['steps']} · {c['accepted']}/{c['proposed']} · {c['mean_accepted_run']:.2f}"
 
 
+def _positions_cell(summary) -> str:
+    """'α_1 0.62 (n 39) · α_2 …': each position's acceptance beside the windows it was counted over."""
+    if not summary.steps:
+        return "—"
+    return " · ".join(f"α_{i} {_f(a / n if n else None, '{:.2f}')} (n {n})"
+                      for i, (a, n) in enumerate(zip(summary.pos_accepted, summary.pos_drafted), 1))
+
+
 def _source_row(source: str, title: str) -> tuple:
     return (f"windows: {title}", lambda r, s: _source_cell(r, source),
             f"steps whose window came from the {title} · tokens accepted / proposed (Σ A_t / Σ D_t) · mean accepted "
@@ -82,6 +90,10 @@ _ROWS = (
     ("speedup vs AR", lambda r, s: _speedup_cell(r, s), "AR wall time / this wall time, same prompt, settings, seed and token count"),
     ("τ", lambda r, s: _f(r.summary.tau, "{:.2f}"), "Σ n_t / #steps: tokens committed per verification, incl. the correction/bonus"),
     ("α", lambda r, s: _f(r.summary.acceptance_rate), "Σ A_t / Σ D_t: share of drafted tokens the target accepted"),
+    ("α_i (n) by position", lambda r, s: _positions_cell(r.summary),
+     "α_i = #(A_t ≥ i) / #(D_t ≥ i) at draft position i = 1..γ, n = #(D_t ≥ i): the windows that offered position i"),
+    ("τ(γ) from α_i", lambda r, s: _f(r.summary.tau_from_positions, "{:.2f}"),
+     "1 + α_1 + … + α_γ: what a step of γ draft tokens commits at these acceptances (= τ when every window had γ)"),
     ("hit rate", lambda r, s: _f(r.summary.hit_rate), "#steps whose correction c was among the early-exit top-κ / #steps with branches"),
     ("fallback frequency", lambda r, s: _f(r.summary.fallback_frequency), "1 − hit rate: steps that needed a fresh draft rollout"),
     ("draft-hidden fraction", lambda r, s: _f(r.summary.draft_hidden_fraction), "Σ|draft busy ∩ target busy| / Σ|draft busy| on one clock"),
