@@ -253,9 +253,9 @@ def test_a_sweep_says_when_it_measured_a_better_setting_than_the_chosen_one():
 def test_the_whole_machine_factor_is_shown_only_when_its_timings_agree():
     from ui.numbers import machine_line
 
-    def line(ratios):
-        whole = WholeMachine(1, 10.0, 2, 12.0, ratios)
-        settings = SimpleNamespace(whole_machine=whole, draft="d")
+    def line(ratios, all_ms=12.0, serial_cpus=()):
+        whole = WholeMachine(1, 10.0, 2, all_ms, ratios)
+        settings = SimpleNamespace(whole_machine=whole, draft="d", serial_cpus=serial_cpus)
         return html.unescape(machine_line(SimpleNamespace(start=SimpleNamespace(settings=settings))))
 
     assert WholeMachine(1, 10.0, 2, 12.0, (1.05, 1.45, 1.23)).settled  # all on one side: a fact, however spread
@@ -264,6 +264,11 @@ def test_the_whole_machine_factor_is_shown_only_when_its_timings_agree():
     assert "within timing noise" in line(()) and "timed once" in line(())
     settled = line((1.18, 1.22, 1.2, 1.21))
     assert "about 1.20×" in settled and "4 alternated timings" in settled
+    assert "AR here ran on the target lane's 1 core while" in settled
+    # AR ran on every core (faster there at load): the footnote says so, as the verdict does, not the lane's core
+    everywhere = line((0.8, 0.79, 0.81), all_ms=8.0, serial_cpus=(0, 1))
+    assert "AR here ran on all 2 cores, the whole machine" in everywhere and "8.0 ms against 10.0 ms" in everywhere
+    assert "target lane's 1 core while" not in everywhere and "of what it says" not in everywhere
 
 
 def test_the_learn_tab_follows_the_visitors_own_run(app):

@@ -418,7 +418,43 @@ def test_the_verdict_says_how_much_was_copied_and_where_speculation_pays():
     from ui.verdict import where_it_pays
 
     run = mirror(20, **SD)
-    assert where_it_pays({"mirror": run}).startswith("0 of 41 tokens were copied from the context: on open-ended")
+    assert where_it_pays({"mirror": run}, False).startswith("0 of 41 tokens were copied from the context: on open-ended")
     run.end = dc_replace(run.end, summary=dc_replace(run.end.summary, source_steps=(0, 0, 10),
                                                      source_drafted=(0, 0, 30), source_accepted=(0, 0, 20)))
-    assert where_it_pays({"mirror": run}).startswith("20 of 41 tokens (49%) were copied from the context (yellow)")
+    paid, lost = where_it_pays({"mirror": run}, True), where_it_pays({"mirror": run}, False)
+    assert paid == ("20 of 41 tokens (49%) were copied from the context (yellow): speculation pays where the answer "
+                    "copies from the prompt or from itself.")
+    # a run that did not pay says where speculation pays only as a condition ("Slower here" then "it pays" read false)
+    assert lost.startswith("20 of 41 tokens (49%) were copied from the context (yellow), and still speculation did "
+                           "not pay here: copying pays only where") and "speculation pays where" not in lost
+
+
+def test_mirror_over_sd_is_the_median_of_the_per_repeat_ratios():
+    """Three repeats, Mirror-SD at 1.11×, 0.91×, 1.41× AR and vanilla SD beside each: the repeat read for Mirror ÷ AR
+    (1.11×) has SD slower, but SD beat Mirror-SD in the other two, so Mirror ÷ SD is their median, below 1."""
+    slow_sd, fast_sd = mirror(20, **SD, decoder="sd"), mirror(20, 0.004, 0.0, 0.004, 0.0, decoder="sd")
+    reps = [{"ar": ar(40), "mirror": _mirror_at(1.11), "sd": slow_sd},
+            {"ar": ar(40), "mirror": _mirror_at(0.91), "sd": fast_sd},
+            {"ar": ar(40), "mirror": _mirror_at(1.41), "sd": mirror(20, 0.003, 0.0, 0.003, 0.0, decoder="sd")}]
+    from ui.numbers import speedup
+    from ui.verdict import versus_sd_median
+
+    ratios = sorted(speedup(r["sd"], r["mirror"])[0] for r in reps)
+    assert speedup(slow_sd, reps[0]["mirror"])[0] > 1 > ratios[1]
+    text = verdict_text(reps)
+    assert versus_sd_median(reps) == pytest.approx(ratios[1])
+    assert f" · {ratios[1]:.2f}× vanilla SD [{ratios[0]:.2f}–{ratios[2]:.2f}× over 3 repeats, the median shown] " \
+           "(SD was faster)" in text, text
+
+
+def test_context_windows_are_quoted_with_their_mean_length():
+    from dataclasses import replace as dc_replace
+
+    from ui.costs import window_words
+
+    run = mirror(20, **SD)
+    assert window_words(run) == "the window of γ+1 = 2 tokens"
+    run.end = dc_replace(run.end, summary=dc_replace(run.end.summary, drafted=160))  # 8 tokens drafted a step
+    assert window_words(run) == "windows of 9.00 tokens on average, the context's copies beside the draft model's " \
+                                "γ+1 = 2,"
+    assert "windows of 9.00 tokens on average" in verdict_text([{"ar": ar(40), "mirror": run}])

@@ -3,15 +3,17 @@ the figures the numbers panel already computed (ui/numbers.py: the measured wall
 model's stage means from the engine's spans and counters). Nothing here is timed by the page.
 
 With several repeats the line reads the middle repeat (its Mirror ÷ AR is the median for an odd count), so every
-figure in the sentence comes from one repeat and the division can be redone; the range covers all repeats.
+figure of its arithmetic comes from one repeat and the division can be redone; the range covers all repeats. Mirror ÷
+vanilla SD is the median of the per-repeat ratios (the middle repeat by Mirror ÷ AR need not be SD's middle one).
 """
 from __future__ import annotations
 
 import html
 import statistics
 
-from .costs import costs_html, sd_reason
+from .costs import costs_html, sd_reason, window_words
 from .numbers import MIN_TIMED_STEPS, MIN_TIMED_TOKENS, latency_model, per_repeat, speedup, too_short
+from .render import count
 from .session import DecoderRun, Session
 from .settings import DECODER_TITLES
 
@@ -109,18 +111,28 @@ def verdict_text(repeats: list[dict[str, DecoderRun]]) -> str:
     head = (f"Mirror-SD {x_ar:.2f}× AR ({middle['mirror'].summary.tokens_per_s:.1f} vs "
             f"{middle['ar'].summary.tokens_per_s:.1f} tok/s{_where(middle['ar'])})" + _spread(ranked, "ar", len(repeats)))
     versus_sd = " Tick Vanilla SD for Mirror ÷ SD."
-    if "sd" in middle and ratio(middle, "sd") is not None:
-        x_sd = ratio(middle, "sd")
-        head += (f" · {x_sd:.2f}× vanilla SD" + _spread([r for r in ranked if "sd" in r], "sd", len(repeats))
+    x_sd = versus_sd_median(repeats)
+    if x_sd is not None:
+        with_sd = [r for r in repeats if speedup(r.get("sd"), r["mirror"])[0] is not None]
+        head += (f" · {x_sd:.2f}× vanilla SD" + _spread(with_sd, "sd", len(with_sd), "the median")
                  + (" (SD was faster)" if x_sd < 1 else ""))
-        versus_sd = " " + sd_reason(middle["sd"], middle["mirror"])
+        if "sd" in middle:
+            versus_sd = " " + sd_reason(middle["sd"], middle["mirror"])
     return (f"{head}. {'Faster' if x_ar >= 1 else 'Slower'} here than AR: {_reason(middle)}{_noise(ranked)}"
-            f"{versus_sd} {where_it_pays(middle)}")
+            f"{versus_sd} {where_it_pays(middle, x_ar >= 1)}")
 
 
-def where_it_pays(rep: dict[str, DecoderRun]) -> str:
+def versus_sd_median(repeats: list[dict[str, DecoderRun]]) -> float | None:
+    """Mirror ÷ vanilla SD: the median of the per-repeat ratios (each repeat's SD wall ÷ Mirror-SD wall), not the
+    ratio of the repeat read for Mirror ÷ AR (that one can say Mirror-SD won where SD's median beat it)."""
+    xs = [x for r in repeats if (x := speedup(r.get("sd"), r["mirror"])[0]) is not None]
+    return statistics.median(xs) if xs else None
+
+
+def where_it_pays(rep: dict[str, DecoderRun], paid: bool) -> str:
     """How much of the answer the speculative decoders copied from the context, and what that says about where
-    speculation pays (copied, predictable text) and where it cannot (open prose with a weak draft)."""
+    speculation pays (copied, predictable text) and where it cannot (open prose with a weak draft); `paid`: whether
+    Mirror-SD beat AR here (where it did not, where it pays is said as a condition)."""
     runs = [r for d, r in rep.items() if d in ("mirror", "sd") and r.summary is not None]
     if not runs:
         return ""
@@ -129,11 +141,16 @@ def where_it_pays(rep: dict[str, DecoderRun]) -> str:
     if not best.start or not best.start.settings.request.spec.context.enabled:
         return "The context draft was off: only the draft model proposed."
     if tokens and copied / tokens >= 0.25:
-        return (f"{copied} of {tokens} tokens ({copied / tokens:.0%}) were copied from the context (yellow): "
-                "speculation pays where the answer copies from the prompt or from itself.")
-    return (f"{copied} of {tokens} tokens were copied from the context: on open-ended text a small draft agrees "
-            "with the target too rarely for speculation to pay much; an example that edits, corrects or converts a "
-            "given text shows where it does.")
+        said = f"{copied} of {count(tokens, 'token')} ({copied / tokens:.0%}) were copied from the context (yellow)"
+        if paid:
+            return f"{said}: speculation pays where the answer copies from the prompt or from itself."
+        return (f"{said}, and still speculation did not pay here: copying pays only where a step commits more "
+                "tokens than it costs in AR steps.")
+    if paid:
+        return f"{copied} of {count(tokens, 'token')} were copied from the context: the draft model's windows paid."
+    return (f"{copied} of {count(tokens, 'token')} were copied from the context: on open-ended text a small draft "
+            "agrees with the target too rarely for speculation to pay much; an example that edits, corrects or "
+            "converts a given text shows where it does.")
 
 
 def _where(ar: DecoderRun) -> str:
@@ -149,12 +166,12 @@ def _where(ar: DecoderRun) -> str:
     return f"; AR on {where}" + (", the whole machine" if settings.serial_cpus else "")
 
 
-def _spread(ranked: list[dict[str, DecoderRun]], base: str, n: int) -> str:
-    """' [min–max over n repeats, middle shown]' when there are several repeats."""
+def _spread(ranked: list[dict[str, DecoderRun]], base: str, n: int, shown: str = "the middle one") -> str:
+    """' [min–max over n repeats, the middle one shown]' when there are several repeats."""
     xs = sorted(x for r in ranked if (x := speedup(r.get(base), r["mirror"])[0]) is not None)
     if len(xs) < 2:
         return ""
-    return f" [{xs[0]:.2f}–{xs[-1]:.2f}× over {n} repeats, the middle one shown]"
+    return f" [{xs[0]:.2f}–{xs[-1]:.2f}× over {n} repeats, {shown} shown]"
 
 
 def _reason(rep: dict[str, DecoderRun]) -> str:
@@ -162,12 +179,11 @@ def _reason(rep: dict[str, DecoderRun]) -> str:
     model = latency_model(rep["mirror"], rep["ar"])
     if model is None or not model.t_ar:
         return "the AR run has no timed one-token steps to measure a verification against."
-    gamma = rep["mirror"].gamma
     verify = (model.t_pre + model.t_rv_ee + model.delta) / model.t_ar
     step = model.measured_step / model.t_ar
     tau = model.tau
     modelled = "" if model.speedup is None else f"; the latency model predicts {model.speedup:.2f}×"
-    return (f"each verification (the window of γ+1 = {gamma + 1} tokens and the early-exit readout) cost "
+    return (f"each verification ({window_words(rep['mirror'])} and the early-exit readout) cost "
             f"{verify:.2f} AR steps and committed {tau:.2f} tokens ({tau:.2f} ÷ {verify:.2f} ≈ {tau / verify:.2f}). "
             f"With the draft's waits and acceptance a whole step cost {step:.2f} AR steps ({tau:.2f} ÷ {step:.2f} ≈ "
             f"{tau / step:.2f} per step, the prefill aside{modelled}).")
