@@ -124,7 +124,7 @@ def window_words(run: DecoderRun) -> str:
     if not s.steps or s.drafted == gamma * s.steps:
         return f"the window of γ+1 = {gamma + 1} tokens"
     return (f"windows of {1 + s.drafted / s.steps:.2f} tokens on average, the context's copies beside the draft "
-            f"model's γ+1 = {gamma + 1},")
+            f"model's γ+1 = {gamma + 1}")
 
 
 def chain(mirror: DecoderRun | None, ar: DecoderRun | None, info=None) -> Chain | None:

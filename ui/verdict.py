@@ -12,6 +12,7 @@ import html
 import statistics
 
 from .costs import costs_html, sd_reason, window_words
+from .gauge import DEFINITION as GAUGE, break_even, gauge_html
 from .numbers import MIN_TIMED_STEPS, MIN_TIMED_TOKENS, latency_model, per_repeat, speedup, too_short
 from .render import count
 from .session import DecoderRun, Session
@@ -19,13 +20,15 @@ from .settings import DECODER_TITLES
 
 EMPTY = ("The verdict appears under this line when the runs finish: Mirror-SD against target-only AR and vanilla SD, "
          "and why, in numbers.")  # said by the status line before any run (the verdict's box is empty then)
-DEFINITIONS = ("× AR: AR's wall time ÷ Mirror-SD's for the same tokens (measured; tok/s = new tokens ÷ wall time); AR "
+DEFINITIONS = ("× AR: AR's wall time ÷ Mirror-SD's for the same tokens (measured; tok/s = new tokens ÷ wall time); × "
+               "vanilla SD: SD's wall time ÷ Mirror-SD's, the median over the repeats; AR "
                "is the target alone, on the cores named above (on every core where that is the fastest target-only "
                "decoding here: Mirror-SD splits the cores between its two lanes). "
                "An AR step: the AR run's mean one-token target step (T_AR). A verification: the target's pass over "
                "the γ+1 window positions, early-exit readout included (T_pre + T_rv^ee + Δ). τ: tokens committed per "
-               "verification, correction or bonus included. The fold below holds one step's milliseconds and every "
-               "verify cost from load to run; Learn defines each term.")
+               "verification, correction or bonus included. The prefill: the prompt's forward before the first new "
+               "token (its time is TTFT). Below: one step's milliseconds and every verify cost from load to run; "
+               "Learn defines each term.")
 
 
 def verdict_html(session: Session) -> str:
@@ -66,11 +69,46 @@ def _verdict(session: Session) -> str:
     provisional = (f"<b>Provisional</b> ({timed} of {planned} repeats timed; it updates as each one ends): "
                    if not session.idle.is_set() and timed < planned else "")
     ranked = _ranked(repeats)
-    fold = "" if not ranked else (
-        "<details id='mirror-why-fold'><summary>Where a step's time goes, from load to run</summary>"
-        + costs_html(ranked[(len(ranked) - 1) // 2], session.pair_info) + "</details>")
-    return (provisional + html.escape(verdict_text(repeats))
-            + f"<br><small>{html.escape(how_measured(timed) + ' ' + DEFINITIONS)}</small>" + fold)
+    if not ranked:
+        return provisional + "<b>No verdict</b>: the runs committed no tokens to compare."
+    middle = ranked[(len(ranked) - 1) // 2]
+    return (f"<p class='mirror-headline' id='mirror-headline'>{provisional}{html.escape(headline(repeats))}</p>"
+            + gauge_html(break_even(middle))
+            + "<details id='mirror-why-fold'><summary>Why, in numbers, with every definition</summary>"
+            + f"<p>{html.escape(verdict_text(repeats))}</p>"
+            + f"<p><small>{html.escape(how_measured(timed) + ' ' + DEFINITIONS + ' ' + GAUGE)}</small></p>"
+            + "<p><b>Where a step's time goes, from load to run</b></p>" + costs_html(middle, session.pair_info)
+            + "</details>")
+
+
+def headline(repeats: list[dict[str, DecoderRun]]) -> str:
+    """The verdict in one plain sentence: whether speculation won here, and the one reason that decided it (the
+    step's cost in AR steps against the tokens it committed; the prefill where the steps alone would have won)."""
+    ranked = _ranked(repeats)
+    middle = ranked[(len(ranked) - 1) // 2]
+    x_ar = speedup(middle["ar"], middle["mirror"])[0]
+    x_sd = versus_sd_median(repeats)
+    xs = [x for r in ranked if (x := speedup(r["ar"], r["mirror"])[0]) is not None]
+    besides = "" if x_sd is None else f" ({x_sd:.2f}× vanilla SD's speed)"
+    if noise_note(xs):
+        outcome = f"Speculation tied with AR here: Mirror-SD ran at {x_ar:.2f}× AR's speed{besides}, within timing noise"
+    elif x_ar >= 1:
+        outcome = f"Speculation won here: Mirror-SD ran {x_ar:.2f}× as fast as AR{besides}"
+    else:
+        outcome = f"Speculation lost here: Mirror-SD ran at {x_ar:.2f}× AR's speed{besides}"
+    rows = {r.decoder: r for r in break_even(middle)}
+    step = rows.get("mirror")
+    if step is None:
+        return outcome + "."
+    cost = f"{step.needed:.2f} AR steps"
+    if (step.gap >= 0) != (x_ar >= 1):  # the steps alone point the other way: the prefill decided it
+        ttft = lambda r: 1e3 * (r.summary.ttft_s or 0.0)  # noqa: E731
+        return (f"{outcome}, though each step committed {step.got:.2f} tokens for {cost}: its prefill took "
+                f"{ttft(middle['mirror']):.0f} ms against AR's {ttft(middle['ar']):.0f} ms in "
+                f"{count(middle['mirror'].summary.new_tokens, 'token')}.")
+    if step.gap >= 0:
+        return f"{outcome}, because each step committed {step.got:.2f} tokens for the time of {cost}."
+    return f"{outcome}, because each step cost {cost} but committed only {step.got:.2f} tokens."
 
 
 def how_measured(repeats: int) -> str:
@@ -183,7 +221,9 @@ def _reason(rep: dict[str, DecoderRun]) -> str:
     step = model.measured_step / model.t_ar
     tau = model.tau
     modelled = "" if model.speedup is None else f"; the latency model predicts {model.speedup:.2f}×"
-    return (f"each verification ({window_words(rep['mirror'])} and the early-exit readout) cost "
+    windows = window_words(rep["mirror"])
+    joined = " and" if windows.startswith("the window") else ", and"  # after a list of windows, a comma
+    return (f"each verification ({windows}{joined} the early-exit readout) cost "
             f"{verify:.2f} AR steps and committed {tau:.2f} tokens ({tau:.2f} ÷ {verify:.2f} ≈ {tau / verify:.2f}). "
             f"With the draft's waits and acceptance a whole step cost {step:.2f} AR steps ({tau:.2f} ÷ {step:.2f} ≈ "
             f"{tau / step:.2f} per step, the prefill aside{modelled}).")
