@@ -80,6 +80,14 @@ class RunSummary:
         return [_ratio(a, d) for a, d in zip(self.pos_accepted, self.pos_drafted)]
 
     @property
+    def tau_from_positions(self) -> float | None:
+        """τ(γ) = 1 + α_1 + … + α_γ: the tokens a step of γ draft tokens commits at these per-position acceptances
+        (E[A_t] = Σ_i P(A_t ≥ i)); τ itself where every window had γ tokens. None without steps."""
+        if not self.steps:
+            return None
+        return 1.0 + sum(a for a in self.per_position_acceptance if a is not None)
+
+    @property
     def hit_rate_by_kind(self) -> dict[str, float | None]:
         """The hit rate split by where c landed: slot s_t = A_t + 1 = 1, deeper (1 < s_t ≤ γ), bonus (s_t = γ + 1)."""
         return {k: _ratio(h, b) for k, h, b in zip(KINDS, self.hits_by_kind, self.branched_by_kind)}
@@ -131,6 +139,7 @@ class RunSummary:
             "new_tokens": self.new_tokens, "steps": self.steps, "target_passes": self.target_passes,
             "gamma": self.gamma, "tau": self.tau,
             "acceptance_rate": self.acceptance_rate, "per_position_acceptance": self.per_position_acceptance,
+            "tau_from_positions": self.tau_from_positions,
             "acceptance_histogram": list(self.hist), "hit_rate": self.hit_rate,
             "hit_rate_by_kind": self.hit_rate_by_kind, "fallback_frequency": self.fallback_frequency,
             "exit_overlap": self.exit_overlap, "draft_hidden_fraction": self.draft_hidden_fraction,

@@ -30,6 +30,9 @@ PAGE_STATE_JS = """JSON.stringify({
       name => document.querySelectorAll(".mirror-plot-" + name + " canvas").length),
   spans: document.querySelector(".mirror-plot-gantt")?.dataset.painted | 0,
   racePoints: (document.querySelector(".mirror-plot-race")?.dataset.points || "").split(",").filter(Boolean).map(Number),
+  alpha: JSON.parse(document.querySelector(".mirror-plot-accept")?.dataset.alpha || "{}"),
+  tauRow: [...document.querySelectorAll("#mirror-numbers tr")].filter(r => r.querySelector("th")?.innerText === "τ(γ) from α_i")
+      .flatMap(r => [...r.querySelectorAll("td:not(.mirror-def)")].map(td => td.innerText)),
   top: Object.fromEntries(["mirror-status", "mirror-run", "mirror-tokens-ar", "mirror-tokens-mirror"].map(
       id => [id, (document.getElementById(id)?.getBoundingClientRect().top ?? 1e9) + window.scrollY])),
 })"""

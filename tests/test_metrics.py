@@ -21,6 +21,9 @@ def test_tau_alpha_histogram_and_per_position():
     assert s.acceptance_rate == pytest.approx(10 / 16)
     assert list(s.hist) == [1, 0, 1, 0, 2]
     assert s.per_position_acceptance == pytest.approx([3 / 4, 3 / 4, 2 / 4, 2 / 4])
+    assert list(s.pos_drafted) == [4, 4, 4, 4]                    # n: the windows each α_i is counted over
+    # τ(γ) the curve implies, 1 + Σ α_i, is 1 + mean A_t: the measured τ but for the step the run's end cut short
+    assert s.tau_from_positions == pytest.approx(1 + 10 / 4) and s.tau == pytest.approx(1 + 10 / 4 - 2 / 4)
     assert s.hit_rate == pytest.approx(2 / 3)                     # the first step had no branches
     assert s.fallback_frequency == pytest.approx(1 / 3)
     assert s.hit_rate_by_kind == {"tau1": 0.0, "deeper": 1.0, "bonus": 1.0}

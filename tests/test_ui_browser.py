@@ -35,6 +35,13 @@ def test_page_runs_a_generation_and_shows_tokens_and_plots(pair_root, tmp_path):
         state = run_once(url, shot)
         assert state["tokens"] > 0 and state["arTokens"] > 0
         assert state["spans"] > 0                                  # the lane timeline drew its spans
+        for d, a in state["alpha"].items():  # each α_i with its count n, and the τ(γ) the curve implies ...
+            g = a["gamma"]
+            assert a["n"][0] > 0 and a["tau"] == pytest.approx(1 + sum(k / n for k, n in zip(a["accepted"][:g],
+                                                                                           a["n"][:g]) if n)), a
+        shown = {d: round(a["tau"], 2) for d, a in state["alpha"].items()}  # ... as the numbers table says it
+        assert sorted(shown) == ["mirror", "sd"] and state["tauRow"] == ["—", f"{shown['mirror']:.2f}",
+                                                                        f"{shown['sd']:.2f}"], (shown, state)
         assert os.path.getsize(shot) > 20_000
         top = state["first_top"]  # page y of each element as the page opens, in a 1280x800 window
         assert top["mirror-status"] < 800 and top["mirror-tokens-ar"] < 800, top  # status and streams: first screen
@@ -114,8 +121,18 @@ def test_the_learn_tab_plays_a_step_of_the_last_run_and_shows_its_tree(pair_root
     with served_pair(*build_pair(pair_root, "llama")) as (_, url, browser):
         open_page(browser, url)
         press_run(browser)
-        wait_for(browser, lambda s: "Done" in s["status"] and s["tokens"] > 0, 60)
         state = lambda click=None: json.loads(browser.evaluate(PLAYER_JS % json.dumps(click)) or "{}")  # noqa: E731
+        opened, deadline = "", time.monotonic() + 10
+        while not opened and time.monotonic() < deadline:  # the Learn tab opened before the run's end (and drawn) ...
+            opened = state()["player"]
+            time.sleep(0.2)
+        assert "Showing the recorded example" in opened, opened
+        wait_for(browser, lambda s: "Done" in s["status"] and s["tokens"] > 0, 60)
+        shown, deadline = "", time.monotonic() + 10  # ... follows it there, with no Show pressed
+        while "Showing your last Mirror-SD run" not in shown and time.monotonic() < deadline:
+            shown = state()["player"]
+            time.sleep(0.2)
+        assert "Showing your last Mirror-SD run" in shown and "phase 1 of 6" in shown, shown
         for first, verdict in (("mirror-tree-hit", "Hit: c = "), ("mirror-tree-miss", "Miss: no branch starts with c = ")):
             seen, deadline = [], time.monotonic() + 20
             while time.monotonic() < deadline and "phase 1 of 6" not in (seen[-1]["player"] if seen else ""):

@@ -89,6 +89,29 @@ def test_before_any_run_the_learn_tab_shows_the_recorded_step_in_the_player_tree
     assert "recorded no roofline" in note and "ToyRunner" in note and not plot["visible"]
 
 
+def test_the_player_follows_a_new_mirror_sd_run_once_without_a_show_press():
+    """A comparison's end (and opening the tab) moves the player to the new run's first hit; the same run again
+    leaves a step picked since where it is; a comparison without Mirror-SD goes back to the recorded example."""
+    import gradio as gr
+
+    from ui.learn.example import load_example
+    from ui.learn.tab import follow
+    from ui.learn.tree import first_steps
+
+    skip = (gr.skip(),) * 4
+    assert follow(Session(), None) == skip + (None,)  # before any run: the example stays as it is
+    runs = load_example().runs
+    session = Session()
+    session.runs, session.history = dict(runs), list(runs.values())
+    step, phase, player, tree, key = follow(session, None)
+    assert (step, phase) == (first_steps(runs["mirror"])[0], 1) and key == runs["mirror"].start.t0
+    assert "Showing your last Mirror-SD run" in player and f"<b>Step {step}</b>" in tree
+    assert follow(session, key) == skip + (key,)
+    session.runs = {"ar": runs["ar"]}
+    *_, player, _, key = follow(session, key)
+    assert key is None and "Showing the recorded example" in player
+
+
 def test_an_experiment_the_loaded_pair_cannot_run_is_disabled_with_its_reason(fresh):
     client, demo = fresh
     offer = next(f.fn for f in demo.fns.values() if f.api_name == "experiment_offer")  # its button is not in the API
@@ -231,9 +254,9 @@ def test_a_sweep_says_when_it_measured_a_better_setting_than_the_chosen_one():
 def test_the_whole_machine_factor_is_shown_only_when_its_timings_agree():
     from ui.numbers import machine_line
 
-    def line(ratios):
-        whole = WholeMachine(1, 10.0, 2, 12.0, ratios)
-        settings = SimpleNamespace(whole_machine=whole, draft="d")
+    def line(ratios, all_ms=12.0, serial_cpus=()):
+        whole = WholeMachine(1, 10.0, 2, all_ms, ratios)
+        settings = SimpleNamespace(whole_machine=whole, draft="d", serial_cpus=serial_cpus)
         return html.unescape(machine_line(SimpleNamespace(start=SimpleNamespace(settings=settings))))
 
     assert WholeMachine(1, 10.0, 2, 12.0, (1.05, 1.45, 1.23)).settled  # all on one side: a fact, however spread
@@ -242,6 +265,11 @@ def test_the_whole_machine_factor_is_shown_only_when_its_timings_agree():
     assert "within timing noise" in line(()) and "timed once" in line(())
     settled = line((1.18, 1.22, 1.2, 1.21))
     assert "about 1.20×" in settled and "4 alternated timings" in settled
+    assert "AR here ran on the target lane's 1 core while" in settled
+    # AR ran on every core (faster there at load): the footnote says so, as the verdict does, not the lane's core
+    everywhere = line((0.8, 0.79, 0.81), all_ms=8.0, serial_cpus=(0, 1))
+    assert "AR here ran on all 2 cores, the whole machine" in everywhere and "8.0 ms against 10.0 ms" in everywhere
+    assert "target lane's 1 core while" not in everywhere and "of what it says" not in everywhere
 
 
 def test_the_learn_tab_follows_the_visitors_own_run(app):

@@ -77,6 +77,7 @@ def mirror(steps: int, pre: float, readout: float, suffix: float, accept: float,
                            branch_row=2, t_end=t))
     run.add(RunEnd((5, 6) * steps + (5,), RunSummary(1, new_tokens=2 * steps + 1, steps=steps, committed=2 * steps,
                                                      drafted=steps, accepted=steps, branched_steps=steps, hits=steps,
+                                                     hist=(0, steps), pos_accepted=(steps,), pos_drafted=(steps,),
                                                      wall_s=t, ttft_s=PREFILL), None))
     return run
 
@@ -104,6 +105,48 @@ def test_the_verdict_says_why_mirror_sd_is_slower_with_the_arithmetic():
             "acceptance a whole step cost 2.20 AR steps (2.00 ÷ 2.20 ≈ 0.91 per step, the prefill aside; the latency "
             "model predicts 0.91×).") in text
     assert "mirror-slow" not in verdict_html(session) and "mirror-fast" not in verdict_html(session)  # neutral
+
+
+def _above_the_fold(box: str) -> str:
+    """The verdict's text a reader sees before opening its fold (the fold's summary line included)."""
+    closed = re.sub(r"<details id='mirror-why-fold'><summary>(.*?)</summary>.*</details>", r" \1", box, flags=re.S)
+    return html.unescape(re.sub(r"<[^>]+>", " ", closed))
+
+
+def test_the_verdict_opens_with_one_plain_sentence_then_the_gauge_then_the_fold():
+    """Whether speculation won and the one reason, in at most ~40 words; beside it each speculative decoder's
+    break-even gauge (τ needed: its step in AR steps; τ got); the arithmetic and every definition in the fold."""
+    from ui.gauge import break_even
+
+    lost = {"ar": ar(40), "mirror": mirror(20, 0.010, 0.001, 0.010, 0.001), "sd": mirror(20, **SD, decoder="sd")}
+    box = verdict_html(session_of(lost))
+    head = html.unescape(re.search(r"<p class='mirror-headline' id='mirror-headline'>(.*?)</p>", box).group(1))
+    assert head == ("Speculation lost here: Mirror-SD ran at 0.91× AR's speed (1.09× vanilla SD's speed), because each "
+                    "step cost 2.20 AR steps but committed only 2.00 tokens.")
+    assert len(head.split()) <= 40 and len(_above_the_fold(box).split()) <= 70, _above_the_fold(box)
+    rows = {r.decoder: r for r in break_even(lost)}
+    assert (rows["mirror"].needed, rows["mirror"].got) == pytest.approx((2.2, 2.0))
+    assert (rows["sd"].needed, rows["sd"].got) == pytest.approx((2.4, 2.0))
+    gauge = box.split("<details")[0]
+    assert gauge.index("data-decoder='mirror'") < gauge.index("data-decoder='sd'") and "short by 0.20" in gauge
+    assert gauge.count("mirror-gauge-short'") == 2 and "mirror-gauge-ahead'" not in gauge  # both gaps red
+    fold = html.unescape(box.split("<details")[1])
+    assert "Slower here than AR: each verification" in fold and "τ needed = its mean verification step ÷ T_AR" in fold
+    fast = {"ar": ar(40), "mirror": mirror(20, 0.006, 0.001, 0.006, 0.001)}
+    from ui.verdict import headline
+
+    assert headline([fast]) == ("Speculation won here: Mirror-SD ran 1.41× as fast as AR, because each step committed "
+                                "2.00 tokens for the time of 1.40 AR steps.")
+    assert "mirror-gauge-ahead'" in verdict_html(session_of(fast))
+    tie = [{"ar": ar(40), "mirror": _mirror_at(x)} for x in (0.95, 1.02, 1.05)]
+    assert headline(tie).startswith("Speculation tied with AR here: Mirror-SD ran at 1.02× AR's speed, within timing")
+    from dataclasses import replace as dc_replace
+
+    slow_start = mirror(20, 0.004, 0.001, 0.004, 0.001)  # steps of 1 AR step for 2 tokens, after a 350 ms prefill
+    slow_start.end = dc_replace(slow_start.end, summary=dc_replace(slow_start.end.summary, wall_s=0.6, ttft_s=0.35))
+    assert headline([{"ar": ar(40), "mirror": slow_start}]) == (
+        "Speculation lost here: Mirror-SD ran at 0.68× AR's speed, though each step committed 2.00 tokens for 1.00 AR "
+        "steps: its prefill took 350 ms against AR's 10 ms in 41 tokens.")
 
 
 def test_the_verdict_says_why_mirror_sd_is_faster_and_when_sd_beat_it():
@@ -196,6 +239,16 @@ def test_both_numbers_tables_keep_the_pages_column_order_whatever_order_the_runs
         assert head.index("Target-only AR") < head.index("Mirror-SD") < head.index("Vanilla SD"), head
 
 
+def test_the_numbers_give_each_positions_acceptance_with_its_count_and_the_tau_it_implies():
+    from ui.learn.glossary import GLOSSARY
+
+    table = html.unescape(numbers_html({"ar": ar(40), "mirror": mirror(20, **SD)}))  # γ = 1, every d1 accepted
+    row = lambda label: table.split(f"<th>{label}</th>")[1].split("</tr>")[0]  # noqa: E731
+    assert "<td>—</td><td>α_1 1.00 (n 20)</td>" in row("α_i (n) by position")
+    assert "<td>—</td><td>2.00</td>" in row("τ(γ) from α_i")
+    assert {"α_i (n)", "τ(γ) from α_i"} <= {term for term, _ in GLOSSARY}
+
+
 def test_an_earlier_comparisons_verdict_left_under_a_failed_run_says_so():
     from ui.run_tab import _error_toast
 
@@ -277,6 +330,12 @@ def test_the_step_rule_applies_to_speculative_runs(steps):
 VERDICT_JS = """JSON.stringify({
   top: document.getElementById("mirror-verdict").getBoundingClientRect().top + window.scrollY,
   text: document.getElementById("mirror-verdict").innerText,
+  headline: document.getElementById("mirror-headline")?.innerText || "",
+  fold: document.getElementById("mirror-why-fold")?.textContent || "",
+  open: !!document.getElementById("mirror-why-fold")?.open,
+  gauge: [...document.querySelectorAll("#mirror-gauge .mirror-gauge-row")].map(r => [r.dataset.decoder,
+    r.querySelector(".mirror-gauge-track").getBoundingClientRect().width,
+    r.querySelector(".mirror-gauge-track b").getBoundingClientRect().height]),
   streamDels: [...document.querySelectorAll(".mirror-tokens del.mirror-rejected")].map(d => getComputedStyle(d).display),
   legendDel: getComputedStyle(document.querySelector(".mirror-legend del.mirror-rejected")).display,
   hidden: document.body.classList.contains("mirror-hide-rejected"),
@@ -298,8 +357,14 @@ def test_the_verdict_is_on_the_first_screen_and_rejected_drafts_can_be_hidden(pa
         wait_for(browser, lambda s: "Done" in s["status"] and s["tokens"] > 0, 120)
         page = json.loads(browser.evaluate(VERDICT_JS))
         assert page["top"] < 800, page  # a 1280x800 window: the verdict is on the first screen, under Run
-        assert "× AR (" in page["text"] and "× vanilla SD" in page["text"] and "over 3 repeats" in page["text"], page
-        assert "AR steps and committed" in page["text"] and " ÷ " in page["text"], page
+        # one plain sentence, the break-even gauge, and the fold closed: above it at most 70 words (the wall it was
+        # filled a phone's screen), the sentence at most 40
+        assert page["headline"].startswith("Speculation ") and len(page["headline"].split()) <= 40, page
+        assert len(page["text"].split()) <= 70 and not page["open"] and "over 3 repeats" not in page["text"], page
+        assert [d for d, _, _ in page["gauge"]] == ["mirror", "sd"], page
+        assert all(width > 100 and mark > 0 for _, width, mark in page["gauge"]), page  # each track and its mark shown
+        assert "× vanilla SD" in page["fold"] and "over 3 repeats" in page["fold"], page  # the arithmetic, folded,
+        assert "AR steps and committed" in page["fold"] and "τ needed = " in page["fold"], page  # and the definitions
         assert not page["hidden"] and set(page["streamDels"]) <= {"inline"}, page
         browser.evaluate('document.querySelector("#mirror-hide-rejected input").click()')
         wait_for(browser, lambda s: json.loads(browser.evaluate(VERDICT_JS))["hidden"], 10, poll=0.1)
@@ -407,7 +472,43 @@ def test_the_verdict_says_how_much_was_copied_and_where_speculation_pays():
     from ui.verdict import where_it_pays
 
     run = mirror(20, **SD)
-    assert where_it_pays({"mirror": run}).startswith("0 of 41 tokens were copied from the context: on open-ended")
+    assert where_it_pays({"mirror": run}, False).startswith("0 of 41 tokens were copied from the context: on open-ended")
     run.end = dc_replace(run.end, summary=dc_replace(run.end.summary, source_steps=(0, 0, 10),
                                                      source_drafted=(0, 0, 30), source_accepted=(0, 0, 20)))
-    assert where_it_pays({"mirror": run}).startswith("20 of 41 tokens (49%) were copied from the context (yellow)")
+    paid, lost = where_it_pays({"mirror": run}, True), where_it_pays({"mirror": run}, False)
+    assert paid == ("20 of 41 tokens (49%) were copied from the context (yellow): speculation pays where the answer "
+                    "copies from the prompt or from itself.")
+    # a run that did not pay says where speculation pays only as a condition ("Slower here" then "it pays" read false)
+    assert lost.startswith("20 of 41 tokens (49%) were copied from the context (yellow), and still speculation did "
+                           "not pay here: copying pays only where") and "speculation pays where" not in lost
+
+
+def test_mirror_over_sd_is_the_median_of_the_per_repeat_ratios():
+    """Three repeats, Mirror-SD at 1.11×, 0.91×, 1.41× AR and vanilla SD beside each: the repeat read for Mirror ÷ AR
+    (1.11×) has SD slower, but SD beat Mirror-SD in the other two, so Mirror ÷ SD is their median, below 1."""
+    slow_sd, fast_sd = mirror(20, **SD, decoder="sd"), mirror(20, 0.004, 0.0, 0.004, 0.0, decoder="sd")
+    reps = [{"ar": ar(40), "mirror": _mirror_at(1.11), "sd": slow_sd},
+            {"ar": ar(40), "mirror": _mirror_at(0.91), "sd": fast_sd},
+            {"ar": ar(40), "mirror": _mirror_at(1.41), "sd": mirror(20, 0.003, 0.0, 0.003, 0.0, decoder="sd")}]
+    from ui.numbers import speedup
+    from ui.verdict import versus_sd_median
+
+    ratios = sorted(speedup(r["sd"], r["mirror"])[0] for r in reps)
+    assert speedup(slow_sd, reps[0]["mirror"])[0] > 1 > ratios[1]
+    text = verdict_text(reps)
+    assert versus_sd_median(reps) == pytest.approx(ratios[1])
+    assert f" · {ratios[1]:.2f}× vanilla SD [{ratios[0]:.2f}–{ratios[2]:.2f}× over 3 repeats, the median shown] " \
+           "(SD was faster)" in text, text
+
+
+def test_context_windows_are_quoted_with_their_mean_length():
+    from dataclasses import replace as dc_replace
+
+    from ui.costs import window_words
+
+    run = mirror(20, **SD)
+    assert window_words(run) == "the window of γ+1 = 2 tokens"
+    run.end = dc_replace(run.end, summary=dc_replace(run.end.summary, drafted=160))  # 8 tokens drafted a step
+    assert window_words(run) == "windows of 9.00 tokens on average, the context's copies beside the draft model's " \
+                                "γ+1 = 2"
+    assert "windows of 9.00 tokens on average" in verdict_text([{"ar": ar(40), "mirror": run}])

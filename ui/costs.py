@@ -115,6 +115,16 @@ class Chain:
     t_ar: float                 # this run's T_AR
     readout: float              # T_rv^ee
     step: StepBar               # the Mirror-SD step by part
+    windows: str                # the run's windows in words (window_words: γ+1, or their mean length)
+
+
+def window_words(run: DecoderRun) -> str:
+    """'the window of γ+1 = 2 tokens', or where some windows had another length (context copies) their mean."""
+    s, gamma = run.summary, run.gamma
+    if not s.steps or s.drafted == gamma * s.steps:
+        return f"the window of γ+1 = {gamma + 1} tokens"
+    return (f"windows of {1 + s.drafted / s.steps:.2f} tokens on average, the context's copies beside the draft "
+            f"model's γ+1 = {gamma + 1}")
 
 
 def chain(mirror: DecoderRun | None, ar: DecoderRun | None, info=None) -> Chain | None:
@@ -133,7 +143,7 @@ def chain(mirror: DecoderRun | None, ar: DecoderRun | None, info=None) -> Chain 
     return Chain(mirror.gamma, costs.verify(mirror.gamma) if costs else None, costs.base if costs else None,
                  bool(cal and cal.cached), cal.ms(cal.sequence, "step") if cal else None,
                  whole.lane_ms if whole is not None else None, 1e3 * (model.t_pre + model.delta), (q1, q3),
-                 1e3 * model.t_ar, 1e3 * model.t_rv_ee, bar)
+                 1e3 * model.t_ar, 1e3 * model.t_rv_ee, bar, window_words(mirror))
 
 
 def chain_html(c: Chain) -> str:
@@ -146,8 +156,8 @@ def chain_html(c: Chain) -> str:
         rows.append(("window at load", c.load_window, steps(c.load_window, c.load_t_ar),
                      f"the target's forward of γ+1 = {c.gamma + 1} tokens as the load timed it (the figure the choice "
                      f"of γ, κ modelled with), over the baseline's step then ({c.load_t_ar:.2f} ms)"))
-    rows.append(("window", c.window, steps(c.window), "T_pre + Δ in this run: layers 1..ℓ_e, then ℓ_e+1..N, over "
-                 "the same window (split at ℓ_e)"))
+    rows.append(("window", c.window, steps(c.window), f"T_pre + Δ in this run: layers 1..ℓ_e, then ℓ_e+1..N, over "
+                 f"{c.windows} (split at ℓ_e)"))
     rows.append(("verification", c.window + c.readout, steps(c.window + c.readout),
                  "+ the early-exit readout T_rv^ee (norm, LM head and top-κ at ℓ_e, sent to the draft lane)"))
     total = c.window + c.readout

@@ -48,7 +48,8 @@ def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[s
                 shown = views.build(controls.status, controls.verdict, controls.ran)
             with gr.Tab("Learn", id="learn") as learn_tab:
                 player = learn.build(state, loader, learn_tab)
-        run_tab.wire(demo, loader, presets, state, controls, shown)
+        for ended in run_tab.wire(demo, loader, presets, state, controls, shown):
+            player.follow_after(ended, state)  # the Learn tab's player on the comparison's Mirror-SD run, unasked
         _wire_learn_link(state, shown, tabs, player)
         tabs.select(None, None, None, js=RELAYOUT_JS, api_visibility="private", queue=False)
     demo.queue(max_size=QUEUE_MAX_SIZE, default_concurrency_limit=1)  # one run on the lanes at a time
@@ -93,8 +94,8 @@ def _wire_learn_link(state: gr.State, v: views.Views, tabs: gr.Tabs, player: lea
             raise gr.Error("the step player plays Mirror-SD steps: run Mirror-SD and pick its run in the inspector",
                            print_exception=False)
         s = min(max(int(step or 1), 1), run.steps[-1].step)
-        return (gr.Tabs(selected="learn"), s, 1) + player.views(session, s, 1)
+        return (gr.Tabs(selected="learn"), s, 1) + player.views(session, s, 1) + (learn.follow_key(session),)
 
     v.learn.click(open_in_learn, [state, v.outputs["inspect_run"], v.outputs["inspect_step"]],
-                  [tabs, player.step, player.phase, player.player, player.tree], api_name="inspect_learn",
-                  show_progress="hidden", queue=False)
+                  [tabs, player.step, player.phase, player.player, player.tree, player.followed],
+                  api_name="inspect_learn", show_progress="hidden", queue=False)

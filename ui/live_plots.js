@@ -296,18 +296,22 @@ class Steps extends Plot {
 }
 
 class Acceptance extends Plot {
-  // Histogram of A_t and per-position acceptance α_i = #(A_t ≥ i) / #(D_t ≥ i), from the step records
-  // (a few numbers per decoder: repainted whole).
+  // Histogram of A_t and per-position acceptance α_i = #(A_t ≥ i) / #(D_t ≥ i), each point with its n = #(D_t ≥ i)
+  // (a position past γ is offered only by a longer context window: a few windows), and the τ(γ) the curve implies,
+  // 1 + α_1 + … + α_γ: what a step of the run's γ commits at these acceptances, beside the measured τ (longer
+  // context windows raise it above τ(γ)). From the step records (a few numbers per decoder: repainted whole).
   constructor(decoders) {
     super("accept", "Acceptance", 320, decoders.filter((d) => d !== "ar").map((d) => [cfg.titles[d], cfg.colors[d]]));
     this.decoders = decoders.filter((d) => d !== "ar");
     this.steps = Object.fromEntries(this.decoders.map((d) => [d, []]));
+    this.gammas = {};  // decoder → its run's γ (the feed's B record)
     const w = (this.width - MARGIN.l - MARGIN.r - 80) / 2, h = this.height - MARGIN.t - MARGIN.b - 10;
     this.hist = new Panel(this.ctx, {x: MARGIN.l, y: MARGIN.t + 10, w, h}, "A_t (accepted per step)", "steps", 1, 1);
     this.alpha = new Panel(this.ctx, {x: MARGIN.l + w + 80, y: MARGIN.t + 10, w, h}, "draft position i", "α_i", 1, 1);
     this.draw();
   }
-  add(d, drafted, accepted) { const s = this.steps[d]; if (s) s.push([drafted, accepted]); }
+  add(d, drafted, accepted, committed) { const s = this.steps[d]; if (s) s.push([drafted, accepted, committed]); }
+  gamma(d, g) { if (d in this.steps) this.gammas[d] = g; }
   stats(d) {
     const steps = this.steps[d];
     const gamma = Math.max(1, ...steps.map(([D]) => D));
@@ -316,15 +320,21 @@ class Acceptance extends Plot {
       hist[Math.min(A, gamma)] += 1;
       for (let i = 1; i <= D; i++) { offered[i] += 1; if (A >= i) reached[i] += 1; }
     }
-    return {gamma, hist, alpha: offered.map((o, i) => (i && o ? reached[i] / o : null))};
+    const alpha = offered.map((o, i) => (i && o ? reached[i] / o : null));
+    const g = Math.min(this.gammas[d] || gamma, gamma);  // τ(γ) over the run's γ positions
+    const tau = steps.length ? 1 + alpha.slice(1, g + 1).reduce((sum, v) => sum + (v || 0), 0) : null;
+    const measured = steps.length ? steps.reduce((sum, s) => sum + s[2], 0) / steps.length : null;  // τ = Σ n_t / #steps
+    return {gamma, hist, alpha, reached, offered, g, tau, measured};
   }
   draw() {
     const c = this.ctx, stats = this.decoders.map((d) => this.stats(d));
     const gamma = Math.max(1, ...stats.map((s) => s.gamma));
     this.hist.xmax = gamma + 1; this.hist.ymax = Math.max(1, ...stats.flatMap((s) => s.hist)) * 1.15;
-    this.alpha.xmax = gamma + 1; this.alpha.ymax = 1.05;
-    this.hist.axes("histogram of A_t", true); this.alpha.axes("per-position α_i = #(A_t ≥ i) / #(D_t ≥ i)", true);
+    this.alpha.xmax = gamma + 1; this.alpha.ymax = 1.25;  // room above 1 for the counts and τ(γ)
+    this.hist.axes("histogram of A_t", true);
+    this.alpha.axes("per-position α_i = #(A_t ≥ i) / #(D_t ≥ i), n = #(D_t ≥ i)", true);
     const bw = (this.hist.px(0.8) - this.hist.px(0)) / Math.max(stats.length, 1);
+    c.font = FONT; c.textBaseline = "bottom";
     stats.forEach((s, k) => {
       const color = cfg.colors[this.decoders[k]];
       c.fillStyle = color;
@@ -333,13 +343,26 @@ class Acceptance extends Plot {
       s.alpha.forEach((v, i) => { if (v === null) return; const x = this.alpha.px(i), y = this.alpha.py(v);
                                   if (i === 1) c.moveTo(x, y); else c.lineTo(x, y); c.fillRect(x - 3, y - 3, 6, 6); });
       c.stroke();
+      c.textAlign = "left";  // each point's n, one line per decoder above it
+      s.alpha.forEach((v, i) => { if (v !== null) c.fillText(`n=${s.offered[i]}`, this.alpha.px(i) + 5, this.alpha.py(v) - 4 - 13 * k); });
+      if (s.tau !== null) {
+        c.textAlign = "right";
+        c.fillText(`${cfg.short[this.decoders[k]]}: τ(γ=${s.g}) = 1 + Σ α_i = ${s.tau.toFixed(2)} · measured τ ` +
+                   s.measured.toFixed(2), this.alpha.box.x + this.alpha.box.w - 4, this.alpha.py(1.25) + 14 * (k + 1));
+      }
     });
     this.last = stats;
+    this.el.dataset.alpha = JSON.stringify(Object.fromEntries(this.decoders.map((d, k) => [d, {  // read by tests
+      n: stats[k].offered.slice(1), accepted: stats[k].reached.slice(1), tau: stats[k].tau, gamma: stats[k].g}])));
   }
   describe(x, y) {
     const h = this.hist.at(x, y), a = this.alpha.at(x, y);
     if (h) { const k = Math.floor(h[0]); return this.decoders.map((d, i) => `${cfg.short[d]}: ${this.last[i].hist[k] ?? 0} steps with A_t = ${k}`).join(" · "); }
-    if (a) { const k = Math.round(a[0]); return this.decoders.map((d, i) => { const v = this.last[i].alpha[k]; return `${cfg.short[d]}: α_${k} = ${v == null ? "—" : v.toFixed(3)}`; }).join(" · "); }
+    if (a) {
+      const k = Math.round(a[0]);
+      return this.decoders.map((d, i) => { const s = this.last[i], v = s.alpha[k];
+        return `${cfg.short[d]}: α_${k} = ` + (v == null ? "—" : `${v.toFixed(3)} (${s.reached[k]} of n = ${s.offered[k]} windows)`); }).join(" · ");
+    }
     return "";
   }
 }
@@ -460,13 +483,14 @@ function record(f) {
     const [step, drafted, accepted, committed, fromBranch, hit] = [+f[2], +f[3], +f[4], +f[5], f[6] === "1", f[7]];
     const a = Math.min(accepted, committed);
     S.steps.add(d, step, fromBranch ? a : 0, fromBranch ? 0 : a, committed - a, hit);
-    S.accept.add(d, drafted, accepted);
+    S.accept.add(d, drafted, accepted, committed);
     S.dirty.add("steps"); S.dirty.add("accept");
   } else if (f[0] === "P") {
     const row = S.rows.findIndex(([rd, lane]) => rd === d && lane === f[2]);
     if (row >= 0) { S.gantt.add(row, f[3], +f[4], +f[5], +f[6]); S.dirty.add("gantt"); }
   } else if (f[0] === "B") {
     S.steps.gamma(d, +f[2]);
+    S.accept.gamma(d, +f[2]);
     // each lane's devices, named in its row unless it is the CPU (a spread target: cuda:0+cuda:1)
     S.rows.forEach(([rd, lane], i) => {
       const device = lane === "target" ? f[3] : f[4];

@@ -66,6 +66,14 @@ def _source_cell(run: DecoderRun, source: str) -> str:
     return f"{c['steps']} · {c['accepted']}/{c['proposed']} · {c['mean_accepted_run']:.2f}"
 
 
+def _positions_cell(summary) -> str:
+    """'α_1 0.62 (n 39) · α_2 …': each position's acceptance beside the windows it was counted over."""
+    if not summary.steps:
+        return "—"
+    return " · ".join(f"α_{i} {_f(a / n if n else None, '{:.2f}')} (n {n})"
+                      for i, (a, n) in enumerate(zip(summary.pos_accepted, summary.pos_drafted), 1))
+
+
 def _source_row(source: str, title: str) -> tuple:
     return (f"windows: {title}", lambda r, s: _source_cell(r, source),
             f"steps whose window came from the {title} · tokens accepted / proposed (Σ A_t / Σ D_t) · mean accepted "
@@ -82,6 +90,10 @@ _ROWS = (
     ("speedup vs AR", lambda r, s: _speedup_cell(r, s), "AR wall time / this wall time, same prompt, settings, seed and token count"),
     ("τ", lambda r, s: _f(r.summary.tau, "{:.2f}"), "Σ n_t / #steps: tokens committed per verification, incl. the correction/bonus"),
     ("α", lambda r, s: _f(r.summary.acceptance_rate), "Σ A_t / Σ D_t: share of drafted tokens the target accepted"),
+    ("α_i (n) by position", lambda r, s: _positions_cell(r.summary),
+     "α_i = #(A_t ≥ i) / #(D_t ≥ i) at draft position i = 1..γ, n = #(D_t ≥ i): the windows that offered position i"),
+    ("τ(γ) from α_i", lambda r, s: _f(r.summary.tau_from_positions, "{:.2f}"),
+     "1 + α_1 + … + α_γ: what a step of γ draft tokens commits at these acceptances (= τ when every window had γ)"),
     ("hit rate", lambda r, s: _f(r.summary.hit_rate), "#steps whose correction c was among the early-exit top-κ / #steps with branches"),
     ("fallback frequency", lambda r, s: _f(r.summary.fallback_frequency), "1 − hit rate: steps that needed a fresh draft rollout"),
     ("draft-hidden fraction", lambda r, s: _f(r.summary.draft_hidden_fraction), "Σ|draft busy ∩ target busy| / Σ|draft busy| on one clock"),
@@ -124,23 +136,32 @@ def numbers_html(runs: dict[str, DecoderRun]) -> str:
 
 
 def machine_line(run: DecoderRun) -> str:
-    """The speedups above are against AR on the target lane's cores (the paper's setting: the draft's device is
-    otherwise idle). On a CPU-only machine AR could use every core instead: say what that baseline's step costs."""
+    """Where AR, the baseline of every speedup above, ran: on every core (RunSettings.serial_cpus: the load timed the
+    target's step faster there), or on the target lane's cores (the paper's setting: the draft's device is otherwise
+    idle), and then what AR on every core would cost instead."""
     settings = run.start.settings if run.start else None
     if settings is None or settings.whole_machine is None or settings.draft is None:
         return ""
     w = settings.whole_machine
     lane, lane_ms, every, all_ms = w.lane_cores, w.lane_ms, w.all_cores, w.all_ms
+    cores = f"{lane} core{'s' if lane != 1 else ''}"
+    if settings.serial_cpus:
+        text = (f"Baselines: AR here ran on all {len(settings.serial_cpus)} cores, the whole machine: the load timed "
+                f"the target's one-token step there at {all_ms:.1f} ms against {lane_ms:.1f} ms on the target lane's "
+                f"{cores} (medians of {len(w.ratios)} alternated timings, every one on the same side), so every "
+                f"speedup above is against the fastest target-only decoding here; Mirror-SD's target keeps its lane's "
+                f"{cores} while the draft lane has its own.")
+        return f"<p class='mirror-def'>{html.escape(text)}</p>"
     ratio = all_ms / lane_ms if lane_ms else 1.0
     if not w.settled:  # the alternated timings disagree on which is faster: noise, not a fact about the cores
         spread = (f" ({len(w.ratios)} alternated timings at load read {min(w.ratios):.2f}–{max(w.ratios):.2f}×)"
                   if w.ratios else " (timed once at load)")
-        text = (f"Baselines: AR here ran on the target lane's {lane} core{'s' if lane != 1 else ''} while the draft "
+        text = (f"Baselines: AR here ran on the target lane's {cores} while the draft "
                 f"lane had its own (the paper's setting). AR on all {every} cores is not shown as faster or slower: "
                 f"its one-token step against the lane's was within timing noise{spread}; `python -m mirror_core "
                 "bench` measures ar_all.")
         return f"<p class='mirror-def'>{html.escape(text)}</p>"
-    text = (f"Baselines: AR here ran on the target lane's {lane} core{'s' if lane != 1 else ''} while the draft lane "
+    text = (f"Baselines: AR here ran on the target lane's {cores} while the draft lane "
             f"had its own (the paper's setting). On all {every} cores the target's one-token step takes {all_ms:.1f} ms "
             f"instead of {lane_ms:.1f} ms (medians of {len(w.ratios)} alternated timings at load, every one on the "
             "same side), so against AR on the whole machine each speedup above is "

@@ -134,7 +134,8 @@ def view(components: dict, session: Session, tick: Tick, deltas: Deltas) -> dict
 
 
 def wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], state: gr.State, c: Controls,
-         v: Views) -> None:
+         v: Views) -> list:
+    """The Run tab's events; returns the two that end a comparison (Run's, and Stop's), for what follows them."""
     components = {**v.outputs, STATE: state}
     outputs = [components[name] for name in (*OUTPUT_NAMES, STATE)]  # the endpoints' output order
 
@@ -165,11 +166,12 @@ def wire(demo: gr.Blocks, loader: EngineLoader, presets: list[PairPreset], state
     run_evt.then(_error_toast, state, None, api_visibility="private", concurrency_limit=None, show_progress="hidden")
     replay_evt = c.replay.click(on_replay, [state, c.replay_speed], outputs, api_name="replay", concurrency_limit=8,
                                 show_progress="hidden")
-    c.stop.click(on_stop, [state], outputs, api_name="stop", cancels=[run_evt, replay_evt], concurrency_limit=None,
-                 show_progress="hidden")
+    stop_evt = c.stop.click(on_stop, [state], outputs, api_name="stop", cancels=[run_evt, replay_evt],
+                            concurrency_limit=None, show_progress="hidden")
     demo.unload(on_unload)
     _wire_inspector(state, v)
     _wire_pickers(presets, c, v)
+    return [run_evt, stop_evt]
 
 
 def _error_toast(session: Session) -> None:

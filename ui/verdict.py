@@ -3,27 +3,32 @@ the figures the numbers panel already computed (ui/numbers.py: the measured wall
 model's stage means from the engine's spans and counters). Nothing here is timed by the page.
 
 With several repeats the line reads the middle repeat (its Mirror ÷ AR is the median for an odd count), so every
-figure in the sentence comes from one repeat and the division can be redone; the range covers all repeats.
+figure of its arithmetic comes from one repeat and the division can be redone; the range covers all repeats. Mirror ÷
+vanilla SD is the median of the per-repeat ratios (the middle repeat by Mirror ÷ AR need not be SD's middle one).
 """
 from __future__ import annotations
 
 import html
 import statistics
 
-from .costs import costs_html, sd_reason
+from .costs import costs_html, sd_reason, window_words
+from .gauge import DEFINITION as GAUGE, break_even, gauge_html
 from .numbers import MIN_TIMED_STEPS, MIN_TIMED_TOKENS, latency_model, per_repeat, speedup, too_short
+from .render import count
 from .session import DecoderRun, Session
 from .settings import DECODER_TITLES
 
 EMPTY = ("The verdict appears under this line when the runs finish: Mirror-SD against target-only AR and vanilla SD, "
          "and why, in numbers.")  # said by the status line before any run (the verdict's box is empty then)
-DEFINITIONS = ("× AR: AR's wall time ÷ Mirror-SD's for the same tokens (measured; tok/s = new tokens ÷ wall time); AR "
+DEFINITIONS = ("× AR: AR's wall time ÷ Mirror-SD's for the same tokens (measured; tok/s = new tokens ÷ wall time); × "
+               "vanilla SD: SD's wall time ÷ Mirror-SD's, the median over the repeats; AR "
                "is the target alone, on the cores named above (on every core where that is the fastest target-only "
                "decoding here: Mirror-SD splits the cores between its two lanes). "
                "An AR step: the AR run's mean one-token target step (T_AR). A verification: the target's pass over "
                "the γ+1 window positions, early-exit readout included (T_pre + T_rv^ee + Δ). τ: tokens committed per "
-               "verification, correction or bonus included. The fold below holds one step's milliseconds and every "
-               "verify cost from load to run; Learn defines each term.")
+               "verification, correction or bonus included. The prefill: the prompt's forward before the first new "
+               "token (its time is TTFT). Below: one step's milliseconds and every verify cost from load to run; "
+               "Learn defines each term.")
 
 
 def verdict_html(session: Session) -> str:
@@ -64,11 +69,46 @@ def _verdict(session: Session) -> str:
     provisional = (f"<b>Provisional</b> ({timed} of {planned} repeats timed; it updates as each one ends): "
                    if not session.idle.is_set() and timed < planned else "")
     ranked = _ranked(repeats)
-    fold = "" if not ranked else (
-        "<details id='mirror-why-fold'><summary>Where a step's time goes, from load to run</summary>"
-        + costs_html(ranked[(len(ranked) - 1) // 2], session.pair_info) + "</details>")
-    return (provisional + html.escape(verdict_text(repeats))
-            + f"<br><small>{html.escape(how_measured(timed) + ' ' + DEFINITIONS)}</small>" + fold)
+    if not ranked:
+        return provisional + "<b>No verdict</b>: the runs committed no tokens to compare."
+    middle = ranked[(len(ranked) - 1) // 2]
+    return (f"<p class='mirror-headline' id='mirror-headline'>{provisional}{html.escape(headline(repeats))}</p>"
+            + gauge_html(break_even(middle))
+            + "<details id='mirror-why-fold'><summary>Why, in numbers, with every definition</summary>"
+            + f"<p>{html.escape(verdict_text(repeats))}</p>"
+            + f"<p><small>{html.escape(how_measured(timed) + ' ' + DEFINITIONS + ' ' + GAUGE)}</small></p>"
+            + "<p><b>Where a step's time goes, from load to run</b></p>" + costs_html(middle, session.pair_info)
+            + "</details>")
+
+
+def headline(repeats: list[dict[str, DecoderRun]]) -> str:
+    """The verdict in one plain sentence: whether speculation won here, and the one reason that decided it (the
+    step's cost in AR steps against the tokens it committed; the prefill where the steps alone would have won)."""
+    ranked = _ranked(repeats)
+    middle = ranked[(len(ranked) - 1) // 2]
+    x_ar = speedup(middle["ar"], middle["mirror"])[0]
+    x_sd = versus_sd_median(repeats)
+    xs = [x for r in ranked if (x := speedup(r["ar"], r["mirror"])[0]) is not None]
+    besides = "" if x_sd is None else f" ({x_sd:.2f}× vanilla SD's speed)"
+    if noise_note(xs):
+        outcome = f"Speculation tied with AR here: Mirror-SD ran at {x_ar:.2f}× AR's speed{besides}, within timing noise"
+    elif x_ar >= 1:
+        outcome = f"Speculation won here: Mirror-SD ran {x_ar:.2f}× as fast as AR{besides}"
+    else:
+        outcome = f"Speculation lost here: Mirror-SD ran at {x_ar:.2f}× AR's speed{besides}"
+    rows = {r.decoder: r for r in break_even(middle)}
+    step = rows.get("mirror")
+    if step is None:
+        return outcome + "."
+    cost = f"{step.needed:.2f} AR steps"
+    if (step.gap >= 0) != (x_ar >= 1):  # the steps alone point the other way: the prefill decided it
+        ttft = lambda r: 1e3 * (r.summary.ttft_s or 0.0)  # noqa: E731
+        return (f"{outcome}, though each step committed {step.got:.2f} tokens for {cost}: its prefill took "
+                f"{ttft(middle['mirror']):.0f} ms against AR's {ttft(middle['ar']):.0f} ms in "
+                f"{count(middle['mirror'].summary.new_tokens, 'token')}.")
+    if step.gap >= 0:
+        return f"{outcome}, because each step committed {step.got:.2f} tokens for the time of {cost}."
+    return f"{outcome}, because each step cost {cost} but committed only {step.got:.2f} tokens."
 
 
 def how_measured(repeats: int) -> str:
@@ -109,18 +149,28 @@ def verdict_text(repeats: list[dict[str, DecoderRun]]) -> str:
     head = (f"Mirror-SD {x_ar:.2f}× AR ({middle['mirror'].summary.tokens_per_s:.1f} vs "
             f"{middle['ar'].summary.tokens_per_s:.1f} tok/s{_where(middle['ar'])})" + _spread(ranked, "ar", len(repeats)))
     versus_sd = " Tick Vanilla SD for Mirror ÷ SD."
-    if "sd" in middle and ratio(middle, "sd") is not None:
-        x_sd = ratio(middle, "sd")
-        head += (f" · {x_sd:.2f}× vanilla SD" + _spread([r for r in ranked if "sd" in r], "sd", len(repeats))
+    x_sd = versus_sd_median(repeats)
+    if x_sd is not None:
+        with_sd = [r for r in repeats if speedup(r.get("sd"), r["mirror"])[0] is not None]
+        head += (f" · {x_sd:.2f}× vanilla SD" + _spread(with_sd, "sd", len(with_sd), "the median")
                  + (" (SD was faster)" if x_sd < 1 else ""))
-        versus_sd = " " + sd_reason(middle["sd"], middle["mirror"])
+        if "sd" in middle:
+            versus_sd = " " + sd_reason(middle["sd"], middle["mirror"])
     return (f"{head}. {'Faster' if x_ar >= 1 else 'Slower'} here than AR: {_reason(middle)}{_noise(ranked)}"
-            f"{versus_sd} {where_it_pays(middle)}")
+            f"{versus_sd} {where_it_pays(middle, x_ar >= 1)}")
 
 
-def where_it_pays(rep: dict[str, DecoderRun]) -> str:
+def versus_sd_median(repeats: list[dict[str, DecoderRun]]) -> float | None:
+    """Mirror ÷ vanilla SD: the median of the per-repeat ratios (each repeat's SD wall ÷ Mirror-SD wall), not the
+    ratio of the repeat read for Mirror ÷ AR (that one can say Mirror-SD won where SD's median beat it)."""
+    xs = [x for r in repeats if (x := speedup(r.get("sd"), r["mirror"])[0]) is not None]
+    return statistics.median(xs) if xs else None
+
+
+def where_it_pays(rep: dict[str, DecoderRun], paid: bool) -> str:
     """How much of the answer the speculative decoders copied from the context, and what that says about where
-    speculation pays (copied, predictable text) and where it cannot (open prose with a weak draft)."""
+    speculation pays (copied, predictable text) and where it cannot (open prose with a weak draft); `paid`: whether
+    Mirror-SD beat AR here (where it did not, where it pays is said as a condition)."""
     runs = [r for d, r in rep.items() if d in ("mirror", "sd") and r.summary is not None]
     if not runs:
         return ""
@@ -129,11 +179,16 @@ def where_it_pays(rep: dict[str, DecoderRun]) -> str:
     if not best.start or not best.start.settings.request.spec.context.enabled:
         return "The context draft was off: only the draft model proposed."
     if tokens and copied / tokens >= 0.25:
-        return (f"{copied} of {tokens} tokens ({copied / tokens:.0%}) were copied from the context (yellow): "
-                "speculation pays where the answer copies from the prompt or from itself.")
-    return (f"{copied} of {tokens} tokens were copied from the context: on open-ended text a small draft agrees "
-            "with the target too rarely for speculation to pay much; an example that edits, corrects or converts a "
-            "given text shows where it does.")
+        said = f"{copied} of {count(tokens, 'token')} ({copied / tokens:.0%}) were copied from the context (yellow)"
+        if paid:
+            return f"{said}: speculation pays where the answer copies from the prompt or from itself."
+        return (f"{said}, and still speculation did not pay here: copying pays only where a step commits more "
+                "tokens than it costs in AR steps.")
+    if paid:
+        return f"{copied} of {count(tokens, 'token')} were copied from the context: the draft model's windows paid."
+    return (f"{copied} of {count(tokens, 'token')} were copied from the context: on open-ended text a small draft "
+            "agrees with the target too rarely for speculation to pay much; an example that edits, corrects or "
+            "converts a given text shows where it does.")
 
 
 def _where(ar: DecoderRun) -> str:
@@ -149,12 +204,12 @@ def _where(ar: DecoderRun) -> str:
     return f"; AR on {where}" + (", the whole machine" if settings.serial_cpus else "")
 
 
-def _spread(ranked: list[dict[str, DecoderRun]], base: str, n: int) -> str:
-    """' [min–max over n repeats, middle shown]' when there are several repeats."""
+def _spread(ranked: list[dict[str, DecoderRun]], base: str, n: int, shown: str = "the middle one") -> str:
+    """' [min–max over n repeats, the middle one shown]' when there are several repeats."""
     xs = sorted(x for r in ranked if (x := speedup(r.get(base), r["mirror"])[0]) is not None)
     if len(xs) < 2:
         return ""
-    return f" [{xs[0]:.2f}–{xs[-1]:.2f}× over {n} repeats, the middle one shown]"
+    return f" [{xs[0]:.2f}–{xs[-1]:.2f}× over {n} repeats, {shown} shown]"
 
 
 def _reason(rep: dict[str, DecoderRun]) -> str:
@@ -162,12 +217,13 @@ def _reason(rep: dict[str, DecoderRun]) -> str:
     model = latency_model(rep["mirror"], rep["ar"])
     if model is None or not model.t_ar:
         return "the AR run has no timed one-token steps to measure a verification against."
-    gamma = rep["mirror"].gamma
     verify = (model.t_pre + model.t_rv_ee + model.delta) / model.t_ar
     step = model.measured_step / model.t_ar
     tau = model.tau
     modelled = "" if model.speedup is None else f"; the latency model predicts {model.speedup:.2f}×"
-    return (f"each verification (the window of γ+1 = {gamma + 1} tokens and the early-exit readout) cost "
+    windows = window_words(rep["mirror"])
+    joined = " and" if windows.startswith("the window") else ", and"  # after a list of windows, a comma
+    return (f"each verification ({windows}{joined} the early-exit readout) cost "
             f"{verify:.2f} AR steps and committed {tau:.2f} tokens ({tau:.2f} ÷ {verify:.2f} ≈ {tau / verify:.2f}). "
             f"With the draft's waits and acceptance a whole step cost {step:.2f} AR steps ({tau:.2f} ÷ {step:.2f} ≈ "
             f"{tau / step:.2f} per step, the prefill aside{modelled}).")

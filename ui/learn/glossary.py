@@ -16,6 +16,11 @@ GLOSSARY = (
     ("τ flat beyond γ = 1", "When the draft rarely gets its first token right, a longer window adds nothing: d2 counts "
                             "only if d1 was accepted, so τ(γ) = 1 + a_1 + a_1·a_2 + … stays near 1 + a_1 and the "
                             "γ experiment's τ line is flat while each longer window still costs verification time."),
+    ("α_i (n)", "Per-position acceptance: #(A_t ≥ i) / #(D_t ≥ i), the share of windows that offered draft position "
+                "i whose first i tokens were all accepted; n = #(D_t ≥ i), the windows counted (a position past γ "
+                "is offered only by a longer context window, so its n is small)."),
+    ("τ(γ) from α_i", "1 + α_1 + … + α_γ: the tokens a step of γ draft tokens commits at the per-position "
+                      "acceptances (the mean A_t plus the correction or bonus); τ itself when every window had γ."),
     ("slot", "Slot j (1..γ+1) holds the target's check of draft token d_j: the token it would put in d_j's place. Slot "
              "γ+1 is the bonus slot, after the last draft token. Every view numbers slots 1..γ+1."),
     ("A_t, D_t", "At step t: D_t draft tokens presented (γ) and A_t of them accepted (0..γ), first to last until the "

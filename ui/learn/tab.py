@@ -57,17 +57,27 @@ MEASURED, SHAPED = "as measured", "accelerator-shaped (modelled)"  # the player'
 
 @dataclass(frozen=True)
 class StepPlayer:
-    """The step player's components, for the Run tab's "slow this step down" link."""
+    """The step player's components, for the Run tab's "slow this step down" link and its end of a comparison."""
 
     step: gr.Number
     phase: gr.Slider
     player: gr.HTML
     tree: gr.HTML
+    followed: gr.State  # the run the player last moved to by itself (follow_key), so that it moves once per run
+    timeline: gr.Radio
     views: Callable  # (session, step, phase) → (player HTML, tree HTML)
+
+    def follow_after(self, event, state: gr.State) -> None:
+        """After `event` (a comparison's end), the player on the session's newest Mirror-SD run."""
+        event.then(follow, [state, self.followed, self.timeline],
+                   [self.step, self.phase, self.player, self.tree, self.followed], api_visibility="private",
+                   queue=False, show_progress="hidden")
 
 
 def build(state: gr.State, loader, tab: gr.Tab) -> StepPlayer:
     player = _step(state)
+    tab.select(follow, [state, player.followed, player.timeline],
+               [player.step, player.phase, player.player, player.tree, player.followed], api_name=False, queue=False)
     _experiments(state, loader, tab)
     _whatif(state, loader, tab)
     return player
@@ -97,6 +107,24 @@ def step_views(session: Session, s, k, timeline: str = MEASURED) -> tuple[str, s
             f"{html.escape(ACCELERATOR_MODELLED)} (one AR step: {t_ar:.1f} ms); kept as measured: "
             f"{html.escape(ACCELERATOR_KEPT)}. Not a measurement.</p>")
     return source_line(example) + note + player_html(shaped, s, int(k) - 1, None, modelled=True), tree_html(run, s)
+
+
+def follow_key(session: Session) -> float | None:
+    """Which run the player shows on its own: the session's Mirror-SD run (its start time), None for the example."""
+    run = shown_runs(session)[0].get("mirror")
+    return run.start.t0 if run is not None and run.start is not None and session.runs.get("mirror") is run else None
+
+
+def follow(session: Session, followed, shape=MEASURED):
+    """(step, phase, player, tree, followed): a run the player has not followed yet (a comparison ended, or the tab
+    opened after one) shown at its first hit, phase 1, without a Show press; nothing changes for the same run, so a
+    step picked since stays."""
+    key = follow_key(session)
+    if key == followed:
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), followed
+    run = shown_runs(session)[0].get("mirror")
+    s = first_steps(run)[0] or (run.steps[0].step if run is not None and run.steps else None)
+    return (s, 1) + step_views(session, s, 1, shape) + (key,)
 
 
 def _first_step() -> int | None:
@@ -164,6 +192,7 @@ def _step(state: gr.State) -> StepPlayer:
     show.click(step_views, at, [player, tree], api_name="tree", queue=False)
     phase.release(step_views, at, [player, tree], api_name=False, queue=False)
     timeline.change(step_views, at, [player, tree], api_name=False, queue=False)
+    followed = gr.State(None)  # the recorded example: follow_key's None
     back.click(lambda session, s, k, shape: (max(int(k) - 1, 1),) + step_views(session, s, max(int(k) - 1, 1), shape),
                at, [phase, player, tree], api_name=False, queue=False)
     forward.click(_one_phase_on, at, [phase, player, tree], api_name="player_next", queue=False)
@@ -172,7 +201,7 @@ def _step(state: gr.State) -> StepPlayer:
     pause.click(lambda: gr.Timer(active=False), None, timer, api_name=False, queue=False)
     speed.change(lambda v: gr.Timer(SPEEDS[v]), speed, timer, api_name=False, queue=False)
     timer.tick(_tick, at, [phase, player, tree, timer], api_name=False, queue=False)
-    return StepPlayer(step, phase, player, tree, step_views)
+    return StepPlayer(step, phase, player, tree, followed, timeline, step_views)
 
 
 @dataclass(frozen=True)
