@@ -219,6 +219,10 @@ def generate(args) -> int:
                 print(f"-- target: {engine.info.roofline.describe}")
             if engine.info.target_dtype is not None:
                 print(f"-- the function that wrote this: {function_line(engine.info)}")
+            whole = engine.info.whole_machine
+            if whole is not None and whole.busy:
+                print(f"-- note: another process took the cores while the load timed them (its step timings spread "
+                      f"{whole.spread:.1f}x); the figures above are the best of them")
             note = engine.info.spec_note(request.spec) if request.decoder != "ar" else ""
             if note:
                 print(f"-- settings: γ {request.spec.gamma}, κ {request.spec.kappa} {note}")

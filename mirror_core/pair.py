@@ -4,7 +4,6 @@ and its early-exit readout; its dtype and call-shape check timed where it runs (
 draft lane's spec; γ, κ chosen for this machine."""
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Mapping
 
@@ -235,9 +234,9 @@ def time_target(runner, vocab: int, lanes: LaneConfig, config) -> TargetTiming:
                 whole_machine.append(step_ms(runner))
         with pinned(every, len(every), kernel):  # every core's read bandwidth: the whole-machine roofline
             gbs = lane_read_gbs(runner)
-        whole = WholeMachine(len(lanes.target_cpus), statistics.median(lane), len(every),
-                             statistics.median(whole_machine),
-                             tuple(round(a / b, 3) for a, b in zip(whole_machine, lane)), gbs)
+        whole = WholeMachine(len(lanes.target_cpus), min(lane), len(every), min(whole_machine),
+                             tuple(round(a / b, 3) for a, b in zip(whole_machine, lane)), gbs,
+                             round(max(max(lane) / min(lane), max(whole_machine) / min(whole_machine)), 3))
     return TargetTiming(dtype, rows, whole)
 
 

@@ -264,17 +264,28 @@ class Roofline:
 def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
+
+BUSY_SPREAD = 1.5  # WholeMachine.busy: a series of step timings whose slowest is this many times its best
+
+
 @dataclass(frozen=True)
 class WholeMachine:
     """The target's one-token step timed at load on its lane's cores and on every core of the machine (the
     whole-machine baseline: AR with nothing else running), when the target lane was given some of the cores."""
 
     lane_cores: int
-    lane_ms: float                    # median over the alternated timings
+    lane_ms: float                    # the best of the alternated timings (the least interference: a cost)
     all_cores: int
-    all_ms: float                     # median over the alternated timings
+    all_ms: float                     # the best of the alternated timings
     ratios: tuple[float, ...] = ()    # all-cores step ÷ lane step, one per alternated pair of timings
     read_gbs: float = 0.0             # every core reading together (GB/s, measured; 0: not measured)
+    spread: float = 1.0               # within each series, its slowest timing ÷ its best (the larger of the two)
+
+    @property
+    def busy(self) -> bool:
+        """Whether another process took the cores while the load timed them: one series' timings spread by more
+        than BUSY_SPREAD (a quiet machine's repeat within a few per cent)."""
+        return self.spread > BUSY_SPREAD
 
     @property
     def settled(self) -> bool:
