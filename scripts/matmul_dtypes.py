@@ -20,7 +20,7 @@ sys.path.insert(0, ROOT)
 
 
 def main(argv: list[str] | None = None) -> None:
-    from transformers import AutoModelForCausalLM
+    from mirror_core.models.loading import ModelSpec, load_model
 
     from mirror_core.machine import cpu_model
     from mirror_core.runners.fast import FastLlamaRunner
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--iters", type=int, default=50)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    runner = FastLlamaRunner(AutoModelForCausalLM.from_pretrained(args.model).eval())
+    runner = FastLlamaRunner(load_model(ModelSpec(args.model)))  # float32 (the toy target's GGUF dequantised)
     weights = [w for layer in runner.layers for w in (layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down)]
     weights.append(runner.lm_head)
     rows = [int(m) for m in args.rows.split(",")]

@@ -85,7 +85,8 @@ def build_pair(root: str, arch: str, target_layers: int = 4, hidden: int = 64, s
 
 
 def hf_greedy(path: str, prompt: tuple[int, ...], n: int) -> list[int]:
-    """The reference: transformers' own greedy generate."""
+    """The reference: transformers' own loading (its GGUF loader for a folder whose weights are a GGUF, as the toy
+    target's are) and its own greedy generate."""
 
     model = _cached_model(path)
     out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=0)
@@ -98,8 +99,11 @@ _MODELS: dict = {}
 def _cached_model(path: str):
     from transformers import AutoModelForCausalLM
 
+    from mirror_core.models.gguf_blocks import WEIGHTS_FILE, own_gguf
+
     if path not in _MODELS:
-        _MODELS[path] = AutoModelForCausalLM.from_pretrained(path).eval()
+        gguf = {"gguf_file": WEIGHTS_FILE, "dtype": torch.float32} if own_gguf(path) else {}
+        _MODELS[path] = AutoModelForCausalLM.from_pretrained(path, **gguf).eval()
     return _MODELS[path]
 
 

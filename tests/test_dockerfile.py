@@ -50,7 +50,8 @@ def test_dockerignore_follows_dockers_matching():
     patterns = check.dockerignore(ROOT)
     for path, out in ((".venv/bin/python", True), (".git/HEAD", True), ("ui/__pycache__/a.pyc", True),
                       ("docs/bench/x/y/bench.html", True), ("app.py", False), ("assets/default_pair/target", False),
-                      ("docs/bench/README.md", False)):
+                      ("docs/bench/README.md", False), ("assets/default_pair/target/model.gguf", False),
+                      ("assets/default_pair/target/model.gguf.index.json", True)):
         assert check.ignored(path, patterns) is out, path
     assert check.ignored("keep.txt", ["*.txt", "!keep.txt"]) is False and check.ignored("a/b.txt", ["*.txt"]) is False
 

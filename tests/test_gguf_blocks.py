@@ -223,13 +223,27 @@ def test_an_engine_on_a_quantised_gguf_streams_its_blocks_and_every_decoder_equa
 
 
 @needs_kernel
-def test_int8_without_blocks_is_a_clear_error():
-    """--dtype int8 needs the target's own GGUF blocks; a plain folder (the toy target) says so before it runs."""
+def test_int8_without_blocks_is_a_clear_error(pairs):
+    """--dtype int8 needs the target's own GGUF blocks; a plain safetensors folder says so before it runs."""
+    from mirror_core.config import MirrorError
+
+    with pytest.raises(MirrorError, match="--dtype int8 runs a GGUF target's own blocks"):
+        MirrorEngine.load(pairs["llama"][0], None, LaneConfig(kind="inline", dtype="int8"))
+
+
+def test_a_folder_whose_gguf_does_not_fit_its_config_is_one_clear_error(tmp_path):
+    """A folder's own GGUF (the toy target's kind) of another model, or not a GGUF at all: one line, nothing loaded."""
     from mirror_core.config import MirrorError
     from mirror_core.models.pairs import TOY_TARGET
 
-    with pytest.raises(MirrorError, match="--dtype int8 runs a GGUF target's own blocks"):
-        MirrorEngine.load(TOY_TARGET, None, LaneConfig(kind="inline", dtype="int8"))
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(TOY_TARGET, name), tmp_path / name)
+    write_tiny_gguf(str(tmp_path / "model.gguf"), quantised=True)
+    for contents in (None, b"GGUF, but not really"):
+        if contents is not None:
+            (tmp_path / "model.gguf").write_bytes(contents)
+        with pytest.raises(MirrorError, match="as the Llama model its config.json describes"):
+            load_model(ModelSpec(str(tmp_path), "cpu"))
 
 
 def test_the_tensor_index_is_kept_and_refreshed_when_the_file_changes(folder, monkeypatch):

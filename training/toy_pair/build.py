@@ -9,7 +9,8 @@ disk/memory: 1-layer drafts keep the fp16 total of the three models under 48 MB.
 
 Default shapes (TrainConfig) and why, from one-token cached step times after a 128-token prefix
 (measured: docs/BENCHMARKS.md):
-- target: 10 layers, hidden 384, 6 heads / 2 KV heads, MLP 1024 → 17.3 M params, 34.6 MB fp16; ℓ_e = 5.
+- target: 10 layers, hidden 384, 6 heads / 2 KV heads, MLP 1024 → 17.3 M params, 34.6 MB fp16 (shipped as an
+  18.5 MB Q8_0 GGUF: to_gguf.py); ℓ_e = 5.
 - AR draft: 1 layer of the same width → 3.15 M params, 6.3 MB; the same layer at hidden 256 saved
   too little time to give up the initialisation.
 - SS draft: 1 layer, N_s = 1, 2 streams → 3.15 M params, 6.3 MB; its streams cost less per step

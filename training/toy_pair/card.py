@@ -15,26 +15,47 @@ def _models_section(c: dict) -> list[str]:
     rows = []
     for key, label in NAMES.items():
         s, t, loss = c["sizes"][key], c["training"][key], c["val_loss"][key]
-        rows.append([label, s["layers"], s["hidden_size"], f"{s['params'] / 1e6:.2f} M", f"{s['safetensors_mb']:.1f}",
-                     f"{t['seconds'] / 60:.1f}", t["device"], t["steps"], f"{t['tokens'] / 1e6:.2f} M",
-                     loss.get("code", float("nan")), loss.get("prose", float("nan"))])
+        rows.append([label, s["layers"], s["hidden_size"], f"{s['params'] / 1e6:.2f} M", s["format"],
+                     f"{s['file_mb']:.1f}", f"{t['seconds'] / 60:.1f}", t["device"], t["steps"],
+                     f"{t['tokens'] / 1e6:.2f} M", loss.get("code", float("nan")), loss.get("prose", float("nan"))])
+    load = c["decode_step_load"]
     return (["## Models", ""]
-            + _table(["model", "layers", "hidden", "params", "fp16 MB", "train min", "device", "steps", "train tokens",
-                      "val loss code", "val loss prose"], rows)
-            + _continued(c["training"]["target"]) + _unlikelihood(c) + _how_trained(c["config"]) + _continuations(c)
-            + ["", f"Total fp16 weights: {c['sizes']['total_safetensors_mb']:.1f} MB. Validation loss in nats/token "
-                   "on held-out files (teacher-forced, context as trained).", "",
+            + _table(["model", "layers", "hidden", "params", "weights", "MB", "train min", "device", "steps",
+                      "train tokens", "val loss code", "val loss prose"], rows)
+            + _continued(c["training"]["target"]) + _unlikelihood(c) + _how_trained(c) + _continuations(c)
+            + _target_gguf(c.get("target_gguf"))
+            + ["", f"Total weights on disk: {c['sizes']['total_mb']:.1f} MB. Validation loss in nats/token "
+                   "on held-out files (teacher-forced, context as trained), of the weights as shipped.", "",
                "One-token cached decode step (Hugging Face eager forward, fp32 on CPU, 1 intra-op thread, "
                "median, measured when this card was evaluated; the SS step includes its streams): "
-               + ", ".join(f"{NAMES[k]} {v:.2f} ms" for k, v in c["decode_step_ms"].items()) + ".", ""])
+               + ", ".join(f"{NAMES[k]} {v:.2f} ms" for k, v in c["decode_step_ms"].items())
+               + f"; the machine's 1-minute load average was {load['load_average_1min']:.1f} on {load['cpus']} "
+                 "CPUs as they ran (this process counts about 1; more means other work shared the machine).", ""])
 
 
-def _how_trained(cfg: dict) -> list[str]:
+def _how_trained(c: dict) -> list[str]:
+    cfg = c["config"]
     precision = ("bf16 autocast forward passes with fp32 weights and optimizer state"
                  if cfg.get("precision") == "bf16" else "fp32")
     return ["", f"Trained with {precision}, {cfg['threads'] or 'the default number of'} intra-op threads"
                 f"{', torch.compile' if cfg.get('compile') else ''}, batch {cfg['batch_size']} × {cfg['context']} "
-                "tokens; fp16 only for the shipped files."] + _ss_start(cfg)
+                "tokens; saved in fp16" + (", the target then converted to Q8_0 (below)." if c.get("target_gguf")
+                                           else ".")] + _ss_start(cfg)
+
+
+def _target_gguf(g: dict | None) -> list[str]:
+    """How the shipped target's Q8_0 GGUF was made from its float16 file, and how to make it again."""
+    if g is None:
+        return []
+    rev = g["source"].rpartition(" ")[2] if "git commit" in g["source"] else None
+    again = (f" `python -m training.toy_pair.to_gguf DIR/target --from-git {rev[:12]}` makes it again, byte for "
+             "byte." if rev else "")
+    return ["", f"The target is `{g['file']}` ({g['bytes'] / 1e6:.1f} MB, sha256 `{g['sha256'][:16]}…`): every "
+                "linear map and the tied embedding / LM head in Q8_0 (blocks of 32 int8 weights with a float16 "
+                f"scale), the norms float32; made by `{g['tool']}` from its float16 {g['source']} "
+                f"({g['source_bytes'] / 1e6:.1f} MB, sha256 `{g['source_sha256'][:16]}…`).{again} The engine loads "
+                "it dequantised by gguf (float32), and its exact kernel streams the same Q8_0 blocks "
+                "(mirror_core/models/gguf_blocks.py)."]
 
 
 def _ss_start(cfg: dict) -> list[str]:
@@ -144,7 +165,9 @@ def _speculation_section(spec: dict) -> list[str]:
                                           "runs_that_fell_back_to_the_target"))]
             for key, m in spec.items() if key != "settings"]
     return (["## Speculative decoding (engine, greedy)", "",
-             f"γ = {st['gamma']}, κ = {st['kappa']}, ℓ_e = N/2, {st['max_new_tokens']} new tokens on each of "
+             f"γ = {st['gamma']}, κ = {st['kappa']}, ℓ_e = N/2, {st.get('dtype', 'the calibrated dtype')}"
+             f"{', the draft model alone (the context draft off)' if st.get('context_draft') is False else ''}, "
+             f"{st['max_new_tokens']} new tokens on each of "
              f"{st['prompts']} held-out prompts; τ counts the correction/bonus token; Ω̂_κ excludes d_j "
              "(mirror_core/metrics.py). The inline lane used here rolls out every branch, so the hit rate is that of all κ(γ+1) candidates. Re-measure the whole card with `python -m training.toy_pair.evaluate DIR`.", ""]
             + _table(["draft/decoder", "τ", "α", "hit rate", "Ω̂_κ", "η̄ (draft tokens/forward)",

@@ -1,4 +1,5 @@
-"""Held-out metrics for the saved model bundle, measured on the fp16 files reloaded as fp32 (what the engine loads)."""
+"""Held-out metrics for the saved model bundle, measured on its files loaded as the engine loads them (float32; a
+GGUF target dequantised)."""
 import json
 import os
 import time
@@ -6,8 +7,10 @@ from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
+from mirror_core.models.gguf_blocks import own_gguf, tensor_index
+from mirror_core.models.loading import ModelSpec, load_model
 from mirror_core.models.ss_draft import SSDraftForCausalLM, SSDraftOutput, cache_length, truncate_cache
 from training.toy_pair import card, data
 from training.toy_pair.config import TrainConfig
@@ -18,18 +21,20 @@ TOP_KS = (1, 4, 8)
 
 def evaluate_speculation(out_dir: str, prompts: list, n_tokens: int) -> dict:
     """τ, acceptance, hit rate and Ω̂_κ of each draft with the engine at the CLI's and app's default γ and κ
-    (greedy, serial inline lane, which rolls out every branch: the numbers here do not depend on timing),
-    pooled over the held-out prompts; outputs checked against ar."""
+    (greedy, serial inline lane, which rolls out every branch; float32 rather than the dtype a timing would choose,
+    and the draft model alone, without the context draft, whose windows follow this machine's timings: the numbers
+    here do not depend on timing), pooled over the held-out prompts; outputs checked against ar."""
     from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
-    from mirror_core.config import DEFAULT_GAMMA, DEFAULT_KAPPA
+    from mirror_core.config import DEFAULT_GAMMA, DEFAULT_KAPPA, ContextConfig
     from mirror_core.metrics import RunSummary
 
-    spec = SpecConfig(DEFAULT_GAMMA, DEFAULT_KAPPA)  # toy drafts have no profile: the pair's choice is this
+    # toy drafts have no profile: the pair's choice is DEFAULT_GAMMA, DEFAULT_KAPPA
+    spec = SpecConfig(DEFAULT_GAMMA, DEFAULT_KAPPA, context=ContextConfig(enabled=False))
     result = {"settings": {"gamma": spec.gamma, "kappa": spec.kappa, "max_new_tokens": n_tokens,
-                           "prompts": len(prompts), "temperature": 0.0}}
-    target = os.path.join(out_dir, "target")
+                           "prompts": len(prompts), "temperature": 0.0, "dtype": "float32", "context_draft": False}}
+    target, lanes = os.path.join(out_dir, "target"), LaneConfig(kind="inline", dtype="float32")
     for name in MODEL_NAMES[1:]:
-        with MirrorEngine.load(target, os.path.join(out_dir, name), LaneConfig(kind="inline")) as engine:
+        with MirrorEngine.load(target, os.path.join(out_dir, name), lanes) as engine:
             for decoder in ("sd", "mirror"):
                 summaries, equal, fallbacks = [], True, 0
                 for p in prompts:
@@ -197,22 +202,38 @@ def decode_step_ms(model, prefix_len: int, reps: int = 40) -> float:
 
 
 def model_sizes(out_dir: str, models: dict) -> dict:
-    """Parameter counts (tied weights once) and on-disk fp16 safetensors size."""
+    """Parameter counts (tied weights once) and each model's weights file: its format and size on disk."""
     sizes = {}
     for name, model in models.items():
-        path = os.path.join(out_dir, name, "model.safetensors")
-        sizes[name] = {"params": sum(p.numel() for p in model.parameters()),
-                       "safetensors_mb": os.path.getsize(path) / 1e6,
+        path, fmt = weights_file(os.path.join(out_dir, name))
+        sizes[name] = {"params": sum(p.numel() for p in model.parameters()), "file": os.path.basename(path),
+                       "format": fmt, "file_mb": os.path.getsize(path) / 1e6,
                        "layers": model.config.num_hidden_layers, "hidden_size": model.config.hidden_size}
-    sizes["total_safetensors_mb"] = sum(s["safetensors_mb"] for s in sizes.values())
+    sizes["total_mb"] = sum(s["file_mb"] for s in sizes.values())
     return sizes
+
+
+def weights_file(folder: str) -> tuple[str, str]:
+    """A saved model's weights file and its format: "GGUF Q8_0+F32" (its tensor types, most used first) or
+    "safetensors F16" (its dtypes)."""
+    from collections import Counter
+
+    from safetensors import safe_open
+
+    gguf = own_gguf(folder)
+    if gguf is not None:
+        kinds = Counter(t["type"] for t in tensor_index(gguf))
+        return gguf, "GGUF " + "+".join(k for k, _ in kinds.most_common())
+    path = os.path.join(folder, "model.safetensors")
+    with safe_open(path, "np") as f:
+        kinds = Counter(str(f.get_slice(k).get_dtype()) for k in f.keys())
+    return path, "safetensors " + "+".join(k for k, _ in kinds.most_common())
 
 
 def evaluate_bundle(out_dir: str, corpus: data.Corpus, cfg: TrainConfig) -> dict:
     """All held-out metrics for the model card, from the files on disk."""
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(out_dir, "target"))
-    models = {n: AutoModelForCausalLM.from_pretrained(os.path.join(out_dir, n), dtype=torch.float32).eval()
-              for n in MODEL_NAMES}
+    models = {n: load_model(ModelSpec(os.path.join(out_dir, n)), draft=n != "target") for n in MODEL_NAMES}  # float32
     chunks = {kind: data.eval_chunks(data.token_stream(tokenizer, corpus.select("val", kind)), cfg.context,
                                      cfg.eval_chunks) for kind in ("code", "prose") if corpus.select("val", kind)}
     prompts = data.heldout_prompts(tokenizer, corpus, cfg.n_prompts, cfg.prompt_tokens, cfg.sample_tokens)
@@ -221,6 +242,7 @@ def evaluate_bundle(out_dir: str, corpus: data.Corpus, cfg: TrainConfig) -> dict
     metrics["generation"] = generation_metrics(models, tokenizer, prompts, cfg.sample_tokens)
     metrics["generation"]["reference_repetition"] = reference_repetition(prompts, cfg.sample_tokens)
     metrics["sizes"] = model_sizes(out_dir, models)
+    metrics["decode_step_load"] = {"load_average_1min": os.getloadavg()[0], "cpus": os.cpu_count()}
     metrics["decode_step_ms"] = {n: decode_step_ms(m, min(128, cfg.context)) for n, m in models.items()}
     metrics["speculation"] = evaluate_speculation(out_dir, prompts, cfg.sample_tokens)
     return metrics

@@ -3,6 +3,7 @@ import dataclasses
 import itertools
 import json
 import os
+import shutil
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -190,10 +191,12 @@ def ss_draft_loss_fn(draft, target, cfg: TrainConfig) -> Callable:
 def starting_point(cfg: TrainConfig, corpus: data.Corpus, generator: torch.Generator):
     """(tokenizer, target) to train: fresh ones, or with --init-target an earlier run's, to continue."""
     if cfg.init_target:
-        from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+        from transformers import PreTrainedTokenizerFast
+
+        from mirror_core.models.loading import ModelSpec, load_model
 
         tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.init_target)
-        target = AutoModelForCausalLM.from_pretrained(cfg.init_target, dtype=torch.float32)
+        target = load_model(ModelSpec(cfg.init_target))  # float32 (a Q8_0 GGUF target dequantised, as it runs)
         if target.config.num_hidden_layers != cfg.target_layers or target.config.hidden_size != cfg.hidden_size:
             raise ValueError(f"--init-target {cfg.init_target} has a different shape than the flags ask for")
         return tokenizer, target.to(cfg.device)
@@ -220,7 +223,7 @@ def train_all(cfg: TrainConfig) -> dict:
     gen_data = [torch.Generator().manual_seed(cfg.seed + 1 + i) for i in range(3)]
     budget = [cfg.budget_minutes * 60 * share for share in cfg.budget_split]
     stats = train_target(target, train_stream, cfg, gen_data[0], budget[0])
-    build.save_fp16(target, tokenizer, os.path.join(cfg.out_dir, "target"))  # saved at once: hours of work
+    save_target(target, tokenizer, cfg, trained=budget[0] > 0)  # saved at once: hours of work
     target.requires_grad_(False).eval()
     continuations, extra = distillation_data(target, train_stream, cfg)
     stats |= train_drafts(target, tokenizer, train_stream, continuations, cfg, (gen_init, *gen_data[1:]), budget[1:])
@@ -231,6 +234,16 @@ def train_all(cfg: TrainConfig) -> dict:
                 total_wall_seconds=time.perf_counter() - t_start)
     evaluate.write_model_card(cfg.out_dir, card)
     return card
+
+
+def save_target(target, tokenizer, cfg: TrainConfig, trained: bool) -> None:
+    """The trained target in fp16; an --init-target this run did not train, its own files as they are (a Q8_0 GGUF
+    stays one, bit for bit)."""
+    out = os.path.join(cfg.out_dir, "target")
+    if trained or not cfg.init_target:
+        build.save_fp16(target, tokenizer, out)
+    elif os.path.abspath(cfg.init_target) != os.path.abspath(out):
+        shutil.copytree(cfg.init_target, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.index.json"))
 
 
 def train_target(target, train_stream: torch.Tensor, cfg: TrainConfig, gen: torch.Generator,
