@@ -55,7 +55,7 @@ def test_the_target_loads_as_the_blocks_the_kernel_streams_dequantised():
 def test_an_engine_streams_the_targets_q8_0_blocks_and_every_decoder_equals_ar():
     lanes = LaneConfig(dtype="float32", kind="inline", target_threads=1)
     with MirrorEngine.load(TARGET, DRAFT_AR, lanes) as engine:
-        assert engine.target.weight_storage == "float32 as q8_0" and engine.target.block_note == ""
+        assert engine.target.weight_stream.storage == "float32 as q8_0" and engine.target.block_note == ""
         prompt = tuple(engine.tokenizer.encode(PROMPTS[0]))
         ar = engine.generate(Request(prompt, "ar", 16))
         assert ar.error is None and len(ar.token_ids) == 16
