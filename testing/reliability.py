@@ -381,9 +381,9 @@ class Hold:
 
 
 class WatchedLoad:
-    """An EngineLoader `load` that logs (time, event type) of every stream, plus "closing"/"closed" when a
-    stream is closed: closed is stamped once the engine has stopped and both lanes are idle. `hold` stops the
-    next run of a decoder at a known step until its stop flag is set (Hold)."""
+    """An EngineLoader `load` that logs (time, event type) of every stream as its consumer takes the events, "stream"
+    when one is asked for, and "closing"/"closed" when one is closed: closed is stamped once the engine has stopped
+    and both lanes are idle. `hold` stops the next run of a decoder at a known step until its stop flag is set."""
 
     def __init__(self) -> None:
         self.log: list[tuple[float, str]] = []
@@ -404,6 +404,7 @@ class WatchedLoad:
         def watched(request, stop=None):
             stop = stop or threading.Event()
             inner = stream(request, stop)
+            log.append((time.monotonic(), "stream"))  # a stream asked for (its events are logged as they are taken)
             hold = self.last_hold
             if hold and hold.stop is None and hold.decoder == request.decoder and request.max_new_tokens > 1:
                 hold.stop = stop  # this run is the held one
@@ -519,7 +520,7 @@ def cancel_trial(url: str, watch: WatchedLoad, values: list, decoder: str = "sd"
         cancel.join(timeout=30)
         if cancel.is_alive():
             return Cut(False, "Gradio's cancel did not answer within 30 s of the lanes being freed")
-        if watch.count("RunStart", after=t_cancel):
+        if watch.count("stream", after=t_cancel):
             return Cut(False, "the comparison went on to its next decoder after the cancel")
         return cut_at_hold(hold, t_cancel, watch.first("closed", after=t_cancel), "cancel")
     finally:
