@@ -559,7 +559,8 @@ def cut_at_hold(hold: Hold, t_sent: float, t_freed: float, what: str) -> Cut:
                           f"{hold.step})")
     end = hold.events[-1] if hold.events else None
     if not (isinstance(end, RunEnd) and end.stopped):
-        return Cut(False, f"the engine did not end the run at its stop flag (last event: {type(end).__name__})")
+        what_ended = "it ran to its end" if isinstance(end, RunEnd) else f"its last event: {type(end).__name__}"
+        return Cut(False, f"the engine did not end the run at its stop flag ({what_ended})")
     flag_ms, freed_ms, steps = (hold.released_at - t_sent) * 1e3, (t_freed - t_sent) * 1e3, hold.steps_from_hold()
     detail = (f"stop flag set {flag_ms:.0f} ms and lanes free {freed_ms:.0f} ms after the {what}; steps each lane "
               f"worked on after it: {steps}")
