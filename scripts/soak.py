@@ -126,9 +126,9 @@ def on_the_app(m, root: str, pair: tuple[str, str], size: dict, problems: list[s
         for _ in range(size["disconnects"]):
             values = r.page_values(prompt="1, 2, 3", target=pair[0], draft=pair[1], decoders=["sd", "mirror"],
                                    gamma=1, kappa=1, max_new_tokens=480, branch_budget=0)
-            ok, detail = r.disconnect_trial(demo.local_url, watch, r.run_args(values))
-            out["freed_ok"] += ok
-            problems += [] if ok else [f"disconnect: {detail}"]
+            cut = r.disconnect_trial(demo.local_url, watch, r.run_args(values))
+            out["freed_ok"] += cut.ok
+            problems += [] if cut.ok else [f"disconnect: {cut.detail}"]
     finally:
         r.close_demo(demo)
         loader.close()

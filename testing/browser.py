@@ -232,15 +232,16 @@ UNTICK_SD_JS = """(() => {
 
 
 @contextlib.contextmanager
-def toy_pair_page():
+def toy_pair_page(load=None):
     """The embedded toy pair (assets/default_pair) served on the app's own lanes in this process, its page open in
-    headless Chromium (1280x800, instruments on, tour closed): yields (browser, the page's state as it opened)."""
-    from mirror_core import auto_lanes
+    headless Chromium (1280x800, instruments on, tour closed): yields (browser, the page's state as it opened).
+    `load`: the loader's (e.g. testing.reliability.WatchedLoad); MirrorEngine.load when None."""
+    from mirror_core import MirrorEngine, auto_lanes
     from testing.net import free_port
     from testing.reliability import close_demo
     from ui import LAUNCH, EngineLoader, build_demo, default_presets
 
-    loader = EngineLoader(auto_lanes())
+    loader = EngineLoader(auto_lanes(), load=load or MirrorEngine.load)
     presets = default_presets(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets",
                                            "default_pair"))
     demo = build_demo(loader, presets, ["The quick brown fox"])

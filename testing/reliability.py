@@ -381,19 +381,19 @@ class Hold:
 
 
 class WatchedLoad:
-    """An EngineLoader `load` that logs (time, event type) of every stream, plus "closing"/"closed" when a
-    stream is closed: closed is stamped once the engine has stopped and both lanes are idle. `hold` stops the
-    next run of a decoder at a known step until its stop flag is set (Hold)."""
+    """An EngineLoader `load` that logs (time, event type) of every stream as its consumer takes the events, "stream"
+    when one is asked for, and "closing"/"closed" when one is closed: closed is stamped once the engine has stopped
+    and both lanes are idle. `hold` stops the next run of a decoder at a known step until its stop flag is set."""
 
     def __init__(self) -> None:
         self.log: list[tuple[float, str]] = []
-        self._hold: Hold | None = None
+        self.last_hold: Hold | None = None  # the latest `hold` (a run is held at most once)
 
     def hold(self, decoder: str, step: int, timeout_s: float = 30.0) -> Hold:
         """Hold the next run of `decoder` of more than one token (not the page's one-token warm prefill) in its
         target pass of `step`."""
-        self._hold = Hold(decoder, step, timeout_s)
-        return self._hold
+        self.last_hold = Hold(decoder, step, timeout_s)
+        return self.last_hold
 
     def __call__(self, target: str, draft: str | None, lanes: LaneConfig) -> MirrorEngine:
         engine = MirrorEngine.load(target, draft, lanes)
@@ -402,23 +402,34 @@ class WatchedLoad:
             setattr(engine.target, name, self._holding(getattr(engine.target, name)))
 
         def watched(request, stop=None):
+            stop = stop or threading.Event()
             inner = stream(request, stop)
-            hold = self._hold if self._hold and request.decoder == self._hold.decoder \
-                and request.max_new_tokens > 1 and self._hold.stop is None else None
-            if hold is not None:
-                hold.stop = stop
+            log.append((time.monotonic(), "stream"))  # a stream asked for (its events are logged as they are taken)
+            hold = self.last_hold
+            if hold and hold.stop is None and hold.decoder == request.decoder and request.max_new_tokens > 1:
+                hold.stop = stop  # this run is the held one
+            else:
+                hold = None
+
+            def logged(event):
+                stopped = ":stopped" if getattr(event, "stopped", False) else ""
+                log.append((time.monotonic(), type(event).__name__ + stopped))
+                if hold is not None:
+                    hold.events.append(event)
+                return event
 
             def gen():
+                ended = False
                 try:
                     for event in inner:
-                        stopped = ":stopped" if getattr(event, "stopped", False) else ""
-                        log.append((time.monotonic(), type(event).__name__ + stopped))
-                        if hold is not None:
-                            hold.events.append(event)
-                        yield event
+                        yield logged(event)
+                    ended = True
                 finally:
                     log.append((time.monotonic(), "closing"))
-                    inner.close()  # returns once the target lane has finished its step and the draft lane drained
+                    if not ended:  # closed early: what inner.close() does (set the flag, take what the engine still
+                        stop.set()  # sends until both lanes are idle), the events it sends logged too
+                        for event in inner:
+                            logged(event)
                     log.append((time.monotonic(), "closed"))
             return gen()
 
@@ -428,7 +439,7 @@ class WatchedLoad:
     def _holding(self, real):
         """The target pass `real`, held at the armed run's step until that run's stop flag is set."""
         def pass_(*args, **kwargs):
-            hold = self._hold
+            hold = self.last_hold
             if hold is not None and hold.stop is not None and hold.released_at is None:
                 hold.passes += 1
                 if hold.passes == hold.step + 1:  # pass 1 is the prefill; pass k + 1 verifies step k
@@ -479,8 +490,44 @@ with http.stream("GET", base + "/gradio_api/queue/data", params={"session_hash":
 """
 
 
-def disconnect_trial(url: str, watch: WatchedLoad, values: list, decoder: str = "mirror",
-                     step: int = 5) -> tuple[bool, str]:
+@dataclass(frozen=True)
+class Cut:
+    """What a cancel sent while a run was held (WatchedLoad.hold) did to it: cut_at_hold."""
+    ok: bool                        # the run was cut within one step and the lanes are free
+    detail: str                     # the figures, or what went wrong
+    flag_ms: float | None = None    # the cancel sent → the run's stop flag set
+    freed_ms: float | None = None   # the cancel sent → both lanes idle (the held step run to its end first)
+    steps: dict[str, int] = field(default_factory=dict)  # lane → steps it worked on after the cancel
+
+
+def cancel_trial(url: str, watch: WatchedLoad, values: list, decoder: str = "sd", step: int = 5) -> Cut:
+    """gradio_client starts a long run and cancels it (POST /cancel, as Stop's `cancels=` does) while its `decoder`
+    run is held at `step` (WatchedLoad.hold): the cancel sets the run's stop flag at once, each lane ends the step it
+    is in and starts no other, the comparison starts no other decoder, and Gradio answers once the lanes are free."""
+    from gradio_client import Client
+
+    hold = watch.hold(decoder, step)
+    client = Client(url, verbose=False)
+    try:
+        job = client.submit(*values, api_name="/run")
+        if not hold.held.wait(120):
+            return Cut(False, f"the {decoder} run never reached step {step}")
+        t_cancel = time.monotonic()
+        cancel = threading.Thread(target=job.cancel)  # POST /cancel, answered once the handler has closed
+        cancel.start()
+        if not watch.wait("closed", after=t_cancel, timeout=hold.timeout_s + 30):
+            return Cut(False, f"the lanes were not freed within {hold.timeout_s + 30:.0f} s of the cancel")
+        cancel.join(timeout=30)
+        if cancel.is_alive():
+            return Cut(False, "Gradio's cancel did not answer within 30 s of the lanes being freed")
+        if watch.count("stream", after=t_cancel):
+            return Cut(False, "the comparison went on to its next decoder after the cancel")
+        return cut_at_hold(hold, t_cancel, watch.first("closed", after=t_cancel), "cancel")
+    finally:
+        client.close()
+
+
+def disconnect_trial(url: str, watch: WatchedLoad, values: list, decoder: str = "mirror", step: int = 5) -> Cut:
     """A browser-like client process (heartbeat + queue streams) starts a long run; while its `decoder` run is held
     at `step` (WatchedLoad.hold) the process is killed (a closed tab): Gradio's heartbeat drops, the page's unload
     handler sets the run's stop flag, and each lane ends the step it is in and starts no other."""
@@ -492,31 +539,32 @@ def disconnect_trial(url: str, watch: WatchedLoad, values: list, decoder: str = 
                             stdout=subprocess.PIPE, text=True)
     try:
         if not hold.held.wait(120):
-            return False, f"the {decoder} run never reached step {step}"
+            return Cut(False, f"the {decoder} run never reached step {step}")
         t_kill = time.monotonic()
         proc.kill()
         if not watch.wait("closed", 1, after=t_kill, timeout=hold.timeout_s + 30):
-            return False, f"the lanes were not freed within {hold.timeout_s + 30:.0f} s of the disconnect"
+            return Cut(False, f"the lanes were not freed within {hold.timeout_s + 30:.0f} s of the disconnect")
         return cut_at_hold(hold, t_kill, watch.first("closed", after=t_kill), "disconnect")
     finally:
         proc.kill()
         proc.wait()
 
 
-def cut_at_hold(hold: Hold, t_sent: float, t_freed: float, what: str) -> tuple[bool, str]:
+def cut_at_hold(hold: Hold, t_sent: float, t_freed: float, what: str) -> Cut:
     """Whether a cancel sent at `t_sent` while `hold` waited cut its run within one step: the cancel set the run's
-    stop flag while the step was held, the engine ended the run itself (its last event a stopped RunEnd, so every
-    event of it was seen), and each lane worked on at most the step in flight after it. The detail names the
-    figures."""
+    stop flag while the step was held, the engine ended the run at that flag (its last event a stopped RunEnd), and
+    each lane worked on at most the step in flight after it."""
     if not hold.released_by_stop:
-        return False, f"the {what} did not set the run's stop flag in {hold.timeout_s:.0f} s (held at step {hold.step})"
+        return Cut(False, f"the {what} did not set the run's stop flag in {hold.timeout_s:.0f} s (held at step "
+                          f"{hold.step})")
     end = hold.events[-1] if hold.events else None
     if not (isinstance(end, RunEnd) and end.stopped):
-        return False, f"the engine did not end the run at its stop flag (last event: {type(end).__name__})"
-    steps = hold.steps_from_hold()
-    detail = (f"stop flag set {(hold.released_at - t_sent) * 1e3:.0f} ms and lanes free {(t_freed - t_sent) * 1e3:.0f} "
-              f"ms after the {what}; steps each lane worked on after it: {steps}")
-    return max(steps.values()) <= 1, detail
+        what_ended = "it ran to its end" if isinstance(end, RunEnd) else f"its last event: {type(end).__name__}"
+        return Cut(False, f"the engine did not end the run at its stop flag ({what_ended})")
+    flag_ms, freed_ms, steps = (hold.released_at - t_sent) * 1e3, (t_freed - t_sent) * 1e3, hold.steps_from_hold()
+    detail = (f"stop flag set {flag_ms:.0f} ms and lanes free {freed_ms:.0f} ms after the {what}; steps each lane "
+              f"worked on after it: {steps}")
+    return Cut(max(steps.values()) <= 1, detail, flag_ms, freed_ms, steps)
 
 
 # -- load ------------------------------------------------------------------------------------------

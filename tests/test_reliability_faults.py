@@ -3,7 +3,6 @@ a client that goes away frees the lanes within one step."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -13,8 +12,8 @@ from testing.reliability import (
     FaultEngines,
     TargetFault,
     WatchedLoad,
+    cancel_trial,
     close_demo,
-    cut_at_hold,
     disconnect_trial,
     fault_trial,
     page_values,
@@ -104,8 +103,6 @@ def test_a_cancelled_or_disconnected_client_frees_the_lanes_within_one_step(pair
     """gradio_client cancel, then a client process killed mid-run, each sent while the run is held at a known step
     (WatchedLoad.hold: the run cannot end before the cancel arrives, however fast the CPU): the run is cut, each lane
     works on at most the step in flight after the cancel, and the lanes are free."""
-    from gradio_client import Client
-
     from ui import LAUNCH, EngineLoader, build_demo, default_presets
 
     watch = WatchedLoad()
@@ -116,22 +113,13 @@ def test_a_cancelled_or_disconnected_client_frees_the_lanes_within_one_step(pair
         engine = loader.get(*pair)
         long_run = page_values(prompt="1, 2, 3", target=pair[0], draft=pair[1], decoders=["sd", "mirror"], gamma=1,
                                kappa=1, max_new_tokens=480)
-        hold = watch.hold("sd", step=5)
-        job = Client(demo.local_url, verbose=False).submit(*run_args(long_run), api_name="/run")
-        assert hold.held.wait(60), "the sd run never reached step 5"
-        t_cancel = time.monotonic()
-        cancel = threading.Thread(target=job.cancel)  # POST /cancel: answered once the handler has closed
-        cancel.start()
-        assert watch.wait("closed", after=t_cancel, timeout=hold.timeout_s + 30)
-        cancel.join(timeout=30)
-        assert not cancel.is_alive(), "Gradio's cancel did not return"
-        ok, detail = cut_at_hold(hold, t_cancel, watch.first("closed", after=t_cancel), "cancel")
-        assert ok, detail
-        assert not watch.count("RunStart", after=t_cancel)  # Mirror-SD never started
+        cut = cancel_trial(demo.local_url, watch, run_args(long_run), decoder="sd", step=5)
+        assert cut.ok, cut.detail                                       # gradio_client's cancel
         assert not engine._lock.locked() and engine._jobs.empty()
         assert len(engine.generate(Request((1, 2), "mirror", 8)).token_ids) == 8
-        ok, detail = disconnect_trial(demo.local_url, watch, run_args({**long_run, "branch_budget": 0}))
-        assert ok, detail                                               # a client process killed mid-run
+        cut = disconnect_trial(demo.local_url, watch, run_args({**long_run, "decoders": ["mirror"], "branch_budget": 0}),
+                               decoder="mirror")
+        assert cut.ok, cut.detail                                       # a client process killed mid-run
     finally:
         close_demo(demo)
         loader.close()

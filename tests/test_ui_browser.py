@@ -353,9 +353,11 @@ def test_a_900_token_comparison_streams_deltas_and_keeps_the_page_responsive():
     """The shipped pair on the app's own lanes, AR and Mirror-SD at 100, 300 and 900 new tokens, then a Stop:
     bytes over the wire grow linearly, no main-thread task over 100 ms, both streams update visibly at least
     10 times, Stop shows in the page within a second, and the status is on the first screen."""
+    from testing.reliability import WatchedLoad
     from ui.settings import DEFAULTS
 
-    with toy_pair_page() as (browser, first):
+    watch = WatchedLoad()
+    with toy_pair_page(watch) as (browser, first):
         assert first["top"]["mirror-status"] < 800, first["top"]                # status on the first screen
         runs = {}
         set_control(browser, "mirror-repeats", 1)  # one comparison per size (the page's default is 3 repeats)
@@ -373,8 +375,9 @@ def test_a_900_token_comparison_streams_deltas_and_keeps_the_page_responsive():
         assert big["state"]["arTokens"] == 900 and big["state"]["tokens"] == 900 and big["state"]["spans"] > 900
         assert big["updates"]["ar"] >= 10 and big["updates"]["mirror"] >= 10, big["updates"]
         assert big["longest_task_ms"] <= LONGEST_TASK_MS, big
-        stop = measured_run(browser, stop_after_tokens=1)  # Stop while Mirror-SD is timed (its first token shown)
-        assert stop["stop_s"] <= 1.0, stop
+        hold = watch.hold("mirror", step=2)  # Stop comes while Mirror-SD is timed, however fast the CPU decodes
+        stop = measured_run(browser, stop_after_tokens=1)  # Stop once Mirror-SD's first token shows
+        assert stop["stop_s"] <= 1.0 and hold.released_by_stop, stop
 
 
 if __name__ == "__main__":  # python tests/test_ui_browser.py URL OUT.png [PROMPT [LEARN.png]]

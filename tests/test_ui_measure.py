@@ -8,11 +8,11 @@ Skipped when chromium is not installed (CI installs it: .ci/run); the agreement 
 prepared target (as tests/test_real_pair.py), and is a failure without it under CI."""
 from __future__ import annotations
 
-import contextlib
 import html
 import json
 import os
 import re
+import threading
 import time
 
 import pytest
@@ -246,18 +246,25 @@ def _target(browser: Chromium, value: str | None = None) -> str:
     return shown
 
 
-def test_a_stopped_load_keeps_the_working_pair(tmp_path):
+def test_a_stopped_load_keeps_the_working_pair(tmp_path, monkeypatch):
     """The toy pair loaded; Run with another pair (the same folders by another path, so that it loads afresh), Stop
     while it loads: the status says the loaded pair stays, the stopped load ends in the background and is dropped,
     and a Run on the working pair starts at once, without loading it again."""
+    # Room for both pairs, as on a machine with memory to spare: the loader's check counts this test's Chromium (a
+    # child of this process) as the app's, and on a shared machine it closed the working pair before the new load.
+    monkeypatch.setattr("ui.loader._room_for_both", lambda: True)
     from mirror_core import LaneConfig, MirrorEngine
     from testing.net import free_port
     from testing.reliability import close_demo
     from ui import LAUNCH, EngineLoader, build_demo, default_presets
 
+    loads: list[str] = []              # the targets loaded, in order
+    release = threading.Event()        # the other pair's load lasts until Stop has been seen (on any CPU)
+
     def slow_load(target, draft, lanes):  # the other pair takes a while to load (the real one: about 13 s)
+        loads.append(target)
         if "/./" in target:
-            time.sleep(4.0)
+            release.wait(60)
         return MirrorEngine.load(target, draft, lanes)
 
     loader = EngineLoader(LaneConfig(kind="inline", target_threads=1, draft_threads=1), load=slow_load)
@@ -278,15 +285,16 @@ def test_a_stopped_load_keeps_the_working_pair(tmp_path):
         state = wait_for(browser, lambda s: "Stopped" in s["status"], 10, poll=0.1)
         assert "the pair that was loaded stays loaded" in state["status"], state
         assert loader.loaded() == working
+        release.set()
         deadline = time.monotonic() + 30
         while loader.loading() is not None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert loader.loaded() == working and loader.get(*working) is engine  # the working pair, as it was
         _target(browser, shown)
+        loaded = len(loads)
         press_run(browser, before=state["status"])
-        seen = wait_for(browser, lambda s: "Timing" in s["status"] or "Loading" in s["status"], 20, poll=0.05)
-        assert "Loading" not in seen["status"], seen  # no reload
         wait_for(browser, lambda s: "Done" in s["status"], 60)
+        assert len(loads) == loaded, loads  # the working pair ran as it was: no reload
     finally:
         browser.close()
         close_demo(demo)
@@ -302,10 +310,12 @@ def test_ctrl_c_stops_the_app_within_eight_seconds_while_a_run_streams():
     import signal
     import subprocess
     import sys
-    import threading
+
+    from gradio_client import Client
 
     from testing.net import free_port
     from testing.reliability import page_values, run_args
+    from ui.views import by_name
 
     pair = [os.path.join("assets", "default_pair", name) for name in ("target", "draft_ar")]
     port = free_port()
@@ -316,17 +326,13 @@ def test_ctrl_c_stops_the_app_within_eight_seconds_while_a_run_streams():
             if line.startswith(("loaded", "note:")):
                 break
         threading.Thread(target=lambda: [None for _ in app.stdout], daemon=True).start()  # keep its pipe drained
-
-        def run():
-            from gradio_client import Client
-
-            values = page_values(prompt="The quick brown fox", target=pair[0], draft=pair[1], max_new_tokens=900,
-                                 repeats=3)
-            with contextlib.suppress(Exception):  # the server goes away under it
-                Client(f"http://127.0.0.1:{port}/", verbose=False).predict(*run_args(values), api_name="/run")
-
-        threading.Thread(target=run, daemon=True).start()
-        time.sleep(4.0)  # the comparison is under way
+        values = page_values(prompt="The quick brown fox", target=pair[0], draft=pair[1], max_new_tokens=900,
+                             repeats=3)
+        job = Client(f"http://127.0.0.1:{port}/", verbose=False).submit(*run_args(values), api_name="/run")
+        deadline = time.monotonic() + 60  # until a decoder is timed (a fixed wait raced the load on a busy machine)
+        while not any("Timing" in str(by_name(o)["status"]) for o in job.outputs()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not job.done(), "the comparison ended before the signal"
         t0 = time.monotonic()
         app.send_signal(signal.SIGINT)
         app.wait(timeout=30)

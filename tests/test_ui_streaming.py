@@ -304,3 +304,39 @@ def test_the_numbers_say_how_the_target_was_made_one_function(pair, loader):
         assert rows.plan.label.split(";")[0] in numbers.replace("&#x27;", "'")
     else:
         assert "bit-exact as it is" in numbers
+
+
+def test_a_cancel_sets_the_flag_at_once_and_closes_the_work_before_it_ends():
+    """ui/cancellable.py (the Run handler's driver): a task cancelled while its sync generator works between two
+    yields (a timed run) calls `cancel` at once, not at the next yield; the work sees the flag, and the generator is
+    closed (its finally: the lanes freed) before the cancelled task ends."""
+    import asyncio
+    import threading
+
+    from ui.cancellable import cancellable
+
+    stop, log = threading.Event(), []
+
+    def timed_run():
+        try:
+            yield "first token"
+            log.append(("the flag seen", stop.wait(timeout=30)))  # no yield while it works: the page holds still
+            yield "the run whole"
+        finally:
+            log.append("closed")
+
+    async def main():
+        async def handler():
+            async for tick in cancellable(timed_run(), lambda: (log.append("cancel"), stop.set())):
+                log.append(tick)
+
+        task = asyncio.create_task(handler())
+        while "first token" not in log:  # then the handler awaits the next tick, its next() on the worker thread
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        log.append("cancelled")
+
+    asyncio.run(main())
+    assert log == ["first token", "cancel", ("the flag seen", True), "closed", "cancelled"]

@@ -19,8 +19,8 @@ async def cancellable(items: Iterator[T], cancel: Callable[[], None]) -> AsyncIt
     page holds still while the lanes are timed), so on a fast CPU a cancelled run could finish first. Here the cancel
     calls `cancel()` (it sets the run's stop flag, which the engine checks between two steps), waits for the
     next() in flight to return (the engine ends the step it is in), closes `items` (its `finally` frees the lanes)
-    and goes on: Gradio's cancel returns with the lanes free. Each next() runs in the awaiting task's context
-    (gr.Warning and gr.Request read Gradio's context variables)."""
+    and re-raises the cancel: Gradio's cancel returns with the lanes free. Each next() runs in the awaiting task's
+    context (gr.Warning and gr.Request read Gradio's context variables)."""
     loop = asyncio.get_running_loop()
     worker = ThreadPoolExecutor(1, thread_name_prefix="mirror-run")
     pending = None
@@ -37,6 +37,8 @@ async def cancellable(items: Iterator[T], cancel: Callable[[], None]) -> AsyncIt
                 return
             yield item
     finally:
-        if pending is None or pending.done():  # a second cancel can leave a next() running: it ends on its own
-            await loop.run_in_executor(worker, items.close)
-        worker.shutdown(wait=False)
+        # (a second cancel can leave a next() running: `items` is then closed when it is dropped)
+        closing = loop.run_in_executor(worker, items.close) if pending is None or pending.done() else None
+        worker.shutdown(wait=False)  # its thread ends once what was given to it has run
+        if closing is not None:
+            await closing
