@@ -26,8 +26,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lane", default=None, help="draft lane kind: process, thread or inline (default: automatic)")
     p.add_argument("--exit-head", default="auto", help="early-exit readout: auto (the trained head in the draft's "
                    "folder, when it fits the target), none (the target's own final norm and LM head) or a folder")
-    p.add_argument("--dtype", default="auto", help="matmul dtype: auto, float32, bfloat16 or float16 (auto: each lane "
-                   "times its forwards in each dtype where it runs and takes the fastest; cached per machine and model)")
+    p.add_argument("--dtype", default="auto", help="the lanes' format as the page starts: auto, float32, bfloat16, "
+                   "float16 or int8 (auto: the target's own format, int8 for a GGUF target; the draft's fastest, timed "
+                   "where it runs); the page's Format control changes the target's")
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                    help="address to listen on (0.0.0.0 for a container; default 127.0.0.1)")
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))

@@ -125,25 +125,6 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
                    "(the whole-machine baseline), lane = the target lane's own cores; mirror always uses the lane's")
 
 
-def function_line(info) -> str:
-    """The target's format as the function it computes (kernels/formats.py), and on what: the exact kernel (the same
-    bits on every CPU that runs it) or torch's matmul (this machine's rounding)."""
-    from .kernels.formats import FUNCTIONS
-
-    from .models.pairs import format_quality
-
-    fmt = info.target_dtype.sequence
-    roof = info.roofline
-    on = ("the exact kernel: the same tokens on every CPU" if roof is not None and roof.kernel != "torch"
-          else "torch's matmul: this machine's rounding, not the kernel's")
-    line = f"{FUNCTIONS.get(fmt, fmt)}; on {on} ({info.target_dtype.note or 'forced by --dtype'})"
-    q = format_quality(info.target) if fmt in ("int8", "float32") else None
-    if q:
-        line += (f"; int8 against float32 on a fixed {q['tokens']:,}-token text: top-1 agreement "
-                 f"{q['top1_agreement']:.1%}, perplexity {q['int8_perplexity_change']:+.2%} (scripts/format_quality.py)")
-    return line
-
-
 def lanes_from_args(args) -> LaneConfig:
     from .lanes.placement import auto_lanes
 
@@ -177,6 +158,7 @@ def request_from_args(args, prompt_ids: tuple[int, ...]) -> Request:
 def generate(args) -> int:
     from .engine import MirrorEngine
     from .events import write_trace
+    from .models.pairs import target_function
     from .models.textstream import IncrementalText
 
     if args.prompt is not None:
@@ -217,8 +199,9 @@ def generate(args) -> int:
             print(_summary_line(end, engine.info.target_rows))
             if engine.info.roofline is not None:
                 print(f"-- target: {engine.info.roofline.describe}")
-            if engine.info.target_dtype is not None:
-                print(f"-- the function that wrote this: {function_line(engine.info)}")
+            said = target_function(engine.info)
+            if said is not None:
+                print(f"-- the function that wrote this: {said.line}")
             whole = engine.info.whole_machine
             if whole is not None and whole.busy:
                 print(f"-- note: another process took the cores while the load timed them (its step timings spread "

@@ -205,7 +205,10 @@ class LaneConfig:
     # the devices the target's layers are spread over with an accelerate device map (embedding on the first,
     # final norm and LM head on the last; the generic runner runs it); () = all on target_device
     target_devices: tuple[str, ...] = ()
-    dtype: str = "auto"  # DTYPE_CHOICES: auto = the fastest per lane, timed where it runs (runners/calibrate.py)
+    dtype: str = "auto"  # DTYPE_CHOICES: auto = the target's own format, the draft's fastest (runners/calibrate.py)
+    # True: the target keeps its loaded weights once its format is set, so that MirrorEngine.set_target_format can
+    # change the format on the loaded pair (the page's Format control); False: they are freed (the CLI, the bench)
+    keep_formats: bool = False
     # the target's early-exit readout (exit_head.py): "auto" = the trained head stored in the draft's folder when it
     # has one that fits the target, "none" = the target's own final norm and LM head, or a folder holding a head
     exit_head: str = "auto"
@@ -219,6 +222,7 @@ class LaneConfig:
         _require(self.kind in LANE_KINDS, f"lane kind must be one of {', '.join(LANE_KINDS)}, got {self.kind!r}")
         _require(self.runner in RUNNER_KINDS, f"runner must be one of {', '.join(RUNNER_KINDS)}, got {self.runner!r}")
         _require(self.dtype in DTYPE_CHOICES, f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
+        _require(isinstance(self.keep_formats, bool), f"keep formats must be true or false, got {self.keep_formats!r}")
         _require(self.kernel in KERNEL_CHOICES, f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {self.kernel!r}")
         _require(self.serial_cores in SERIAL_CORES, f"serial cores must be one of {', '.join(SERIAL_CORES)}, got "
                  f"{self.serial_cores!r}")

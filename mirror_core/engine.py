@@ -18,14 +18,16 @@ import threading
 from dataclasses import replace
 from typing import Iterator
 
-from .config import SERIAL_DECODERS, LaneConfig, MirrorError, Request, check_prompt_text, parse_token_ids
+from .config import DTYPE_CHOICES, SERIAL_DECODERS, LaneConfig, MirrorError, Request, check_prompt_text, parse_token_ids
 from .decode import decode_events
 from .decode_state import DecodeState
 from .events import Event, RunEnd
 from .lanes import make_draft_lane, pinned
 from .metrics import RunSummary
 from .models.loading import encode_text
-from .pair import PairInfo, draft_lane_spec, lane_plan, load_target, pair_info, read_pair, time_target
+from .kernels.formats import INT8
+from .pair import (PairInfo, draft_lane_spec, lane_plan, load_target, pair_info, read_pair, time_target,
+                   with_target_timing)
 
 
 class MirrorEngine:
@@ -37,9 +39,10 @@ class MirrorEngine:
     for front-ends that have text (the CLI and the page).
     """
 
-    def __init__(self, target_runner, draft_lane, info: PairInfo, tokenizer, eos_ids: frozenset[int]):
+    def __init__(self, target_runner, draft_lane, info: PairInfo, tokenizer, eos_ids: frozenset[int], config=None):
+        """`config`: the target's model config (the calibration cache's key when set_target_format re-times it)."""
         self.target, self.lane, self.info = target_runner, draft_lane, info
-        self.tokenizer, self.eos_ids = tokenizer, eos_ids
+        self.tokenizer, self.eos_ids, self._config = tokenizer, eos_ids, config
         self._lock = threading.Lock()
         self._jobs: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._target_lane, name="mirror-target-lane", daemon=True)
@@ -57,7 +60,7 @@ class MirrorEngine:
         timed = time_target(loaded.runner, pair.vocab, lanes, loaded.config)
         lane = None if draft is None else make_draft_lane(lanes, draft_lane_spec(draft, lanes, pair, trust_remote_code))
         info = pair_info(target, draft, lanes, pair, loaded, timed, lane)
-        return cls(loaded.runner, lane, info, pair.tokenizer, loaded.eos_ids)
+        return cls(loaded.runner, lane, info, pair.tokenizer, loaded.eos_ids, loaded.config)
 
     @staticmethod
     def check_pair(target: str, draft: str | None, lanes: LaneConfig | None = None,
@@ -65,6 +68,37 @@ class MirrorEngine:
         """load's first checks alone (both configs and tokenizers found, supported and fitting together; no
         weights, no lanes): MirrorError when the pair cannot load, so a caller can keep the pair it has until then."""
         read_pair(target, draft, lanes or LaneConfig(), trust_remote_code)
+
+    # -- the target's format ------------------------------------------------------------------
+    def format_change(self, fmt: str) -> bool:
+        """Whether `fmt` (DTYPE_CHOICES; auto: the pair's own) is another function than the target computes now;
+        MirrorError for a format its runner does not offer."""
+        if fmt not in DTYPE_CHOICES:
+            raise MirrorError(f"format must be one of {', '.join(DTYPE_CHOICES)}, got {fmt!r}")
+        offered = self.info.target_formats
+        if fmt != "auto" and fmt not in offered:
+            blocks = " (int8 runs a GGUF target's own blocks on the exact kernel)" if fmt == INT8 else ""
+            raise MirrorError(f"this target offers the formats {', '.join(offered)}, not {fmt}{blocks}")
+        now = self.info.target_dtype
+        return now is None or (self.info.pair_format if fmt == "auto" else fmt) != now.sequence
+
+    @property
+    def switches_formats(self) -> bool:
+        """Whether set_target_format can change the format on this loaded pair: a runner that changes only its linear
+        maps, and kept its loaded weights (LaneConfig.keep_formats); else the pair loads again in the format."""
+        return self.info.lanes.keep_formats and not self.target.formats.whole_model and self._config is not None
+
+    def set_target_format(self, fmt: str) -> None:
+        """The target in format `fmt` on the loaded pair (auto: the pair's own), timed and checked as a load does it
+        (its row plan, whole-machine step, roofline, γ and κ); the draft lane stays as it is. Between requests."""
+        if not self.format_change(fmt):
+            return
+        if not self.switches_formats:
+            raise MirrorError("this pair's target cannot change its format once loaded (a whole-model runner, or its "
+                              "loaded weights were freed: LaneConfig.keep_formats); load it again in that format")
+        with self._lock:  # no request runs meanwhile
+            timed = time_target(self.target, self.info.vocab_size, replace(self.info.lanes, dtype=fmt), self._config)
+            self.info = with_target_timing(self.info, self.target, timed, self.lane)
 
     # -- requests --------------------------------------------------------------------------
     def validate(self, request: Request) -> Request:

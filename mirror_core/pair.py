@@ -23,7 +23,7 @@ from .models.profile import load_profile
 from .models.vocab import load_vocab_map
 from .records import UNCHECKED, Calibration, ExitHeadInfo, Roofline, RowCheck, WholeMachine
 from .runners import build_runner
-from .runners.calibrate import BRANCH_ROWS, WINDOW, calibrate_target, lane_read_gbs, step_ms
+from .runners.calibrate import BRANCH_ROWS, WINDOW, calibrate_target, format_name, lane_read_gbs, pair_format, step_ms
 
 @dataclass(frozen=True)
 class PairInfo:
@@ -49,6 +49,8 @@ class PairInfo:
     roofline: Roofline | None = None         # the target's kernel, bytes per token and forward by rows vs. the roofline
     serial_cpus: tuple[int, ...] = ()        # where ar and sd run the target (every core, LaneConfig.serial_cores);
     #                                          () = on the target lane's own cores
+    target_formats: tuple[str, ...] = ()     # the formats the target's runner offers (DTYPE_CHOICES' names)
+    pair_format: str = ""                    # the target's format where none is asked for (calibrate.pair_format)
 
     def default_exit_layer(self) -> int:
         """ℓ_e where a request names none: the layer a feature-reading draft reads (it can read no other), else the
@@ -222,7 +224,7 @@ def time_target(runner, vocab: int, lanes: LaneConfig, config) -> TargetTiming:
     the lane has some of the cores, its one-token step there and on all of them, timed alike."""
     kernel = runner.kernel.library is not None
     with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads, kernel):
-        dtype, rows = calibrate_target(runner, vocab, lanes.dtype, config)
+        dtype, rows = calibrate_target(runner, vocab, lanes.dtype, config, lanes.keep_formats)
     whole = None
     every = machine.usable_cpus()
     if lanes.target_device == "cpu" and lanes.target_cpus and len(every) > len(lanes.target_cpus):
@@ -265,21 +267,30 @@ def draft_lane_spec(draft: str, lanes: LaneConfig, pair: PairFiles, trust_remote
 
 def pair_info(target: str, draft: str | None, lanes: LaneConfig, pair: PairFiles, loaded: LoadedTarget,
               timed: TargetTiming, lane) -> PairInfo:
-    """What the loaded pair is and what its load measured; with a draft lane, γ, κ for this machine (the latency
-    model at the pair's own ℓ_e)."""
-    info = PairInfo(target=target, draft=draft, num_layers=loaded.runner.num_layers, vocab_size=pair.vocab,
-                    max_context=pair.max_context, lanes=lanes, target_runner=type(loaded.runner).__name__,
-                    target_rows=timed.rows, target_dtype=timed.dtype,
+    """What the loaded pair is and what its load measured (with_target_timing)."""
+    runner = loaded.runner
+    info = PairInfo(target=target, draft=draft, num_layers=runner.num_layers, vocab_size=pair.vocab,
+                    max_context=pair.max_context, lanes=lanes, target_runner=type(runner).__name__,
                     draft_dtype=None if lane is None else lane.calibration,
                     draft_runner="" if lane is None else lane.runner_name, exit_head=loaded.head,
                     draft_vocab=None if pair.vmap is None else pair.vmap.size,
                     draft_features=None if pair.features is None else pair.features.feature_layer,
-                    whole_machine=timed.whole, roofline=_roofline(loaded.runner, timed.dtype, timed.whole),
-                    serial_cpus=_serial_cpus(lanes, timed.whole))
+                    target_formats=tuple(format_name(d) for d in runner.formats.offered),
+                    pair_format=pair_format(runner))
+    return with_target_timing(info, runner, timed, lane)
+
+
+def with_target_timing(info: PairInfo, runner, timed: TargetTiming, lane) -> PairInfo:
+    """`info` with what timing the target in its format measured (its dtype, row check, whole-machine step and
+    roofline, where ar and sd run) and, with a draft lane, γ, κ for this machine (the latency model at the pair's own
+    ℓ_e): at load, and again when MirrorEngine.set_target_format changes the format."""
+    info = replace(info, target_rows=timed.rows, target_dtype=timed.dtype, whole_machine=timed.whole,
+                   roofline=_roofline(runner, timed.dtype, timed.whole),
+                   serial_cpus=_serial_cpus(info.lanes, timed.whole))
     if lane is None:
         return info
     baseline = timed.whole.all_ms if timed.whole is not None and info.serial_cpus else None
-    return replace(info, spec_choice=_choose_spec(timed.dtype, lane.calibration, load_profile(local_folder(draft)),
+    return replace(info, spec_choice=_choose_spec(timed.dtype, lane.calibration, load_profile(local_folder(info.draft)),
                                                   info.default_exit_layer() / info.num_layers, baseline))
 
 

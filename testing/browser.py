@@ -271,6 +271,46 @@ def set_control(browser: Chromium, elem_id: str, value) -> None:
         time.sleep(0.2)
 
 
+OPEN_LIST_JS = """(() => {
+  const input = document.querySelector(%s + " input");
+  if (!input) return "";
+  if (input.getAttribute("aria-expanded") !== "true") {
+    input.dispatchEvent(new MouseEvent("mousedown", {bubbles: true}));
+    input.focus();
+  }
+  const items = [...document.querySelectorAll("#" + input.getAttribute("aria-controls") + " li.item")];
+  return JSON.stringify(items.map(li => li.getAttribute("aria-label")));
+})()"""
+CHOOSE_JS = """(() => {
+  const input = document.querySelector(%s + " input");
+  const item = [...document.querySelectorAll("#" + input.getAttribute("aria-controls") + " li.item")]
+      .find(li => li.getAttribute("aria-label") === %s);
+  if (item) item.dispatchEvent(new MouseEvent("mousedown", {bubbles: true}));
+  return !!item;
+})()"""
+
+
+def options(browser: Chromium, elem_id: str) -> list[str]:
+    """The labels of a dropdown's options: its list opened (it renders a frame after the click) and read."""
+    selector = json.dumps(f"#{elem_id}")
+    deadline = time.monotonic() + 10
+    while not (found := json.loads(browser.evaluate(OPEN_LIST_JS % selector) or "[]")):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"#{elem_id}'s list did not open")
+        time.sleep(0.2)
+    return found
+
+
+def pick_option(browser: Chromium, elem_id: str, label: str) -> None:
+    """Choose the option shown as `label` in one of the page's dropdowns, then leave it (the choice is sent)."""
+    if label not in options(browser, elem_id):
+        raise AssertionError(f"#{elem_id} offers no {label!r}")
+    browser.evaluate(CHOOSE_JS % (json.dumps(f"#{elem_id}"), json.dumps(label)))
+    time.sleep(0.3)
+    browser.evaluate(f"document.querySelector({json.dumps(f'#{elem_id} input')}).blur()")
+    time.sleep(0.3)
+
+
 def open_page(browser: Chromium, url: str, close_tour: bool = True) -> dict:
     """Open the app, wait until it is rendered, turn on network events and the page instruments; by default close
     the first-visit tour (measurements are of the page as a returning visitor sees it)."""

@@ -144,6 +144,39 @@ def test_every_decoder_equals_ar_at_the_chosen_dtype(pairs, arch, dtype):
                 assert engine.generate(Request(prompt, decoder, 20, spec=spec)).token_ids == ar, (decoder, i)
 
 
+def test_the_format_changes_on_the_loaded_pair_and_every_decoder_follows_it(pairs):
+    """MirrorEngine.set_target_format: the target re-timed in another format with the draft lane as it was; the
+    tokens are a fresh load's in that format, every decoder AR's; auto goes back to the pair's own. A format the
+    target does not offer, or a pair that freed its loaded weights, is refused with one line."""
+    target, draft = pairs["llama"]
+    lanes = LaneConfig(kind="inline", target_threads=1, draft_threads=1)
+    prompt, spec = (3, 1, 4, 1, 5), SpecConfig(gamma=3, kappa=2)
+    tokens = lambda e, decoder="ar": e.generate(Request(prompt, decoder, 16, spec=spec)).token_ids  # noqa: E731
+    with MirrorEngine.load(target, draft, LaneConfig(**{**lanes.__dict__, "dtype": "bfloat16"})) as fresh:
+        bf16 = tokens(fresh)
+    with MirrorEngine.load(target, draft, LaneConfig(**{**lanes.__dict__, "keep_formats": True})) as engine:
+        info, lane = engine.info, engine.lane
+        assert info.pair_format == "float32" and set(info.target_formats) == {"float32", "float16", "bfloat16"}
+        f32 = tokens(engine)
+        assert engine.format_change("bfloat16") and not engine.format_change("auto") and engine.switches_formats
+        engine.set_target_format("bfloat16")
+        now = engine.info.target_dtype
+        assert engine.lane is lane and engine.info.draft_dtype == info.draft_dtype  # the draft lane as it was
+        assert (now.sequence, now.requested, now.note) == ("bfloat16", "bfloat16", cal_mod.ASKED_WHY)
+        assert engine.info.target_rows.invariant and engine.info.roofline.weight_format.startswith("bfloat16")
+        assert tokens(engine) == bf16 and all(tokens(engine, d) == bf16 for d in ("sd", "mirror"))
+        engine.set_target_format("auto")
+        assert engine.info.target_dtype.sequence == "float32" and tokens(engine) == f32
+        with pytest.raises(MirrorError, match="offers the formats .* not int8 .*GGUF"):
+            engine.set_target_format("int8")
+        with pytest.raises(MirrorError, match="format must be one of"):
+            engine.format_change("float64")
+    with MirrorEngine.load(target, None, lanes) as frozen:
+        with pytest.raises(MirrorError, match="cannot change its format once loaded"):
+            frozen.set_target_format("bfloat16")
+        frozen.set_target_format("float32")  # the function it computes already: nothing to do
+
+
 def test_the_run_settings_carry_both_lanes_choices(pairs):
     with MirrorEngine.load(*pairs["llama"], LaneConfig(kind="inline", target_threads=1)) as engine:
         start = next(iter(engine.stream(Request((1, 2, 3), "mirror", 4))))

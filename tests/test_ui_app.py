@@ -31,7 +31,7 @@ RUN_PARAMETERS = (("Textbox", "Prompt"), ("Textbox", "Target"), ("Textbox", "Dra
                   ("Number", "Temperature"), ("Number", "Top-k"), ("Number", "Top-p"), ("Radio", "Rule"),
                   ("Number", "Max new tokens"), ("Number", "Seed"), ("Number", "Branch budget"),
                   ("Checkbox", "Live plots"), ("Number", "Repeats"), ("Checkbox", "Raw prompt"),
-                  ("Checkbox", "Context draft"))
+                  ("Checkbox", "Context draft"), ("Dropdown", "Format"))
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_a_full_run_streams_tokens_then_plots_and_exports_a_trace(app):
         "target", "accepted draft", "accepted · reused branch", "correction", "bonus"}
     assert 'class="mirror-prompt"' in final["mirror_tokens"]                  # the prompt, greyed, before the text
     assert "speedup vs AR" in final["numbers"] and os.path.exists(final["trace"])
-    assert "Matmul dtypes" in final["numbers"] and "target: " in final["numbers"] and "draft: " in final["numbers"]
+    assert "Formats, set when the pair loaded" in final["numbers"] and "target: " in final["numbers"] and "draft: " in final["numbers"]
     assert f"Ran: target {shown_path(target)} on cpu, draft {shown_path(draft)} on cpu" in final["numbers"]
     replayed = [by_name(o) for o in c.submit(api_name="/replay")]  # the same session's runs, re-animated
     assert "Replay finished" in replayed[-1]["status"] and replayed[-1]["ar_text"] == final["ar_text"]

@@ -6,14 +6,15 @@ Skipped when chromium is not installed (CI installs it: .ci/run).
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 
 import pytest
 
-from testing.browser import (CHROMIUM, UNTICK_SD_JS, measured_run, open_page, page_without_models, run_once,
-                             set_control, toy_pair_page)
+from testing.browser import (CHROMIUM, PAGE_STATE_JS, UNTICK_SD_JS, measured_run, open_page, page_without_models,
+                             run_once, set_control, toy_pair_page)
 from testing.net import free_port
 from testing.reliability import close_demo
 
@@ -48,6 +49,44 @@ def test_page_runs_a_generation_and_shows_tokens_and_plots(pair_root, tmp_path):
     finally:
         close_demo(demo)
         loader.close()
+
+
+WHO_JS = 'document.getElementById("mirror-streams-note")?.innerText || ""'
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_the_format_control_switches_the_function_on_the_loaded_pair_and_the_page_names_it(pair_root, tmp_path):
+    """Run in the pair's own format, then pick another under Format and Run again: the same loaded engine computes
+    it, every column agrees, "Who wrote this" names each function in the CLI's words, and the control lists the
+    formats this target offers (no int8: the toy target has no GGUF blocks)."""
+    from mirror_core.kernels.formats import FUNCTIONS
+    from testing.browser import options, pick_option, press_run, served_pair, wait_for
+    from testing.toy_models import build_pair
+
+    target, draft = build_pair(pair_root, "llama")
+    with served_pair(target, draft) as (loader, url, browser):
+        engine = loader.get(target, draft)
+        open_page(browser, url)
+        browser.evaluate(UNTICK_SD_JS)
+        said = {}
+        for fmt in ("auto", "bfloat16"):
+            if fmt != "auto":
+                pick_option(browser, "mirror-format", fmt)
+            before = json.loads(browser.evaluate(PAGE_STATE_JS))["status"]
+            press_run(browser, before=before)
+            wait_for(browser, lambda s: "Timing" in s["status"], 120, poll=0.05)  # this run's (not the last one's)
+            wait_for(browser, lambda s: "Done" in s["status"] and s["tokens"] > 0, 120)
+            texts = [browser.evaluate(f'[...document.querySelectorAll("#mirror-tokens-{d} .mirror-tok")]'
+                                      '.map(t => t.innerText).join("|")') for d in ("ar", "mirror")]
+            assert texts[0] and texts[0] == texts[1], texts
+            said[fmt] = browser.evaluate(WHO_JS)
+        assert FUNCTIONS["float32"] in said["auto"] and FUNCTIONS["bfloat16"] in said["bfloat16"], said
+        assert all("Who wrote this" in s and "135 M" not in s for s in said.values())
+        assert loader.get(target, draft) is engine and engine.info.target_dtype.sequence == "bfloat16"
+        listed = options(browser, "mirror-format")
+        assert listed[0].startswith("auto: the pair's own, float32") and "int8" not in listed, listed
+        assert set(listed[1:]) == set(engine.info.target_formats)
+        browser.screenshot(str(tmp_path / "format.png"))
 
 
 TOUR_JS = """(() => {

@@ -251,7 +251,8 @@ def test_settings_map_to_configs_in_one_place():
     assert s.spec.gamma == 5 and s.spec.exit_layer is None and s.sampling.rule == "rejection"
     (req,) = s.requests((1, 2))[1:]
     assert req.decoder == "mirror" and req.max_new_tokens == 32 and req.sampling.seed == 7
-    for bad in ({"gamma": -1}, {"kappa": 2.5}, {"temperature": -1}, {"top_p": 0}, {"max_new_tokens": 0}):
+    for bad in ({"gamma": -1}, {"kappa": 2.5}, {"temperature": -1}, {"top_p": 0}, {"max_new_tokens": 0},
+                {"format": "float64"}):
         with pytest.raises(MirrorError):
             settings_from_ui(_values(**bad))
     with pytest.raises(MirrorError, match="token ids"):
@@ -286,7 +287,7 @@ def test_a_control_is_one_entry_and_the_run_tab_builds_its_field(monkeypatch):
     monkeypatch.setattr(run_tab, "RUN_CONTROLS", RUN_CONTROLS + (extra,))
     with gr.Blocks():
         fields = run_tab.build_controls([], []).fields
-    assert list(fields) == ["prompt", "target", "draft", "decoders",
+    assert list(fields) == ["prompt", "target", "draft", "format", "decoders",
                             *(c.name for row in run_tab.KNOB_ROWS for c in RUN_CONTROLS + (extra,) if c.row == row)]
     for c in RUN_CONTROLS + (extra,):
         field = fields[c.name]
@@ -328,25 +329,27 @@ def test_closing_a_session_stops_every_kind_of_work():
     assert all(f.is_set() for f in flags)
 
 
-def test_the_numbers_name_each_lanes_dtype_and_say_when_ar_alone_would_be_faster_elsewhere():
+def test_the_numbers_name_the_targets_function_and_the_drafts_fastest_format():
     from types import SimpleNamespace
 
+    from mirror_core.kernels.formats import FUNCTIONS
     from mirror_core.records import Calibration, Timing
     from ui.numbers import dtype_line
 
     target = Calibration("target", "auto", "bfloat16", "bfloat16", (
-        Timing("float32", "step", 10.4), Timing("float32", "window", 13.0),
-        Timing("bfloat16", "step", 12.3), Timing("bfloat16", "window", 12.1)))
+        Timing("bfloat16", "step", 12.3), Timing("bfloat16", "window", 12.1)), note="the pair's format")
     draft = Calibration("draft", "auto", "float32", "bfloat16", (
         Timing("float32", "step", 1.9), Timing("float32", "rows", 13.5),
         Timing("bfloat16", "step", 2.6), Timing("bfloat16", "rows", 12.9)))
-    line = dtype_line(SimpleNamespace(target_dtype=target, draft_dtype=draft))
-    assert "target: bfloat16, the fastest window of γ+1 here (12.1 ms; float32 13.0 ms; the fold under the verdict" in line
-    assert "≈" not in line and "faster in float32 (10.4 vs 12.3 ms)" in line  # one verify cost: the fold's
+    on = SimpleNamespace(target="t", roofline=SimpleNamespace(kernel="avx2"))
+    line = dtype_line(SimpleNamespace(**vars(on), target_dtype=target, draft_dtype=draft)).replace("&#x27;", "'")
+    assert f"target: {FUNCTIONS['bfloat16']}; on the exact kernel" in line and "fastest window" not in line
+    assert "its window of γ+1 12.1 ms at load" in line and "≈" not in line  # one verify cost: the fold's
     assert "draft: float32 (rows: bfloat16), the fastest step (1.9 ms) and branch rollout (12.9 ms)" in line
-    forced = SimpleNamespace(target_dtype=Calibration("target", "float32", "float32", "float32"), draft_dtype=None)
-    assert "target: float32 (forced by --dtype)" in dtype_line(forced) and "draft:" not in dtype_line(forced)
-    assert dtype_line(SimpleNamespace(target_dtype=None, draft_dtype=None)) == ""
+    asked = Calibration("target", "float32", "float32", "float32", note="asked for by name")
+    forced = dtype_line(SimpleNamespace(**vars(on), target_dtype=asked, draft_dtype=None))
+    assert f"target: {FUNCTIONS['float32']}" in forced and "(asked for by name)" in forced and "draft:" not in forced
+    assert dtype_line(SimpleNamespace(**vars(on), target_dtype=None, draft_dtype=None)) == ""
 
 
 def test_the_roofline_view_plots_the_forward_by_rows_against_both_limits_and_says_where_the_ridge_is():

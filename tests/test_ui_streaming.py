@@ -33,10 +33,10 @@ def loader():
 
 
 def settings(pair, decoders=("ar", "sd", "mirror"), max_new=24, exit_layer=0, target=None, live_plots=True,
-             repeats=1):
+             repeats=1, fmt="auto"):
     return settings_from_ui(page_values(prompt="1, 2, 3", target=target or pair[0], draft=pair[1],
                                         decoders=list(decoders), gamma=3, kappa=2, exit_layer=exit_layer,
-                                        max_new_tokens=max_new, live_plots=live_plots, repeats=repeats))
+                                        max_new_tokens=max_new, live_plots=live_plots, repeats=repeats, format=fmt))
 
 
 def test_measure_then_show_sends_no_plot_record_until_the_runs_have_ended(pair, loader):
@@ -87,7 +87,7 @@ def test_full_comparison_streams_only_what_grew(pair, loader):
             assert outputs.keys() == {*OUTPUT_NAMES, STATE}                      # everything is refreshed
         if tick.kind in (RESET, RESULTS):  # a new comparison clears everything, in two pieces (the end: three)
             assert "plots" in outputs and "inspector" in outputs and "numbers" not in outputs if tick.kind == RESET \
-                else outputs.keys() == {"status", "numbers", "latency", "verdict", "ran"}
+                else outputs.keys() == {"status", "numbers", "latency", "verdict", "ran", "who", "format"}
             pieces |= outputs.keys()
         if tick.kind == TEXT and not tick.plots:  # while the runs are timed the streams only grow at their end:
             grown = {k: v for k, v in outputs.items() if k.endswith(("_tokens", "_text"))}  # Gradio sends what grew
@@ -340,3 +340,30 @@ def test_a_cancel_sets_the_flag_at_once_and_closes_the_work_before_it_ends():
 
     asyncio.run(main())
     assert log == ["first token", "cancel", ("the flag seen", True), "closed", "cancelled"]
+
+
+def test_the_format_switch_keeps_the_pair_loaded_and_names_the_function_that_wrote_the_text(pair, loader):
+    """Format on the page: the loaded engine changes its target's format in place (the same engine, the same draft
+    lane), the status says so while it does, the columns agree in that format, and "Who wrote this" names its
+    function in the CLI's words; the Format control then lists the formats the target offers."""
+    from mirror_core.kernels.formats import FUNCTIONS
+    from mirror_core.models.pairs import target_function
+    from mirror_core import MirrorError
+
+    engine = loader.get(*pair, fmt="auto")
+    session = Session()
+    ticks = list(run_comparison(loader, session, settings(pair, ("ar", "mirror"), max_new=8, fmt="bfloat16"),
+                                sleep=no_sleep))
+    assert ticks[0].status.startswith("Setting the target's format to bfloat16 on the loaded pair")
+    assert loader.get(*pair) is engine and engine.info.target_dtype.sequence == "bfloat16"
+    assert loader.target_format() == "bfloat16" and ticks[-1].kind == DONE and "Done" in ticks[-1].status
+    ar, mirror = (session.runs[d].end.token_ids for d in ("ar", "mirror"))
+    assert ar == mirror
+    out = refreshed(session, ticks[-1])
+    said = target_function(session.runs["ar"].start.settings)
+    assert said.format == "bfloat16" and said.computes == FUNCTIONS["bfloat16"] and said.line in out["who"]
+    offered = [value for _, value in out["format"].choices]
+    assert offered[0] == "auto" and set(offered[1:]) == set(engine.info.target_formats) and "bfloat16" in offered
+    with pytest.raises(MirrorError, match="offers the formats"):  # one the target lacks: refused, the pair stays
+        loader.get(*pair, fmt="int8")
+    assert loader.get(*pair, fmt="auto") is engine and engine.info.target_dtype.sequence == "float32"

@@ -45,7 +45,7 @@ def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[s
         with gr.Tabs() as tabs:
             with gr.Tab("Run", id="run"):
                 controls = run_tab.build_controls(presets, examples or [])
-                shown = views.build(controls.status, controls.verdict, controls.ran)
+                shown = views.build(controls.status, controls.verdict, controls.ran, controls.fields["format"])
             with gr.Tab("Learn", id="learn") as learn_tab:
                 player = learn.build(state, loader, learn_tab)
         for ended in run_tab.wire(demo, loader, presets, state, controls, shown):

@@ -1,13 +1,15 @@
 """The engine cache app.py creates: one loaded MirrorEngine at a time, keyed by (target, draft, lanes). A new pair
 loads beside the working one where memory allows, and replaces it only once loaded: a load that was stopped, or
-failed, leaves the working pair as it was."""
+failed, leaves the working pair as it was. The page's Format control changes the loaded target's format in place
+(MirrorEngine.set_target_format: the pair stays loaded, the draft lane as it was); a target that cannot (a
+whole-model runner) loads again in the format."""
 from __future__ import annotations
 
 import contextlib
 import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psutil
 
@@ -105,8 +107,11 @@ class EngineLoader:
                  policy: ModelPolicy = ModelPolicy(), check: Callable[..., None] | None = MirrorEngine.check_pair):
         """`check(target, draft, lanes, trust_remote_code)`: the pair's files checked before the loaded pair is
         closed for it (None: no such check, for loads that are not MirrorEngine.load's)."""
-        self.lanes, self._load, self.warmup, self.policy, self._check = lanes, load, warmup, policy, check
+        # the page's pairs keep their loaded weights, so that a format switch keeps the pair loaded
+        self.lanes = replace(lanes, keep_formats=True)
+        self._load, self.warmup, self.policy, self._check = load, warmup, policy, check
         self._key: tuple | None = None
+        self._format = self.lanes.dtype  # the target format the loaded engine was asked for (DTYPE_CHOICES)
         self._engine: MirrorEngine | None = None
         self._lock = threading.Lock()
         self._seen: set[tuple] = set()  # every pair loaded before (a reload is not a first use)
@@ -115,12 +120,14 @@ class EngineLoader:
         self._wants_lock = threading.Lock()
         self._held: set[threading.Event] = set()  # the stop flags of what runs now (holding)
 
-    def get(self, target: str, draft: str | None, stop: threading.Event | None = None) -> MirrorEngine | None:
-        """The pair's engine, loaded now unless it is the loaded one. A pair that cannot load (refused by the
-        policy, a typo, a model not found offline) fails before the loaded pair is touched: that one stays. The
-        loaded pair stays open while the new one loads (unless memory is short: `_room_for_both`) and is closed
-        once it has. When every caller waiting for this pair has set its `stop` by then, the new one is closed
-        instead and None returned (a caller that asks again while it loads adopts it)."""
+    def get(self, target: str, draft: str | None, stop: threading.Event | None = None,
+            fmt: str | None = None) -> MirrorEngine | None:
+        """The pair's engine, loaded now unless it is the loaded one, its target in format `fmt` (DTYPE_CHOICES; None:
+        as it is). A pair that cannot load (refused by the policy, a typo, a model not found offline) fails before
+        the loaded pair is touched: that one stays. The loaded pair stays open while the new one loads (unless memory
+        is short: `_room_for_both`) and is closed once it has. When every caller waiting for this pair has set its
+        `stop` by then, the new one is closed instead and None returned (a caller that asks again while it loads
+        adopts it)."""
         key, wanted = (target, draft, self.lanes), stop or threading.Event()
         with self._wants_lock:
             self._wants.setdefault(key, []).append(wanted)
@@ -134,12 +141,27 @@ class EngineLoader:
                         engine.close()
                         return None
                     self._close_current()
-                    self._engine, self._key = engine, key
+                    self._engine, self._key, self._format = engine, key, self.lanes.dtype
                     self._seen.add(key)
+                if fmt is not None and fmt != self._format:
+                    self._in_format(fmt)
                 return self._engine
         finally:
             with self._wants_lock:
                 self._wants[key].remove(wanted)
+
+    def _in_format(self, fmt: str) -> None:
+        """The loaded pair's target in `fmt`: switched in place where its engine can (the pair and its draft lane
+        stay loaded), else the pair loaded again with that format."""
+        engine = self._engine
+        if engine.format_change(fmt) and not engine.switches_formats:
+            target, draft = self._key[:2]
+            self._close_current()
+            self._engine = self._load_warm(target, draft, replace(self.lanes, dtype=fmt))
+            self._key = (target, draft, self.lanes)
+        else:
+            engine.set_target_format(fmt)
+        self._format = fmt
 
     def _load_beside(self, target: str, draft: str | None) -> MirrorEngine:
         """The pair checked, then loaded and warmed up beside the working one (closed first where memory is short)."""
@@ -156,9 +178,10 @@ class EngineLoader:
         finally:
             self._loading = None
 
-    def _load_warm(self, target: str, draft: str | None) -> MirrorEngine:
-        engine = (self._load(target, draft, self.lanes, trust_remote_code=True) if self.policy.trust_remote_code
-                  else self._load(target, draft, self.lanes))
+    def _load_warm(self, target: str, draft: str | None, lanes: LaneConfig | None = None) -> MirrorEngine:
+        lanes = lanes or self.lanes
+        engine = (self._load(target, draft, lanes, trust_remote_code=True) if self.policy.trust_remote_code
+                  else self._load(target, draft, lanes))
         try:
             if self.warmup:
                 _warm_up(engine)
@@ -188,6 +211,10 @@ class EngineLoader:
     def loading(self) -> tuple[str, str | None] | None:
         """The (target, draft) being loaded now, or None (a stopped load runs on in the background until it ends)."""
         return self._loading
+
+    def target_format(self) -> str:
+        """The format the loaded pair's target was last asked for (DTYPE_CHOICES; auto: the pair's own)."""
+        return self._format
 
     def loaded(self) -> tuple[str, str | None] | None:
         """The (target, draft) currently loaded, or None."""
@@ -226,7 +253,7 @@ class EngineLoader:
 
 
 def load_or_stop(loader: EngineLoader, target: str, draft: str | None, stop: threading.Event,
-                 poll_s: float = 0.1) -> MirrorEngine | None:
+                 poll_s: float = 0.1, fmt: str | None = None) -> MirrorEngine | None:
     """loader.get in a thread of its own, so that Stop ends the wait at once: None when `stop` is set before the
     load ends (the load goes on in the background, and is dropped when it ends: the loaded pair stays); the load's
     error otherwise."""
@@ -234,7 +261,7 @@ def load_or_stop(loader: EngineLoader, target: str, draft: str | None, stop: thr
 
     def work() -> None:
         try:
-            done.append(loader.get(target, draft, stop))
+            done.append(loader.get(target, draft, stop, fmt))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
             done.append(exc)
 

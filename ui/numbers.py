@@ -6,6 +6,7 @@ import statistics
 
 from mirror_core.events import STAGE_TARGET_STEP
 from mirror_core.latency import LatencyModel, latency_model_from_events, stage_mean
+from mirror_core.models.pairs import target_function
 
 from .render import shown_path
 from .session import DecoderRun
@@ -249,35 +250,31 @@ def roofline_html(roof) -> str:
 
 
 def dtype_line(settings) -> str:
-    """Each lane's matmul dtype and the load-time timings behind it (runners/calibrate.py)."""
+    """Each lane's format: the target's as the function that wrote the text (models/pairs.py: TargetFunction, the
+    CLI's wording) and its load-time timings; the draft's, the fastest here (runners/calibrate.py)."""
     parts = []
-    for lane, cal in (("target", settings.target_dtype), ("draft", settings.draft_dtype)):
-        if cal is None:
-            continue
-        text = f"{lane}: {cal.label}"
+    said = target_function(settings)
+    cal = settings.target_dtype
+    if said is not None:
+        window = cal.ms(cal.sequence, "window")
+        parts.append(f"target: {said.line}" + ("" if window is None else
+                     f"; its window of γ+1 {window:.1f} ms at load (the fold under the verdict holds it from load to "
+                     "run)"))
+    cal = settings.draft_dtype
+    if cal is not None:
+        text = f"draft: {cal.label}"
         if cal.requested != "auto":
             text += " (forced by --dtype)"
         elif not cal.table:
             text += f" ({cal.note})"
-        elif lane == "target":
-            others = ", ".join(f"{t.dtype} {t.ms:.1f} ms" for t in cal.table
-                               if t.shape == "window" and t.dtype != cal.sequence)
-            text += (f", the fastest window of γ+1 here ({cal.ms(cal.sequence, 'window'):.1f} ms"
-                     + (f"; {others}" if others else "") + "; the fold under the verdict holds the window from load to run)")
-            steps = [t for t in cal.table if t.shape == "step"]
-            quickest = min(steps, key=lambda t: t.ms) if steps else None
-            if quickest and quickest.dtype != cal.sequence:  # say so: AR is the baseline, and it is slower here
-                text += (f"; one-token steps alone are faster in {quickest.dtype} ({quickest.ms:.1f} vs "
-                         f"{cal.ms(cal.sequence, 'step'):.1f} ms), but AR must run the same function as the "
-                         f"speculative decoders to emit the same tokens, so every speedup here is against AR in "
-                         f"{cal.sequence} (bench --dtype auto,float32 compares both)")
         else:
-            text += f", the fastest step ({cal.ms(cal.sequence, 'step'):.1f} ms) and branch rollout ({cal.ms(cal.rows, 'rows'):.1f} ms)"
+            text += (f", the fastest step ({cal.ms(cal.sequence, 'step'):.1f} ms) and branch rollout "
+                     f"({cal.ms(cal.rows, 'rows'):.1f} ms)")
         parts.append(text)
     if not parts:
         return ""
-    return ("<p class='mirror-def'>Matmul dtypes, timed where each lane runs when the pair loaded (--dtype "
-            "overrides; on the fast runners only the matmuls change, the logits stay in the loaded dtype): "
+    return ("<p class='mirror-def'>Formats, set when the pair loaded (the target's is the function every decoder "
+            "reproduces; the draft's, timed where it runs, never changes the output): "
             + html.escape("; ".join(parts)) + ".</p>")
 
 

@@ -25,6 +25,7 @@ from .settings import (
     RUN_CONTROLS,
     Control,
     controls_by_name,
+    format_choices,
     settings_from_ui,
 )
 from .streaming import DONE, RESULTS, Tick, final_status, replay, run_comparison
@@ -82,6 +83,9 @@ def build_controls(presets: list[PairPreset], examples: list[str]) -> Controls:
                                            value=shown_path(first.target) if first else ""),
                       "draft": gr.Textbox(label=BY_NAME["draft"].label, info=INFO["draft"],
                                           value=shown_path(first.draft) if first else ""),
+                      "format": gr.Dropdown(format_choices(), value=BY_NAME["format"].default,
+                                            label=BY_NAME["format"].label, info=INFO["format"],
+                                            elem_id="mirror-format"),
                       "decoders": gr.CheckboxGroup([(DECODER_TITLES[d], d) for d in COLUMNS], value=decoders.default,
                                                    label=decoders.label, info=decoders.info)}
     with gr.Accordion("Speculation and sampling", open=False, elem_id="mirror-knobs"):  # the defaults suit a first run
@@ -236,8 +240,9 @@ def _wire_inspector(state: gr.State, v: Views) -> None:
 
 def _wire_pickers(presets: list[PairPreset], c: Controls, v: Views) -> None:
     """The pair preset fills Target and Draft; the decoders chosen show their columns (neither is an endpoint)."""
-    c.preset.change(lambda label: _pair_of(presets, label), [c.preset], [c.fields["target"], c.fields["draft"]],
-                    api_visibility="private", show_progress="hidden")
+    c.preset.change(lambda label: (*_pair_of(presets, label), gr.Dropdown(format_choices(), value="auto")), [c.preset],
+                    [c.fields["target"], c.fields["draft"], c.fields["format"]], api_visibility="private",
+                    show_progress="hidden")  # another pair: its formats are known once it loads
     c.fields["decoders"].change(lambda ds: [gr.Column(visible=d in (ds or ())) for d in COLUMNS],
                                 [c.fields["decoders"]], [v.columns[d] for d in COLUMNS], api_visibility="private",
                                 show_progress="hidden")

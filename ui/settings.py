@@ -9,6 +9,7 @@ from mirror_core import MirrorError, Request, SamplingConfig, SpecConfig
 from mirror_core.config import (
     ContextConfig,
     AUTO_BRANCH_BUDGET,
+    DTYPE_CHOICES,
     DEFAULT_GAMMA,
     DEFAULT_KAPPA,
     MAX_GAMMA,
@@ -54,7 +55,8 @@ class Control:
 RUN_CONTROLS = (
     Control("prompt", "Prompt", "Text for models with a tokenizer; for models without one, comma-separated token ids "
             "(e.g. 1, 2, 3)."),
-    Control("target", "Target", "Reproduced exactly: a Hugging Face id (e.g. Qwen/Qwen3-1.7B) or a folder."),
+    Control("target", "Target", "The model whose own tokens, in the Format below, every decoder reproduces exactly: "
+            "a Hugging Face id (e.g. Qwen/Qwen3-1.7B) or a folder."),
     Control("draft", "Draft", "Smaller, same vocabulary (e.g. Qwen/Qwen3-0.6B); empty: AR only."),
     Control("decoders", "Decoders to compare", "Run one after another, each with both lanes to itself; AR is the "
             "baseline every speedup refers to; vanilla SD is the paper's comparison (Mirror ÷ SD in the verdict).",
@@ -96,6 +98,9 @@ RUN_CONTROLS = (
     Control("context", "Context draft", "On: where the answer copies from the prompt or from itself, SD and Mirror-SD "
             "verify windows copied from there (yellow tokens), as long as the latency model says pays; elsewhere the "
             "draft model drafts. Never changes the output.", ContextConfig.enabled, row="speculation"),
+    Control("format", "Format", "The function the target computes, so the text's author: auto = the pair's own "
+            "(int8 for a GGUF target, as llama.cpp computes it; else its float32), or another this target offers "
+            "(listed once it has loaded). Switching keeps the pair loaded.", "auto"),
 )
 CONTROLS = tuple(c.name for c in RUN_CONTROLS)
 BY_NAME = {c.name: c for c in RUN_CONTROLS}
@@ -120,6 +125,7 @@ class ComparisonSettings:
     live_plots: bool = True          # True: the comparison ends with its runs replayed at their measured pace
     repeats: int = 1                 # comparisons per Run; odd-numbered repeats (0-based) run in reverse order
     raw_prompt: bool = False         # True: tokenize the prompt as it is, without the target's chat template
+    format: str = "auto"             # the target's format (DTYPE_CHOICES; auto: the pair's own)
 
     def requests(self, prompt_ids: tuple[int, ...]) -> list[Request]:
         """Every run of the comparison, repeat after repeat (DECODER_ORDER, then reversed, alternately)."""
@@ -160,7 +166,19 @@ def settings_from_ui(values: Mapping[str, object]) -> ComparisonSettings:
     max_new = _bounded("max_new_tokens", _as_int(v["max_new_tokens"], "max new tokens"))
     live, raw = _as_flag(v["live_plots"], "live plots"), _as_flag(v["raw_prompt"], "raw prompt")
     repeats = _bounded("repeats", _as_int(v["repeats"], "repeats"))
-    return ComparisonSettings(target, draft or None, prompt, decoders_chosen, max_new, sampling, spec, live, repeats, raw)
+    fmt = v["format"]
+    if fmt not in DTYPE_CHOICES:
+        raise MirrorError(f"format must be one of {', '.join(DTYPE_CHOICES)}, got {fmt!r}; nothing was run")
+    return ComparisonSettings(target, draft or None, prompt, decoders_chosen, max_new, sampling, spec, live, repeats, raw,
+                              fmt)
+
+
+def format_choices(info=None) -> list[tuple[str, str]]:
+    """The Format control's choices: every format before a pair has loaded; then auto (named: the pair's own) and
+    the formats its target offers (PairInfo.target_formats)."""
+    if info is None or not info.target_formats:
+        return [("auto: the pair's own", "auto")] + [(f, f) for f in DTYPE_CHOICES[1:]]
+    return [(f"auto: the pair's own, {info.pair_format}", "auto")] + [(f, f) for f in info.target_formats]
 
 
 def _bounded(name: str, value):

@@ -43,6 +43,8 @@ PAGE_SETTLE_S = 0.25
 # main-thread task of a run: docs/BENCHMARKS.md, "The page's start and end in pieces").
 PAGE_PIECE_S = 0.05
 REPLAY_FPS = 20.0  # frames per second of a replay (the page's pacing only)
+FORMAT_SWITCH = ("Setting the target's format to {} on the loaded pair: its row plan checked and its steps timed as a "
+                 "load does (the draft lane stays as it is) …")
 
 
 @dataclass(frozen=True)
@@ -113,12 +115,14 @@ def _prepare(loader, session: Session, settings: ComparisonSettings):
     """The pair (loaded unless it is the loaded one; Stop ends the wait) and every request, checked and decided by
     the pair (γ, κ, ℓ_e) before anything runs: (engine, requests). A generator: it yields the loading status."""
     pair, busy = (settings.target, settings.draft), loader.loading()
-    session.status = (load_status(loader, settings) if loader.loaded() != pair else "Starting …" if busy in (None, pair)
+    session.status = (load_status(loader, settings) if loader.loaded() != pair
                       else f"Waiting for a stopped load of `{shown_path(busy[0])}` to end (it runs on in the "
                            "background and is dropped when it ends; the loaded pair stays, and is timed with the "
-                           "machine to itself; Stop ends the wait) …")
+                           "machine to itself; Stop ends the wait) …" if busy not in (None, pair)
+                      else FORMAT_SWITCH.format(settings.format) if settings.format != loader.target_format()
+                      else "Starting …")
     yield Tick(STATUS, session.status)
-    engine = load_or_stop(loader, settings.target, settings.draft, session.stop)
+    engine = load_or_stop(loader, settings.target, settings.draft, session.stop, fmt=settings.format)
     if engine is None:  # Stop during the load: the page is free at once (the loaded pair stays)
         raise _LoadStopped
     prompt_ids = engine.encode(settings.prompt, chat=not settings.raw_prompt)

@@ -7,9 +7,12 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from mirror_core.models.pairs import target_function
+
 from . import inspector, numbers, plots, render, verdict
+from .render import shown_path
 from .session import Session, plain_text, stream_html
-from .settings import DECODER_ORDER, DECODER_TITLES, DEFAULTS
+from .settings import DECODER_ORDER, DECODER_TITLES, DEFAULTS, format_choices
 from .streaming import DONE, RESET, RESULTS, STATUS, TEXT, Tick
 
 COLUMNS = DECODER_ORDER  # left to right on the page: the order they run in
@@ -20,15 +23,19 @@ TOKEN_VIEWS = ("tokens", "text")  # per column: the stream (HTML: prompt, colour
 OUTPUT_NAMES = ("status", *(f"{d}_{view}" for d in COLUMNS for view in TOKEN_VIEWS), "plots", "numbers", "latency",
                 "inspect_run", "inspect_step", "inspector", "trace",
                 "verdict",  # under the status line: Mirror ÷ AR, Mirror ÷ SD and why (ui/verdict.py)
-                "ran")      # beside the "0 = chosen by the pair" knobs: the γ, κ, ℓ_e the last run used
+                "ran",      # beside the "0 = chosen by the pair" knobs: the γ, κ, ℓ_e the last run used
+                "who",      # under the streams: the function that wrote the text (the target in its format)
+                "format")   # the Format control, its choices the loaded target's formats
 STATE = "session"  # the gr.State output's name in a tick's refresh
 RAN_BEFORE = "After a run, the γ, κ and ℓ_e it used show here (0 above = chosen by the pair when it loads)."
 
 # Under the streams: what the text is, before anyone reads the default example's answer as the method's quality.
-WHO_WROTE_IT = ("**Who wrote this:** the target model, whichever decoder ran it. The default pair's target, "
-                "SmolLM2-135M-Instruct, has 135 M parameters: expect wrong facts and code that does not run. The point "
-                "is that all three columns agree token for token (greedy, or the exact rule with one seed): "
-                "speculation changes how fast the text comes, never what it says.")
+WHO_WROTE_IT = ("**Who wrote this:** the target model in its **Format** (the function it computes), whichever decoder "
+                "ran it; after a run, that function is named here.")
+SAME_TEXT = ("All the columns are this function's own tokens, token for token (greedy, or the exact rule with one "
+             "seed): speculation changes how fast the text comes, never what it says. Another format is another "
+             "function, with other tokens where the two disagree (**Format** switches it), and a small model gets "
+             "facts wrong in any format.")
 HONESTY = ("Decoders run **one after another**, each with both lanes to itself, and the page **holds still while "
            "each one is timed**: it shows a run's first token at once and the rest when the run ends, so drawing "
            "never takes CPU from the lanes it measures. Every time shown comes from the engine's spans and commit "
@@ -65,10 +72,10 @@ class Views:
     learn: gr.Button  # the inspector's "Slow it down": the inspected step in the Learn tab's step player
 
 
-def build(status: gr.Markdown, verdict_box: gr.HTML, ran: gr.Markdown) -> Views:
-    """The views under the controls (the status line, the verdict and the "ran" line are the controls', right under
-    Run and beside the knobs)."""
-    out = {"status": status, "verdict": verdict_box, "ran": ran}
+def build(status: gr.Markdown, verdict_box: gr.HTML, ran: gr.Markdown, fmt: gr.Dropdown) -> Views:
+    """The views under the controls (the status line, the verdict, the "ran" line and the Format control are the
+    controls', right under Run, beside the knobs and beside the pair)."""
+    out = {"status": status, "verdict": verdict_box, "ran": ran, "format": fmt}
     with gr.Row(elem_id="mirror-legend-row"):
         gr.HTML(render.legend_html())
         hide = gr.Checkbox(False, label="Hide rejected drafts", elem_id="mirror-hide-rejected", min_width=160,
@@ -84,7 +91,7 @@ def build(status: gr.Markdown, verdict_box: gr.HTML, ran: gr.Markdown) -> Views:
                 with gr.Accordion("Committed text (copy)", open=False):
                     out[f"{d}_text"] = gr.Textbox(label="Committed text", lines=3, interactive=False,
                                                   buttons=["copy"], elem_id=f"mirror-text-{d}")
-    gr.Markdown(WHO_WROTE_IT, elem_id="mirror-streams-note")
+    out["who"] = gr.Markdown(WHO_WROTE_IT, elem_id="mirror-streams-note")
     gr.Markdown(HONESTY)  # below the streams: the first screen shows the prompt, Run, the status and the streams
     out["plots"] = gr.HTML("", elem_id="mirror-plots", html_template=PLOTS_TEMPLATE,
                            js_on_load=PLOTS_JS,
@@ -175,9 +182,22 @@ def _results(session: Session) -> dict[str, object]:
     """The comparison's numbers, the latency model, the verdict and the ran line."""
     model = numbers.latency_model(session.runs.get("mirror"), session.runs.get("ar"))
     measured = numbers.speedup(session.runs.get("ar"), session.runs.get("mirror"))[0]
+    info = session.pair_info
     return {"numbers": numbers.numbers_html(session.runs) + numbers.spread_html(session.history),
             "latency": numbers.latency_html(model, measured), "verdict": verdict.verdict_html(session),
-            "ran": ran_line(session)}
+            "ran": ran_line(session), "who": who_wrote(session),
+            "format": gr.skip() if info is None else gr.Dropdown(choices=format_choices(info))}
+
+
+def who_wrote(session: Session) -> str:
+    """Who wrote the text: the target in the format its runs computed (models/pairs.py: TargetFunction, the CLI's
+    wording), with the recorded agreement between its formats where one was measured."""
+    run = next((r for r in session.runs.values() if r.start is not None), None)
+    said = None if run is None else target_function(run.start.settings)
+    if said is None:
+        return WHO_WROTE_IT
+    return (f"**Who wrote this:** the target, `{shown_path(run.start.settings.target)}`, whichever decoder ran it, in "
+            f"this function: {said.line}. {SAME_TEXT}")
 
 
 def _inspection(session: Session) -> dict[str, object]:

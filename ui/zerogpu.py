@@ -124,6 +124,8 @@ class WorkerEngine(MirrorEngine):
     """A MirrorEngine whose lanes run in ZeroGPU's GPU worker. This process keeps what checks a request and encodes
     a prompt (validate, encode, generate and info are MirrorEngine's own); every stream is one GPU call."""
 
+    switches_formats = False  # the pair lives in the GPU worker: another format loads it again there
+
     def __init__(self, calls: WorkerPair, key: tuple, info, tokenizer) -> None:  # no lanes here: nothing to start
         self.calls, self.key = calls, key
         self.target, self.info, self.tokenizer, self.eos_ids = None, info, tokenizer, frozenset()

@@ -37,6 +37,41 @@ def format_quality(target: str) -> dict | None:
 
 
 @dataclass(frozen=True)
+class TargetFunction:
+    """The function a target computed, in words: the one wording of the CLI's "the function that wrote this" and the
+    page's "Who wrote this" (kernels/formats.py's FUNCTIONS says what each format computes)."""
+
+    format: str      # the format's name (a FUNCTIONS key)
+    computes: str    # what it computes, in one line (FUNCTIONS)
+    runs_on: str     # the exact kernel (the same tokens on every CPU) or torch's matmul (this machine's rounding)
+    why: str         # why this format: the pair's own, or asked for
+    agreement: str   # the recorded int8-against-float32 measurement for this target ("" where none was made)
+
+    @property
+    def line(self) -> str:
+        return f"{self.computes}; on {self.runs_on} ({self.why})" + (f"; {self.agreement}" if self.agreement else "")
+
+
+def target_function(info) -> TargetFunction | None:
+    """What `info` (a PairInfo, or a run's RunSettings: target, target_dtype, roofline) computed; None where its
+    format was not recorded."""
+    from ..kernels.formats import FUNCTIONS, INT8
+
+    cal = info.target_dtype
+    if cal is None:
+        return None
+    fmt, roof = cal.sequence, info.roofline
+    on = ("the exact kernel: the same tokens on every CPU" if roof is not None and roof.kernel != "torch"
+          else "torch's matmul: this machine's rounding, not the kernel's")
+    q = format_quality(info.target) if fmt in (INT8, "float32") else None
+    agreement = "" if not q else (
+        f"int8 against float32 on a fixed {q['tokens']:,}-token text: top-1 agreement {q['top1_agreement']:.1%} (the "
+        f"share of its positions where both put the same token first), perplexity "
+        f"{q['int8_perplexity_change']:+.2%} (scripts/format_quality.py)")
+    return TargetFunction(fmt, FUNCTIONS.get(fmt, fmt), on, cal.note or "asked for by name", agreement)
+
+
+@dataclass(frozen=True)
 class Pair:
     target: str
     draft: str

@@ -69,6 +69,7 @@ PAIR_FORMAT_WHY = {
           "bytes as float32 on its blocks with a quarter of the float work",
     False: "the pair's format: the target's own float32 weights (no GGUF blocks for int8)",
 }
+ASKED_WHY = "asked for by name (--dtype, or the page's Format)"  # why the target's format is one a caller named
 
 
 def pair_format(runner) -> str:
@@ -78,9 +79,11 @@ def pair_format(runner) -> str:
     return INT8 if runner.kernel.library is not None and torch.int8 in others else format_name(loaded)
 
 
-def calibrate_target(runner, vocab_size: int, requested: str, config) -> tuple[Calibration, RowCheck]:
-    """Choose the target's dtype (the fastest window of γ + 1, each dtype made one function first by its row plan),
-    set it on the runner, and return the calibration and the call-shape check at that dtype."""
+def calibrate_target(runner, vocab_size: int, requested: str, config,
+                     keep_loaded: bool = False) -> tuple[Calibration, RowCheck]:
+    """Set the target's format (the pair's own for auto: pair_format), made one function by its row plan, and return
+    its calibration and call-shape check; `keep_loaded`: the runner keeps its loaded weights, so that another format
+    can be set later on the loaded pair (LaneConfig.keep_formats)."""
     if requested == INT8 and torch.int8 not in runner.formats.offered:
         raise MirrorError("--dtype int8 runs a GGUF target's own blocks on the exact kernel; this target has none "
                           "(a prepared registry model keeps its GGUF; python -m mirror_core prepare adds it)")
@@ -106,13 +109,13 @@ def calibrate_target(runner, vocab_size: int, requested: str, config) -> tuple[C
     choice = chosen
     prepare(choice)
     cal = replace(cal, requested=requested, sequence=choice, rows=choice, exact=tuple({**known, **checks}.items()),
-                  note="forced by --dtype" if requested != "auto" else PAIR_FORMAT_WHY[choice == INT8])
+                  note=ASKED_WHY if requested != "auto" else PAIR_FORMAT_WHY[choice == INT8])
     fresh = not cal.rows_ms(choice)
     if fresh:  # the roofline's figures for the chosen dtype (records.Roofline), once per machine and model shape
         cal = _time_rows(runner, cal, choice)
     if fresh or not cal.cached or checks[choice].source == "measured":  # new timings, or a cached plan that failed
         _write(path, cal)
-    runner.drop_unused_dtypes()
+    runner.drop_unused_dtypes(keep_loaded)
     return cal, checks[choice]
 
 

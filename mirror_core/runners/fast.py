@@ -173,12 +173,14 @@ class FastLlamaRunner:
                 self._exit_packs[sequence] = self._pack_exit_head(sequence)
             self._exit_products = self._exit_packs[sequence]
 
-    def drop_unused_dtypes(self) -> None:
-        """Free the weight copies that neither set_dtypes choice uses (the loaded ones included)."""
+    def drop_unused_dtypes(self, keep_loaded: bool = False) -> None:
+        """Free the weight copies that neither set_dtypes choice uses, and the loaded ones unless `keep_loaded` (from
+        which set_dtypes can make any offered format again)."""
         used = {self.sequence_dtype, self.rows_dtype}
         self._weights = {d: w for d, w in self._weights.items() if d in used}
         self._exit_packs = {d: p for d, p in self._exit_packs.items() if d in used}
-        self._master = None
+        if not keep_loaded:
+            self._master = None
 
     @property
     def sequence_dtype(self) -> torch.dtype:

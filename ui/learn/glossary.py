@@ -50,6 +50,13 @@ GLOSSARY = (
     ("window source", "Where a verified window came from: a fresh rollout of the draft model, a branch adopted on a "
                       "hit, or a copy from the context; the numbers table counts each (steps, accepted/proposed, "
                       "mean accepted run)."),
+    ("format", "The function the target computes (its weights' and activations' number format: int8 as llama.cpp "
+               "computes a GGUF, float32, bfloat16, float16): the text's author. Every decoder emits this function's "
+               "tokens; another format is another function, with other tokens where the two disagree."),
+    ("top-1 agreement", "Between two formats of one target, run over the same fixed text: the share of its positions "
+                        "where both put the same token first (scripts/format_quality.py)."),
+    ("perplexity change", "How much more (or less) surprised a format is by the same fixed text than float32: the "
+                          "relative change of exp(mean negative log-likelihood per token)."),
     ("row plan", "How the target splits a window into calls of measured row counts so that every position's logits "
                  "are bit-identical to a one-token step's: what keeps every decoder's tokens AR's on this CPU."),
     ("α", "Acceptance rate: accepted draft tokens over drafted tokens."),
