@@ -26,8 +26,8 @@ from .lanes import make_draft_lane, pinned
 from .metrics import RunSummary
 from .models.loading import encode_text
 from .kernels.formats import INT8
-from .pair import (PairInfo, draft_lane_spec, lane_plan, load_target, pair_info, read_pair, time_target,
-                   with_target_timing)
+from .pair import PairInfo, draft_lane_spec, lane_plan, load_target, pair_info, read_pair, with_target_timing
+from .target_timing import TargetTiming, time_target, time_whole_machine
 
 
 class MirrorEngine:
@@ -100,6 +100,20 @@ class MirrorEngine:
             timed = time_target(self.target, self.info.vocab_size, replace(self.info.lanes, dtype=fmt), self._config)
             self.info = with_target_timing(self.info, self.target, timed, self.lane)
 
+    def recheck_whole_machine(self, stop: threading.Event | None = None) -> None:
+        """The whole machine's step beside the lane's timed again (another process may have come or gone since the
+        load; target_timing.time_whole_machine, bounded): where ar and sd run, the baseline and γ, κ follow it.
+        Between requests; nothing to do where the load timed no whole machine (the lane has every core); `stop` set
+        meanwhile ends it between two timings, the load's figures kept."""
+        if self.info.whole_machine is None:
+            return
+        with self._lock:
+            info = self.info
+            whole = time_whole_machine(self.target, info.lanes, stop)
+            if whole is not None:
+                timed = TargetTiming(info.target_dtype, info.target_rows, whole)
+                self.info = with_target_timing(info, self.target, timed, self.lane)
+
     # -- requests --------------------------------------------------------------------------
     def validate(self, request: Request) -> Request:
         """Check a request against the loaded pair; returns it with what it left out decided by the pair
@@ -143,6 +157,13 @@ class MirrorEngine:
     def stream(self, request: Request, stop: threading.Event | None = None) -> Iterator[Event]:
         """Validate now (raising MirrorError), then return an iterator of events ending in RunEnd."""
         return self._stream(self.validate(request), stop or threading.Event())
+
+    def warm_prefill(self, request: Request, stop: threading.Event | None = None) -> None:
+        """The same request for one token, untimed: both lanes' prefill paths warm before a timed run of it (the
+        CLI's generate and each of the page's runs do it alike, so that neither's first run pays one-off costs and
+        their timings compare: AR was always first on the page and its TTFT was always higher)."""
+        for _ in self.stream(replace(request, max_new_tokens=1), stop):
+            pass
 
     def generate(self, request: Request, stop: threading.Event | None = None) -> RunEnd:
         """The non-streaming call: the last event of stream()."""

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Union
 
 from .config import LaneConfig, Request
 from .context_draft import ContextProposal
-from .records import UNCHECKED, Calibration, Roofline, RowCheck, WholeMachine
+# WHOLE_MACHINE_BOUND: read by ui/, which reaches the load's records through the events that carry them
+from .records import UNCHECKED, WHOLE_MACHINE_BOUND, Calibration, Roofline, RowCheck, WholeMachine  # noqa: F401
 
 if TYPE_CHECKING:
     from .metrics import RunSummary

@@ -18,6 +18,7 @@ import platform
 import re
 import shutil
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -93,6 +94,40 @@ def set_affinity(cpus: tuple[int, ...]) -> None:
     """Pin the calling thread to `cpus` where the OS can; a no-op elsewhere."""
     if cpus and can_pin():
         os.sched_setaffinity(0, cpus)
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """CPU seconds at one moment: every core's busy time, and this process's with its children's (a draft lane's)."""
+
+    machine_s: float   # user, nice, system, irq, softirq and steal time of every core (psutil; Linux's /proc/stat)
+    own_s: float       # this process's user + system time, and its live children's
+    at: float          # time.monotonic() when read
+
+
+def cpu_times() -> CpuTimes:
+    """The machine's and this process tree's CPU seconds now: two readings give the noise meter (others_cores)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    busy = sum(getattr(t, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
+    me = psutil.Process()
+    c = me.cpu_times()
+    own = c.user + c.system + c.children_user + c.children_system  # children that ended and were waited for
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # a child that ended meanwhile
+            c = child.cpu_times()
+            own += c.user + c.system
+    return CpuTimes(busy, own, time.monotonic())
+
+
+def others_cores(before: CpuTimes, after: CpuTimes) -> float:
+    """Cores' worth of CPU time other processes used between two readings (the machine's busy time less this process
+    tree's, over the time between): 0.85 = 85 % of one core; never below 0 (the counters tick in 10 ms steps)."""
+    elapsed = after.at - before.at
+    if elapsed <= 0:
+        return 0.0
+    return max(0.0, ((after.machine_s - before.machine_s) - (after.own_s - before.own_s)) / elapsed)
 
 
 def yield_cpu() -> None:

@@ -1,7 +1,7 @@
 """A loaded pair: PairInfo (what a target/draft pair is and what its load measured) and the phases of
 MirrorEngine.load that find it out: the lane plan; both models' configs checked together (no weights yet); the target
-and its early-exit readout; its dtype and call-shape check timed where it runs (and the whole-machine baseline); the
-draft lane's spec; γ, κ chosen for this machine."""
+and its early-exit readout; its format and call-shape check timed where it runs, and the whole-machine baseline
+(target_timing.py); the draft lane's spec; γ, κ chosen for this machine."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
@@ -10,7 +10,7 @@ from typing import Mapping
 from . import machine
 from .config import MAX_GAMMA, DEFAULT_GAMMA, DEFAULT_KAPPA, LaneConfig, MirrorError, Request, SpecConfig
 from .events import RunSettings
-from .lanes import DraftLaneSpec, auto_lanes, pinned
+from .lanes import DraftLaneSpec, auto_lanes
 from .lanes.faults import fault_plan_from_env
 from .latency import SpecChoice, StepCosts, choose_spec
 from .models.exit_head import choose_exit_head
@@ -21,9 +21,10 @@ from .models.loading import (ModelSpec, context_of, eos_ids, load_config, load_m
 from .models.prepared import find_gguf
 from .models.profile import load_profile
 from .models.vocab import load_vocab_map
-from .records import UNCHECKED, Calibration, ExitHeadInfo, Roofline, RowCheck, WholeMachine
+from .records import UNCHECKED, Calibration, ExitHeadInfo, RowCheck, WholeMachine
 from .runners import build_runner
-from .runners.calibrate import BRANCH_ROWS, WINDOW, calibrate_target, format_name, lane_read_gbs, pair_format, step_ms
+from .runners.calibrate import BRANCH_ROWS, WINDOW, format_name, pair_format
+from .target_timing import TargetTiming, roofline_of
 
 @dataclass(frozen=True)
 class PairInfo:
@@ -145,16 +146,6 @@ class LoadedTarget:
         return self.model.config
 
 
-WHOLE_MACHINE_PAIRS = 4  # the lane's and the whole machine's step, timed alternately this many times at load
-
-
-@dataclass(frozen=True)
-class TargetTiming:
-    dtype: Calibration           # the target lane's dtype and its timings
-    rows: RowCheck               # its call-shape check and row plan
-    whole: WholeMachine | None   # its step on the lane's cores and on every core (None: the lane has them all)
-
-
 def lane_plan(lanes: LaneConfig | None, environ: Mapping[str, str]) -> LaneConfig:
     """The lane plan (automatic when none is given) with the fault hook resolved once from `environ` (the environment
     MirrorEngine.load reads: lanes/faults.py), its devices checked to exist."""
@@ -206,9 +197,10 @@ def load_target(target: str, draft: str | None, lanes: LaneConfig, trust_remote_
 
 def _serial_cpus(lanes: LaneConfig, whole: WholeMachine | None) -> tuple[int, ...]:
     """Every usable core, where ar and sd run the target on them: LaneConfig.serial_cores "all", a CPU target lane
-    holding fewer than all of them, and the step timed at load faster there than on the lane in every alternated
-    pair (WholeMachine); else () (the lane's own cores)."""
-    if lanes.serial_cores != "all" or whole is None or not whole.settled or whole.all_ms >= whole.lane_ms:
+    holding fewer than all of them, and the step timed faster there than on the lane in every alternated pair and
+    within its bounds (WholeMachine: settled, bounded); else () (the lane's own cores)."""
+    if (lanes.serial_cores != "all" or whole is None or not whole.settled or not whole.bounded
+            or whole.all_ms >= whole.lane_ms):
         return ()
     return machine.usable_cpus()
 
@@ -217,43 +209,6 @@ def _gguf_blocks(target: str, config) -> dict | None:
     """The target's own GGUF blocks where its folder keeps the GGUF it was prepared from (models/gguf_blocks.py)."""
     path = find_gguf(local_folder(target))
     return None if path is None else read_blocks(path, config)
-
-
-def time_target(runner, vocab: int, lanes: LaneConfig, config) -> TargetTiming:
-    """With the target lane's threads, the kernels it will run: its dtype first, then its call-shape check; where
-    the lane has some of the cores, its one-token step there and on all of them, timed alike."""
-    kernel = runner.kernel.library is not None
-    with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads, kernel):
-        dtype, rows = calibrate_target(runner, vocab, lanes.dtype, config, lanes.keep_formats)
-    whole = None
-    every = machine.usable_cpus()
-    if lanes.target_device == "cpu" and lanes.target_cpus and len(every) > len(lanes.target_cpus):
-        lane, whole_machine = [], []
-        for _ in range(WHOLE_MACHINE_PAIRS):  # alternated, so that a drift of the machine falls on both alike
-            with pinned(lanes.target_cpus, lanes.target_threads, kernel):
-                lane.append(step_ms(runner))
-            with pinned(every, len(every), kernel):  # the whole-machine baseline's step (AR on every core)
-                whole_machine.append(step_ms(runner))
-        with pinned(every, len(every), kernel):  # every core's read bandwidth: the whole-machine roofline
-            gbs = lane_read_gbs(runner)
-        whole = WholeMachine(len(lanes.target_cpus), min(lane), len(every), min(whole_machine),
-                             tuple(round(a / b, 3) for a, b in zip(whole_machine, lane)), gbs,
-                             round(max(max(lane) / min(lane), max(whole_machine) / min(whole_machine)), 3))
-    return TargetTiming(dtype, rows, whole)
-
-
-def _roofline(runner, cal: Calibration | None, whole: WholeMachine | None = None) -> Roofline | None:
-    """The target's Roofline from its calibration, with the whole machine's step and read bandwidth where they were
-    timed (None where the forward by rows was not timed: the generic runner, a forced dtype on a device without
-    timings)."""
-    rows = () if cal is None else cal.rows_ms(cal.sequence)
-    stream = runner.weight_stream
-    if not rows or stream is None:
-        return None
-    machine = {} if whole is None or not whole.read_gbs else dict(
-        machine_cores=whole.all_cores, machine_read_gbs=whole.read_gbs, machine_step_ms=whole.all_ms)
-    return Roofline(runner.kernel.name, runner.kernel.reason, stream.storage, stream.nbytes, cal.read_gbs, rows,
-                    stream.params, cal.peak_gflops, **machine)
 
 
 def draft_lane_spec(draft: str, lanes: LaneConfig, pair: PairFiles, trust_remote_code: bool) -> DraftLaneSpec:
@@ -285,7 +240,7 @@ def with_target_timing(info: PairInfo, runner, timed: TargetTiming, lane) -> Pai
     roofline, where ar and sd run) and, with a draft lane, γ, κ for this machine (the latency model at the pair's own
     ℓ_e): at load, and again when MirrorEngine.set_target_format changes the format."""
     info = replace(info, target_rows=timed.rows, target_dtype=timed.dtype, whole_machine=timed.whole,
-                   roofline=_roofline(runner, timed.dtype, timed.whole),
+                   roofline=roofline_of(runner, timed.dtype, timed.whole),
                    serial_cpus=_serial_cpus(info.lanes, timed.whole))
     if lane is None:
         return info

@@ -265,13 +265,20 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
+
 BUSY_SPREAD = 1.5  # WholeMachine.busy: a series of step timings whose slowest is this many times its best
+# The whole machine's one-token step against the lane's: more cores are never this many times slower (another process
+# held one of them while it was timed), and the lane's half of the cores never this many times slower than all of
+# them (the lane's timing was held up); a timing outside these bounds is re-timed and never used as a baseline or a
+# correction (WholeMachine.bounded), so no correction beyond this factor is ever printed.
+WHOLE_MACHINE_BOUND = 3.0
 
 
 @dataclass(frozen=True)
 class WholeMachine:
-    """The target's one-token step timed at load on its lane's cores and on every core of the machine (the
-    whole-machine baseline: AR with nothing else running), when the target lane was given some of the cores."""
+    """The target's one-token step timed at load (and again before each of the page's comparisons) on its lane's
+    cores and on every core of the machine (the whole-machine baseline: AR with nothing else running), when the target
+    lane was given some of the cores."""
 
     lane_cores: int
     lane_ms: float                    # the best of the alternated timings (the least interference: a cost)
@@ -280,12 +287,20 @@ class WholeMachine:
     ratios: tuple[float, ...] = ()    # all-cores step ÷ lane step, one per alternated pair of timings
     read_gbs: float = 0.0             # every core reading together (GB/s, measured; 0: not measured)
     spread: float = 1.0               # within each series, its slowest timing ÷ its best (the larger of the two)
+    retimed: int = 0                  # timings discarded before this one for lying outside the bounds
 
     @property
     def busy(self) -> bool:
         """Whether another process took the cores while the load timed them: one series' timings spread by more
         than BUSY_SPREAD (a quiet machine's repeat within a few per cent)."""
         return self.spread > BUSY_SPREAD
+
+    @property
+    def bounded(self) -> bool:
+        """Whether the two steps are within WHOLE_MACHINE_BOUND of each other, either way: what this machine's cores
+        can give with nothing else running."""
+        return bool(self.lane_ms and self.all_ms) and 1 / WHOLE_MACHINE_BOUND <= self.all_ms / self.lane_ms <= \
+            WHOLE_MACHINE_BOUND
 
     @property
     def settled(self) -> bool:

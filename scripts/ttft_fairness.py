@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=32)
     args = p.parse_args(argv)
 
-    from mirror_core import auto_lanes
+    from mirror_core import MirrorEngine, auto_lanes
     from mirror_core.machine import cpu_model
     from testing.reliability import page_values
     from ui import streaming
@@ -35,13 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     pair = os.path.join(ROOT, "assets", "default_pair")
     prompt = load_examples(os.path.join(ROOT, "assets", "examples.json"))[0]
     loader = EngineLoader(auto_lanes())
-    shipped = streaming._warm_prefill
+    shipped = MirrorEngine.warm_prefill
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {args.repeats} repeats of AR + Mirror-SD, "
           f"{args.tokens} new tokens")
     try:
         for label, warm in (("with the one-token warm-up (shipped)", shipped),
-                            ("without it", lambda engine, request, stop: None)):
-            streaming._warm_prefill = warm
+                            ("without it", lambda engine, request, stop=None: None)):
+            MirrorEngine.warm_prefill = warm
             ttft: dict[tuple[str, int], list[float]] = {}
             done = 0
             while done < args.repeats:
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {decoder:>6} {'first' if position == 0 else 'second'}: {statistics.median(values):6.2f} "
                       f"[{min(values):.2f}-{max(values):.2f}] over {len(values)}")
     finally:
-        streaming._warm_prefill = shipped
+        MirrorEngine.warm_prefill = shipped
         loader.close()
     return 0
 

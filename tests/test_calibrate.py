@@ -177,6 +177,36 @@ def test_the_format_changes_on_the_loaded_pair_and_every_decoder_follows_it(pair
         frozen.set_target_format("float32")  # the function it computes already: nothing to do
 
 
+def test_the_whole_machine_is_timed_again_on_the_loaded_pair_and_the_page_says_so(pairs):
+    """MirrorEngine.recheck_whole_machine: the whole machine's step beside the lane's timed again (a comparison on the
+    page does it first, and says so), the target's format and row check as they were."""
+    from mirror_core.machine import usable_cpus
+    from testing.reliability import page_values
+    from ui.loader import EngineLoader
+    from ui.session import Session
+    from ui.settings import settings_from_ui
+    from ui.streaming import RECHECK, run_comparison
+
+    cpus = usable_cpus()
+    if len(cpus) < 2:
+        pytest.skip("needs two usable cores")
+    lanes = LaneConfig(kind="inline", target_cpus=cpus[:1], draft_cpus=cpus[1:], target_threads=1, draft_threads=1)
+    loader = EngineLoader(lanes)
+    try:
+        engine = loader.get(*pairs["llama"])
+        info = engine.info
+        assert info.whole_machine is not None and info.whole_machine.lane_cores == 1
+        ticks = list(run_comparison(loader, Session(), settings_from_ui(page_values(
+            prompt="1, 2, 3", target=pairs["llama"][0], draft=pairs["llama"][1], decoders=["ar"], max_new_tokens=4,
+            live_plots=False)), sleep=lambda s: None))
+        assert RECHECK in [t.status for t in ticks] and "Done" in ticks[-1].status
+        now = engine.info
+        assert now.whole_machine is not info.whole_machine and now.whole_machine.all_cores == len(cpus)
+        assert now.target_dtype is info.target_dtype and now.target_rows is info.target_rows
+    finally:
+        loader.close()
+
+
 def test_the_run_settings_carry_both_lanes_choices(pairs):
     with MirrorEngine.load(*pairs["llama"], LaneConfig(kind="inline", target_threads=1)) as engine:
         start = next(iter(engine.stream(Request((1, 2, 3), "mirror", 4))))

@@ -185,3 +185,30 @@ def test_ar_and_sd_take_every_core_only_where_the_load_measured_it_faster():
     assert _serial_cpus(lanes, WholeMachine(1, 6.0, 2, 7.0, (1.1, 1.2, 1.15, 1.2))) == ()   # slower
     assert _serial_cpus(LaneConfig(target_cpus=(0,), serial_cores="lane"), faster) == ()
     assert _serial_cpus(lanes, None) == ()
+    held = WholeMachine(1, 3.2, 2, 1.0, (0.31, 0.3, 0.32, 0.3))  # 3.2× faster on 2 cores: the lane's timing held up
+    assert held.settled and not held.bounded and _serial_cpus(lanes, held) == ()
+    assert not WholeMachine(1, 3.2, 2, 270.8, (84.0, 83.0)).bounded and faster.bounded
+
+
+def test_the_whole_machine_is_timed_again_while_it_lies_outside_its_bounds(monkeypatch):
+    """time_whole_machine: a timing where the whole machine's step is more than WHOLE_MACHINE_BOUND times the lane's
+    (another process held a core) is timed again, up to WHOLE_MACHINE_TRIES times; the first within the bounds is
+    kept; none within: the last one, marked out of bounds (so no baseline or correction is read from it)."""
+    from types import SimpleNamespace
+
+    from mirror_core import target_timing
+    from mirror_core.config import LaneConfig
+    from mirror_core.machine import usable_cpus
+
+    if len(usable_cpus()) < 2:
+        pytest.skip("needs two usable cores")
+    lanes = LaneConfig(target_cpus=usable_cpus()[:1], draft_cpus=usable_cpus()[1:], target_threads=1)
+    runner = SimpleNamespace(kernel=SimpleNamespace(library=None))
+    monkeypatch.setattr(target_timing, "lane_read_gbs", lambda runner: 20.0)
+    for steps, kept, bounded in (([3.0, 270.0] * 4 + [3.0, 2.0] * 4, 1, True),   # held, then clean
+                                 ([3.0, 270.0] * 12, 2, False)):                  # held every time
+        ms = iter(steps)
+        monkeypatch.setattr(target_timing, "step_ms", lambda runner: next(ms))
+        whole = target_timing.time_whole_machine(runner, lanes)
+        assert (whole.retimed, whole.bounded, whole.read_gbs) == (kept, bounded, 20.0)
+        assert next(ms, None) is None  # every try ran its pairs, and none more

@@ -113,6 +113,31 @@ def _above_the_fold(box: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", " ", closed))
 
 
+def test_the_noise_meter_says_when_another_process_took_a_core_and_shows_the_spread_beside_it():
+    """A run timed while other processes used more than NOISY_CORES of a core: the verdict says so under its sentence,
+    with the repeats' spread of Mirror ÷ AR (or that one repeat has none); below the threshold it says nothing; the
+    numbers give each run's figure with its definition; above the fold it stays within 70 words."""
+    from ui.numbers import NOISY_CORES, numbers_html, spread_html
+
+    repeats = [{"ar": ar(40), "mirror": _mirror_at(x)} for x in (0.82, 1.19, 1.02)]
+    session = session_of(*repeats)
+    for run in session.history:
+        run.others = 0.02
+    assert "mirror-noisy" not in verdict_html(session)
+    repeats[1]["mirror"].others = 0.85
+    box = verdict_html(session)
+    said = html.unescape(re.search(r"<p class='mirror-noisy' id='mirror-noisy'>(.*?)</p>", box).group(1))
+    assert said == ("Another process used 85% of a core while this was timed; the figures are not clean (Mirror ÷ AR "
+                    "spread 0.82–1.19× over 3 repeats).")
+    assert len(_above_the_fold(box).split()) <= 70, _above_the_fold(box)
+    one = session_of({"ar": ar(40), "mirror": _mirror_at(1.1)})
+    one.history[0].others = NOISY_CORES + 0.01
+    assert "one repeat, no spread to judge by: raise Repeats" in html.unescape(verdict_html(one))
+    table = html.unescape(numbers_html(session.runs) + spread_html(session.history))
+    assert "<th>other processes</th>" in table and "2% of a core" in table and "not clean" in table
+    assert "other processes (of a core)" in table and "[2% – 85%]" in table
+
+
 def test_the_verdict_opens_with_one_plain_sentence_then_the_gauge_then_the_fold():
     """Whether speculation won and the one reason, in at most ~40 words; beside it each speculative decoder's
     break-even gauge (τ needed: its step in AR steps; τ got); the arithmetic and every definition in the fold."""
@@ -331,6 +356,7 @@ VERDICT_JS = """JSON.stringify({
   top: document.getElementById("mirror-verdict").getBoundingClientRect().top + window.scrollY,
   text: document.getElementById("mirror-verdict").innerText,
   headline: document.getElementById("mirror-headline")?.innerText || "",
+  noisy: document.getElementById("mirror-noisy")?.innerText || "",
   fold: document.getElementById("mirror-why-fold")?.textContent || "",
   open: !!document.getElementById("mirror-why-fold")?.open,
   gauge: [...document.querySelectorAll("#mirror-gauge .mirror-gauge-row")].map(r => [r.dataset.decoder,
@@ -360,7 +386,9 @@ def test_the_verdict_is_on_the_first_screen_and_rejected_drafts_can_be_hidden(pa
         # one plain sentence, the break-even gauge, and the fold closed: above it at most 70 words (the wall it was
         # filled a phone's screen), the sentence at most 40
         assert page["headline"].startswith("Speculation ") and len(page["headline"].split()) <= 40, page
-        assert len(page["text"].split()) <= 70 and not page["open"] and "over 3 repeats" not in page["text"], page
+        verdict = page["text"].replace(page["noisy"], "")  # the noise meter's line, where it flagged, comes on top
+        assert len(verdict.split()) <= 70 and not page["open"] and "over 3 repeats" not in verdict, page
+        assert not page["noisy"] or "not clean (Mirror ÷ AR spread" in page["noisy"] and "over 3 repeats" in page["noisy"]
         assert [d for d, _, _ in page["gauge"]] == ["mirror", "sd"], page
         assert all(width > 100 and mark > 0 for _, width, mark in page["gauge"]), page  # each track and its mark shown
         assert "× vanilla SD" in page["fold"] and "over 3 repeats" in page["fold"], page  # the arithmetic, folded,

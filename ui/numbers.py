@@ -6,6 +6,7 @@ import statistics
 
 from mirror_core.events import STAGE_TARGET_STEP
 from mirror_core.latency import LatencyModel, latency_model_from_events, stage_mean
+from mirror_core.events import WHOLE_MACHINE_BOUND  # ui/ reaches records through events
 from mirror_core.models.pairs import target_function
 
 from .render import shown_path
@@ -46,6 +47,18 @@ def too_short(run: DecoderRun | None) -> str | None:
     if run.decoder != "ar" and s.steps < MIN_TIMED_STEPS:
         return f"{s.steps} verification steps (fewer than {MIN_TIMED_STEPS})"
     return None
+
+
+# The noise meter's rule: while a run was timed, other processes used more than this share of one core (the CPU time
+# they used ÷ the run's wall time; machine.others_cores), so its figures are not clean: another process took a share of
+# the cores the lanes were timed on.
+NOISY_CORES = 0.10
+
+
+def noisiest(runs) -> DecoderRun | None:
+    """The run other processes disturbed most while it was timed, where that is above NOISY_CORES (None: clean)."""
+    worst = max((r for r in runs if r.others is not None), key=lambda r: r.others, default=None)
+    return worst if worst is not None and worst.others > NOISY_CORES else None
 
 
 def decode_tokens_per_s(summary) -> float | None:
@@ -102,6 +115,9 @@ _ROWS = (
     *(_source_row(source, title)
       for source, title in (("model", "model draft"), ("branch", "adopted branch"), ("context", "context copy"))),
     ("new tokens / target passes", lambda r, s: f"{r.summary.new_tokens} / {r.summary.target_passes}", "target forward passes after the prefill: verification passes (sd, mirror) + one-token steps (ar)"),
+    ("other processes", lambda r, s: _f(r.others, "{:.0%} of a core"),
+     "the CPU time other processes used while this run was timed ÷ its wall time (the machine's busy time less this "
+     f"page's and its draft lane's); above {NOISY_CORES:.0%} of a core the figures are not clean"),
 )
 
 
@@ -154,6 +170,13 @@ def machine_line(run: DecoderRun) -> str:
                 f"{cores} while the draft lane has its own.")
         return f"<p class='mirror-def'>{html.escape(text)}</p>"
     ratio = all_ms / lane_ms if lane_ms else 1.0
+    if not w.bounded:  # another process held a core while it was timed: no baseline, no correction from it
+        text = (f"Baselines: AR here ran on the target lane's {cores} while the draft lane had its own (the paper's "
+                f"setting). AR on all {every} cores is not shown as faster or slower: its one-token step timed "
+                f"{all_ms:.1f} ms against {lane_ms:.1f} ms on the lane, more than {WHOLE_MACHINE_BOUND:g}× apart, "
+                f"which is another process's doing, not the cores' (timed {w.retimed + 1} times before this "
+                "comparison, never within the bounds); `python -m mirror_core bench` measures ar_all.")
+        return f"<p class='mirror-def'>{html.escape(text)}</p>"
     if not w.settled:  # the alternated timings disagree on which is faster: noise, not a fact about the cores
         spread = (f" ({len(w.ratios)} alternated timings at load read {min(w.ratios):.2f}–{max(w.ratios):.2f}×)"
                   if w.ratios else " (timed once at load)")
@@ -164,7 +187,8 @@ def machine_line(run: DecoderRun) -> str:
         return f"<p class='mirror-def'>{html.escape(text)}</p>"
     text = (f"Baselines: AR here ran on the target lane's {cores} while the draft lane "
             f"had its own (the paper's setting). On all {every} cores the target's one-token step takes {all_ms:.1f} ms "
-            f"instead of {lane_ms:.1f} ms (medians of {len(w.ratios)} alternated timings at load, every one on the "
+            f"instead of {lane_ms:.1f} ms (medians of {len(w.ratios)} alternated timings before this comparison, "
+            "every one on the "
             "same side), so against AR on the whole machine each speedup above is "
             f"about {ratio:.2f}× of what it says (modelled from those two timings; `python -m mirror_core bench` "
             "measures ar_all and transformers' generate).")
@@ -286,6 +310,7 @@ _SPREAD = (
      "as above, per repeat"),
     ("speedup vs AR", lambda r, ar: speedup(ar, r)[0] if r.decoder != "ar" else None, "{:.2f}×",
      "this repeat's AR run / this run (same prompt, settings and seed)"),
+    ("other processes (of a core)", lambda r, ar: r.others, "{:.0%}", "as above, per repeat"),
 )
 
 

@@ -75,17 +75,18 @@ def build_controls(presets: list[PairPreset], examples: list[str]) -> Controls:
                                    elem_id="mirror-examples")
                 pick.input(lambda text: text, [pick], [prompt], api_visibility="private", show_progress="hidden")
         with gr.Column(scale=2):
-            preset = gr.Dropdown([p.label for p in presets] + [CUSTOM], label="Model pair", info=INFO["preset"],
-                                 value=first.label if first else CUSTOM)
+            with gr.Row():  # the pair and the function its target computes, side by side: the streams stay on screen
+                preset = gr.Dropdown([p.label for p in presets] + [CUSTOM], label="Model pair", info=INFO["preset"],
+                                     value=first.label if first else CUSTOM, scale=3)
+                fmt = gr.Dropdown(format_choices(), value=BY_NAME["format"].default, label=BY_NAME["format"].label,
+                                  info=INFO["format"], elem_id="mirror-format", scale=2, min_width=140)
             decoders = BY_NAME["decoders"]
             fields = {"prompt": prompt,
                       "target": gr.Textbox(label=BY_NAME["target"].label, info=INFO["target"], elem_id="mirror-target",
                                            value=shown_path(first.target) if first else ""),
                       "draft": gr.Textbox(label=BY_NAME["draft"].label, info=INFO["draft"],
                                           value=shown_path(first.draft) if first else ""),
-                      "format": gr.Dropdown(format_choices(), value=BY_NAME["format"].default,
-                                            label=BY_NAME["format"].label, info=INFO["format"],
-                                            elem_id="mirror-format"),
+                      "format": fmt,
                       "decoders": gr.CheckboxGroup([(DECODER_TITLES[d], d) for d in COLUMNS], value=decoders.default,
                                                    label=decoders.label, info=decoders.info)}
     with gr.Accordion("Speculation and sampling", open=False, elem_id="mirror-knobs"):  # the defaults suit a first run

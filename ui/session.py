@@ -51,6 +51,7 @@ class DecoderRun:
     spans: list[SpanEvent] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     end: RunEnd | None = None
+    others: float | None = None  # cores' worth of CPU other processes used while this run was timed (the noise meter)
     events: list = field(default_factory=list)
     view: StreamHTML = field(default_factory=StreamHTML)  # the stream's HTML, append-only (stream_html below)
 

@@ -55,8 +55,7 @@ class Control:
 RUN_CONTROLS = (
     Control("prompt", "Prompt", "Text for models with a tokenizer; for models without one, comma-separated token ids "
             "(e.g. 1, 2, 3)."),
-    Control("target", "Target", "The model whose own tokens, in the Format below, every decoder reproduces exactly: "
-            "a Hugging Face id (e.g. Qwen/Qwen3-1.7B) or a folder."),
+    Control("target", "Target", "Its own tokens in this Format, reproduced exactly: a Hugging Face id or a folder."),
     Control("draft", "Draft", "Smaller, same vocabulary (e.g. Qwen/Qwen3-0.6B); empty: AR only."),
     Control("decoders", "Decoders to compare", "Run one after another, each with both lanes to itself; AR is the "
             "baseline every speedup refers to; vanilla SD is the paper's comparison (Mirror ÷ SD in the verdict).",
@@ -98,9 +97,7 @@ RUN_CONTROLS = (
     Control("context", "Context draft", "On: where the answer copies from the prompt or from itself, SD and Mirror-SD "
             "verify windows copied from there (yellow tokens), as long as the latency model says pays; elsewhere the "
             "draft model drafts. Never changes the output.", ContextConfig.enabled, row="speculation"),
-    Control("format", "Format", "The function the target computes, so the text's author: auto = the pair's own "
-            "(int8 for a GGUF target, as llama.cpp computes it; else its float32), or another this target offers "
-            "(listed once it has loaded). Switching keeps the pair loaded.", "auto"),
+    Control("format", "Format", "auto: the pair's own.", "auto"),
 )
 CONTROLS = tuple(c.name for c in RUN_CONTROLS)
 BY_NAME = {c.name: c for c in RUN_CONTROLS}

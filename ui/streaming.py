@@ -14,9 +14,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from mirror_core import MirrorError, RunEnd, TokenEvent
+from mirror_core.machine import cpu_times, others_cores
 from mirror_core.events import write_trace
 
 from . import plots
@@ -43,6 +44,8 @@ PAGE_SETTLE_S = 0.25
 # main-thread task of a run: docs/BENCHMARKS.md, "The page's start and end in pieces").
 PAGE_PIECE_S = 0.05
 REPLAY_FPS = 20.0  # frames per second of a replay (the page's pacing only)
+RECHECK = ("Checking where AR runs: the target's one-token step on its lane's cores and on every core, timed again "
+           "(another process may have come or gone since the load; the baseline every speedup is against) …")
 FORMAT_SWITCH = ("Setting the target's format to {} on the loaded pair: its row plan checked and its steps timed as a "
                  "load does (the draft lane stays as it is) …")
 
@@ -125,6 +128,10 @@ def _prepare(loader, session: Session, settings: ComparisonSettings):
     engine = load_or_stop(loader, settings.target, settings.draft, session.stop, fmt=settings.format)
     if engine is None:  # Stop during the load: the page is free at once (the loaded pair stays)
         raise _LoadStopped
+    if engine.info.whole_machine is not None:  # where AR runs, and its baseline: as the machine is now
+        session.status = RECHECK
+        yield Tick(STATUS, session.status)
+        engine.recheck_whole_machine(session.stop)
     prompt_ids = engine.encode(settings.prompt, chat=not settings.raw_prompt)
     return engine, [engine.validate(r) for r in settings.requests(prompt_ids)]
 
@@ -179,9 +186,10 @@ def _run_decoder(engine, session: Session, request, namer: TokenNamer, settle_s:
     committed and is added to the session's error."""
     yield Tick(STATUS, session.status)
     time.sleep(settle_s)  # the page settles (the last update laid out and painted) before the timed prefill
-    _warm_prefill(engine, request, session.stop)
+    engine.warm_prefill(request, session.stop)  # untimed, not shown: as the CLI's generate warms up
     run = session.begin(request.decoder, namer)
     held: list = []
+    before = cpu_times()  # the noise meter: what other processes use while this run is timed
     stream = engine.stream(request, session.stop)
     beat = time.monotonic()
     try:
@@ -198,6 +206,7 @@ def _run_decoder(engine, session: Session, request, namer: TokenNamer, settle_s:
                 yield Tick(TEXT, session.status, active=request.decoder)
     finally:
         stream.close()  # closed early (Stop, page gone): the engine stops within one step
+        run.others = others_cores(before, cpu_times())
         for event in held:
             session.add(run, event)
     yield Tick(TEXT, session.status)  # the run whole in its column
@@ -205,13 +214,6 @@ def _run_decoder(engine, session: Session, request, namer: TokenNamer, settle_s:
         failed = (f"{DECODER_TITLES[request.decoder]} stopped: the target lane failed ({run.end.error}); "
                   f"the {len(run.end.token_ids)} tokens committed before the failure are kept and shown")
         session.error = f"{session.error}; {failed}" if session.error else failed
-
-
-def _warm_prefill(engine, request, stop: threading.Event) -> None:
-    """The same request for one token, untimed and not shown: both lanes' prefill paths are warm when the timed
-    run starts, whichever decoder runs first (AR was always first and its TTFT was always higher)."""
-    for _ in engine.stream(replace(request, max_new_tokens=1), stop):
-        pass
 
 
 def finish(session: Session, generation: int) -> None:

@@ -13,7 +13,7 @@ import statistics
 
 from .costs import costs_html, sd_reason, window_words
 from .gauge import DEFINITION as GAUGE, break_even, gauge_html
-from .numbers import MIN_TIMED_STEPS, MIN_TIMED_TOKENS, latency_model, per_repeat, speedup, too_short
+from .numbers import MIN_TIMED_STEPS, MIN_TIMED_TOKENS, latency_model, noisiest, per_repeat, speedup, too_short
 from .render import count
 from .session import DecoderRun, Session
 from .settings import DECODER_TITLES
@@ -72,7 +72,9 @@ def _verdict(session: Session) -> str:
     if not ranked:
         return provisional + "<b>No verdict</b>: the runs committed no tokens to compare."
     middle = ranked[(len(ranked) - 1) // 2]
+    noisy = noise_line(session.history, ranked)
     return (f"<p class='mirror-headline' id='mirror-headline'>{provisional}{html.escape(headline(repeats))}</p>"
+            + (f"<p class='mirror-noisy' id='mirror-noisy'>{html.escape(noisy)}</p>" if noisy else "")
             + gauge_html(break_even(middle))
             + "<details id='mirror-why-fold'><summary>Why, in numbers, with every definition</summary>"
             + f"<p>{html.escape(verdict_text(repeats))}</p>"
@@ -109,6 +111,19 @@ def headline(repeats: list[dict[str, DecoderRun]]) -> str:
     if step.gap >= 0:
         return f"{outcome}, because each step committed {step.got:.2f} tokens for the time of {cost}."
     return f"{outcome}, because each step cost {cost} but committed only {step.got:.2f} tokens."
+
+
+def noise_line(history: list[DecoderRun], ranked: list[dict[str, DecoderRun]]) -> str:
+    """Where the noise meter flagged a run of the comparison (numbers.noisiest): how much of a core another process
+    took while it was timed, and the repeats' spread of Mirror ÷ AR beside it ('' where every run was clean)."""
+    worst = noisiest(history)
+    if worst is None:
+        return ""
+    xs = sorted(x for r in ranked if (x := speedup(r["ar"], r["mirror"])[0]) is not None)
+    spread = (f"Mirror ÷ AR spread {xs[0]:.2f}–{xs[-1]:.2f}× over {len(xs)} repeats" if len(xs) > 1
+              else "one repeat, no spread to judge by: raise Repeats")
+    return (f"Another process used {worst.others:.0%} of a core while this was timed; the figures are not clean "
+            f"({spread}).")
 
 
 def how_measured(repeats: int) -> str:

@@ -2,6 +2,8 @@
 figures shown on the page are defined here). Symbols follow docs/ALGORITHM.md §1."""
 from __future__ import annotations
 
+from ..numbers import NOISY_CORES
+
 GLOSSARY = (
     ("window", "The γ+1 tokens the target runs in one forward: the last committed token w0 and the γ draft tokens "
                "d1..dγ it verifies (so a window has γ+1 rows, and γ+1 slots)."),
@@ -57,6 +59,10 @@ GLOSSARY = (
                         "where both put the same token first (scripts/format_quality.py)."),
     ("perplexity change", "How much more (or less) surprised a format is by the same fixed text than float32: the "
                           "relative change of exp(mean negative log-likelihood per token)."),
+    ("other processes", "The noise meter: the CPU time processes other than the page's (and its draft lane's) "
+                        "used while a run was timed, ÷ its wall time, in % of one core. Above "
+                        f"{NOISY_CORES:.0%} of a core the verdict says "
+                        "the figures are not clean and shows the repeats' spread beside it."),
     ("row plan", "How the target splits a window into calls of measured row counts so that every position's logits "
                  "are bit-identical to a one-token step's: what keeps every decoder's tokens AR's on this CPU."),
     ("α", "Acceptance rate: accepted draft tokens over drafted tokens."),
