@@ -21,7 +21,7 @@ from .models.loading import (ModelSpec, context_of, eos_ids, load_config, load_m
 from .models.prepared import find_gguf
 from .models.profile import load_profile
 from .models.vocab import load_vocab_map
-from .records import UNCHECKED, Calibration, ExitHeadInfo, RowCheck, WholeMachine
+from .records import UNCHECKED, Calibration, ExitHeadInfo, Roofline, RowCheck, WholeMachine
 from .runners import build_runner
 from .runners.calibrate import BRANCH_ROWS, WINDOW, format_name, pair_format
 from .target_timing import TargetTiming, roofline_of
