@@ -164,6 +164,7 @@ class _Parsed(Exception):
 # module of a `python -m` command → the function its main calls once the flags are parsed
 RUNS = {"training.toy_pair": ("training.toy_pair.cli", "train_all"),
         "training.toy_pair.evaluate": ("training.toy_pair.evaluate", "reevaluate"),
+        "training.toy_pair.to_gguf": ("training.toy_pair.to_gguf", "convert"),
         "training.draft.chat_data": ("training.draft.chat_data", "generate"),
         "training.draft.distill": ("training.draft.distill", "distill"),
         "training.draft.feature_distill": ("training.draft.feature_distill", "distill"),
