@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     _, url, share_url = demo.launch(server_name=args.host, server_port=args.port, share=args.share,
                                     prevent_thread_lock=True, quiet=True, **LAUNCH)
     print(f"Mirror-SD Playground: {url}" + (f"  (public: {share_url})" if share_url else ""), flush=True)
-    _shut_down_on_signals(loader)
+    _shut_down_on_signals(loader, demo)
     try:
         if mode.zero_gpu:
             print("ZeroGPU: a pair loads in the GPU worker on its first Run", flush=True)
@@ -96,11 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _shut_down_on_signals(loader) -> None:
+def _shut_down_on_signals(loader, demo) -> None:
     """Ctrl-C, and `docker stop` / kill like it: every run, replay and sweep the loader holds stops within one step,
-    so the server's close is not held by a run in flight; then the main thread's KeyboardInterrupt shuts down."""
+    and every open tab's heartbeat stream ends, so the server's close waits for neither; then the main thread's
+    KeyboardInterrupt shuts down."""
+    from ui.layout import end_streams
+
     def interrupted(signum, frame):
         loader.stop_runs()
+        end_streams(demo)
         signal.default_int_handler(signum, frame)
 
     signal.signal(signal.SIGINT, interrupted)

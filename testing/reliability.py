@@ -610,21 +610,12 @@ def app_run(url: str, values: list, raw: bool = False, timeout: float = 120) -> 
 
 
 def close_demo(demo) -> None:
-    """demo.close(), with the app's asyncio stop event set on the server's own event loop first. Gradio 6's close()
-    sets it from the calling thread; while clients' streams still wait on it, the loop can add or drop a waiter
-    during that set() ("RuntimeError: deque mutated during iteration", seen once in CI), and close() then raises
-    before it closes the server. Set on its loop, the event is already set when close() comes to it."""
-    event = getattr(getattr(demo, "app", None), "stop_event", None)
-    loop = getattr(event, "_loop", None)  # bound by asyncio when the first stream waits on it
-    if loop is not None and loop.is_running():
-        done = threading.Event()
+    """demo.close(), with the app's asyncio stop event set on the server's own event loop first (ui.layout.end_streams:
+    Gradio 6's close() sets it from the calling thread, and close() then raised "deque mutated during iteration" once
+    in CI, before it closed the server)."""
+    from ui.layout import end_streams
 
-        def set_on_loop() -> None:
-            event.set()
-            done.set()
-
-        loop.call_soon_threadsafe(set_on_loop)
-        done.wait(timeout=10)
+    end_streams(demo).wait(timeout=10)
     demo.close()
 
 

@@ -301,7 +301,8 @@ def test_a_stopped_load_keeps_the_working_pair(tmp_path, monkeypatch):
         loader.close()
 
 
-SIGINT_BOUND_S = 8.0  # Ctrl-C: the process is gone within this (it waited 5 s on the server's join, plus the run)
+SIGINT_BOUND_S = 8.0  # Ctrl-C: the process is gone within this (3-5 s measured with the client's streams ended at the
+                      # signal; without that Gradio's server waited out a 5 s join for them: 8-12 s, docs/BENCHMARKS.md)
 
 
 def test_ctrl_c_stops_the_app_within_eight_seconds_while_a_run_streams():
@@ -336,7 +337,9 @@ def test_ctrl_c_stops_the_app_within_eight_seconds_while_a_run_streams():
         t0 = time.monotonic()
         app.send_signal(signal.SIGINT)
         app.wait(timeout=30)
-        assert time.monotonic() - t0 <= SIGINT_BOUND_S and app.returncode == 0
+        gone_s = time.monotonic() - t0
+        print(f"Ctrl-C during a timed decoder: the process gone in {gone_s:.1f} s")  # -s
+        assert gone_s <= SIGINT_BOUND_S and app.returncode == 0
     finally:
         if app.poll() is None:
             app.kill()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import re
+import threading
 
 import gradio as gr
 
@@ -55,6 +56,28 @@ def build_demo(loader: EngineLoader, presets: list[PairPreset], examples: list[s
     demo.queue(max_size=QUEUE_MAX_SIZE, default_concurrency_limit=1)  # one run on the lanes at a time
     demo._queue.sleep_when_free = demo._queue.progress_update_sleep_when_free = QUEUE_POLL_S
     return demo
+
+
+def end_streams(demo: gr.Blocks) -> threading.Event:
+    """Set the app's asyncio stop event on the server's own loop: every heartbeat stream (one per open tab or
+    gradio_client) waits on it, and Gradio's server only closes once they end. The returned event is set once it is.
+
+    Gradio 6 sets it in Blocks.close() from the calling thread, where the loop can add or drop a waiter meanwhile
+    ("RuntimeError: deque mutated during iteration"), and block_thread's Ctrl-C does not set it at all: its server
+    then waited out a 5 s join for them (docs/BENCHMARKS.md: Ctrl-C with a client connected)."""
+    done = threading.Event()
+    event = getattr(getattr(demo, "app", None), "stop_event", None)
+    loop = getattr(event, "_loop", None)  # bound by asyncio when the first stream waits on it
+    if loop is None or not loop.is_running():
+        done.set()
+        return done
+
+    def set_on_loop() -> None:
+        event.set()
+        done.set()
+
+    loop.call_soon_threadsafe(set_on_loop)
+    return done
 
 
 def _banner(presets: list[PairPreset], loader: EngineLoader, plan: tuple[str, ...] = ()) -> str:
