@@ -258,12 +258,14 @@ def bench(args) -> int:
     lanes = lanes_from_args(argparse.Namespace(**{**vars(args), "dtype": dtypes[0]}))
     lanes_at = {dtype: replace(lanes, dtype=dtype) for dtype in dtypes}  # every value checked before anything loads
     decoders = (tuple(d.strip() for d in args.decoders.split(",") if d.strip()) if args.decoders is not None
-                else default_decoders(lanes))
+                else default_decoders(lanes, args.draft))
     config = BenchConfig(decoders, args.max_new_tokens, probe.sampling, probe.spec,
                          parse_sweep(args.sweep, probe.spec), args.repeats, args.warmup)
     if args.limit is not None and args.limit < 1:
         raise MirrorError("--limit must be >= 1")
     resolve_pair(args)
+    if args.decoders is None:  # the default pair's draft is known now: the decoders that apply to it
+        config = replace(config, decoders=default_decoders(lanes, args.draft))
     if config.needs_draft and args.draft is None:
         raise MirrorError(f"decoders {', '.join(d for d in decoders if d not in ('ar', 'ar_all', 'hf'))} need a draft: "
                           "pass --draft")

@@ -27,7 +27,7 @@ MAX_GAMMA = 16
 MAX_KAPPA = 64
 AUTO_BRANCH_BUDGET = -1  # SpecConfig.branch_budget: fit the branch rows to the target's suffix (branching.py)
 # γ, κ of a pair without a setting chosen for this machine (no draft profile): the best setting of
-# docs/BENCHMARKS.md's sweep on the default pair (pair.PairInfo.resolve applies them)
+# the sweep in docs/BENCHMARKS.md's history on the default pair (pair.PairInfo.resolve applies them)
 DEFAULT_GAMMA = 4
 DEFAULT_KAPPA = 2
 CONTEXT_NGRAM = 8  # the context draft's index keys: the last 1..8 tokens (context_draft.ContextIndex)

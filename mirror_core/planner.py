@@ -10,7 +10,7 @@ and keeps the B best. a(d) is the probability that the target accepts a draft to
 separately for tokens the early exit ranks first and for the rest; r(k) is the probability that
 the target's token is the exit's k-th candidate. Both are counted on this run's own steps, with a
 uniform prior (the exit's raw probabilities are too flat on small targets to use directly; measured:
-docs/BENCHMARKS.md, "Figures behind design choices").
+BENCHMARKS.md's history, "Figures behind design choices").
 Only efficiency depends on this: the output never does.
 
 The budget is fixed, or automatic (AUTO_BRANCH_BUDGET): the allowance starts at every candidate

@@ -5,7 +5,7 @@
 For each path and weight shape x[M, K] @ W[K, N] (random weights): the best-of-reps ms per call for M = 1..8, '*'
 where some row of the M-row call differs bitwise from that row's own 1-row call, and the streaming rate at M = 1
 (weight bytes ÷ time). Then one core's read bandwidth (kernels/native.read_bandwidth) and the CPU, so that every
-figure sits beside the machine it was measured on (docs/BENCHMARKS.md).
+figure sits beside the machine it was measured on (BENCHMARKS.md's history).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Times only `x[M, K] @ W[K, N]` over every linear-map weight of the model's layers plus its LM head (the fast
 runner's layout: weights transposed and fused), one intra-op thread, interleaved over dtypes and M, median of
 --iters. This is the part of a forward a dtype can speed up (runners/calibrate.py times whole forwards);
-docs/BENCHMARKS.md quotes it.
+BENCHMARKS.md's history quotes it.
 """
 from __future__ import annotations
 

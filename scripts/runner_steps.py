@@ -4,7 +4,7 @@ Times one forward of each draft runner after a 128-token prefix, 1 intra-op thre
 over the cases, median of --iters: the AR draft (FastLlamaRunner) and the SS draft (FastSSRunner,
 and the model's own forward, SSRunner), for one token and for the 1 + n_str tokens an SS pass
 feeds (fed token + lookahead), main stream only or with the streams, and as a branch batch of
---rows rows. Prints a markdown table; docs/BENCHMARKS.md quotes it.
+--rows rows. Prints a markdown table; BENCHMARKS.md's history quotes it.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ For each (format, threads): the forward of M new rows after a 96-token prefix, t
 (ms), and the same in one-token steps. With the amx variant, `--amx-rows N` sends int8 calls of N+ rows to AMX tiles
 (0: never; the bits do not change), so the tile path and VNNI's can be timed one against the other. The CPU and its
 flags, the kernel variant and one core's and both cores' read bandwidth are printed first, so that every figure sits
-beside the machine it was measured on (docs/BENCHMARKS.md).
+beside the machine it was measured on (BENCHMARKS.md's history).
 """
 from __future__ import annotations
 

@@ -87,12 +87,19 @@ class Chromium:
     def evaluate(self, expression: str):
         return self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True})["result"].get("value")
 
-    def screenshot(self, path: str) -> None:
-        height = self.evaluate("document.documentElement.scrollHeight") or 2000
-        self.send("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": int(height), "deviceScaleFactor": 1,
-                                                         "mobile": False})
-        time.sleep(1.0)  # let plotly re-layout at the new size
-        data = self.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})["data"]
+    def screenshot(self, path: str, first_screen: bool = False) -> None:
+        """A PNG of the whole page, 1400 px wide; `first_screen`: only what the window shows at the top (1280x800,
+        FLAGS' window: the screen a visitor sees first, as the README shows it)."""
+        if first_screen:
+            self.evaluate("window.scrollTo(0, 0)")
+            time.sleep(0.5)
+            data = self.send("Page.captureScreenshot", {"format": "png"})["data"]
+        else:
+            height = self.evaluate("document.documentElement.scrollHeight") or 2000
+            self.send("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": int(height),
+                                                             "deviceScaleFactor": 1, "mobile": False})
+            time.sleep(1.0)  # let plotly re-layout at the new size
+            data = self.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})["data"]
         with open(path, "wb") as f:
             f.write(base64.b64decode(data))
 
@@ -168,7 +175,8 @@ def press_run(browser: Chromium, tries: int = 10, before: str | None = None) -> 
 
 
 def run_once(url: str, screenshot: str | None = None, prompt: str | None = None, timeout: float = 60) -> dict:
-    """Open the page, (type a prompt,) press Run, wait for the run to finish; returns the page state."""
+    """Open the page, (type a prompt,) press Run, wait for the run to finish, (capture the first screen: the README's
+    screenshot); returns the page state."""
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         browser = Chromium(CHROMIUM, profile)
         try:
@@ -184,7 +192,8 @@ def run_once(url: str, screenshot: str | None = None, prompt: str | None = None,
             state = wait_for(browser, lambda s: "Done" in s["status"] and all(s["plots"]) and s["tokens"] > 0,
                              timeout)
             if screenshot:
-                browser.screenshot(screenshot)
+                time.sleep(1.0)  # the replay's last frame and the plots' legend
+                browser.screenshot(screenshot, first_screen=True)
             return {**state, "first_top": first["top"]}
         finally:
             browser.close()

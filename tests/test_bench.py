@@ -254,3 +254,15 @@ def test_llama_cpp_rows_report_agreement_not_equality():
     assert rows["llama_cpp"].equal_to_ar is None and rows["llama_cpp"].agreement_with_ar == 0.5
     assert rows["ar_all"].equal_to_ar is True and rows["ar_all"].agreement_with_ar == 1.0
     assert rows["llama_cpp"].timed_by == "perf_counter per token" and rows["llama_cpp"].t_ar_ms == 4.0
+
+
+def test_the_default_decoders_are_those_that_apply_to_the_pair(pairs):
+    """Without --decoders the bench runs every decoder that applies: transformers' assisted generation only with a
+    draft it can drive (the default pair's feature-reading draft needs the target's hidden states)."""
+    from mirror_core.bench.harness import default_decoders
+    from mirror_core.config import LaneConfig
+    from mirror_core.models.pairs import REAL_FEATURE_DRAFT
+
+    token_only = default_decoders(LaneConfig(), pairs["llama"][1])
+    assert "hf_assisted" in token_only and "ar_all" in token_only and "llama_cpp" not in token_only
+    assert default_decoders(LaneConfig(), REAL_FEATURE_DRAFT) == tuple(d for d in token_only if d != "hf_assisted")

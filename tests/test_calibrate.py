@@ -191,7 +191,7 @@ def test_the_whole_machine_is_timed_again_on_the_loaded_pair_and_the_page_says_s
     if len(cpus) < 2:
         pytest.skip("needs two usable cores")
     lanes = LaneConfig(kind="inline", target_cpus=cpus[:1], draft_cpus=cpus[1:], target_threads=1, draft_threads=1)
-    loader = EngineLoader(lanes)
+    loader = EngineLoader(lanes, warmup=False)
     try:
         engine = loader.get(*pairs["llama"])
         info = engine.info

@@ -2,7 +2,7 @@
 
 Skipped when chromium is not installed (CI installs it: .ci/run).
 
-    python tests/test_ui_browser.py URL OUT.png [PROMPT [LEARN.png]]   # screenshots of a running app after one run
+    python tests/test_ui_browser.py URL OUT.png [PROMPT [LEARN.png]]   # a running app after one run: its first screen
 """
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_the_format_control_switches_the_function_on_the_loaded_pair_and_the_pag
         assert all("Who wrote this" in s and "135 M" not in s for s in said.values())
         assert loader.get(target, draft) is engine and engine.info.target_dtype.sequence == "bfloat16"
         listed = options(browser, "mirror-format")
-        assert listed[0].startswith("auto: the pair's own, float32") and "int8" not in listed, listed
+        assert listed[0] == "auto (float32)" and "int8" not in listed, listed
         assert set(listed[1:]) == set(engine.info.target_formats)
         browser.screenshot(str(tmp_path / "format.png"))
 
@@ -383,7 +383,7 @@ def test_the_learn_tab_before_any_run_at_phone_width_shows_the_recorded_step_and
 
 
 # One main-thread task while a run streams: 100 ms is the response budget of a page that still answers input at once
-# (RAIL); measured 85 ms at most here (`PYTHONPATH=. python scripts/page_tasks.py`, docs/BENCHMARKS.md)
+# (RAIL); measured 85 ms at most here (`PYTHONPATH=. python scripts/page_tasks.py`, BENCHMARKS.md's history)
 LONGEST_TASK_MS = 100
 
 

@@ -18,7 +18,7 @@ from .session import Session
 QUEUE_MAX_SIZE = 32                # waiting requests beyond this are turned away ("queue is full")
 # Gradio's queue loops poll every 1 ms (jobs) and 10 ms (progress) on Linux (`Queue.sleep_when_free`,
 # `progress_update_sleep_when_free`: private in Gradio 6), idle or while a run holds the lanes: ~6 % of a
-# core taken beside the lanes (docs/BENCHMARKS.md). 50 ms delays only the start of a queued job and the
+# core taken beside the lanes (BENCHMARKS.md's history). 50 ms delays only the start of a queued job and the
 # queue-position line; tests/test_ui_app.py fails if a Gradio release drops the attributes.
 QUEUE_POLL_S = 0.05
 CSS = render.asset("page.css")  # the page's styles (ui/page.css)
@@ -28,7 +28,7 @@ RELAYOUT_JS = "() => { setTimeout(() => dispatchEvent(new Event('resize')), 50);
 
 # demo.launch(**LAUNCH) everywhere the page is served. Gradio's run history is off: it keeps every run's inputs and
 # outputs in the browser's localStorage (up to 100 runs) and, while a generator streams, re-serialises that whole
-# history every 500 ms, so the page's CPU grew with every run (docs/BENCHMARKS.md, "The page's cost"); it would
+# history every 500 ms, so the page's CPU grew with every run (BENCHMARKS.md's history, "The page's cost"); it would
 # also keep each user's prompts and outputs in their browser.
 LAUNCH = {"css": CSS + tour.CSS, "run_history": False}
 

@@ -6,7 +6,7 @@
 // whose axes grow by 1.5x when a mark falls outside them (then, and only then, it is repainted whole: O(log n)
 // repaints per run). Drawing is paced by its own cost (at most every max(250 ms, 4 x the last draw)) and each
 // plot is drawn in its own task. An SVG plotting library redraws every mark on every update: with Plotly.js
-// that was 50-400 ms per update at 900 tokens on a 2-core machine (docs/BENCHMARKS.md, "The page's cost").
+// that was 50-400 ms per update at 900 tokens on a 2-core machine (BENCHMARKS.md's history, "The page's cost").
 const cfg = JSON.parse(props.config);
 const host = (name) => element.querySelector(".mirror-plot-" + name);
 const STAGES = Object.fromEntries(cfg.stages.map(([stage, name, color]) => [stage, {name, color}]));

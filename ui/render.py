@@ -3,7 +3,7 @@ drafts struck through; the page wraps it in a monospace, height-capped box), and
 
 The stream is built **append-only** as events arrive (StreamHTML), so that between two page updates its HTML
 only grows at the end: the Run tab sends each update as only what grew (ui/views.py, Deltas), the page appends it
-(ui/tokens.js), and the bytes and the page's work per comparison grow linearly with the tokens (docs/BENCHMARKS.md,
+(ui/tokens.js), and the bytes and the page's work per comparison grow linearly with the tokens (BENCHMARKS.md's history,
 "The page's cost").
 """
 from __future__ import annotations

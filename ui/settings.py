@@ -174,8 +174,8 @@ def format_choices(info=None) -> list[tuple[str, str]]:
     """The Format control's choices: every format before a pair has loaded; then auto (named: the pair's own) and
     the formats its target offers (PairInfo.target_formats)."""
     if info is None or not info.target_formats:
-        return [("auto: the pair's own", "auto")] + [(f, f) for f in DTYPE_CHOICES[1:]]
-    return [(f"auto: the pair's own, {info.pair_format}", "auto")] + [(f, f) for f in info.target_formats]
+        return [("auto", "auto")] + [(f, f) for f in DTYPE_CHOICES[1:]]
+    return [(f"auto ({info.pair_format})", "auto")] + [(f, f) for f in info.target_formats]
 
 
 def _bounded(name: str, value):

@@ -37,11 +37,11 @@ TEXT, STATUS, DONE, RESET, RESULTS = "text", "status", "done", "reset", "results
 HEARTBEAT_S = 0.2
 # Pause between a page update and the next timed prefill: the page lays out and paints the update (a column shown
 # whole, a provisional verdict, the new plots after RESET) before the lanes are timed again, not during it
-# (measured: scripts/page_cost.py, docs/BENCHMARKS.md).
+# (measured: scripts/page_cost.py, BENCHMARKS.md's history).
 PAGE_SETTLE_S = 0.25
 # Pause between the pieces of a big page update (a comparison's start and end): each piece is then its own short
 # task in the page, laid out and painted before the next arrives (one update that did it all was the longest
-# main-thread task of a run: docs/BENCHMARKS.md, "The page's start and end in pieces").
+# main-thread task of a run: BENCHMARKS.md's history, "The page's start and end in pieces").
 PAGE_PIECE_S = 0.05
 REPLAY_FPS = 20.0  # frames per second of a replay (the page's pacing only)
 RECHECK = ("Checking where AR runs: the target's one-token step on its lane's cores and on every core, timed again "

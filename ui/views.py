@@ -154,7 +154,7 @@ class Deltas:
 
     Why: Gradio's page does work in proportion to a value's length on every update (it compares, copies and
     re-renders the whole value; the server's own diff only saves bytes on the wire), which at 900 tokens made each
-    update of the whole stream and feed a 50-200 ms task on 2 busy cores (docs/BENCHMARKS.md, "The page's updates
+    update of the whole stream and feed a 50-200 ms task on 2 busy cores (BENCHMARKS.md's history, "The page's updates
     as deltas"). A delta's work is in proportion to what it adds. An event's first value of each view and its last
     (`whole`) are whole: a view that missed updates (Gradio keeps only the newest value of a component that is not
     mounted, e.g. in a column hidden and shown again mid-run) is right again at the end, and an API client's final

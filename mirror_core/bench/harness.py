@@ -31,7 +31,7 @@ from ..events import RunEnd, SpanEvent, StepRecord
 from ..latency import LatencyModel, ar_step_time, hidden_draft_bound, latency_model_from_events, step_times, verify_time
 from ..machine import usable_cpus
 from ..metrics import RunSummary
-from ..models.loading import encode_text
+from ..models.loading import assistable, encode_text
 from .config import (BENCH_DECODERS, DRAFTING_DECODERS, ENGINE_DECODERS, MODEL_ONLY, PEER_DECODERS, SWEEP_AXES,
                      BenchConfig)
 from .rows import BenchRow, ModelMs, run_metrics
@@ -136,11 +136,12 @@ def all_core_lanes(lanes: LaneConfig) -> LaneConfig:
     return replace(lanes, target_cpus=cpus, target_threads=len(cpus))
 
 
-def default_decoders(lanes: LaneConfig) -> tuple[str, ...]:
+def default_decoders(lanes: LaneConfig, draft: str | None = None) -> tuple[str, ...]:
     """Every decoder that applies, but those asked for by name: the optional llama.cpp peers, and sd and mirror with
-    the context draft off."""
+    the context draft off; hf_assisted only with a draft transformers can drive (models/loading.py: assistable)."""
     return tuple(d for d in BENCH_DECODERS if (d != "ar_all" or lanes.target_device == "cpu")
-                 and not d.startswith("llama_cpp") and d not in MODEL_ONLY)
+                 and not d.startswith("llama_cpp") and d not in MODEL_ONLY
+                 and (d != "hf_assisted" or draft is None or assistable(draft)))
 
 
 @dataclass

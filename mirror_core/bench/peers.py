@@ -89,7 +89,7 @@ class LlamaCppPeer:
         every = usable_cpus()
         self.cpus = {name: every if LLAMA_CPP_DECODERS[name] == "every" else every[:1]
                      for name in decoders if name in LLAMA_CPP_DECODERS}
-        # llama.cpp's batched prefill crashed (SIGILL) on an AMX host here (docs/BENCHMARKS.md): one token a batch there
+        # llama.cpp's batched prefill crashed (SIGILL) on an AMX host (BENCHMARKS.md's history): one token a batch there
         batch = 1 if machine.has_cpu_flags("amx_tile") else 512
         self.models = {name: Llama(model_path=path, n_threads=len(cpus), n_threads_batch=len(cpus), n_ctx=4096,
                                    n_batch=batch, n_ubatch=batch, flash_attn=False, verbose=False)

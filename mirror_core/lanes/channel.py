@@ -1,6 +1,6 @@
 """The token channel between the target lane and a draft-lane process: shared memory + sequence counters.
 
-Measured on the 2-core dev machine (docs/BENCHMARKS.md, `python -m mirror_core channel`): a round trip of a 64-id
+Measured on the 2-core dev machine (BENCHMARKS.md's history, `python -m mirror_core channel`): a round trip of a 64-id
 message costs about 15 µs with shared memory and a sequence counter, against 61–237 µs for
 multiprocessing pipes and milliseconds for torch queues, so lanes in separate processes talk
 through two one-slot mailboxes in one shared-memory block. A writer fills the payload, then bumps
@@ -21,7 +21,7 @@ sleeps in short ticks, and once idle for IDLE_S (between runs) sets DOZING and b
 doorbell, a semaphore the writer releases after publishing when it sees DOZING. A ring lost to the
 race between the two flags costs at most DOZE_S, the doze's timeout. An idle draft lane thus costs
 almost no CPU, and the first message after a pause arrives within a fraction of a millisecond
-(measured: docs/BENCHMARKS.md, `python -m mirror_core channel`).
+(measured: BENCHMARKS.md's history, `python -m mirror_core channel`).
 
 Every message is (kind, int64 array, float64 array, float32 array); codec.py lays the lanes'
 dataclasses out in it.

@@ -109,13 +109,20 @@ def _place(model, placement: dict, device: torch.device):
     return dispatch_model(model, placement["device_map"])
 
 
+def assistable(draft: str) -> bool:
+    """Whether transformers' assisted generation can drive this draft: not a feature-reading one (it needs the
+    target's hidden states, which assisted generation does not give a draft)."""
+    from .feature_draft import is_feature_draft
+
+    return not is_feature_draft(local_folder(draft))
+
+
 def load_draft_over_target_vocab(spec: ModelSpec):
     """A draft as a plain Hugging Face model over the target's vocabulary, for peers that drive it themselves
     (assisted generation): a reduced-vocabulary draft becomes its full-vocabulary copy (models/vocab.full_vocab_copy)."""
-    from .feature_draft import is_feature_draft
     from .vocab import full_vocab_copy, load_vocab_map
 
-    if is_feature_draft(local_folder(spec.source)):
+    if not assistable(spec.source):
         raise MirrorError(f"{spec.source!r} is a feature-reading draft: it needs the target's hidden states, which "
                           "transformers' assisted generation does not give a draft; drop hf_assisted, or use the "
                           "token-only draft for it")

@@ -5,7 +5,7 @@ one-row call) or SD and Mirror-SD feed it inside a window of γ + 1 rows. Floati
 a CPU's matmul library picks its kernel by the number of rows M, and kernels round differently. Where it
 switches is a property of the CPU, the library, the dtype, the threads and the matrix's shape (measured here:
 M = 2 on an Intel Xeon with AMX, M = 4 on AMD EPYCs with AVX2 and with AVX-512, for every linear map of two
-models; docs/BENCHMARKS.md), so no constant is right everywhere. This module measures it where the target runs.
+models; BENCHMARKS.md's history), so no constant is right everywhere. This module measures it where the target runs.
 
 The mechanism, per operation whose kernel depends on the row count (each linear map, the LM head, attention):
 a **row band** [lo, hi] of call sizes inside which the operation's kernel gives every row the same result

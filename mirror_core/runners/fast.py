@@ -1,7 +1,7 @@
 """A lean runner for Llama-family weights (Llama, Mistral, Qwen2, Qwen3): the same interface as HFRunner.
 
 FastLlamaRunner's docstring says what it holds, its cache layout and why it is fast on a CPU
-(measured: docs/BENCHMARKS.md). Layers ≤ ℓ_e and > ℓ_e are two calls of one loop, so the early-exit readout
+(measured: BENCHMARKS.md's history). Layers ≤ ℓ_e and > ℓ_e are two calls of one loop, so the early-exit readout
 sits between them. RoPE frequencies come from the model's own rotary module (any scaling type whose
 frequencies do not depend on the sequence length).
 """

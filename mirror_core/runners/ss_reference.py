@@ -6,7 +6,7 @@ against this one.
 Same interface as HFRunner, plus streams: `forward_streams` and `forward_rows` return the main
 stream's logits [.., T, V] and the n_str lookahead streams' normed states [.., T, n_str, H];
 `stream_proposals` applies the head only where the caller needs the lookahead (one position per
-row: the head over every stream row can cost more than the layers; measured: docs/BENCHMARKS.md). Only the main
+row: the head over every stream row can cost more than the layers; measured: BENCHMARKS.md's history). Only the main
 stream has KV; branch rows share a forked cache and see their own prefix through a key mask, and
 `rewind_rows` hides the entries of lookahead tokens a row's self-verification rejected.
 """

@@ -2,13 +2,13 @@
 
 Width choice [ours]: both drafts have the target's hidden size, so they start from the target's
 embedding, first layers and final norm. That initialisation was the largest single gain measured
-over drafts trained from scratch (measured: docs/BENCHMARKS.md), and a narrower draft would need a
+over drafts trained from scratch (measured: BENCHMARKS.md's history), and a narrower draft would need a
 learned projection and saves little latency: at batch 1 a CPU forward of a 1-layer draft is
 dominated by per-op overhead and the 4096-wide tied head, not by layer width. The cost is
 disk/memory: 1-layer drafts keep the fp16 total of the three models under 48 MB.
 
 Default shapes (TrainConfig) and why, from one-token cached step times after a 128-token prefix
-(measured: docs/BENCHMARKS.md):
+(measured: BENCHMARKS.md's history):
 - target: 10 layers, hidden 384, 6 heads / 2 KV heads, MLP 1024 → 17.3 M params, 34.6 MB fp16 (shipped as an
   18.5 MB Q8_0 GGUF: to_gguf.py); ℓ_e = 5.
 - AR draft: 1 layer of the same width → 3.15 M params, 6.3 MB; the same layer at hidden 256 saved

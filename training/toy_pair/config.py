@@ -18,7 +18,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile each phase's loss: a pause, then faster steps (measured: docs/TRAINING.md)
     corpus_dir: str | None = None  # None: CPython stdlib + pydoc topics
     init_target: str | None = None  # continue training this target folder (its tokenizer and shapes) instead of a fresh one
-    # default shapes: build.py's docstring says why (measured: docs/BENCHMARKS.md)
+    # default shapes: build.py's docstring says why (measured: BENCHMARKS.md's history)
     vocab_size: int = 4096
     context: int = 256
     hidden_size: int = 384
