@@ -186,15 +186,15 @@ class MirrorEngine:
 
     def _target_lane(self) -> None:
         """The target lane's thread: pinned once, then runs one request after another (ar and sd on the cores
-        PairInfo.serial_cpus names, when it names any)."""
+        PairInfo.serial_cpus names, when it names any: read per request, as the machine's last timing left it)."""
         lanes, kernel = self.info.lanes, self.target.kernel.library is not None
-        serial = self.info.serial_cpus
         with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads, kernel):
             while True:
                 job = self._jobs.get()
                 if job is None:
                     return
                 request, stop, out = job
+                serial = self.info.serial_cpus  # recheck_whole_machine may have moved it since the load
                 cores = serial if serial and request.decoder in SERIAL_DECODERS else ()
                 try:
                     with pinned(cores, len(cores), kernel) if cores else contextlib.nullcontext():

@@ -238,3 +238,25 @@ def test_window_ms_is_timed_or_linear_between_timed_row_counts():
     assert cal.window_ms("float32", 10) == pytest.approx(18.0 + (30.0 - 18.0) * 2 / 4)
     assert cal.window_ms("float32", 15) == pytest.approx(30.0 + 20.0 * 3 / 5)
     assert cal.window_ms("float32", 18) is None and cal.window_ms("bfloat16", 3) is None
+
+
+def test_ar_runs_where_the_last_timing_of_the_machine_put_it(pairs):
+    """The target lane reads PairInfo.serial_cpus per request: a recheck that finds every core faster moves the next
+    ar run there (the page's AR then runs as the CLI's), not only the runs of a pair loaded after it."""
+    import os
+    from dataclasses import replace
+
+    from mirror_core.machine import usable_cpus
+
+    cpus = usable_cpus()
+    if len(cpus) < 2:
+        pytest.skip("needs two usable cores")
+    lanes = LaneConfig(kind="inline", target_cpus=cpus[:1], draft_cpus=cpus[1:], target_threads=1, draft_threads=1,
+                       serial_cores="all")
+    with MirrorEngine.load(*pairs["llama"], lanes) as engine:
+        seen, run = [], engine._run
+        engine._run = lambda *a: (seen.append(os.sched_getaffinity(0)), run(*a))
+        for serial in ((), tuple(cpus)):
+            engine.info = replace(engine.info, serial_cpus=serial)
+            list(engine.stream(Request((1, 2, 3), "ar", 2)))
+        assert seen == [set(cpus[:1]), set(cpus)]
