@@ -425,3 +425,35 @@ if __name__ == "__main__":  # python tests/test_ui_browser.py URL OUT.png [PROMP
         from testing.browser import learn_screenshot
 
         print(learn_screenshot(sys.argv[1], sys.argv[4], sys.argv[3]))
+
+
+PAGE_TEXTS_JS = """JSON.stringify({
+  verdict: document.getElementById("mirror-verdict")?.innerText || "",
+  fold: document.getElementById("mirror-why-fold")?.textContent || "",
+  why: document.getElementById("mirror-why")?.innerText || ""})"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_no_sentence_on_the_page_contradicts_another_figure_on_it():
+    """The default comparison and a grounded example (one that edits a given text, the context draft's case) on the
+    embedded pair: the verdict, the fold and the Why as a reader reads them, every figure said twice the same and
+    every claim agreeing with its figure (testing/consistency.py)."""
+    from testing.browser import SET_PROMPT_JS, press_run, wait_for
+    from testing.consistency import PageTexts, contradictions
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "examples.json"),
+              encoding="utf-8") as f:
+        grounded = next(p for p in json.load(f)["prompts"] if p.startswith("Correct the spelling"))
+    with toy_pair_page() as (browser, _):
+        read = {}
+        for name, prompt in (("default", None), ("grounded", grounded)):
+            before = json.loads(browser.evaluate(PAGE_STATE_JS))["status"]
+            if prompt is not None:
+                browser.evaluate(SET_PROMPT_JS % json.dumps(prompt))
+                time.sleep(0.5)
+            press_run(browser, before=before)
+            wait_for(browser, lambda s: "Done" in s["status"] and s["tokens"] > 0, 300)
+            texts = PageTexts(**json.loads(browser.evaluate(PAGE_TEXTS_JS)))
+            assert texts.verdict.startswith("Speculation ") and "Measured in this run" in texts.why, texts
+            read[name] = contradictions(texts)
+        assert read == {"default": [], "grounded": []}, read

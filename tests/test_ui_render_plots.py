@@ -209,9 +209,19 @@ def test_latency_model_from_spans():
     assert model.speedup == pytest.approx(2.5 * 0.012 / model.expected_step)
     assert latency_model(None, None) is None
     from ui.numbers import latency_html
-    why = html.unescape(latency_html(model, 1.2))  # T_branch 3 ms ≤ Δ 4 ms: hidden; SD's step T_pre + Δ + T_fresh against Mirror's
-    assert "Why, from this run's stage means: the branch rollouts (3.0 ms) fit inside the target's last layers " \
+    why = html.unescape(latency_html(model, 1.2))  # no run's steps to quote: the model alone, said to be one
+    assert "Modelled from this run's stage means: the branch rollouts (3.0 ms) fit inside the target's last layers " \
            "(Δ = 4.0 ms), so the draft is hidden" in why and "τ = 2.50 tokens" in why
+    # with the runs: the measured steps and the wait first (the figures the verdict and the bars quote), the model's
+    # after them and marked
+    from ui.numbers import measured_step
+    mirror = mirror_run()
+    step, wait = measured_step(mirror)
+    why = html.unescape(latency_html(model, 1.2, mirror, mirror))
+    head, modelled = why.split("Modelled from the same stage means")
+    assert f"Measured in this run: a Mirror-SD step took {1e3 * step:.2f} ms" in head
+    assert f"the target waited {1e3 * wait:.2f} ms for the draft" in head and "fit inside" in head
+    assert "+0.00 ms a step saved" in head and f"{1e3 * model.expected_step:.1f} ms against" in modelled
 
 
 def test_inspector_shows_topk_probabilities_branches_and_fallback_reason():

@@ -527,6 +527,11 @@ def test_mirror_over_sd_is_the_median_of_the_per_repeat_ratios():
     assert versus_sd_median(reps) == pytest.approx(ratios[1])
     assert f" · {ratios[1]:.2f}× vanilla SD [{ratios[0]:.2f}–{ratios[2]:.2f}× over 3 repeats, the median shown] " \
            "(SD was faster)" in text, text
+    # the middle repeat's steps put Mirror-SD ahead per token: said as a disagreement, not left beside "SD was faster"
+    assert "These steps put Mirror-SD ahead per token, while the median of the repeats' wall times" in text
+    assert f"puts SD ahead ({ratios[1]:.2f}×): the readings disagree" in text
+    agreed = verdict_text([reps[1]])
+    assert "(SD was faster)" in agreed and "the readings disagree" not in agreed, agreed
 
 
 def test_context_windows_are_quoted_with_their_mean_length():
@@ -540,3 +545,28 @@ def test_context_windows_are_quoted_with_their_mean_length():
     assert window_words(run) == "windows of 9.00 tokens on average, the context's copies beside the draft model's " \
                                 "γ+1 = 2"
     assert "windows of 9.00 tokens on average" in verdict_text([{"ar": ar(40), "mirror": run}])
+
+
+def test_the_consistency_reader_finds_each_kind_of_contradiction():
+    """testing/consistency.py, which the browser test runs on the page: silent on consistent texts, and it names a
+    figure said two ways, a claim against its figure, and a hidden draft that was waited for."""
+    from testing.consistency import PageTexts, contradictions
+
+    verdict = ("Speculation lost here: Mirror-SD ran at 0.76× AR's speed (0.82× vanilla SD's speed), because each step "
+               "cost 1.89 AR steps but committed only 1.50 tokens.\nMirror-SD\nneeds τ 1.89 · got 1.50: short by 0.39")
+    fold = ("Mirror-SD 0.76× AR (96.4 vs 126.4 tok/s) · 0.82× vanilla SD (SD was faster). Slower here than AR: a whole "
+            "step cost 1.89 AR steps (1.50 ÷ 1.89 ≈ 0.80). Against vanilla SD a step cost 14.81 vs 13.85 ms (τ 1.50 vs "
+            "1.50: 9.87 vs 9.23 ms a token), by part. Mirror-SD: one step, τ = 1.50 tokens14.81 ms · 9.87 ms a token")
+    why = "Measured in this run: a Mirror-SD step took 14.81 ms, of which the target waited 0.02 ms for the draft"
+    assert contradictions(PageTexts(verdict, fold, why)) == []
+    cases = {
+        "Mirror-SD × AR": (verdict.replace("0.76× AR's", "0.86× AR's"), fold, why),
+        "the gauge's τ": (verdict.replace("needs τ 1.89", "needs τ 1.95"), fold, why),
+        "cheaper per token": (verdict, fold.replace("9.87 vs 9.23", "9.23 vs 9.87"), why),
+        "measured step": (verdict, fold, why.replace("14.81 ms, of", "12.80 ms, of")),
+        "called hidden": (verdict, fold, why.replace("0.02", "3.45") + "; so the draft is hidden"),
+        "speculation pays": (verdict, fold + " speculation pays where the answer copies from the prompt", why),
+    }
+    for needle, texts in cases.items():
+        found = contradictions(PageTexts(*texts))
+        assert any(needle in line for line in found), (needle, found)

@@ -247,9 +247,11 @@ def _value(w: WhatIf, name: str) -> str:
     return f"{v:.2f} ms" if knob.endswith("_ms") else f"{v:.2f}"
 
 
-def sd_reason(sd: DecoderRun | None, mirror: DecoderRun | None) -> str:
+def sd_reason(sd: DecoderRun | None, mirror: DecoderRun | None, x_sd: float | None = None) -> str:
     """Mirror ÷ vanilla SD in one step's parts: the window against SD's verify, the readout SD does not have, each
-    one's wait for the draft (Mirror-SD: a branch or a miss's rollout; SD: its serial rollout), the largest first."""
+    one's wait for the draft (Mirror-SD: a branch or a miss's rollout; SD: its serial rollout), the largest first;
+    where these steps put the other decoder ahead per token than `x_sd` (the repeats' median wall ratio) does, it
+    says that the two readings disagree instead of leaving them side by side."""
     a, b = step_bar(sd), step_bar(mirror)
     if a is None or b is None:
         return ""
@@ -260,9 +262,16 @@ def sd_reason(sd: DecoderRun | None, mirror: DecoderRun | None) -> str:
              ("acceptance and the rest", pb["accept"] + pb[OTHER[0]], pa["accept"] + pa[OTHER[0]])]
     terms.sort(key=lambda t: -abs(t[1] - t[2]))
     said = "; ".join(f"{name} {m:.2f} vs {s:.2f} ms" for name, m, s in terms)
+    per_token = (b.step_ms / b.tau, a.step_ms / a.tau)
+    disagree = ""
+    if x_sd is not None and (per_token[0] < per_token[1]) != (x_sd >= 1):
+        ahead, behind = ("Mirror-SD", "SD") if per_token[0] < per_token[1] else ("SD", "Mirror-SD")
+        disagree = (f" These steps put {ahead} ahead per token, while the median of the repeats' wall times (the "
+                    f"prefill included) puts {behind} ahead ({x_sd:.2f}×): the readings disagree, so this run does not "
+                    "settle which of the two is faster.")
     return (f"Against vanilla SD a step cost {b.step_ms:.2f} vs {a.step_ms:.2f} ms (τ {b.tau:.2f} vs {a.tau:.2f}: "
-            f"{b.step_ms / b.tau:.2f} vs {a.step_ms / a.tau:.2f} ms a token), by part, the largest difference first: "
-            f"{said}.")
+            f"{per_token[0]:.2f} vs {per_token[1]:.2f} ms a token), by part, the largest difference first: "
+            f"{said}.{disagree}")
 
 
 def _cores(run: DecoderRun) -> str:

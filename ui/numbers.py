@@ -4,8 +4,8 @@ from __future__ import annotations
 import html
 import statistics
 
-from mirror_core.events import STAGE_TARGET_STEP
-from mirror_core.latency import LatencyModel, latency_model_from_events, stage_mean
+from mirror_core.events import STAGE_TARGET_STEP, STAGE_WAIT
+from mirror_core.latency import LatencyModel, latency_model_from_events, per_step_totals, stage_mean, step_times
 from mirror_core.events import WHOLE_MACHINE_BOUND  # ui/ reaches records through events
 from mirror_core.models.pairs import target_function
 
@@ -377,7 +377,37 @@ def latency_model(mirror: DecoderRun | None, ar: DecoderRun | None) -> LatencyMo
     return latency_model_from_events(mirror.spans, mirror.steps, mirror.summary, t_ar or None)
 
 
-def latency_html(model: LatencyModel | None, measured_speedup: float | None) -> str:
+def measured_step(run: DecoderRun | None) -> tuple[float, float] | None:
+    """A speculative run's mean step and its mean wait for the draft a step (s, measured by the engine's spans: the
+    step from its first target span to its record, as the step bars; None without timed steps)."""
+    times = [] if run is None else step_times(run.spans, run.steps)
+    if not times:
+        return None
+    return statistics.fmean(times), sum(per_step_totals(run.spans, (STAGE_WAIT,)).values()) / len(times)
+
+
+def why_measured(model: LatencyModel, mirror: DecoderRun | None, sd: DecoderRun | None) -> str:
+    """The Run tab's Why: the run's measured steps first (the figures the verdict and the bars quote), then the
+    latency model's, from the same stage means, marked as modelled, with what it leaves out."""
+    m, v = measured_step(mirror), measured_step(sd)
+    if m is None:
+        return "Modelled from this run's stage means: " + why_model(model)
+    branch, delta, wait = 1e3 * model.t_branch, 1e3 * model.delta, 1e3 * m[1]
+    fits = "fit inside" if model.t_branch <= model.delta else "outlast"
+    said = (f"Measured in this run: a Mirror-SD step took {1e3 * m[0]:.2f} ms, of which the target waited "
+            f"{wait:.2f} ms for the draft (its branch rollouts, {branch:.1f} ms, {fits} the target's last layers, "
+            f"Δ = {delta:.1f} ms; the rest of the wait is messages and fresh rollouts after a miss)")
+    if v is not None:
+        saved = 1e3 * (v[0] - m[0])
+        said += (f"; vanilla SD's step took {1e3 * v[0]:.2f} ms, waiting {1e3 * v[1]:.2f} ms for its serial rollout "
+                 f"({saved:+.2f} ms a step {'saved' if saved >= 0 else 'lost'} by Mirror-SD)")
+    return (f"{said}. Modelled from the same stage means (the latency model, which leaves out the time between the "
+            f"spans): {1e3 * model.expected_step:.1f} ms against {1e3 * model.t_sd:.1f} ms.")
+
+
+def latency_html(model: LatencyModel | None, measured_speedup: float | None, mirror: DecoderRun | None = None,
+                 sd: DecoderRun | None = None) -> str:
+    """The latency model's terms (each marked measured or modelled) and the Why, measured first."""
     if model is None:
         return "<p><i>The latency model needs a finished Mirror-SD run (and an AR run for T_AR).</i></p>"
     ms = lambda v: "—" if v is None else f"{v * 1e3:.2f} ms"
@@ -401,5 +431,5 @@ def latency_html(model: LatencyModel | None, measured_speedup: float | None) -> 
     body = "".join(f"<tr><th>{html.escape(a)}</th><td>{html.escape(b)}</td><td class='mirror-def'>{html.escape(c)}</td></tr>"
                    for a, b, c in rows)
     return (f"<table class='mirror-table'><tr><th>term</th><th>value</th><th>source</th></tr>{body}</table>"
-            f"<p class='mirror-def' id='mirror-why'>Why, from this run's stage means: {html.escape(why_model(model))} "
+            f"<p class='mirror-def' id='mirror-why'>Why: {html.escape(why_measured(model, mirror, sd))} "
             "The Learn tab's what-if starts from these terms.</p>")

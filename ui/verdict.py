@@ -170,7 +170,7 @@ def verdict_text(repeats: list[dict[str, DecoderRun]]) -> str:
         head += (f" · {x_sd:.2f}× vanilla SD" + _spread(with_sd, "sd", len(with_sd), "the median")
                  + (" (SD was faster)" if x_sd < 1 else ""))
         if "sd" in middle:
-            versus_sd = " " + sd_reason(middle["sd"], middle["mirror"])
+            versus_sd = " " + sd_reason(middle["sd"], middle["mirror"], x_sd)
     return (f"{head}. {'Faster' if x_ar >= 1 else 'Slower'} here than AR: {_reason(middle)}{_noise(ranked)}"
             f"{versus_sd} {where_it_pays(middle, x_ar >= 1)}")
 

@@ -184,7 +184,7 @@ def _results(session: Session) -> dict[str, object]:
     measured = numbers.speedup(session.runs.get("ar"), session.runs.get("mirror"))[0]
     info = session.pair_info
     return {"numbers": numbers.numbers_html(session.runs) + numbers.spread_html(session.history),
-            "latency": numbers.latency_html(model, measured), "verdict": verdict.verdict_html(session),
+            "latency": numbers.latency_html(model, measured, session.runs.get("mirror"), session.runs.get("sd")), "verdict": verdict.verdict_html(session),
             "ran": ran_line(session), "who": who_wrote(session),
             "format": gr.skip() if info is None else gr.Dropdown(choices=format_choices(info))}
 
