@@ -454,6 +454,6 @@ def test_no_sentence_on_the_page_contradicts_another_figure_on_it():
             press_run(browser, before=before)
             wait_for(browser, lambda s: "Done" in s["status"] and s["tokens"] > 0, 300)
             texts = PageTexts(**json.loads(browser.evaluate(PAGE_TEXTS_JS)))
-            assert texts.verdict.startswith("Speculation ") and "Measured in this run" in texts.why, texts
+            assert texts.verdict.startswith(("Speculation ", "Vanilla SD won")) and "Measured in this run" in texts.why, texts
             read[name] = contradictions(texts)
         assert read == {"default": [], "grounded": []}, read

@@ -163,6 +163,11 @@ def test_the_verdict_opens_with_one_plain_sentence_then_the_gauge_then_the_fold(
     assert headline([fast]) == ("Speculation won here: Mirror-SD ran 1.41× as fast as AR, because each step committed "
                                 "2.00 tokens for the time of 1.40 AR steps.")
     assert "mirror-gauge-ahead'" in verdict_html(session_of(fast))
+    # vanilla SD beat AR where Mirror-SD did not: the sentence does not say speculation lost
+    sd_won = {"ar": ar(40), "mirror": mirror(20, 0.010, 0.001, 0.010, 0.001),
+              "sd": mirror(20, 0.005, 0.0, 0.005, 0.001, decoder="sd")}
+    assert headline([sd_won]).startswith("Vanilla SD won here (1.78× AR's speed), Mirror-SD lost: it ran at 0.91× "
+                                         "AR's speed, because each step cost 2.20 AR steps"), headline([sd_won])
     tie = [{"ar": ar(40), "mirror": _mirror_at(x)} for x in (0.95, 1.02, 1.05)]
     assert headline(tie).startswith("Speculation tied with AR here: Mirror-SD ran at 1.02× AR's speed, within timing")
     from dataclasses import replace as dc_replace
@@ -385,7 +390,7 @@ def test_the_verdict_is_on_the_first_screen_and_rejected_drafts_can_be_hidden(pa
         assert page["top"] < 800, page  # a 1280x800 window: the verdict is on the first screen, under Run
         # one plain sentence, the break-even gauge, and the fold closed: above it at most 70 words (the wall it was
         # filled a phone's screen), the sentence at most 40
-        assert page["headline"].startswith("Speculation ") and len(page["headline"].split()) <= 40, page
+        assert page["headline"].startswith(("Speculation ", "Vanilla SD won")) and len(page["headline"].split()) <= 40, page
         verdict = page["text"].replace(page["noisy"], "")  # the noise meter's line, where it flagged, comes on top
         assert len(verdict.split()) <= 70 and not page["open"] and "over 3 repeats" not in verdict, page
         assert not page["noisy"] or "not clean (Mirror ÷ AR spread" in page["noisy"] and "over 3 repeats" in page["noisy"]

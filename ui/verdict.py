@@ -96,6 +96,9 @@ def headline(repeats: list[dict[str, DecoderRun]]) -> str:
         outcome = f"Speculation tied with AR here: Mirror-SD ran at {x_ar:.2f}× AR's speed{besides}, within timing noise"
     elif x_ar >= 1:
         outcome = f"Speculation won here: Mirror-SD ran {x_ar:.2f}× as fast as AR{besides}"
+    elif (sd_ar := sd_over_ar(repeats)) is not None and sd_ar >= 1 and not noise_note(sd_xs(ranked)):
+        outcome = (f"Vanilla SD won here ({sd_ar:.2f}× AR's speed), Mirror-SD lost: it ran at {x_ar:.2f}× AR's "
+                   "speed")
     else:
         outcome = f"Speculation lost here: Mirror-SD ran at {x_ar:.2f}× AR's speed{besides}"
     rows = {r.decoder: r for r in break_even(middle)}
@@ -111,6 +114,17 @@ def headline(repeats: list[dict[str, DecoderRun]]) -> str:
     if step.gap >= 0:
         return f"{outcome}, because each step committed {step.got:.2f} tokens for the time of {cost}."
     return f"{outcome}, because each step cost {cost} but committed only {step.got:.2f} tokens."
+
+
+def sd_xs(ranked: list[dict[str, DecoderRun]]) -> list[float]:
+    """Vanilla SD ÷ AR per repeat (AR's wall ÷ SD's), where both ran."""
+    return [x for r in ranked if (x := speedup(r.get("ar"), r.get("sd"))[0]) is not None] if ranked else []
+
+
+def sd_over_ar(repeats: list[dict[str, DecoderRun]]) -> float | None:
+    """Vanilla SD ÷ AR: the median of the per-repeat ratios (None where SD did not run)."""
+    xs = sd_xs(repeats)
+    return statistics.median(xs) if xs else None
 
 
 def noise_line(history: list[DecoderRun], ranked: list[dict[str, DecoderRun]]) -> str:
