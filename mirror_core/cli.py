@@ -13,6 +13,7 @@ from .config import (
     DEFAULT_GAMMA,
     DEFAULT_KAPPA,
     DTYPE_CHOICES,
+    LEND_CORES,
     SERIAL_CORES,
     KERNEL_CHOICES,
     RULES,
@@ -122,14 +123,20 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
                    "kernel variant")
     g.add_argument("--serial-cores", default="all", choices=SERIAL_CORES,
                    help="where ar and sd run the target (their draft lane waits while it works): all = every core "
-                   "(the whole-machine baseline), lane = the target lane's own cores; mirror always uses the lane's")
+                   "(the whole-machine baseline), lane = the target lane's own cores; mirror uses the lane's, and "
+                   "borrows the draft lane's for the layers before the early exit where --lend-cores allows")
+    g.add_argument("--lend-cores", default="auto", choices=LEND_CORES,
+                   help="mirror's target lane borrows the draft lane's cores for the layers before the early exit, "
+                   "while the draft sleeps until the candidates come: auto = where every core timed faster at load "
+                   "(as ar and sd run there), off = each lane keeps its own cores")
 
 
 def lanes_from_args(args) -> LaneConfig:
     from .lanes.placement import auto_lanes
 
     return replace(auto_lanes(args.target_device, args.draft_device, args.lane, args.runner, args.dtype),
-                   exit_head=args.exit_head, kernel=args.kernel, serial_cores=args.serial_cores)
+                   exit_head=args.exit_head, kernel=args.kernel, serial_cores=args.serial_cores,
+                   lend_cores=args.lend_cores)
 
 
 def resolve_pair(args) -> None:

@@ -18,7 +18,8 @@ DTYPE_CHOICES = ("auto", *FUNCTIONS)
 # machine builds and runs, else torch's matmul under a measured row plan; torch = always that; a variant = only it
 KERNEL_CHOICES = ("auto", "torch", *VARIANTS)
 SERIAL_CORES = ("all", "lane")  # LaneConfig.serial_cores
-SERIAL_DECODERS = ("ar", "sd")  # the decoders whose draft lane (if any) waits while the target works
+SERIAL_DECODERS = ("ar", "sd")
+LEND_CORES = ("auto", "off")  # LaneConfig.lend_cores  # the decoders whose draft lane (if any) waits while the target works
 RUNNER_KINDS = ("auto", "fast", "hf")  # auto: the fast runners for Llama-family weights and SS drafts, else the generic one
 MAX_NEW_TOKENS_CAP = 4096  # documented upper bound for one request
 MAX_PROMPT_CHARS = 32_000  # prompt text is refused above this many characters (before tokenizing)
@@ -216,6 +217,11 @@ class LaneConfig:
     # where ar and sd run the target, whose draft lane waits while the target works: "all" = every usable core (the
     # whole-machine baseline), "lane" = the target lane's own cores (mirror always runs on the lane's cores)
     serial_cores: str = "all"
+    # Mirror-SD's target lane borrows the draft lane's cores for the layers before the early exit, while the draft
+    # lane sleeps until M_t (it has nothing to do before it), and gives them back for the suffix: "auto" = where the
+    # load timed every core faster than the lane's (as ar and sd run there) and the draft lane is a process or a
+    # thread, "off" = the lanes keep their own cores for the whole step
+    lend_cores: str = "auto"
     fault: FaultPlan = field(default_factory=FaultPlan)  # test hook: make the draft lane fail on purpose
 
     def __post_init__(self) -> None:
@@ -226,6 +232,8 @@ class LaneConfig:
         _require(self.kernel in KERNEL_CHOICES, f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {self.kernel!r}")
         _require(self.serial_cores in SERIAL_CORES, f"serial cores must be one of {', '.join(SERIAL_CORES)}, got "
                  f"{self.serial_cores!r}")
+        _require(self.lend_cores in LEND_CORES, f"lend cores must be one of {', '.join(LEND_CORES)}, got "
+                 f"{self.lend_cores!r}")
         _require(isinstance(self.exit_head, str) and self.exit_head != "",
                  f"exit head must be auto, none or a folder, got {self.exit_head!r}")
         _require(isinstance(self.target_devices, tuple) and (not self.target_devices or (

@@ -130,7 +130,8 @@ def verify(state: DecodeState, lane: DraftLane, planner: BranchPlanner | None, w
         logits = state.target.forward(state.cache, w)                                  # [γ+1, V]
         state.span(STAGE_TARGET_VERIFY, t0, state.now(), step)
         return logits, None, None
-    at_exit = state.target.forward_to_exit(state.cache, w, state.exit_layer)          # layers 1..ℓ_e
+    with state.lent_cores():                                                          # mirror: the draft lane's too
+        at_exit = state.target.forward_to_exit(state.cache, w, state.exit_layer)      # layers 1..ℓ_e
     h = at_exit.h.cpu() if state.features else None                                   # h^(ℓ_e) [γ+1, H]
     if planner is None:  # vanilla SD with a feature draft: the same pass, read on the way
         logits = state.target.finish_pass(at_exit)                                     # [γ+1, V]

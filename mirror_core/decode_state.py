@@ -1,6 +1,7 @@
 """DecodeState: one request's state on the target lane, shared by every decoder in decode.py."""
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -8,6 +9,7 @@ import torch
 
 from . import machine
 from .config import Request
+from .lanes.placement import pinned
 from .events import (
     LANE_DRAFT,
     LANE_TARGET,
@@ -48,6 +50,7 @@ class DecodeState:
         self.window_steps = window_steps  # the target's forward of 1, 2, .. rows in one-row steps (load-time)
         self.features = features  # the draft reads the target's h^(ℓ_e) (a feature-reading draft; ℓ_e is its layer)
         self.cfg = request.sampling
+        self.lend = settings.lend_cpus if request.decoder == "mirror" else ()  # cores lent for layers 1..ℓ_e
         self.eos_ids = eos_ids if request.stop_at_eos else frozenset()
         self.stop = stop
         self.cache = target.new_cache()
@@ -67,6 +70,13 @@ class DecodeState:
         self.t_first: float | None = None   # first new token committed
         self.t_last: float | None = None    # last new token committed
         self.pending.append(RunStart(request.decoder, request.prompt_ids, settings, self.t_start))
+
+    def lent_cores(self):
+        """Mirror-SD's layers before the early exit on the cores the draft lane lends while it sleeps until M_t
+        (RunSettings.lend_cpus); a context that changes nothing where none are lent."""
+        if not self.lend:
+            return contextlib.nullcontext()
+        return pinned(self.lend, len(self.lend), self.target.kernel.library is not None)
 
     # -- time ------------------------------------------------------------------------------
     def now(self) -> float:

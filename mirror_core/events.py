@@ -64,6 +64,8 @@ class RunSettings:
     roofline: Roofline | None = None           # the target's kernel, weight bytes per token, forward by rows against
                                                # the memory roofline (records.Roofline)
     serial_cpus: tuple[int, ...] = ()          # where ar and sd run the target (every core); () = the target lane's
+    lend_cpus: tuple[int, ...] = ()            # where mirror runs the target's layers before the early exit (every
+                                               # core, the draft lane's lent); () = the target lane's
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -50,6 +50,7 @@ class PairInfo:
     roofline: Roofline | None = None         # the target's kernel, bytes per token and forward by rows vs. the roofline
     serial_cpus: tuple[int, ...] = ()        # where ar and sd run the target (every core, LaneConfig.serial_cores);
     #                                          () = on the target lane's own cores
+    lend_cpus: tuple[int, ...] = ()          # where mirror runs the target's layers 1..ℓ_e (LaneConfig.lend_cores)
     target_formats: tuple[str, ...] = ()     # the formats the target's runner offers (DTYPE_CHOICES' names)
     pair_format: str = ""                    # the target's format where none is asked for (calibrate.pair_format)
 
@@ -195,14 +196,25 @@ def load_target(target: str, draft: str | None, lanes: LaneConfig, trust_remote_
     return LoadedTarget(model, runner, eos_ids(model), info)
 
 
-def _serial_cpus(lanes: LaneConfig, whole: WholeMachine | None) -> tuple[int, ...]:
-    """Every usable core, where ar and sd run the target on them: LaneConfig.serial_cores "all", a CPU target lane
-    holding fewer than all of them, and the step timed faster there than on the lane in every alternated pair and
-    within its bounds (WholeMachine: settled, bounded); else () (the lane's own cores)."""
-    if (lanes.serial_cores != "all" or whole is None or not whole.settled or not whole.bounded
-            or whole.all_ms >= whole.lane_ms):
+def _every_core_faster(whole: WholeMachine | None) -> tuple[int, ...]:
+    """Every usable core, where a CPU target lane holds fewer than all of them and the step was timed faster there
+    than on the lane in every alternated pair and within its bounds (WholeMachine: settled, bounded); else ()."""
+    if whole is None or not whole.settled or not whole.bounded or whole.all_ms >= whole.lane_ms:
         return ()
     return machine.usable_cpus()
+
+
+def _serial_cpus(lanes: LaneConfig, whole: WholeMachine | None) -> tuple[int, ...]:
+    """Where ar and sd run the target: every core (LaneConfig.serial_cores "all") where it is faster; else () (the
+    lane's own cores)."""
+    return _every_core_faster(whole) if lanes.serial_cores == "all" else ()
+
+
+def _lend_cpus(lanes: LaneConfig, whole: WholeMachine | None) -> tuple[int, ...]:
+    """Where mirror runs the target's layers before the early exit: every core (LaneConfig.lend_cores "auto") where
+    it is faster and the draft lane can sleep on its own while it has nothing to do (a process or a thread lane; an
+    inline lane runs on the target's thread); else () (the lane's own cores)."""
+    return _every_core_faster(whole) if lanes.lend_cores == "auto" and lanes.kind != "inline" else ()
 
 
 def _gguf_blocks(target: str, config) -> dict | None:
@@ -241,7 +253,7 @@ def with_target_timing(info: PairInfo, runner, timed: TargetTiming, lane) -> Pai
     ℓ_e): at load, and again when MirrorEngine.set_target_format changes the format."""
     info = replace(info, target_rows=timed.rows, target_dtype=timed.dtype, whole_machine=timed.whole,
                    roofline=roofline_of(runner, timed.dtype, timed.whole),
-                   serial_cpus=_serial_cpus(info.lanes, timed.whole))
+                   serial_cpus=_serial_cpus(info.lanes, timed.whole), lend_cpus=_lend_cpus(info.lanes, timed.whole))
     if lane is None:
         return info
     baseline = timed.whole.all_ms if timed.whole is not None and info.serial_cpus else None

@@ -260,3 +260,32 @@ def test_ar_runs_where_the_last_timing_of_the_machine_put_it(pairs):
             engine.info = replace(engine.info, serial_cpus=serial)
             list(engine.stream(Request((1, 2, 3), "ar", 2)))
         assert seen == [set(cpus[:1]), set(cpus)]
+
+
+def test_mirror_borrows_the_draft_lanes_cores_for_the_layers_before_the_exit(pairs):
+    """RunSettings.lend_cpus: mirror's target runs layers 1..ℓ_e on every core the draft lane lends and the suffix on
+    its own lane's, its tokens ar's all the same; no lent cores, the lane's for both; ar and sd never borrow."""
+    import os
+    from dataclasses import replace
+
+    from mirror_core.machine import usable_cpus
+
+    cpus = usable_cpus()
+    if len(cpus) < 2:
+        pytest.skip("needs two usable cores")
+    lanes = LaneConfig(kind="inline", target_cpus=cpus[:1], draft_cpus=cpus[1:], target_threads=1, draft_threads=1)
+    with MirrorEngine.load(*pairs["llama"], lanes) as engine:
+        seen, to_exit, finish = [], engine.target.forward_to_exit, engine.target.finish_pass
+        engine.target.forward_to_exit = lambda *a: (seen.append(("exit", os.sched_getaffinity(0))), to_exit(*a))[1]
+        engine.target.finish_pass = lambda *a: (seen.append(("suffix", os.sched_getaffinity(0))), finish(*a))[1]
+        ar = [e for e in engine.stream(Request((1, 2, 3), "ar", 12))][-1].token_ids
+        for lend in ((), tuple(cpus)):
+            engine.info = replace(engine.info, lend_cpus=lend)
+            seen.clear()
+            end = list(engine.stream(Request((1, 2, 3), "mirror", 12, spec=SpecConfig(2, 2))))[-1]
+            assert end.token_ids == ar and end.fallback is None
+            assert {frozenset(w) for part, w in seen if part == "exit"} == {frozenset(lend or cpus[:1])}, seen
+            assert {frozenset(w) for part, w in seen if part == "suffix"} == {frozenset(cpus[:1])}, seen
+        seen.clear()
+        list(engine.stream(Request((1, 2, 3), "sd", 12, spec=SpecConfig(2, 2))))
+        assert {frozenset(w) for _, w in seen} <= {frozenset(cpus[:1])}, seen  # sd: serial_cpus (), the lane's

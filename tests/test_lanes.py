@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -156,6 +157,10 @@ def test_an_idle_reader_dozes_on_the_doorbell_and_the_writer_rings_it(monkeypatc
     checks = iter([False, False, False, False, True])
     channel.wait_until(lambda: next(checks), lambda: True, 60, doze=lambda: phases.append("doze"))
     assert phases == ["spin", f"sleep {channel.SLEEP_S}", "doze", "doze"]
+    phases.clear()  # a reader that knows the next message is far (recv(block=True)): the doorbell at once, no spin
+    clock, checks = iter([0.0, 0.001, 0.002]), iter([False, False, True])
+    channel.wait_until(lambda: next(checks), lambda: True, 60, doze=lambda: phases.append("doze"), idle_s=0.0)
+    assert phases == ["doze", "doze"]
     monkeypatch.undo()
 
     ch = channel.Channel(16, 4)
@@ -167,6 +172,37 @@ def test_an_idle_reader_dozes_on_the_doorbell_and_the_writer_rings_it(monkeypatc
         box.header[channel.DOZING] = 0
         assert box.recv(lambda: True, 1).i64.tolist() == [0, 1, 2]
     finally:
+        ch.close()
+
+
+def test_a_blocked_reader_is_woken_by_every_message_without_a_lost_ring():
+    """recv(block=True) sleeps on the doorbell at once; the fences on both sides (channel.full_fence) mean no ring
+    is lost to the race between DOZING and SEQ, so no round trip waits out DOZE_S (300 round trips, as a run's)."""
+    import threading
+
+    from mirror_core.lanes import channel
+
+    ch = channel.Channel(16, 4)
+    empty = (np.zeros(0), np.zeros(0, np.float32))
+
+    def reader():
+        for _ in range(300):
+            msg = ch.to_worker.recv(lambda: True, 5, block=True)
+            ch.to_target.send(Message(2, msg.i64 + 1, *empty), lambda: True, 5)
+
+    worker = threading.Thread(target=reader, daemon=True)
+    worker.start()
+    try:
+        worst = 0.0
+        for i in range(300):
+            time.sleep(0.0005 * (i % 3))  # the reader is spinning, dozing or about to doze when the message comes
+            t0 = time.perf_counter()
+            ch.to_worker.send(Message(1, np.array([i]), *empty), lambda: True, 5)
+            assert ch.to_target.recv(lambda: True, 5).i64.tolist() == [i + 1]
+            worst = max(worst, time.perf_counter() - t0)
+        assert worst < channel.DOZE_S / 2, worst
+    finally:
+        worker.join(5)
         ch.close()
 
 

@@ -275,12 +275,14 @@ def sd_reason(sd: DecoderRun | None, mirror: DecoderRun | None, x_sd: float | No
 
 
 def _cores(run: DecoderRun) -> str:
-    """Where the run's target ran: 'every core' (ar and sd where they run there) or its lane's 'N cores'."""
+    """Where the run's target ran: 'every core' (ar and sd where they run there), its lane's 'N cores', or for
+    mirror with the draft lane's cores lent 'every core to the exit, then N cores'."""
     s = run.start.settings
     if s.serial_cpus and run.decoder in SERIAL_DECODERS:
         return "every core"
     n = len(s.lanes.target_cpus) if s.lanes.target_device == "cpu" else 0
-    return f"{n} core{'s' if n != 1 else ''}" if n else s.lanes.target_device
+    own = f"{n} core{'s' if n != 1 else ''}" if n else s.lanes.target_device
+    return f"every core to the exit, then {own}" if s.lend_cpus and run.decoder == "mirror" else own
 
 
 def costs_html(rep: dict[str, DecoderRun], info=None) -> str:

@@ -303,10 +303,12 @@ def _process_main(spec: DraftLaneSpec, channel: ChannelHandle) -> None:
 
 
 def _serve_commands(ch: Channel, serve: _Serve, alive) -> None:
-    box = ch.to_worker
+    """Serve the target lane's commands; after answering a window, sleep on the doorbell until the next command (the
+    target verifies the window first: milliseconds), so this lane's cores are free for it meanwhile."""
+    box, answered = ch.to_worker, False
     while True:
         try:
-            cmd = decode(box.recv(alive, float("inf"), busy=True))
+            cmd = decode(box.recv(alive, float("inf"), busy=True, block=answered))
         except ChannelClosed:
             return
         if isinstance(cmd, LaneShutdown):
@@ -314,7 +316,8 @@ def _serve_commands(ch: Channel, serve: _Serve, alive) -> None:
             return
         reply = serve(cmd)
         box.mark_idle()
-        if isinstance(cmd, ResolveRequest):
+        answered = isinstance(cmd, ResolveRequest)
+        if answered:
             ch.to_target.send(encode(LaneFailed.of(reply) if isinstance(reply, BaseException) else reply), alive, 600)
 
 
