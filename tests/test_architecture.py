@@ -131,7 +131,8 @@ def test_pure_maths_and_lanes_keep_to_their_rooms():
 
 def test_the_bench_uses_the_public_surface_only():
     allowed = ("mirror_core.bench", "mirror_core.config", "mirror_core.engine", "mirror_core.events",
-               "mirror_core.latency", "mirror_core.metrics", "mirror_core.models.loading", "mirror_core.lanes.placement",
+               "mirror_core.latency", "mirror_core.metrics", "mirror_core.phases", "mirror_core.models.loading",
+               "mirror_core.lanes.placement",
                "mirror_core.machine",  # this machine's facts and devices are public
                "mirror_core.models.prepared")  # where a prepared registry model keeps its GGUF (the llama.cpp peer)
     for module in (m for m in MODULES if m.startswith("mirror_core.bench")):
@@ -173,10 +174,10 @@ def test_no_import_circles_between_modules():
 
 def test_the_ui_reaches_the_engine_through_its_public_surface():
     """ui/ imports the engine's API (MirrorEngine.stream, the configs, the event types) and the read-only rooms beside
-    it: the latency model, the metrics, this machine, models/ (what the pairs are, tokenizers, text streams), the
+    it: the latency model, the metrics, a step's phases, this machine, models/ (what the pairs are, tokenizers, text streams), the
     lane plan; never a loop, a lane's workings, a runner or a worker."""
     allowed = {"mirror_core", "mirror_core.config", "mirror_core.engine", "mirror_core.events", "mirror_core.latency",
-               "mirror_core.metrics", "mirror_core.machine", "mirror_core.lanes.placement"}
+               "mirror_core.metrics", "mirror_core.phases", "mirror_core.machine", "mirror_core.lanes.placement"}
     for module in UI_MODULES:
         inner = {i for i in _imports(module, top_level_only=False, type_only=True) if i.startswith("mirror_core")}
         outside = {i for i in inner - allowed if not i.startswith("mirror_core.models.")}

@@ -10,6 +10,7 @@ import os
 import re
 import sys
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -155,7 +156,7 @@ def test_derive_picks_the_faster_ar_as_baseline_and_checks_equality():
 
 
 def test_rows_and_report_keep_the_json_and_csv_layout_of_the_shipped_reports(tmp_path):
-    shipped = os.path.join(ROOT, "docs", "bench", "context_grounded")  # the newest layout (mirror-sd-bench/5)
+    shipped = os.path.join(ROOT, "docs", "bench", "defaults_chat_8")  # the newest layout (mirror-sd-bench/6)
     with open(os.path.join(shipped, "bench.json"), encoding="utf-8") as f:
         ref = json.load(f)
     with open(os.path.join(ROOT, "docs", "bench", "sweep_draft_ar_128", "bench.json"), encoding="utf-8") as f:
@@ -266,3 +267,32 @@ def test_the_default_decoders_are_those_that_apply_to_the_pair(pairs):
     token_only = default_decoders(LaneConfig(), pairs["llama"][1])
     assert "hf_assisted" in token_only and "ar_all" in token_only and "llama_cpp" not in token_only
     assert default_decoders(LaneConfig(), REAL_FEATURE_DRAFT) == tuple(d for d in token_only if d != "hf_assisted")
+
+
+def test_every_millisecond_of_a_step_is_in_a_named_phase():
+    """phases.step_phases: the target lane's stages per phase, 'the rest' what no span covers, adding up to the
+    measured step; the wait split into the draft lane's rollouts inside it and the rest (messages, overhead); the
+    bench's table prints one line per decoder from the same split."""
+    from mirror_core.events import SpanEvent, StepRecord
+    from mirror_core.phases import step_phases
+
+    ms = 1e-3
+    spans, steps = [], []
+    for i in (1, 2):
+        t = 10 * ms * i
+        spans += [SpanEvent("target", "target_verify", t, t + 3 * ms, i), SpanEvent("target", "accept", t + 3 * ms,
+                  t + 3.1 * ms, i), SpanEvent("target", "wait", t + 3.1 * ms, t + 6 * ms, i),
+                  SpanEvent("draft", "draft_rollout", t + 4 * ms, t + 5.5 * ms, i)]
+        steps.append(StepRecord(i, (5, 5), 1, 1, 6, 2, False, None, t_end=t + 6.2 * ms))
+    p = step_phases("sd", spans, steps, 2.0)
+    assert [name for name, _ in p.parts] == ["verify", "accept", "wait for the draft", "the rest"]
+    assert [round(v, 6) for _, v in p.parts] == [3.0, 0.1, 2.9, 0.2] and p.step_ms == pytest.approx(6.2)
+    assert sum(v for _, v in p.parts) == pytest.approx(p.step_ms) and p.draft_in_wait_ms == pytest.approx(1.5)
+    d = p.to_dict()
+    assert d["messages and draft overhead in the wait"] == pytest.approx(1.4) and d["total"] == pytest.approx(6.2)
+    assert step_phases("hf", spans, steps, None) is None and step_phases("sd", [], [], None) is None
+    from mirror_core.bench.report import phase_lines
+
+    report = SimpleNamespace(summary=[SimpleNamespace(name="sd", phases_ms=d), SimpleNamespace(name="hf", phases_ms=None)])
+    assert phase_lines(report) == ["step by phase, sd: verify 3.00 + accept 0.10 + wait for the draft 2.90 + the rest "
+                                   "0.20 = 6.20 ms (the wait: draft rollouts 1.50, messages and draft overhead 1.40)"]

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 
 from mirror_core import events as ev
 from mirror_core.config import SERIAL_DECODERS
-from mirror_core.latency import per_step_totals, step_times
+from mirror_core.latency import per_step_totals
+from mirror_core.phases import PHASES, REST, StepPhases, step_phases
 
 from .whatif import WhatIf, load_costs, prediction
 from .numbers import latency_model, speedup
@@ -27,54 +28,19 @@ from .plots import STAGE_STYLE
 from .session import DecoderRun
 from .settings import DECODER_TITLES
 
-# One step's parts per decoder: (part, the target lane's stages it sums, its one-line definition).
-PARTS = {
-    "ar": (("step", (ev.STAGE_TARGET_STEP,), "the target's one-token forward"),),
-    "sd": (("verify", (ev.STAGE_TARGET_VERIFY,), "the target's pass over the window, no early exit"),
-           ("accept", (ev.STAGE_ACCEPT,), "the acceptance rule"),
-           ("wait for the draft", (ev.STAGE_WAIT,), "the next window's serial rollout on the draft lane")),
-    "mirror": (("prefix", (ev.STAGE_TARGET_PREFIX,), "layers 1..ℓ_e over the window (T_pre)"),
-               ("readout", (ev.STAGE_EXIT_READOUT,), "the early-exit readout at ℓ_e and sending top-κ (T_rv^ee)"),
-               ("suffix", (ev.STAGE_TARGET_SUFFIX,), "layers ℓ_e+1..N and the LM head (Δ)"),
-               ("accept", (ev.STAGE_ACCEPT,), "the acceptance rule (part of T_rv^fv)"),
-               ("wait for the draft", (ev.STAGE_WAIT,),
-                "the draft lane's answer: a branch adopted, or a fresh rollout on a miss")),
-}
-OTHER = ("the rest", "between the spans: the step's bookkeeping and messages")
+OTHER = REST  # the step's time between the spans: (name, definition)
+PARTS = PHASES
 COLOURS = {"step": STAGE_STYLE[ev.STAGE_TARGET_STEP][1], "verify": STAGE_STYLE[ev.STAGE_TARGET_VERIFY][1],
            "prefix": STAGE_STYLE[ev.STAGE_TARGET_PREFIX][1], "readout": STAGE_STYLE[ev.STAGE_EXIT_READOUT][1],
            "suffix": STAGE_STYLE[ev.STAGE_TARGET_SUFFIX][1], "accept": STAGE_STYLE[ev.STAGE_ACCEPT][1],
            "wait for the draft": STAGE_STYLE[ev.STAGE_DRAFT_BRANCHES][1], "the rest": "#d1d5db"}
 
 
-@dataclass(frozen=True)
-class StepBar:
-    """One decoder's mean verification step (AR: one-token step) on the target lane, by part (ms)."""
-
-    decoder: str
-    parts: tuple[tuple[str, float], ...]  # (part, mean ms per step), the rest last: they add up to step_ms
-    step_ms: float                        # measured: first target span → the step's record (AR: T_AR)
-    tau: float                            # tokens committed per step (1 for AR)
-
-
-def step_bar(run: DecoderRun | None) -> StepBar | None:
-    """The run's mean step by part (None for a run with no timed steps)."""
-    if run is None or run.summary is None or run.decoder not in PARTS:
+def step_bar(run: DecoderRun | None) -> StepPhases | None:
+    """The run's mean step by part (mirror_core/phases.py; None for a run with no timed steps)."""
+    if run is None or run.summary is None:
         return None
-    if run.decoder == "ar":
-        totals = per_step_totals(run.spans, (ev.STAGE_TARGET_STEP,))
-        if not totals:
-            return None
-        mean = statistics.fmean(totals.values())
-        return StepBar("ar", (("step", mean * 1e3),), mean * 1e3, 1.0)
-    times = step_times(run.spans, run.steps)
-    if not times:
-        return None
-    n, step = len(times), statistics.fmean(times) * 1e3
-    parts = [(name, 1e3 * sum(per_step_totals(run.spans, stages).values()) / n)
-             for name, stages, _ in PARTS[run.decoder]]
-    parts.append((OTHER[0], max(step - sum(ms for _, ms in parts), 0.0)))
-    return StepBar(run.decoder, tuple(parts), step, run.summary.tau or 1.0)
+    return step_phases(run.decoder, run.spans, run.steps, run.summary.tau)
 
 
 def bars_html(runs: dict[str, DecoderRun]) -> str:
@@ -114,7 +80,7 @@ class Chain:
     window_iqr: tuple[float, float]  # this run's windows, the middle half (Q1, Q3)
     t_ar: float                 # this run's T_AR
     readout: float              # T_rv^ee
-    step: StepBar               # the Mirror-SD step by part
+    step: StepPhases            # the Mirror-SD step by part
     windows: str                # the run's windows in words (window_words: γ+1, or their mean length)
 
 

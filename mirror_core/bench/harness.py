@@ -31,6 +31,7 @@ from ..events import RunEnd, SpanEvent, StepRecord
 from ..latency import LatencyModel, ar_step_time, hidden_draft_bound, latency_model_from_events, step_times, verify_time
 from ..machine import usable_cpus
 from ..metrics import RunSummary
+from ..phases import StepPhases, step_phases
 from ..models.loading import assistable, encode_text
 from .config import (BENCH_DECODERS, DRAFTING_DECODERS, ENGINE_DECODERS, MODEL_ONLY, PEER_DECODERS, SWEEP_AXES,
                      BenchConfig)
@@ -76,6 +77,7 @@ class Measurement:
     hidden_bound: float | None = None          # mirror: verification + acceptance + fastest draft reply (s)
     model: LatencyModel | None = None          # mirror: §4 terms from this run's spans (t_ar None)
     fallback: str | None = None                # the engine's explicit fallback note, if any
+    phases: StepPhases | None = None           # the mean step by phase (phases.py; ar, sd, mirror)
 
 
 def load_prompts(path: str, tokenizer, limit: int | None = None) -> list[BenchPrompt]:
@@ -205,10 +207,12 @@ def measure(pair: BenchPair, cell: Cell, prompt: BenchPrompt, config: BenchConfi
     spans = [e for e in events if isinstance(e, SpanEvent)]
     steps = [e for e in events if isinstance(e, StepRecord)]
     times = step_times(spans, steps)
-    mirror = ENGINE_DECODERS[cell.decoder] == "mirror"
+    decoder = ENGINE_DECODERS[cell.decoder]
+    mirror = decoder == "mirror"
     return Measurement(end.token_ids, end.summary.wall_s, end.summary, ar_step_time(spans), verify_time(spans),
                        statistics.median(times) if times else None, hidden_draft_bound(spans) if mirror else None,
-                       latency_model_from_events(spans, steps, end.summary, None) if mirror else None, end.fallback)
+                       latency_model_from_events(spans, steps, end.summary, None) if mirror else None, end.fallback,
+                       step_phases(decoder, spans, steps, end.summary.tau))
 
 
 def run_bench(pair: BenchPair, prompts: list[BenchPrompt], config: BenchConfig,
@@ -251,7 +255,7 @@ def measured_row(p: BenchPrompt, cell: Cell, runs: list[Measurement], dtype: str
         repeats=len(runs), timed_by=_timed_by(cell.decoder, rep),
         **run_metrics(rep.summary), t_ar_ms=_ms(rep.t_ar), t_verify_ms=_ms(rep.t_verify), step_ms=_ms(rep.step),
         hidden_bound_ms=_ms(rep.hidden_bound), model_ms=None if rep.model is None else ModelMs.of(rep.model),
-        fallback=rep.fallback, token_ids=tuple(rep.tokens))
+        fallback=rep.fallback, token_ids=tuple(rep.tokens), phases_ms=None if rep.phases is None else rep.phases.to_dict())
 
 
 def _timed_by(decoder: str, m: Measurement) -> str:

@@ -5,6 +5,7 @@ import csv
 import json
 import os
 
+from ..phases import PHASE_KEYS, WAIT_SPLIT
 from .rows import BenchRow
 from .summary import BenchReport
 
@@ -46,6 +47,7 @@ def format_table(report: BenchReport) -> str:
                          f"ms a step at load), not the chosen {k['chosen_format']} "
                          f"({steps[k['chosen_format']]:.1f} ms): run --dtype auto,{k['ar_fastest_format']} for "
                          "ar at both, measured")
+    lines += phase_lines(report)
     if report.best:
         b = report.best
         lines.append(f"best mirror setting: γ={b.gamma} κ={b.kappa} ℓe={b.exit_layer} "
@@ -55,12 +57,30 @@ def format_table(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
+def phase_lines(report: BenchReport) -> list[str]:
+    """Per engine decoder, its mean step by phase (ms, mean over prompts): the parts, then the wait's split."""
+    lines = []
+    for s in report.summary:
+        p = s.phases_ms
+        if not p:
+            continue
+        split = {*WAIT_SPLIT, "total", "tau"}
+        parts = " + ".join(f"{k} {v:.2f}" for k, v in p.items() if k not in split)
+        wait = (f" (the wait: draft rollouts {p[WAIT_SPLIT[0]]:.2f}, messages and draft overhead "
+                f"{p[WAIT_SPLIT[1]]:.2f})" if WAIT_SPLIT[0] in p else "")
+        lines.append(f"step by phase, {s.name}: {parts} = {p['total']:.2f} ms{wait}")
+    return lines
+
+
 def _flat(row: BenchRow) -> dict:
-    """One CSV line: the JSON row without token_ids, model_ms spread over model_<term>_ms columns."""
+    """One CSV line: the JSON row without token_ids, model_ms spread over model_<term>_ms columns and phases_ms over
+    phase_<name> columns."""
     d = row.to_dict()
-    out = {k: v for k, v in d.items() if k not in ("token_ids", "model_ms")}
+    out = {k: v for k, v in d.items() if k not in ("token_ids", "model_ms", "phases_ms")}
     for k, v in (d["model_ms"] or {}).items():
         out[f"model_{k}_ms"] = v
+    for k in PHASE_KEYS:  # every phase column on every row, so the header is the same whatever ran
+        out["phase_" + k.replace(" ", "_")] = (d["phases_ms"] or {}).get(k)
     return out
 
 

@@ -2,7 +2,7 @@
 
 The harness builds each row from its timed runs; `derive` then fills the fields that need the
 same prompt's `ar` / `ar_all` rows. `BenchRow.to_dict` is the row as the JSON report and the CSV
-write it ("mirror-sd-bench/5"); the report, the HTML page and scripts/gpu_bench.py read attributes.
+write it ("mirror-sd-bench/6"); the report, the HTML page and scripts/gpu_bench.py read attributes.
 """
 from __future__ import annotations
 
@@ -75,6 +75,9 @@ class BenchRow:
     model_ms: ModelMs | None               # mirror: the latency model's terms (ms)
     fallback: str | None                   # the engine's explicit fallback note, if any
     token_ids: tuple[int, ...]             # new token ids of the median-wall run
+    phases_ms: dict | None = None          # the median-wall run's mean step by phase (phases.StepPhases.to_dict: ms,
+    #                                        the rest named, adding up to the step; the wait split into the draft's
+    #                                        rollouts and messages; None for the peers)
     # -- filled by derive(), from the same prompt's ar / ar_all rows --
     equal_to_ar: bool | None = None        # same new ids as ar (None: this is ar, ar did not run, or llama.cpp)
     agreement_with_ar: float | None = None  # the common prefix with ar's new ids, as a share of ar's (None: as above

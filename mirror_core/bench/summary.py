@@ -1,4 +1,4 @@
-"""Bench rows → per-decoder summary and the whole report (BenchReport; `to_dict` is the "mirror-sd-bench/5" JSON)."""
+"""Bench rows → per-decoder summary and the whole report (BenchReport; `to_dict` is the "mirror-sd-bench/6" JSON)."""
 from __future__ import annotations
 
 import os
@@ -12,8 +12,9 @@ from .rows import BenchRow, baseline_decoder, derive, entries
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PATH_FIELDS = ("target", "draft", "prompts_file")  # the settings that may name a folder or file of this machine
-FORMAT = "mirror-sd-bench/5"  # /3: rows carry the --dtype they ran at; /4: agreement_with_ar, step_ar_ms (llama.cpp);
-#                               /5: by_source (per window source: model, branch, context), ttft_s, decode speedup
+FORMAT = "mirror-sd-bench/6"  # /3: rows carry the --dtype they ran at; /4: agreement_with_ar, step_ar_ms (llama.cpp);
+#                               /5: by_source (per window source: model, branch, context), ttft_s, decode speedup;
+#                               /6: phases_ms (the mean step by phase: phases.py)
 NOTES = (
     "Engine decoders (ar, ar_all, sd, mirror) are timed by the engine's own spans: prefill start → last commit, "
     "one monotonic clock for both lanes; loading and tokenisation excluded.",
@@ -38,6 +39,9 @@ NOTES = (
     "prompt's ar run, T_verify = median verification pass of this run).",
     "hidden_bound_ms (mirror) = median(verification + acceptance) + the fastest draft-lane reply in the run; "
     "step_ms is the measured median step (target prefix start → next window in hand).",
+    "phases_ms: the mean step by phase from the engine's spans (mirror_core/phases.py): the target lane's stages, "
+    "'the rest' (the loop's bookkeeping between spans) so that they add up to the measured mean step, and the wait "
+    "for the draft split into the draft lane's own rollouts and the rest of the wait (messages, the draft's overhead).",
     "predicted_speedup_vs_ar = τ·T_AR/E[T_step] with E[T_step] = T_pre + T_rv^ee + max(Δ, T_branch) + T_rv^fv "
     "+ FF·T_fresh (docs/ALGORITHM.md §4), every term the mean of this run's spans: modelled, not measured.",
 )
@@ -78,6 +82,7 @@ class SummaryEntry:
     agreement_with_ar: float | None = None         # mean common-prefix share with ar (llama.cpp: another function)
     step_ar_ms: float | None = None                # median T_AR over prompts (ar, ar_all; llama.cpp: between tokens)
     by_source: dict | None = None                  # RunSummary.by_source of the prompts' runs pooled (counters added)
+    phases_ms: dict | None = None                  # each phase's mean over prompts (BenchRow.phases_ms)
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -99,7 +104,7 @@ class BenchReport:
     rows: tuple[BenchRow, ...]                # one per (prompt, decoder, setting)
 
     def to_dict(self) -> dict:
-        """The JSON report (format "mirror-sd-bench/5")."""
+        """The JSON report (format "mirror-sd-bench/6")."""
         return {"format": FORMAT, "time": self.time, "settings": self.settings, "baseline": self.baseline,
                 "notes": list(self.notes), "summary": [e.to_dict() for e in self.summary],
                 "best": None if self.best is None else {k: getattr(self.best, k) for k in BEST_KEYS},
@@ -149,8 +154,16 @@ def summarize(rows: list[BenchRow]) -> list[SummaryEntry]:
                                             if r.step_ms and r.hidden_bound_ms]),
             all_equal_to_ar=None if all(e is None for e in equal) else all(e is True for e in equal),
             agreement_with_ar=_mean(col("agreement_with_ar")), step_ar_ms=_median(col("t_ar_ms")),
-            by_source=_pooled_sources(col("by_source"))))
+            by_source=_pooled_sources(col("by_source")), phases_ms=_mean_phases(col("phases_ms"))))
     return out
+
+
+def _mean_phases(per_row: list[dict | None]) -> dict | None:
+    """Each phase's mean over the prompts whose run has phases (the names in the first one's order)."""
+    rows = [p for p in per_row if p]
+    if not rows:
+        return None
+    return {k: round(statistics.fmean(p[k] for p in rows if k in p), 4) for k in rows[0]}
 
 
 def _pooled_sources(per_row: list[dict | None]) -> dict | None:
