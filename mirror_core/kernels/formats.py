@@ -19,7 +19,7 @@ FUNCTIONS = {  # the function a model computes in each format, in one line (the 
     "float16": "float16 weights widened exactly, float32 activations",
     "int8": "int8 activations per block of 32 against the GGUF's own blocks, as llama.cpp computes this GGUF",
     "q8_0": "int8 activations per block of 32 on Q8_0 weights quantised from the model's float weights (llama.cpp's "
-            "quantize: per 32 weights d = max|w|/127, each w/d rounded to nearest)",
+            "quantize: per 32 weights d = max|w|/127, q = w·(1/d) rounded to nearest, halves away from zero)",
 }
 INT8 = "int8"  # int8 activations against a GGUF model's own blocks
 Q8_0 = "q8_0"  # int8 activations against Q8_0 blocks quantised from a float model's weights when packed

@@ -67,7 +67,7 @@ class PackedDraft:
 
 class PackedMaps:
     """Each weight of a draft packed alone in one format: `maps(x, w)` is x [..., in] · wᵀ as the kernel computes it
-    (FeatureDraft's `linear`; models/feature_draft.py finds a weight by FeatureDraft.weight_key)."""
+    (the `linear` FeatureDraft's maths take), w's map found by FeatureDraft.weight_key."""
 
     def __init__(self, model: FeatureDraft, fmt: str, lib):
         self.model = model
