@@ -305,7 +305,7 @@ class FeatureDraftWorker(DraftWorker):
             gamma, size = self.req.gamma, len(self.window)
             self.runner.truncate(self.cache, self.known)
             feed = self.tokens[self.known + 1:] + self.window                 # pending entries, then d1..d_L
-            self.runner.forward(self.cache, feed, self._with_pending(cmd.features[:size]))  # (d_{j+1}, f_j), j < L
+            self.runner.forward(self.cache, feed, self._with_pending(cmd.features[:size]), rows=0)  # (d_{j+1}, f_j)
             self.known, self.pending, self.prefix = len(self.tokens) - 1, None, size
             self._count(0, 1)
             rows = branch_rows(cmd.topk_ids)
@@ -317,8 +317,8 @@ class FeatureDraftWorker(DraftWorker):
             feats = cmd.features[torch.tensor([j for j, _ in rows])]                     # [R, H]
             tokens, ps = [], []
             for _ in range(gamma):
-                logits, feats = self.runner.forward_rows(bcache, ids, feats)             # [R, V], [R, H]
-                ids, p = draft_sample(logits, self.req.sampling, self.gen)
+                logits, feats = self.runner.forward_rows(bcache, ids, feats)             # [R, V_d+1], [R, H]
+                ids, p = self._sample(logits)
                 ids = ids.cpu()
                 tokens.append(ids)
                 ps.append(p)
@@ -335,7 +335,7 @@ class FeatureDraftWorker(DraftWorker):
             self.runner.truncate(self.cache, keep)
             tokens = self.tokens + new
             feed = tokens[keep + 1:]                             # x_{i+1} for entries keep..len(tokens)−2
-            self._roll_out(self.runner.forward(self.cache, feed, features[keep - self.known:]))  # [T, V], [T, H]
+            self._roll_out(self.runner.forward(self.cache, feed, features[keep - self.known:], rows=1))  # [1, V_d+1|H]
 
     def _keep_committed(self, cmd: ResolveRequest) -> None:
         """Nothing to cut: entries past `known` are brought up to date lazily (`pending`, then `_advance`)."""
@@ -351,13 +351,19 @@ class FeatureDraftWorker(DraftWorker):
         fed = min(self.prefix, len(features) - 1)                       # accepted drafts' entries fed with M_t
         self.known, self.pending, self.prefix = self.known + fed, features[fed:], 0
 
+    def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft tokens from logits over the draft's vocabulary [R, V_d+1]: target ids [R] and p_draft over the
+        target's vocabulary [R, V] (None at T = 0), as draft_sample over the target's would give them."""
+        ids, p = draft_sample(logits, self.req.sampling, self.gen)
+        return self.runner.target_ids(ids), None if p is None else self.runner.over_target_vocab(p)
+
     def _roll_out(self, first: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """γ draft tokens from the fed entries' outputs (logits [T, V], g [T, H]), each next on its predicted feature."""
+        """γ draft tokens from the last fed entry's outputs (logits [1, V_d+1], g [1, H]), each next on its predicted
+        feature."""
         logits, g = first
         window, ps = [], []
-        logits, g = logits[-1:], g[-1:]                                                   # [1, V], [1, H]
         while True:
-            ids, p = draft_sample(logits, self.req.sampling, self.gen)
+            ids, p = self._sample(logits)
             window.append(int(ids[0]))
             ps += [] if p is None else list(p)
             self._count(1, 1)                                 # one pass, one token

@@ -25,7 +25,7 @@ from .events import Event, RunEnd
 from .lanes import make_draft_lane, pinned
 from .metrics import RunSummary
 from .models.loading import encode_text
-from .kernels.formats import INT8
+from .kernels.formats import NEEDS
 from .pair import PairInfo, draft_lane_spec, lane_plan, load_target, pair_info, read_pair, with_target_timing
 from .target_timing import TargetTiming, time_target, time_whole_machine
 
@@ -77,7 +77,7 @@ class MirrorEngine:
             raise MirrorError(f"format must be one of {', '.join(DTYPE_CHOICES)}, got {fmt!r}")
         offered = self.info.target_formats
         if fmt != "auto" and fmt not in offered:
-            blocks = " (int8 runs a GGUF target's own blocks on the exact kernel)" if fmt == INT8 else ""
+            blocks = f" ({NEEDS[fmt]})" if fmt in NEEDS else ""
             raise MirrorError(f"this target offers the formats {', '.join(offered)}, not {fmt}{blocks}")
         now = self.info.target_dtype
         return now is None or (self.info.pair_format if fmt == "auto" else fmt) != now.sequence

@@ -2,6 +2,7 @@
 
     python -m training.draft.chat_data --held-out --more --limit 96 --out HELDOUT     # new-topic answers
     PYTHONPATH=. python scripts/draft_profile.py --draft assets/smollm2_pair/feature_draft --heldout HELDOUT [--write]
+        [--format q8_0]                # the draft's products as the exact kernel computes that format
 
 Prints, teacher-forced on the held-out answers (training/draft/replay.py's evaluate: depth d reads d−1 of the
 draft's own features): the plain top-1 agreement by depth over every answer position; τ at every γ the latency model
@@ -10,7 +11,9 @@ next rollout after the last one's accepted tokens and the correction); a_d, the 
 were right over those rollouts at the largest γ; Mirror-SD's hit rate by γ and κ at each rollout's correction or
 bonus slot (replay.rollout_hits, with the exit head beside the draft); and beside them what the latency
 model reads from the draft's draft_profile.json now. `--write` puts the measured τ(γ), hit rates by γ and κ, and a_d
-into the profile (its hit_by_kappa, the training run's figure that also names the run, is kept).
+into the profile (its hit_by_kappa, the training run's figure that also names the run, is kept). `--format` replays
+the draft with every product packed for the kernel in that format (runners/feature_kernel.py: PackedMaps; q8_0 is
+what the engine runs where the kernel runs, bfloat16 what it ran before), its attention and norms in float32.
 Nothing here is a decode: the bench's τ on the same prompts (`--prompts-out FILE` writes them) is the check
 (docs/TRAINING.md, "The profile: τ and the hit rate replayed").
 """
@@ -26,6 +29,7 @@ sys.path.insert(0, ROOT)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from mirror_core.kernels.formats import FUNCTIONS, INT8
     from mirror_core.latency import GAMMAS
     from training.precision import PRECISIONS
 
@@ -35,6 +39,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--depths", type=int, default=max(GAMMAS), help="the largest γ replayed")
     p.add_argument("--dtype", default="auto", choices=PRECISIONS)
+    p.add_argument("--format", default="", choices=("", *(f for f in FUNCTIONS if f != INT8)),
+                   help="the draft's products packed for the exact kernel in this format (float32 elsewhere)")
     p.add_argument("--work", default="", help="the teacher cache's folder (default: a temporary one)")
     p.add_argument("--prompts-out", default="", help="also write the held-out user turns as a bench prompts file "
                    "(the check: `python -m mirror_core bench --prompts FILE --decoders sd --gamma G`)")
@@ -90,7 +96,7 @@ def measure(a: argparse.Namespace) -> tuple[dict, int]:
     target_dir = resolve_source(a.target)
     model = load_feature_draft(a.draft).float()
     seqs = load_sequences(a.heldout)
-    layer, dtype = model.cfg.feature_layer, resolve(a.dtype)
+    layer, dtype = model.cfg.feature_layer, "float32" if a.format else resolve(a.dtype)
     with tempfile.TemporaryDirectory() as tmp:
         work = a.work or tmp
         os.makedirs(work, exist_ok=True)
@@ -102,8 +108,21 @@ def measure(a: argparse.Namespace) -> tuple[dict, int]:
     if head is None or head.layer != layer:
         raise SystemExit(f"{a.draft}: no exit head at layer {layer} beside the draft (Mirror-SD's hit rates need it)")
     readout = exit_readout((head.adapter, head.bias, head.gain), load_target(target_dir)[1], head.ids)
-    figures = evaluate(model, AnswerSet.of(seqs, teacher, load_vocab_map(a.draft)), cfg, readout)
-    return figures | {"dtype": dtype}, len(seqs)
+    figures = evaluate(model, AnswerSet.of(seqs, teacher, load_vocab_map(a.draft)), cfg, readout, kernel_maps(model, a))
+    return figures | {"dtype": f"{a.format} on the kernel" if a.format else dtype}, len(seqs)
+
+
+def kernel_maps(model, a: argparse.Namespace):
+    """The draft's products packed for the exact kernel in --format (None: torch's matmul in --dtype)."""
+    if not a.format:
+        return None
+    from mirror_core.kernels import native
+    from mirror_core.runners.feature_kernel import PackedMaps
+
+    lib = native.library()
+    if lib is None:
+        raise SystemExit(f"--format needs the exact kernel: {native.unavailable()}")
+    return PackedMaps(model, a.format, lib)
 
 
 def write_profile(draft: str, profile, figures: dict, n: int) -> None:

@@ -12,6 +12,9 @@ from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
 from mirror_core.config import MirrorError, SamplingConfig
 from mirror_core.models.feature_draft import load_feature_draft, train_step_outputs
 from mirror_core.models.vocab import load_vocab_map
+from mirror_core.kernels import native
+from mirror_core.runners import calibrate, choose_kernel
+from mirror_core.runners.calibrate import DRAFT_FORMAT_WHY, calibrate_feature_draft, draft_format
 from mirror_core.runners.feature import FeatureRunner
 from mirror_core.runners.protocol import Runner
 from testing.toy_models import VOCAB, build_pair, feature_draft, hf_greedy, prompts
@@ -29,8 +32,9 @@ def pair(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def inline(pair):
+    """The pair at its own formats: the target float32, the draft q8_0 where the kernel runs (else its fastest)."""
     target, draft = pair
-    with MirrorEngine.load(target, draft, LaneConfig(kind="inline", dtype="float32")) as engine:
+    with MirrorEngine.load(target, draft, LaneConfig(kind="inline")) as engine:
         yield engine
 
 
@@ -56,12 +60,14 @@ def test_every_decoder_equals_the_targets_greedy_tokens(pair, inline):
                     hits += end.summary.hits
     assert inline.info.draft_features == 2 and inline.info.describe()["draft"]["reads_features_of_layer"] == 2
     assert accepted > 0 and hits > 0  # the branch prefix, adoption and fallback paths all ran
+    assert inline.info.target_dtype.sequence == "float32"
+    assert inline.info.draft_dtype.sequence == ("q8_0" if native.library() is not None else "float32")
 
 
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_parallel_lanes_equal_the_inline_lane(pair, inline, kind):
     target, draft = pair
-    with MirrorEngine.load(target, draft, LaneConfig(kind=kind, dtype="float32")) as engine:
+    with MirrorEngine.load(target, draft, LaneConfig(kind=kind)) as engine:
         for prompt in prompts(3, seed=8):
             for decoder in ("sd", "mirror"):
                 assert list(_run(engine, prompt, decoder).token_ids) == list(_run(inline, prompt, decoder).token_ids)
@@ -84,6 +90,40 @@ def test_the_feature_runner_declares_what_it_can_do(pair):
     assert runner.kernel.library is None and runner.formats.whole_model and runner.weight_stream is None
     with pytest.raises(ValueError, match="one format"):
         runner.set_dtypes(torch.float32, torch.bfloat16)
+
+
+@pytest.mark.skipif(native.library() is None, reason=f"no kernel here: {native.unavailable()}")
+def test_on_the_kernel_the_draft_runs_q8_0_and_a_branch_row_is_a_step(pair):
+    """Where the kernel runs, the draft's own format is q8_0 (calibrate.draft_format: the pair's, on every CPU kind).
+    Its packed step (a kernel call a layer) computes the draft's maths: in float32 as torch does within rounding, in
+    q8_0 within Q8_0's; and a branch row's logits and features are a sequence step's, bit for bit."""
+    _, draft = pair
+    model, vmap = load_feature_draft(draft), load_vocab_map(draft)
+    runner = FeatureRunner(model, vmap, kernel=choose_kernel("auto", "cpu", torch.float32))
+    assert draft_format(runner) == "q8_0" and torch.qint8 in runner.formats.offered
+    cal = calibrate_feature_draft(runner, "auto")
+    assert cal.sequence == cal.rows == "q8_0" and cal.note == DRAFT_FORMAT_WHY and cal.ms("q8_0", "step") > 0
+    g = torch.Generator().manual_seed(1)
+    ids, feats = torch.tensor(SUBSET)[torch.randint(len(SUBSET), (12,), generator=g)], torch.randn(12, 64, generator=g)
+    plain = FeatureRunner(load_feature_draft(draft), vmap)
+    want_logits, want_g = plain.forward(plain.new_cache(), ids.tolist(), feats)
+    kept = torch.isfinite(want_logits)
+    for fmt, tol in (("float32", 1e-5), ("q8_0", 0.03)):  # q8_0 here: g within 1.3 %, logits within 3 % of their range
+        runner.set_dtypes(calibrate.DTYPES[fmt])
+        cache = runner.new_cache()
+        logits, g_seq = runner.forward(cache, ids.tolist(), feats)                       # [T, V], [T, H]
+        assert (g_seq - want_g).abs().max() < tol * want_g.abs().max(), fmt
+        assert torch.equal(kept, torch.isfinite(logits))
+        assert (logits - want_logits)[kept].abs().max() < 2 * tol * want_logits[kept].abs().max(), fmt
+        runner.truncate(cache, 9)
+        branches = runner.fork(cache, [5, 9])
+        rows_logits, rows_g = runner.forward_rows(branches, ids[[5, 9]], feats[[5, 9]])
+        for r, at in enumerate((5, 9)):
+            step_logits, step_g = runner.forward(runner.select_row(runner.fork(cache, [at]), 0), [int(ids[at])],
+                                                 feats[at: at + 1])
+            assert torch.equal(rows_g[r], step_g[0]) and torch.equal(rows_logits[r], step_logits[0]), (fmt, at)
+        _, last = runner.forward(cache, ids[9:].tolist(), feats[9:], rows=1)             # only the last row's
+        assert last.shape == (1, 64) and torch.equal(last[0], g_seq[-1])
 
 
 def test_training_time_test_equals_the_runners_rollout(pair):
@@ -109,7 +149,11 @@ def test_training_time_test_equals_the_runners_rollout(pair):
     logits, gr = runner.forward_rows(br, ids[0, [2, p + 1]], feats[0, [2, p + 1]])
     _, want_a = runner.forward(runner.select_row(runner.fork(cache, [2]), 0), [int(ids[0, 2])], feats[0, 2:3])
     torch.testing.assert_close(gr[0], want_a[0], rtol=1e-4, atol=1e-4)
-    assert logits.shape == (2, VOCAB) and torch.isinf(logits[:, [i for i in range(VOCAB) if i not in SUBSET]]).all()
+    assert logits.shape == (2, len(SUBSET) + 1) and torch.isinf(logits[:, -1]).all()  # the draft's vocabulary, "other"
+    drawn = logits.argmax(-1)                                                              # never "other"
+    p = runner.over_target_vocab(torch.softmax(logits, -1))                                # [2, V]
+    assert p.shape == (2, VOCAB) and torch.equal(p.argmax(-1), runner.target_ids(drawn))
+    assert (p[:, [i for i in range(VOCAB) if i not in SUBSET]] == 0).all()
 
 
 def test_a_feature_draft_fixes_the_exit_layer_and_must_fit_its_target(pair, inline, tmp_path):

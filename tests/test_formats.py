@@ -9,7 +9,7 @@ import os
 from types import SimpleNamespace
 
 from mirror_core.config import DTYPE_CHOICES, KERNEL_CHOICES
-from mirror_core.kernels.formats import BLOCK_STORAGES, FUNCTIONS, INT8, PACKINGS, packing
+from mirror_core.kernels.formats import BLOCK_FUNCTIONS, BLOCK_STORAGES, FUNCTIONS, INT8, PACKINGS, packing
 from mirror_core.kernels.variants import SCALAR, VARIANTS
 from mirror_core.models.pairs import FORMAT_QUALITY, REAL_TARGET, TOY_TARGET, target_function
 
@@ -19,9 +19,10 @@ def test_the_choices_derive_from_the_tables():
     assert SCALAR in VARIANTS and VARIANTS[SCALAR] == ((), ())  # the reference needs nothing of the CPU
     assert sorted(p.code for p in PACKINGS) == list(range(len(PACKINGS)))
     assert {p.function for p in PACKINGS} == set(FUNCTIONS)
-    for p in PACKINGS:  # a packing is found from what it computes and what it stores, and only int8 reads int8
+    for p in PACKINGS:  # a packing is found from what it computes and what it stores; only block functions read int8
         assert packing(p.function, None if p.storage == p.function else p.storage) is p
-        assert (p.activations == INT8) == (p.function == INT8) and p.blocks == (p.storage in BLOCK_STORAGES)
+        assert (p.activations == INT8) == (p.function in BLOCK_FUNCTIONS) and p.blocks == (p.storage in BLOCK_STORAGES)
+        assert p.quantises == (p.function not in ("float32", INT8) and p.blocks)  # q8_0 packs float weights
 
 
 def _info(target: str, fmt: str, kernel: str = "avx2", requested: str = "auto"):

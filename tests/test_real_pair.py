@@ -39,6 +39,10 @@ def engine():
 def test_every_decoder_equals_ar_on_the_real_pair(engine):
     assert engine.info.exit_head is not None and engine.info.draft_vocab  # the shipped head and reduced draft
     assert engine.info.draft_features is not None and engine.info.draft == REAL_FEATURE_DRAFT
+    on_kernel = engine.info.roofline.kernel != "torch"  # then the draft runs the pair's draft format, q8_0
+    assert engine.info.draft_dtype.sequence == "q8_0" or not on_kernel
+    if on_kernel and engine.info.target_dtype.sequence == "int8":  # the exit head's adapter too, beside the blocks
+        assert engine.target._exit_products.adapter.format == "q8_0"
     # it ships a profile: γ, κ chosen for this machine; ℓ_e is its feature layer
     assert engine.info.spec_choice is not None and "γ" in engine.info.describe()["chosen_settings"]["why"]
     with pytest.raises(MirrorError, match="reads the target's hidden states"):

@@ -339,7 +339,7 @@ def test_closing_a_session_stops_every_kind_of_work():
     assert all(f.is_set() for f in flags)
 
 
-def test_the_numbers_name_the_targets_function_and_the_drafts_fastest_format():
+def test_the_numbers_name_the_targets_function_and_the_drafts_format():
     from types import SimpleNamespace
 
     from mirror_core.kernels.formats import FUNCTIONS
@@ -360,6 +360,11 @@ def test_the_numbers_name_the_targets_function_and_the_drafts_fastest_format():
     forced = dtype_line(SimpleNamespace(**vars(on), target_dtype=asked, draft_dtype=None))
     assert f"target: {FUNCTIONS['float32']}" in forced and "(asked for by name)" in forced and "draft:" not in forced
     assert dtype_line(SimpleNamespace(**vars(on), target_dtype=None, draft_dtype=None)) == ""
+    own = Calibration("draft", "auto", "q8_0", "q8_0", (Timing("q8_0", "step", 0.31), Timing("q8_0", "rows", 9.6)),
+                      note="the pair's draft format: int8 activations on Q8_0 blocks")
+    line = dtype_line(SimpleNamespace(**vars(on), target_dtype=target, draft_dtype=own)).replace("&#x27;", "'")
+    assert "draft: q8_0 (the pair's draft format: int8 activations on Q8_0 blocks), its step 0.31 ms and branch " \
+           "rollout 9.6 ms" in line and "fastest step" not in line
 
 
 def test_the_roofline_view_plots_the_forward_by_rows_against_both_limits_and_says_where_the_ridge_is():

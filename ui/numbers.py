@@ -275,7 +275,8 @@ def roofline_html(roof) -> str:
 
 def dtype_line(settings) -> str:
     """Each lane's format: the target's as the function that wrote the text (models/pairs.py: TargetFunction, the
-    CLI's wording) and its load-time timings; the draft's, the fastest here (runners/calibrate.py)."""
+    CLI's wording) and its load-time timings; the draft's, the pair's own where the kernel runs it (q8_0), else the
+    fastest here (runners/calibrate.py), with its timings."""
     parts = []
     said = target_function(settings)
     cal = settings.target_dtype
@@ -291,6 +292,9 @@ def dtype_line(settings) -> str:
             text += " (forced by --dtype)"
         elif not cal.table:
             text += f" ({cal.note})"
+        elif len({t.dtype for t in cal.table}) == 1:  # one format timed: the pair's own, not the fastest of several
+            text += (f" ({cal.note}), its step {cal.ms(cal.sequence, 'step'):.2f} ms and branch rollout "
+                     f"{cal.ms(cal.rows, 'rows'):.1f} ms")
         else:
             text += (f", the fastest step ({cal.ms(cal.sequence, 'step'):.1f} ms) and branch rollout "
                      f"({cal.ms(cal.rows, 'rows'):.1f} ms)")

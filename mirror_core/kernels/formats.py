@@ -4,7 +4,8 @@ whenever a library loads, so no format is named anywhere else. No torch here: co
 
 A *function* (FUNCTIONS) is what a model computes in a format; a *packing* (WeightFormat) is one way the kernel
 stores a map for it. float32 has three packings (float32 values, or a GGUF file's own q4_1 / q8_0 blocks, which
-dequantise to exactly those values); int8 has two (the same blocks against int8 activations).
+dequantise to exactly those values); int8 has two (the same blocks against int8 activations). q8_0 is int8's
+arithmetic on any float model: its packer quantises the float weights to Q8_0 blocks as llama.cpp's quantize does.
 """
 from __future__ import annotations
 
@@ -17,8 +18,16 @@ FUNCTIONS = {  # the function a model computes in each format, in one line (the 
     "bfloat16": "bfloat16 weights and activations (each rounded to nearest even), widened exactly, float32 sums",
     "float16": "float16 weights widened exactly, float32 activations",
     "int8": "int8 activations per block of 32 against the GGUF's own blocks, as llama.cpp computes this GGUF",
+    "q8_0": "int8 activations per block of 32 on Q8_0 weights quantised from the model's float weights (llama.cpp's "
+            "quantize: per 32 weights d = max|w|/127, q = w·(1/d) rounded to nearest, halves away from zero)",
 }
-INT8 = "int8"  # the format whose activations are rounded to int8 (a GGUF target's blocks only)
+INT8 = "int8"  # int8 activations against a GGUF model's own blocks
+Q8_0 = "q8_0"  # int8 activations against Q8_0 blocks quantised from a float model's weights when packed
+BLOCK_FUNCTIONS = (INT8, Q8_0)  # the functions of int8 activations against blocks (no torch dtype of their own)
+NEEDS = {  # where a block function is offered, in words (the refusal of one a model does not offer says it)
+    INT8: "int8 runs a GGUF target's own blocks on the exact kernel",
+    Q8_0: "q8_0 quantises a float model's linear maps on the exact kernel, where every map's inputs fill blocks of 32",
+}
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,11 @@ class WeightFormat:
     def blocks(self) -> bool:
         return self.block_bytes > 0
 
+    @property
+    def quantises(self) -> bool:
+        """Its packer reads float weights and quantises them to its blocks (msd_pack_<name>(w, k, n, stride, out))."""
+        return self.blocks and self.storage == self.function
+
 
 PACKINGS = (
     WeightFormat(0, "f32", "float32", "float32", "float32", 4, 1, 0),
@@ -47,6 +61,7 @@ PACKINGS = (
     WeightFormat(4, "q8_0", "float32", "q8_0", "float32", 0, 0, 1088),
     WeightFormat(5, "q4_1_i8", "int8", "q4_1", "int8", 0, 0, 640),
     WeightFormat(6, "q8_0_i8", "int8", "q8_0", "int8", 0, 0, 1088),
+    WeightFormat(7, "q8_0_quant", "q8_0", "q8_0", "int8", 0, 0, 1088),
 )
 BLOCK_STORAGES = tuple(dict.fromkeys(p.storage for p in PACKINGS if p.blocks))  # GGUF block formats the kernel reads
 

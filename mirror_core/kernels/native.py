@@ -37,12 +37,14 @@ import torch
 
 from .. import machine
 from .blocks import BlockWeights
-from .formats import FUNCTIONS, INT8, PACKINGS, QK, WeightFormat, packing
+from .formats import BLOCK_FUNCTIONS, FUNCTIONS, INT8, PACKINGS, Q8_0, QK, WeightFormat, packing
 from .variants import SCALAR, VARIANT_CODES, VARIANTS
 
 SOURCES = os.path.join(os.path.dirname(__file__), "src")  # kernel.cpp, the one translation unit, and its headers
 SOURCE = os.path.join(SOURCES, "kernel.cpp")
-FORMATS = {f: getattr(torch, f) for f in FUNCTIONS if f != INT8}  # the float formats' torch dtypes, by name
+FORMATS = {f: getattr(torch, f) for f in FUNCTIONS if f not in BLOCK_FUNCTIONS}  # the float formats' torch dtypes
+STAND_INS = {INT8: torch.int8, Q8_0: torch.qint8}  # the torch dtypes that stand for the block functions (runners pass
+#                                                    formats as torch dtypes: WeightFormats, set_dtypes)
 _BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c++20", "-fno-math-errno", "-ffp-contract=off")
 BUILD_TIMEOUT_S = 120
 ALIGN = 64  # bytes: packed panels are read with aligned vector loads
@@ -54,9 +56,9 @@ class KernelError(RuntimeError):
 
 
 def format_name(dtype: torch.dtype) -> str:
-    """The weight format's name for a torch dtype ("bfloat16"; torch.int8 stands for the int8 format), or the dtype's
-    own name where it is no format."""
-    return next((n for n, d in FORMATS.items() if d == dtype), str(dtype).removeprefix("torch."))
+    """The weight format's name for a torch dtype ("bfloat16"; STAND_INS: torch.int8 stands for int8, torch.qint8 for
+    q8_0), or the dtype's own name where it is no format."""
+    return next((n for n, d in {**FORMATS, **STAND_INS}.items() if d == dtype), str(dtype).removeprefix("torch."))
 
 
 def runnable_variants() -> tuple[str, ...]:
@@ -161,9 +163,9 @@ def _load(build: Build) -> Library:
     _check_formats(dll)
     for p in PACKINGS:
         pack = getattr(dll, f"msd_pack_{p.name}")
-        if p.blocks:  # d, m (q4_1; NULL for q8_0), q, k, n, out
+        if p.blocks and not p.quantises:  # d, m (q4_1; NULL for q8_0), q, k, n, out
             pack.argtypes, pack.restype = [_P, _P, _P, _I64, _I64, _P], ctypes.c_int
-        else:         # w, k, n, row stride, out
+        else:                             # w, k, n, row stride, out
             pack.argtypes, pack.restype = [_P, _I64, _I64, _I64, _P], ctypes.c_int
     dll.msd_linear.argtypes = [ctypes.c_int32, _P, _I64, _I64, _I64, _P, _I64, _P, _I64]
     dll.msd_linear.restype = ctypes.c_int
@@ -328,7 +330,8 @@ class PackedLinear:
     → [..., N] float32, every row by the same chain whatever the number of rows, on every variant.
 
     With `blocks` (W's own GGUF blocks, checked to dequantise to exactly w), the map is stored as those blocks: float32
-    computes the same function as from float32 values, bit for bit, at the blocks' bytes; int8 needs them."""
+    computes the same function as from float32 values, bit for bit, at the blocks' bytes; int8 needs them. q8_0
+    quantises w itself (K a multiple of 32, every weight finite) to Q8_0 blocks as llama.cpp does (src/pack.h)."""
 
     def __init__(self, w: torch.Tensor, fmt: str, lib: Library, blocks: BlockWeights | None = None):
         if fmt not in FUNCTIONS:
@@ -337,35 +340,44 @@ class PackedLinear:
             raise ValueError(f"a linear map's weight must be a 2-D floating CPU tensor, got {tuple(w.shape)} "
                              f"{w.dtype} on {w.device}")
         if fmt == INT8 and blocks is None:
-            raise ValueError("the int8 format runs on GGUF blocks only; give the map's blocks")
+            raise ValueError("the int8 format runs on GGUF blocks only; give the map's blocks (q8_0 quantises a float "
+                             "map's weights itself)")
         if blocks is not None and not isinstance(blocks, BlockWeights):
             raise ValueError(f"GGUF blocks must be BlockWeights (q4_1 or q8_0), got {type(blocks).__name__}")
         if blocks is not None and fmt not in ("float32", INT8):
             raise ValueError(f"GGUF blocks dequantise to float32 weights; they cannot be packed as {fmt}")
+        if fmt == Q8_0 and (w.shape[0] % QK or not bool(torch.isfinite(w).all())):
+            raise ValueError(f"q8_0 quantises blocks of {QK} inputs of finite weights; this {tuple(w.shape)} weight "
+                             f"{'has non-finite values' if w.shape[0] % QK == 0 else f'has {w.shape[0]} inputs'}")
         self.format, self.lib = fmt, lib
         self.k, self.n = int(w.shape[0]), int(w.shape[1])
         self.packing: WeightFormat = packing(fmt, None if blocks is None else blocks.kind)
         self.storage = self.packing.storage  # what one call streams: a format or a block format
         self.code = self.packing.code
-        panels = -(-self.n // lib.dll.msd_panel())
-        pack = lib.fn(f"msd_pack_{self.packing.name}")
-        if blocks is not None:
-            _check_blocks(blocks, w, self.k, self.n)
-            self.data = _aligned_zeros(panels * (self.k // QK) * self.packing.block_bytes, torch.uint8, huge=lib)
-            d, q = blocks.d.contiguous().view(torch.int16), blocks.q.contiguous()
-            m = None if blocks.m is None else blocks.m.contiguous().view(torch.int16)
-            bad = pack(d.data_ptr(), None if m is None else m.data_ptr(), q.data_ptr(), self.k, self.n,
-                       self.data.data_ptr())
-        else:
-            p = self.packing
-            rows = -(-self.k // p.k_per_element)  # k, or k pairs (bfloat16)
-            src = w.detach().to(torch.float32).contiguous()
-            self.data = _aligned_zeros(panels * rows * lib.dll.msd_panel(), _STORE[p.element_bytes], huge=lib)
-            bad = pack(src.data_ptr(), self.k, self.n, src.stride(0), self.data.data_ptr())
-        if bad:
+        self.data = self._packed(w, blocks, lib)
+        if self.data is None:
             raise KernelError(f"packing a {self.k}x{self.n} weight as {self.packing.name} was refused")
         self._run = lib.dll.msd_linear
         self._data_ptr = self.data.data_ptr()
+
+    def _packed(self, w: torch.Tensor, blocks: BlockWeights | None, lib: Library) -> torch.Tensor | None:
+        """The packed panels (64-byte aligned) of w or of its blocks; None where the packer refused them."""
+        p, panels = self.packing, -(-self.n // lib.dll.msd_panel())
+        pack = lib.fn(f"msd_pack_{p.name}")
+        if p.blocks:
+            data = _aligned_zeros(panels * (self.k // QK) * p.block_bytes, torch.uint8, huge=lib)
+        else:
+            rows = -(-self.k // p.k_per_element)  # k, or k pairs (bfloat16)
+            data = _aligned_zeros(panels * rows * lib.dll.msd_panel(), _STORE[p.element_bytes], huge=lib)
+        if blocks is not None:
+            _check_blocks(blocks, w, self.k, self.n)
+            d, q = blocks.d.contiguous().view(torch.int16), blocks.q.contiguous()
+            m = None if blocks.m is None else blocks.m.contiguous().view(torch.int16)
+            bad = pack(d.data_ptr(), None if m is None else m.data_ptr(), q.data_ptr(), self.k, self.n, data.data_ptr())
+        else:  # float weights: per-element packings, or quantised to blocks (q8_0)
+            src = w.detach().to(torch.float32).contiguous()
+            bad = pack(src.data_ptr(), self.k, self.n, src.stride(0), data.data_ptr())
+        return None if bad else data
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -373,7 +385,7 @@ class PackedLinear:
 
     @property
     def dtype(self) -> torch.dtype:
-        return FORMATS.get(self.format, torch.int8)  # torch.int8 stands for the int8 format
+        return {**FORMATS, **STAND_INS}[self.format]
 
     @property
     def nbytes(self) -> int:

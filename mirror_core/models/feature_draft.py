@@ -87,8 +87,8 @@ class FeatureDraft(nn.Module):
 
     @staticmethod
     def weight_key(w: torch.Tensor) -> tuple:
-        """A weight by its storage, shape and strides (a weight and its transpose differ): how a runner finds the
-        map it packed for it (runners/feature.py)."""
+        """A weight by its storage, shape and strides (a weight and its transpose differ): how a `linear` finds the
+        map it packed for it (runners/feature_kernel.py: PackedMaps)."""
         return w.data_ptr(), tuple(w.shape), tuple(w.stride())
 
     def matmul_weights(self) -> list[torch.Tensor]:
@@ -96,7 +96,7 @@ class FeatureDraft(nn.Module):
         per_layer = [layer[k] for layer in self.layers for k in ("q", "k", "v", "o", "gate", "up", "down")]
         return [self.fc, *per_layer, self.head_adapter.t(), self.embed]
 
-    # -- the maths (`linear`: how the caller multiplies by a weight; a runner passes its packed maps) -------------
+    # -- the maths (`linear`: how the caller multiplies by a weight; a replay of a kernel format passes its maps) --
     def inputs(self, ids: torch.Tensor, features: torch.Tensor, linear: Linear = plain_linear) -> torch.Tensor:
         """u = W_fc [embed(ids); f]: ids [..., T] (draft ids), features [..., T, H] → [..., T, H]."""
         e = F.embedding(ids, self.embed)                                                   # [..., T, H]
@@ -261,14 +261,16 @@ def unrolled_attention(q: torch.Tensor, past: list[tuple[torch.Tensor, torch.Ten
     return out
 
 
-def train_step_outputs(model: FeatureDraft, ids: torch.Tensor, features: torch.Tensor, depths: int) -> list[torch.Tensor]:
+def train_step_outputs(model: FeatureDraft, ids: torch.Tensor, features: torch.Tensor, depths: int,
+                       linear: Linear = plain_linear) -> list[torch.Tensor]:
     """Training-time test (EAGLE-3): the draft unrolled on its own predicted features, all positions at once.
 
     ids [B, T]: row p holds x_{p+1} (the token after position p); features [B, T, H]: the target's f_p.
     Depth 1 reads (x_{p+1}, f_p) at position p. Depth d reads (x_{p+d}, g^(d−1)_p) at position p+d−1 and attends
     to depth 1's keys at positions ≤ p (true features) and to depths 2..d's keys of its own row: exactly what a
     rollout at depth d sees in the engine. Returns g^(d) [B, T, H] for d = 1..depths (g^(d)_p ≈ f_{p+d}, and its
-    logits predict x_{p+d+1}); rows past the end read padding and are masked by the caller.
+    logits predict x_{p+d+1}); rows past the end read padding and are masked by the caller. `linear`: how its products
+    are computed (a held-out replay of a kernel format passes the kernel's packed maps).
     """
     b, t = ids.shape
     pos = torch.arange(t, device=ids.device).expand(b, t)
@@ -276,11 +278,11 @@ def train_step_outputs(model: FeatureDraft, ids: torch.Tensor, features: torch.T
     kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in model.layers]
     for d in range(1, depths + 1):
         tok = ids if d == 1 else torch.cat([ids[:, d - 1:], ids.new_zeros(b, d - 1)], 1)         # x_{p+d}
-        x = model.inputs(tok, feats)                                                             # [B, T, H]
+        x = model.inputs(tok, feats, linear)                                                     # [B, T, H]
         for layer, past in zip(model.layers, kv):
-            q, k, v = model.qkv(layer, x, pos + d - 1)
+            q, k, v = model.qkv(layer, x, pos + d - 1, linear)
             past.append((k, v))
-            x = model.after_attention(layer, x, unrolled_attention(q, past))
+            x = model.after_attention(layer, x, unrolled_attention(q, past), linear)
         outs.append(x)
         feats = x
     return outs

@@ -29,6 +29,23 @@ def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float, d
     return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 
 
+class RopeTable:
+    """cos, sin [..., D] at integer positions [...]: rows of one rope_tables table for positions 0..S−1 (S doubling as
+    needed), so a position's rows are the same bits in every call and a step does not recompute them."""
+
+    def __init__(self, inv_freq: torch.Tensor, scale: float, dtype: torch.dtype, exact: bool):
+        self.inv_freq, self.scale, self.dtype, self.exact = inv_freq, scale, dtype, exact
+        self.cos = self.sin = torch.empty(0, 0, dtype=dtype, device=inv_freq.device)
+
+    def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        need = int(positions.max()) + 1 if positions.numel() else 0
+        if need > self.cos.shape[0]:
+            size = max(need, 2 * self.cos.shape[0], 256)
+            self.cos, self.sin = rope_tables(torch.arange(size, device=self.inv_freq.device), self.inv_freq,
+                                             self.scale, self.dtype, exact=self.exact)     # [S, D] each
+        return self.cos[positions], self.sin[positions]
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x [..., D] by tables that broadcast against it, in LlamaAttention's rotate_half form."""
     half = x.shape[-1] // 2

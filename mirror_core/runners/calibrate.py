@@ -31,13 +31,14 @@ import torch
 
 from .. import machine
 from ..config import DEFAULT_GAMMA, DEFAULT_KAPPA, MirrorError
-from ..kernels.native import FORMATS, INT8, format_name, peak_gflops, read_bandwidth
+from ..kernels.formats import BLOCK_FUNCTIONS, NEEDS, Q8_0
+from ..kernels.native import FORMATS, INT8, STAND_INS, format_name, peak_gflops, read_bandwidth
 from ..machine import cache_dir, cpu_flags, cpu_model
 from ..records import LONG_ROWS, ROOFLINE_ROWS, Calibration, RowCheck, Timing
 from .exactness import check_rows, probe_ids
 
-DTYPES = {**FORMATS, INT8: torch.int8}  # the formats a lane may run, by name (torch.int8 stands for int8: the kernel's
-#                                         GGUF blocks against int8 activations, kernels/native.py)
+DTYPES = {**FORMATS, **STAND_INS}  # the formats a lane may run, by name (torch.int8 stands for int8: a GGUF's own
+#                                    blocks against int8 activations; torch.qint8 for q8_0: kernels/native.py)
 PREFIX = 96                                              # tokens in the cache before each timed forward
 WINDOW = DEFAULT_GAMMA + 1                               # the target's window at the default γ
 BRANCH_ROWS = DEFAULT_KAPPA * (DEFAULT_GAMMA + 1)        # the draft's branch batch at the default κ, γ
@@ -84,9 +85,10 @@ def calibrate_target(runner, vocab_size: int, requested: str, config,
     """Set the target's format (the pair's own for auto: pair_format), made one function by its row plan, and return
     its calibration and call-shape check; `keep_loaded`: the runner keeps its loaded weights, so that another format
     can be set later on the loaded pair (LaneConfig.keep_formats)."""
-    if requested == INT8 and torch.int8 not in runner.formats.offered:
-        raise MirrorError("--dtype int8 runs a GGUF target's own blocks on the exact kernel; this target has none "
-                          "(a prepared registry model keeps its GGUF; python -m mirror_core prepare adds it)")
+    if requested in BLOCK_FUNCTIONS and DTYPES[requested] not in runner.formats.offered:
+        raise MirrorError(f"--dtype {NEEDS[requested]}; this target " + (
+            "has none (a prepared registry model keeps its GGUF; python -m mirror_core prepare adds it)"
+            if requested == INT8 else f"runs on {runner.kernel.name} ({runner.kernel.reason or 'its maps do not fit'})"))
     if runner.formats.whole_model:
         return calibrate_generic(runner, "target", requested), check_rows(runner, vocab_size)
     chosen = pair_format(runner) if requested == "auto" else requested
@@ -121,7 +123,7 @@ def calibrate_target(runner, vocab_size: int, requested: str, config,
 
 def calibrate_draft(runner, requested: str, config) -> Calibration:
     """Choose the draft's dtype per shape (its fastest step and its fastest branch rollout) and set them."""
-    if requested == INT8 and torch.int8 not in runner.formats.offered:
+    if requested in BLOCK_FUNCTIONS and DTYPES[requested] not in runner.formats.offered:
         requested = "auto"  # --dtype int8 is the target's (blocks only); the draft keeps its own choice
     if runner.formats.whole_model:
         return calibrate_generic(runner, "draft", requested)
@@ -152,24 +154,28 @@ def calibrate_draft(runner, requested: str, config) -> Calibration:
     return replace(cal, requested=requested)
 
 
+# Why a feature-reading draft runs q8_0 where the kernel runs it (its format is the pair's, the same on every CPU kind)
+DRAFT_FORMAT_WHY = ("the pair's draft format: int8 activations on Q8_0 blocks quantised from the draft's stored "
+                    "weights, the same on every CPU the kernel runs on")
+
+
+def draft_format(runner) -> str | None:
+    """A feature-reading draft's format when none is asked for: q8_0 where the kernel runs it (the pair's, on every
+    CPU kind), else None (the fastest format here, timed)."""
+    return Q8_0 if DTYPES[Q8_0] in runner.formats.offered else None
+
+
 def calibrate_feature_draft(runner, requested: str) -> Calibration:
-    """A feature-reading draft (runners/feature.py) runs in one dtype: the one whose one-token step plus branch
-    rollout (κ(γ + 1) rows, γ deep) is fastest here, after PREFIX cached entries with random features. Not cached:
-    the draft is small, this takes well under a second."""
-    names = candidates(runner) if requested == "auto" else [requested]
+    """A feature-reading draft (runners/feature.py) runs in one format: the pair's (draft_format) where the kernel
+    runs, else the one whose one-token step plus branch rollout (κ(γ + 1) rows, γ deep) is fastest here; either is
+    timed after PREFIX cached entries with random features (the latency model reads it). Not cached: the draft is
+    small, this takes well under a second."""
+    if requested in BLOCK_FUNCTIONS and DTYPES[requested] not in runner.formats.offered:
+        requested = "auto"  # int8 is a GGUF target's own blocks, and q8_0 needs the kernel
+    own = draft_format(runner) if requested == "auto" else None
+    names = [own] if own else candidates(runner) if requested == "auto" else [requested]
     t0 = time.perf_counter()
-    g = torch.Generator().manual_seed(0)
-    prefix, ids = _probe(runner, WINDOW)
-    feats = torch.randn(len(prefix), runner.cfg.hidden_size, generator=g)
-    one = feats[:1]
-
-    def rows(c):
-        branches = runner.fork(c, [max(1, len(prefix) - r % 4) for r in range(BRANCH_ROWS)])
-        tokens, f = torch.full((BRANCH_ROWS,), ids[-1], dtype=torch.long), one.expand(BRANCH_ROWS, -1)
-        for _ in range(WINDOW - 1):
-            _, f = runner.forward_rows(branches, tokens, f)
-
-    shapes = {"step": lambda c: runner.forward(c, ids[:1], one), "rows": rows}
+    shapes, prefix, feats = _feature_shapes(runner)
     samples: dict[tuple[str, str], list[float]] = {(n, s): [] for n in names for s in shapes}
     for name in names:
         runner.set_dtypes(DTYPES[name])
@@ -183,8 +189,26 @@ def calibrate_feature_draft(runner, requested: str) -> Calibration:
     best = min(names, key=total.get)
     best = best if total[best] < (1 - MARGIN) * total[names[0]] else names[0]
     runner.set_dtypes(DTYPES[best])
-    note = "forced by --dtype" if requested != "auto" else "fastest γ+1 steps plus a branch rollout (one dtype)"
+    note = ("forced by --dtype" if requested != "auto" else DRAFT_FORMAT_WHY if own
+            else "fastest γ+1 steps plus a branch rollout (one dtype)")
     return replace(cal, sequence=best, rows=best, note=note)
+
+
+def _feature_shapes(runner) -> tuple[dict, list[int], torch.Tensor]:
+    """A feature-reading draft's timed shapes (a one-token step; a branch rollout of κ(γ + 1) rows, γ deep), the
+    cached prefix and its random features [PREFIX, H]."""
+    g = torch.Generator().manual_seed(0)
+    prefix, ids = _probe(runner, WINDOW)
+    feats = torch.randn(len(prefix), runner.cfg.hidden_size, generator=g)
+    one = feats[:1]
+
+    def rows(c):
+        branches = runner.fork(c, [max(1, len(prefix) - r % 4) for r in range(BRANCH_ROWS)])
+        tokens, f = torch.full((BRANCH_ROWS,), ids[-1], dtype=torch.long), one.expand(BRANCH_ROWS, -1)
+        for _ in range(WINDOW - 1):
+            _, f = runner.forward_rows(branches, tokens, f)
+
+    return {"step": lambda c: runner.forward(c, ids[:1], one), "rows": rows}, prefix, feats
 
 
 def step_ms(runner, rounds: int = 12) -> float:

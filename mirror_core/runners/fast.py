@@ -12,11 +12,12 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from ..models.ops import apply_rope, attend, attend_blocks, rms_norm, rope_tables
+from ..models.ops import RopeTable, apply_rope, attend, attend_blocks, rms_norm
 from ..records import RowBand, RowPlan
 from .exactness import EXACT_ROWS, RowOp, pad_rows
 from ..kernels.blocks import BlockWeights
-from ..kernels.native import INT8, NativeLayer, PackedLinear, format_name
+from ..kernels.formats import Q8_0, QK
+from ..kernels.native import INT8, STAND_INS, NativeLayer, PackedLinear, format_name
 from ..kernels.native import rms_norm as native_rms_norm
 from ..models.exit_head import TORCH_PRODUCTS, ExitProducts
 from .protocol import NO_KERNEL, ExitPass, KernelChoice, WeightFormats, WeightStream, lower_formats
@@ -96,8 +97,8 @@ class FastLlamaRunner:
     #                                (runners.choose_kernel decides it for build_runner)
     plans_rows = True              # its calls take a row plan (row_ops, row_plan)
     reads_features = False
-    _rope_rows: tuple = (torch.empty(0, 0), torch.empty(0, 0))  # _rope's cos, sin table [S, D], grown on demand
     native_layers: list[NativeLayer] | None = None  # the sequence layers as the kernel runs them (with `kernel`)
+    _rope_table: RopeTable | None = None  # _rope's cos, sin rows (made on first use: the kernel decides exact)
 
     def __init__(self, model, vocab_size: int | None = None, capacity: int = 512, exit_head=None,
                  kernel: KernelChoice | None = None, blocks: dict[str, BlockWeights] | None = None):
@@ -197,10 +198,15 @@ class FastLlamaRunner:
 
     @property
     def formats(self) -> WeightFormats:
-        """The loaded format and those of lower precision (every format on the kernel), and int8 where the kernel
-        streams the model's own GGUF blocks; only the linear maps change format."""
+        """The loaded format and those of lower precision (every format on the kernel), int8 where the kernel streams
+        the model's own GGUF blocks, and q8_0 (quantised from the loaded float32 weights) on the kernel where every
+        map's inputs fill blocks of 32; only the linear maps change format."""
         blocks = tuple(sorted(map(str, self._blocks))) if self._lib is not None else ()
-        return WeightFormats(lower_formats(self.dtype) + ((torch.int8,) if blocks else ()), blocks=blocks)
+        fits = self._lib is not None and self.dtype == torch.float32 and all(
+            k % QK == 0 for k in (self.layers[0].w_qkv.shape[0], self.layers[0].w_o.shape[0],
+                                  self.layers[0].w_down.shape[0]))
+        return WeightFormats(lower_formats(self.dtype) + ((torch.int8,) if blocks else ())
+                             + ((STAND_INS[Q8_0],) if fits else ()), blocks=blocks)
 
     @property
     def weight_stream(self) -> WeightStream:
@@ -250,8 +256,12 @@ class FastLlamaRunner:
         return fmt if not kinds else f"{fmt} on {'+'.join(stores)}" if fmt == INT8 else f"{fmt} as {'+'.join(stores)}"
 
     def _pack_exit_head(self, dtype: torch.dtype) -> ExitProducts:
+        """The exit head's products in the target's format; in int8 its adapter A (float weights, no GGUF blocks)
+        runs q8_0, int8's arithmetic on Q8_0 blocks quantised from it (the readout only picks candidates)."""
         fmt = format_name(dtype)
-        return ExitProducts(self._pack(self.exit_head.adapter, fmt, "exit adapter"),
+        adapter = self.exit_head.adapter
+        return ExitProducts(PackedLinear(adapter, Q8_0, self._lib) if fmt == INT8 and adapter.shape[0] % QK == 0
+                            else self._pack(adapter, fmt, "exit adapter"),
                             self._pack(self.exit_head.w, fmt, "head", rows=self.exit_head.ids))
 
     def _native(self, layer: _Layer) -> NativeLayer:
@@ -265,17 +275,11 @@ class FastLlamaRunner:
 
     # -- building blocks (the maths is mirror_core/models/ops.py; these bind this model's weights) ----
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [..., T, D] at positions [..., T], in this model's frequencies, scaling and dtype: rows of one
-        table computed once for positions 0..S−1 (S doubling as needed), so a position's rows are the same bits
-        in every call, and a step does not recompute them."""
-        need = int(positions.max()) + 1 if positions.numel() else 0
-        cos, sin = self._rope_rows
-        if need > cos.shape[0]:
-            size = max(need, 2 * cos.shape[0], 256)
-            cos, sin = rope_tables(torch.arange(size, device=self.device), self.inv_freq, self.rope_scale,
-                                   self.dtype, exact=self._lib is not None)                     # [S, D] each
-            self._rope_rows = (cos, sin)
-        return cos[positions], sin[positions]
+        """cos, sin [..., T, D] at positions [..., T], in this model's frequencies, scaling and dtype (ops.RopeTable;
+        on the kernel in float64 angles: the same bits on every CPU)."""
+        if self._rope_table is None:
+            self._rope_table = RopeTable(self.inv_freq, self.rope_scale, self.dtype, exact=self._lib is not None)
+        return self._rope_table(positions)
 
     def _kernel(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x [..., K] @ w [K, N] in the weights' dtype, the product back in x's dtype (a no-op cast when they agree);

@@ -155,7 +155,8 @@ class Runner(Protocol):
     #   forward_streams(cache, ids) -> (logits [T, V], stream states [T, n_str, H])
     #   stream_proposals(states [..., n_str, H]) -> greedy lookahead ids [..., n_str]
     #   rewind_rows(branches, drop: list[int]) hides each row's newest drop[r] entries.
-    # A feature-reading draft (reads_features) takes features [T, H] beside the ids in forward and forward_rows.
+    # A feature-reading draft (reads_features) takes features [T, H] beside the ids in forward and forward_rows, and
+    # returns logits over its own vocabulary: target_ids and over_target_vocab map what is drawn from them.
 
     def select_row(self, branches: Any, row: int) -> Any:
         """A sequence cache holding row `row`'s visible prefix followed by that row's own tokens."""

@@ -54,15 +54,17 @@ def make_batch(answers: AnswerSet, chunk: list[int], depths: int):
     return ids, feats, per_depth
 
 
-def depth_logits(model, batch, other: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def depth_logits(model, batch, other: int, linear=None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The training-time test's outputs at each depth's rows (make_batch's): features g [N_d, H] and logits
-    [N_d, V_d+1] with the "other" id masked, so that argmax is the draft's token."""
-    from mirror_core.models.feature_draft import train_step_outputs
+    [N_d, V_d+1] with the "other" id masked, so that argmax is the draft's token. `linear`: the products' maths
+    (None: torch's matmul; a kernel format's packed maps, runners/feature_kernel.py: PackedMaps)."""
+    from mirror_core.models.feature_draft import plain_linear, train_step_outputs
 
+    linear = linear or plain_linear
     ids, feats, per_depth = batch
-    outs = train_step_outputs(model, ids, feats, len(per_depth))
+    outs = train_step_outputs(model, ids, feats, len(per_depth), linear)
     gs = [g[rows, pos] for g, (rows, pos, *_) in zip(outs, per_depth)]                    # [N_d, H] per depth
-    return gs, [model.logits(gd).float().index_fill_(1, torch.tensor([other]), -1e4) for gd in gs]
+    return gs, [model.logits(gd, linear).float().index_fill_(1, torch.tensor([other]), -1e4) for gd in gs]
 
 
 def rollout_weights(batch, preds, to_draft, prompt_lens: list[int], extra: float) -> list[torch.Tensor]:
@@ -149,7 +151,7 @@ def rollout_hits(ro: Rollouts, chunk: list[int], answers: AnswerSet, exit_readou
 
 
 @torch.no_grad()
-def evaluate(model, answers: AnswerSet, cfg, exit_readout=None) -> dict:
+def evaluate(model, answers: AnswerSet, cfg, exit_readout=None, linear=None) -> dict:
     """Held-out figures of the draft, teacher-forced (depth d reads d−1 of its own features), γ up to cfg.depths:
     - agreement[d]: top-1 agreement with the target's greedy token at depth d, over every answer position;
     - tau_by_gamma[γ − 1]: 1 + the mean accepted length of the rollouts greedy speculative decoding drafts at γ
@@ -159,7 +161,8 @@ def evaluate(model, answers: AnswerSet, cfg, exit_readout=None) -> dict:
       latency.DraftProfile, which continues τ past the measured γ);
     - with `exit_readout` (features → logits over the draft vocabulary, as rollout_hits takes it): hit_by_gamma[γ − 1]
       [κ − 1], the share of those rollouts whose correction or bonus token was among the exit's top-κ at its slot:
-      Mirror-SD's hit rate, replayed."""
+      Mirror-SD's hit rate, replayed.
+    `linear`: the draft's products as a kernel format computes them (depth_logits; None: torch's, in cfg.dtype)."""
     model.eval()
     hits, n = [0] * cfg.depths, [0] * cfg.depths
     runs: list[list[torch.Tensor]] = [[] for _ in range(cfg.depths)]      # per γ: [rollouts, γ] leading runs
@@ -169,7 +172,7 @@ def evaluate(model, answers: AnswerSet, cfg, exit_readout=None) -> dict:
         chunk = idx[b: b + cfg.batch_sequences]
         batch = make_batch(answers, chunk, cfg.depths)
         with autocast(cfg.dtype):
-            preds = [z.argmax(-1) for z in depth_logits(model, batch, answers.other)[1]]   # [N_d] draft ids
+            preds = [z.argmax(-1) for z in depth_logits(model, batch, answers.other, linear)[1]]  # [N_d] draft ids
         right = agreed(batch, preds, answers.to_draft)
         for d, r in enumerate(right):
             hits[d] += int(r.sum())

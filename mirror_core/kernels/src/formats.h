@@ -19,7 +19,8 @@ enum Format : int32_t {
     Q8_0 = 4,      // GGUF q8_0 blocks, likewise
     Q4_1_I8 = 5,   // q4_1 blocks against activations rounded to int8 per row and block (int8_kernels.h)
     Q8_0_I8 = 6,   // q8_0 blocks, likewise
-    FORMAT_COUNT = 7
+    Q8_0_QUANT = 7,  // Q8_0_I8's blocks quantised at packing from float weights (pack.h's quantise_q8_0)
+    FORMAT_COUNT = 8
 };
 
 // One packed GGUF block of a panel (32 columns x 32 k). The _I8 layouts hold the same bytes in another order:
@@ -56,4 +57,5 @@ static const msd_format_info FORMAT_TABLE[FORMAT_COUNT] = {
     {Q8_0, 0, 0, (int32_t)sizeof(PackedQ8_0), 0, "q8_0"},
     {Q4_1_I8, 0, 0, (int32_t)sizeof(PackedQ4_1), 1, "q4_1_i8"},
     {Q8_0_I8, 0, 0, (int32_t)sizeof(PackedQ8_0), 1, "q8_0_i8"},
+    {Q8_0_QUANT, 0, 0, (int32_t)sizeof(PackedQ8_0), 1, "q8_0_quant"},
 };

@@ -74,7 +74,8 @@ static int linear_i8(bool q4_1, const float* x, int64_t m, int64_t k, int64_t xs
 static int linear_any(int32_t fmt, const float* x, int64_t m, int64_t k, int64_t xs, const void* w, int64_t n, float* y,
                       int64_t ys) {
     if (fmt < 0 || fmt >= FORMAT_COUNT || bad(m, k, n, xs, ys, x, w, y)) return 1;
-    if (fmt == Q4_1_I8 || fmt == Q8_0_I8) return linear_i8(fmt == Q4_1_I8, x, m, k, xs, (const uint8_t*)w, n, y, ys);
+    if (fmt == Q4_1_I8 || fmt == Q8_0_I8 || fmt == Q8_0_QUANT)
+        return linear_i8(fmt == Q4_1_I8, x, m, k, xs, (const uint8_t*)w, n, y, ys);
     if ((fmt == Q4_1 || fmt == Q8_0) && k % QK) return 1;
     const int64_t kb = k / QK;
     switch (fmt) {
@@ -184,6 +185,10 @@ int msd_pack_q4_1_i8(const uint16_t* d, const uint16_t* m, const uint8_t* q, int
 }
 int msd_pack_q8_0_i8(const uint16_t* d, const uint16_t*, const uint8_t* q, int64_t k, int64_t n, uint8_t* out) {
     return pack_blocks<place_q8_0_i8, false>(d, nullptr, q, k, n, out, sizeof(PackedQ8_0));
+}
+// Float weights W [k, n] (row stride ws) quantised to Q8_0 as llama.cpp quantises (pack.h), packed as q8_0_i8's blocks.
+int msd_pack_q8_0_quant(const float* w, int64_t k, int64_t n, int64_t ws, uint8_t* out) {
+    return pack_quantised_q8_0(w, k, n, ws, out);
 }
 
 // y[m, n] (row stride ys) = x[m, k] (row stride xs) @ W packed in `fmt` (formats.h). 0, or 1 on refused arguments.

@@ -62,3 +62,26 @@ static int pack_blocks(const uint16_t* d, const uint16_t* m, const uint8_t* q, i
         }
     return 0;
 }
+
+// llama.cpp's Q8_0 quantisation (quantize_row_q8_0_ref) of one block of QK weights `stride` floats apart: d = max|w| /
+// 127, q = roundf(w · (1/d)) (to nearest, halves away from zero; all 0 where d is 0), d kept as float16 (to nearest
+// even). Exact steps only (max, a correctly rounded quotient and product, roundf), so every variant gives these bytes.
+static uint16_t quantise_q8_0(const float* w, int64_t stride, uint8_t* q) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < QK; i++) amax = fabsf(w[i * stride]) > amax ? fabsf(w[i * stride]) : amax;
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int64_t i = 0; i < QK; i++) q[i] = (uint8_t)(int8_t)roundf(w[i * stride] * id);
+    return f32_to_f16(d);
+}
+
+// Float weights W [k, n] (row stride ws; finite, checked by the caller) quantised per column and block of QK k
+// (quantise_q8_0) into GGUF's order, then packed as a GGUF's q8_0 blocks for int8 activations (Q8_0_I8's layout).
+static int pack_quantised_q8_0(const float* w, int64_t k, int64_t n, int64_t ws, uint8_t* out) {
+    if (k < QK || k % QK || n < 1 || ws < n || !w || !out) return 1;
+    const int64_t kb = k / QK;
+    std::vector<uint16_t> d(n * kb);
+    std::vector<uint8_t> q(n * k);
+    for (int64_t col = 0; col < n; col++)
+        for (int64_t b = 0; b < kb; b++) d[col * kb + b] = quantise_q8_0(w + b * QK * ws + col, ws, &q[(col * kb + b) * QK]);
+    return pack_blocks<place_q8_0_i8, false>(d.data(), nullptr, q.data(), k, n, out, sizeof(PackedQ8_0));
+}
