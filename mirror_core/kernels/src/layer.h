@@ -56,14 +56,44 @@ static float dot(const float* a, const float* b, int64_t n) {  // one FMA chain 
     return s;
 }
 
+// w[j] = dot(q, k_j)·scale for j < n: where d is a multiple of 16, 16 keys at a time (each key's lane chains, and
+// hsum16's tree, are dot's pair for pair), the rest key by key.
+static void scores(const float* q, const float* keys, int64_t n, int64_t d, float scale, float* w) {
+    int64_t j = 0;
+    for (; d % VL == 0 && j + VL <= n; j += VL) {
+        vf acc[VL];
+        for (int t = 0; t < VL; t++) acc[t] = vzero();
+        for (int64_t i = 0; i < d; i += VL) {
+            const vf qi = vloadu(q + i);
+            for (int t = 0; t < VL; t++) acc[t] = vfma(qi, vloadu(keys + (j + t) * d + i), acc[t]);
+        }
+        vstore(w + j, vmul(hsum16(acc), vbcast(scale)));
+    }
+    for (; j < n; j++) w[j] = dot(q, keys + j * d, d) * scale;
+}
+
+// out[i] = Σ_k (w[k]·inv)·v_k[i], k in order (each product rounded, then added), for i in [i, d) in runs of V
+// vectors held in registers over the keys; returns where the runs stopped.
+template <int V>
+static int64_t weighted_sum(const float* w, float inv, const float* values, int64_t n, int64_t d, int64_t i, float* out) {
+    for (; i + V * VL <= d; i += V * VL) {
+        vf o[V];
+        for (int v = 0; v < V; v++) o[v] = vzero();
+        for (int64_t k = 0; k < n; k++) {
+            const vf p = vbcast(w[k] * inv);
+            for (int v = 0; v < V; v++) o[v] = vadd(o[v], vmul(p, vloadu(values + k * d + i + v * VL)));
+        }
+        for (int v = 0; v < V; v++) vstore(out + i + v * VL, o[v]);
+    }
+    return i;
+}
+
 // One query row of one head over its n visible keys: out[D] = Σ_j softmax(q·k_j · scale)_j v_j. w: n floats scratch.
 static void attend_row(const float* q, const float* keys, const float* values, int64_t n, int64_t d, float scale,
                        float* w, float* out) {
+    scores(q, keys, n, d, scale, w);
     float mx = -INFINITY;
-    for (int64_t j = 0; j < n; j++) {
-        w[j] = dot(q, keys + j * d, d) * scale;
-        mx = w[j] > mx ? w[j] : mx;
-    }
+    for (int64_t j = 0; j < n; j++) mx = w[j] > mx ? w[j] : mx;
     vf vsum = vzero(), vmx = vbcast(mx);
     int64_t j = 0;
     for (; j + VL <= n; j += VL) {
@@ -79,11 +109,10 @@ static void attend_row(const float* q, const float* keys, const float* values, i
     float sum = hsum(vsum);
     for (int l = 0; j + l < n; l++) sum += (w[j + l] = el[l]);
     const float inv = 1.0f / sum;
-    for (int64_t i = 0; i < d; i++) out[i] = 0.0f;
-    for (int64_t k = 0; k < n; k++) {
-        const float p = w[k] * inv;
-        const float* v = values + k * d;
-        for (int64_t i = 0; i < d; i++) out[i] += p * v[i];
+    int64_t i = weighted_sum<1>(w, inv, values, n, d, weighted_sum<4>(w, inv, values, n, d, 0, out), out);
+    for (; i < d; i++) {
+        out[i] = 0.0f;
+        for (int64_t k = 0; k < n; k++) out[i] += (w[k] * inv) * values[k * d + i];
     }
 }
 
