@@ -44,7 +44,7 @@ static inline vf i8_epilogue(vf acc, vf dw, vf mw, const uint8_t* rec, vi sum) {
 }
 
 // Half h (16 columns) of one _I8-packed q4_1 (MIN) or q8_0 block: its 8 groups of 4 k, one 32-bit lane a column,
-// ready for dot_u4s8 (q4_1: 0..15) or dot_s8s8 (q8_0: through s8_weights).
+// ready for simd.h's dot32_u4 (q4_1: 0..15) or dot32_s8 (q8_0: through s8_weights).
 template <bool MIN>
 static inline void i8_half(const uint8_t* q, int h, vi wv[8]) {
     if (MIN) {  // groups g and g + 4 share a byte (low and high nibble)
@@ -56,18 +56,6 @@ static inline void i8_half(const uint8_t* q, int h, vi wv[8]) {
     } else {
         for (int g = 0; g < 8; g++) wv[g] = s8_weights(iload(q + h * 8 * 64 + g * 64));
     }
-}
-
-// One row's integer sums for one half of a block: 8 dot products of 4 k, in two independent chains.
-template <bool MIN>
-static inline vi i8_row_sum(const vi wv[8], const uint8_t* rec) {
-    vi s0 = MIN ? izero() : s8_start(rec_i32(rec + QK + 12)), s1 = izero();
-    for (int g = 0; g < 8; g += 2) {
-        const vi x0 = iset(rec_i32(rec + 4 * g)), x1 = iset(rec_i32(rec + 4 * g + 4));
-        s0 = MIN ? dot_u4s8(s0, wv[g], x0) : dot_s8s8(s0, wv[g], x0);
-        s1 = MIN ? dot_u4s8(s1, wv[g + 1], x1) : dot_s8s8(s1, wv[g + 1], x1);
-    }
-    return iadd(s0, s1);
 }
 
 // `rows` (≤ I8_ROWS) row records against one panel of _I8-packed blocks. Block by block, each half's weights are
@@ -90,7 +78,8 @@ static void panel_i8(const uint8_t* x, int64_t xs, int64_t rows, const uint8_t* 
             i8_half<MIN>(q, h, wv);
             for (int64_t r = 0; r < rows; r++) {
                 const uint8_t* rec = x + r * xs + b * XREC;
-                vstore(&acc[r][h * VL], i8_epilogue<MIN>(vload(&acc[r][h * VL]), dw, mw, rec, i8_row_sum<MIN>(wv, rec)));
+                const vi sum = MIN ? dot32_u4(wv, rec) : dot32_s8(wv, rec, rec_i32(rec + QK + 12));
+                vstore(&acc[r][h * VL], i8_epilogue<MIN>(vload(&acc[r][h * VL]), dw, mw, rec, sum));
             }
         }
     }

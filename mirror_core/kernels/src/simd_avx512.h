@@ -49,26 +49,51 @@ static inline void istore_i8(uint8_t* p, vi a) { _mm_storeu_si128((__m128i*)p, _
 static inline vi isrl4(vi a) { return _mm512_srli_epi32(a, 4); }
 static inline void istore(int32_t* p, vi a) { _mm512_storeu_si512((void*)p, a); }
 
-// Dot products of 4-byte groups, lane l += Σ_t a[4l + t]·b[4l + t] (exact). dot_u4s8: a in 0..15, b int8;
-// dot_s8s8: int8 weights (as s8_weights made them once per block) and int8 activations, started at s8_start(−128·Σx)
-// for the block's row: VNNI's unsigned operand takes the weights plus 128, and −128·Σx takes the 128s back out.
+// One row's exact dot products over a block's 32 k for 16 columns: w[g] holds group g's 4 k (byte t of lane l:
+// column l's k = 4g + t), x the row's 32 int8 values. dot32_u4: w in 0..15 (q4_1); dot32_s8: int8 w as s8_weights
+// made them once per block, base = −128·Σx (q8_0).
 #if defined(__AVX512VNNI__)
-static inline vi dot_u4s8(vi acc, vi a, vi b) { return _mm512_dpbusd_epi32(acc, a, b); }
-static inline vi s8_weights(vi w) { return _mm512_xor_si512(w, iset((int32_t)0x80808080u)); }  // w + 128, unsigned
-static inline vi dot_s8s8(vi acc, vi w, vi x) { return _mm512_dpbusd_epi32(acc, w, x); }
-static inline vi s8_start(int32_t base) { return iset(base); }
+// vpdpbusd, two chains. q8_0: the weights plus 128 as the unsigned operand; base takes the 128s back out.
+static inline vi s8_weights(vi w) { return _mm512_xor_si512(w, iset((int32_t)0x80808080u)); }
+template <bool U4>
+static inline vi dot32(const vi w[8], const uint8_t* x, int32_t base) {
+    vi s0 = U4 ? izero() : iset(base), s1 = izero();
+    for (int g = 0; g < 8; g += 2) {
+        int32_t a, b;
+        memcpy(&a, x + 4 * g, 4);
+        memcpy(&b, x + 4 * g + 4, 4);
+        s0 = _mm512_dpbusd_epi32(s0, w[g], iset(a));
+        s1 = _mm512_dpbusd_epi32(s1, w[g + 1], iset(b));
+    }
+    return _mm512_add_epi32(s0, s1);
+}
 #else
-static inline vi dot_u4s8(vi acc, vi a, vi b) {  // a ≤ 15: a pair's sum ≤ 2·15·128 never saturates int16
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(a, b), _mm512_set1_epi16(1)));
-}
 static inline vi s8_weights(vi w) { return w; }
-static inline vi dot_s8s8(vi acc, vi w, vi x) {  // the even and the odd bytes sign-extended to int16, then madd
-    vi we = _mm512_srai_epi16(_mm512_slli_epi16(w, 8), 8), wo = _mm512_srai_epi16(w, 8);
-    vi xe = _mm512_srai_epi16(_mm512_slli_epi16(x, 8), 8), xo = _mm512_srai_epi16(x, 8);
-    return _mm512_add_epi32(acc, _mm512_add_epi32(_mm512_madd_epi16(we, xe), _mm512_madd_epi16(wo, xo)));
+template <bool U4>
+static inline vi dot32(const vi w[8], const uint8_t* x, int32_t) {
+    vi s = izero();
+    if (U4) {  // maddubs pairs ≤ 2·15·127, so 8 groups' pairs add up in int16 (≤ 30480) before one madd
+        vi p = izero();
+        for (int g = 0; g < 8; g++) {
+            int32_t a;
+            memcpy(&a, x + 4 * g, 4);
+            p = _mm512_add_epi16(p, _mm512_maddubs_epi16(w[g], iset(a)));
+        }
+        return _mm512_madd_epi16(p, _mm512_set1_epi16(1));
+    }
+    for (int g = 0; g < 8; g++) {  // the even and the odd bytes sign-extended to int16, then madd
+        int32_t a;
+        memcpy(&a, x + 4 * g, 4);
+        const vi xv = iset(a);
+        vi we = _mm512_srai_epi16(_mm512_slli_epi16(w[g], 8), 8), wo = _mm512_srai_epi16(w[g], 8);
+        vi xe = _mm512_srai_epi16(_mm512_slli_epi16(xv, 8), 8), xo = _mm512_srai_epi16(xv, 8);
+        s = _mm512_add_epi32(s, _mm512_add_epi32(_mm512_madd_epi16(we, xe), _mm512_madd_epi16(wo, xo)));
+    }
+    return s;
 }
-static inline vi s8_start(int32_t) { return izero(); }
 #endif
+static inline vi dot32_u4(const vi w[8], const uint8_t* x) { return dot32<true>(w, x, 0); }
+static inline vi dot32_s8(const vi w[8], const uint8_t* x, int32_t base) { return dot32<false>(w, x, base); }
 
 // lane j = hsum(a[j]) for 16 vectors at once, by the same tree pair for pair: (i, i+8) of each vector, then (i, i+4),
 // (i, i+2), (0, 1), each level adding two shuffled vectors; the keys come out in lanes 4k + t for j = 4t + k.
