@@ -1,5 +1,5 @@
 // int8 activations against GGUF blocks (llama.cpp's kind of function): a call first rounds each row of x alone to
-// int8 per block of QK k (quantise_rows): dx = max|x| / 127, qx = round_even(x · (1/dx)), and per block a record of
+// int8 per block of QK k (quantise_row): dx = max|x| / 127, qx = round_even(x · (1/dx)), and per block a record of
 // qx[32], dx, sx = dx·Σqx, Σqx and −128·Σqx. Per block and column the integer sum Σ q·qx is exact (vpdpbusd with
 // VNNI, else maddubs/madd, else C), then, in this order, acc = fma(d·dx, sum, acc) and for q4_1 acc = fma(m, sx, acc).
 // One function for every row count, row position, thread count and variant: the integer sums are exact, and the
@@ -12,28 +12,27 @@ constexpr int64_t I8_ROWS = 32;    // rows a panel pass carries (their accumulat
 static inline float rec_f32(const uint8_t* p) { float v; memcpy(&v, p, 4); return v; }
 static inline int32_t rec_i32(const uint8_t* p) { int32_t v; memcpy(&v, p, 4); return v; }
 
-// x [m, k] (row stride xs) → records [m, k/QK, XREC]. Exact steps only (max, a correctly rounded product, round to
-// nearest even, a clamp), lane by lane in simd.h's layer, so every variant gives the same bytes. A NaN never wins
-// the max (vmax keeps its second operand) and rounds to −127.
-static void quantise_rows(const float* x, int64_t m, int64_t k, int64_t xs, uint8_t* out) {
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t b = 0; b < k / QK; b++) {
-            const float* v = x + r * xs + b * QK;
-            uint8_t* rec = out + (r * (k / QK) + b) * XREC;
-            const vf v0 = vloadu(v), v1 = vloadu(v + VL);
-            const float amax = hmax(vmax(vabs(v0), vmax(vabs(v1), vzero())));
-            const float dx = amax / 127.0f, id = dx != 0.0f ? 1.0f / dx : 0.0f;
-            const vi q0 = vtoi(vmin(vbcast(127.0f), vmax(vround(vmul(v0, vbcast(id))), vbcast(-127.0f))));
-            const vi q1 = vtoi(vmin(vbcast(127.0f), vmax(vround(vmul(v1, vbcast(id))), vbcast(-127.0f))));
-            istore_i8(rec, q0);
-            istore_i8(rec + VL, q1);
-            const int32_t sum = ihsum(iadd(q0, q1)), base = -128 * sum;
-            const float sx = dx * (float)sum;
-            memcpy(rec + QK, &dx, 4);
-            memcpy(rec + QK + 4, &sx, 4);
-            memcpy(rec + QK + 8, &sum, 4);
-            memcpy(rec + QK + 12, &base, 4);
-        }
+// One row x [k] → its records [k/QK, XREC]. Exact steps only (max, a correctly rounded product, round to nearest
+// even, a clamp), lane by lane in simd.h's layer, so every variant gives the same bytes. A NaN never wins the max
+// (vmax keeps its second operand) and rounds to −127.
+static void quantise_row(const float* x, int64_t k, uint8_t* out) {
+    for (int64_t b = 0; b < k / QK; b++) {
+        const float* v = x + b * QK;
+        uint8_t* rec = out + b * XREC;
+        const vf v0 = vloadu(v), v1 = vloadu(v + VL);
+        const float amax = hmax(vmax(vabs(v0), vmax(vabs(v1), vzero())));
+        const float dx = amax / 127.0f, id = dx != 0.0f ? 1.0f / dx : 0.0f;
+        const vi q0 = vtoi(vmin(vbcast(127.0f), vmax(vround(vmul(v0, vbcast(id))), vbcast(-127.0f))));
+        const vi q1 = vtoi(vmin(vbcast(127.0f), vmax(vround(vmul(v1, vbcast(id))), vbcast(-127.0f))));
+        istore_i8(rec, q0);
+        istore_i8(rec + VL, q1);
+        const int32_t sum = ihsum(iadd(q0, q1)), base = -128 * sum;
+        const float sx = dx * (float)sum;
+        memcpy(rec + QK, &dx, 4);
+        memcpy(rec + QK + 4, &sx, 4);
+        memcpy(rec + QK + 8, &sum, 4);
+        memcpy(rec + QK + 12, &base, 4);
+    }
 }
 
 // The float steps of one block for one row and 16 columns (shared with amx.h, lane for lane).

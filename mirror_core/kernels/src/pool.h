@@ -86,6 +86,13 @@ static void parallel_for(int64_t units, F&& f) {
     }, &ctx, threads);
 }
 
+// f(r) for every row r < t, the rows split between the pool's threads like parallel_for's units (row-wise work:
+// each row's result depends on that row alone, so never on who ran it).
+template <typename F>
+static void each_row(int64_t t, F&& f) {
+    parallel_for(t, [&](int64_t lo, int64_t hi, int) { for (int64_t r = lo; r < hi; r++) f(r); });
+}
+
 // Every panel once, the panels split between the pool's threads; within a panel, the rows GROUP at a time (the panel
 // stays in L1/L2 for the next group). blocks[R − 1] computes R rows; panel_bytes: one panel's packed bytes.
 template <typename X, typename W>
