@@ -31,7 +31,7 @@ def test_every_row_count_and_position_gives_the_scalar_references_bits(variant, 
     lib, ref = native.library(variant), native.library(SCALAR)
     rng = random.Random(f"{variant}{storage}")
     gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
-    for k, n in ((32, 1), (96, 33), (576, 100)):
+    for k, n in ((32, 1), (96, 33), (576, 100), (1024, 40)):  # 70 rows of 1024: quantised on both threads
         b = random_blocks(storage, n, k, gen)
         w = b.dequantize().t().contiguous()
         packed, reference = native.PackedLinear(w, INT8, lib, blocks=b), native.PackedLinear(w, INT8, ref, blocks=b)

@@ -62,7 +62,7 @@ static int linear_i8(bool q4_1, const float* x, int64_t m, int64_t k, int64_t xs
     thread_local std::vector<uint8_t> recs;
     if ((int64_t)recs.size() < m * kb * XREC) recs.resize(m * kb * XREC);
     uint8_t* rec = recs.data();
-    each_row(m, [&](int64_t r) { quantise_row(x + r * xs, k, rec + r * kb * XREC); });
+    each_row(m, k, [&](int64_t r) { quantise_row(x + r * xs, k, rec + r * kb * XREC); });
     if (linear_amx(q4_1, recs.data(), m, kb * XREC, w, kb, kb * bytes, y, ys, n)) return 0;
     if (q4_1) run_panels_i8<true>(recs.data(), m, kb * XREC, w, kb, kb * bytes, y, ys, n);
     else run_panels_i8<false>(recs.data(), m, kb * XREC, w, kb, kb * bytes, y, ys, n);

@@ -207,9 +207,9 @@ static int layer_forward(const msd_layer* L, float* x, int64_t t, const float* c
     float* act = gu + t * 2 * I;       // [t, I]
     float* w = act + t * I;            // [threads, 4, keys] attention weights of one row's heads, per thread
 
-    each_row(t, [&](int64_t r) { rms_norm_row(x + r * H, L->ln1, H, L->eps, xn + r * H); });
+    each_row(t, H, [&](int64_t r) { rms_norm_row(x + r * H, L->ln1, H, L->eps, xn + r * H); });
     if (linear(L->fmt[0], xn, t, H, L->w_qkv, nqkv, qkv)) return 1;
-    each_row(t, [&](int64_t r) { qkv_row(L, qkv + r * nqkv, r, cos, sin, kc, vc, cap, start); });
+    each_row(t, nqkv, [&](int64_t r) { qkv_row(L, qkv + r * nqkv, r, cos, sin, kc, vc, cap, start); });
     const int64_t parts = (rep + HEADS_TOGETHER - 1) / HEADS_TOGETHER;  // of each KV head's query heads
     parallel_for(t * Hkv * parts, [&](int64_t lo, int64_t hi, int tid) {  // (row, KV head, part) split between threads
         float* scratch = w + tid * HEADS_TOGETHER * keys;                   // this thread's own
@@ -222,13 +222,13 @@ static int layer_forward(const msd_layer* L, float* x, int64_t t, const float* c
         }
     });
     if (linear(L->fmt[1], att, t, nq, L->w_o, H, xn)) return 1;                    // xn ← o_proj(att)
-    each_row(t, [&](int64_t r) {
+    each_row(t, H, [&](int64_t r) {
         for (int64_t i = r * H; i < (r + 1) * H; i++) x[i] = x[i] + xn[i];
         rms_norm_row(x + r * H, L->ln2, H, L->eps, xn + r * H);
     });
     if (linear(L->fmt[2], xn, t, H, L->w_gate_up, 2 * I, gu)) return 1;
-    each_row(t, [&](int64_t r) { silu_mul(gu + r * 2 * I, gu + r * 2 * I + I, I, act + r * I); });  // silu(gate)·up
+    each_row(t, I, [&](int64_t r) { silu_mul(gu + r * 2 * I, gu + r * 2 * I + I, I, act + r * I); });  // silu(gate)·up
     if (linear(L->fmt[3], act, t, I, L->w_down, H, xn)) return 1;
-    each_row(t, [&](int64_t r) { for (int64_t i = r * H; i < (r + 1) * H; i++) x[i] = x[i] + xn[i]; });
+    each_row(t, H, [&](int64_t r) { for (int64_t i = r * H; i < (r + 1) * H; i++) x[i] = x[i] + xn[i]; });
     return 0;
 }
