@@ -76,8 +76,8 @@ static void scores(const float* const q[Q], const float* keys, int64_t n, int64_
         for (int a = 0; a < Q; a++) w[a][j] = dot(q[a], keys + j * d, d) * scale;
 }
 
-// w[0..n) ← e^(w − max w) (a NaN never the max: vmax keeps its second operand); returns 1 / Σ e.
-static float softmax_inv(float* w, int64_t n) {
+// w[0..n) ← e^(w − max w) · (1 / Σ e), the product rounded once (a NaN never the max: vmax keeps its second operand).
+static void softmax(float* w, int64_t n) {
     vf vmx = vbcast(-INFINITY);
     int64_t j = 0;
     for (; j + VL <= n; j += VL) vmx = vmax(vloadu(w + j), vmx);
@@ -97,15 +97,17 @@ static float softmax_inv(float* w, int64_t n) {
     vstore(el, e);
     float sum = hsum(vsum);
     for (int l = 0; j + l < n; l++) sum += (w[j + l] = el[l]);
-    return 1.0f / sum;
+    const float inv = 1.0f / sum;
+    for (j = 0; j + VL <= n; j += VL) vstore(w + j, vmul(vloadu(w + j), vbcast(inv)));
+    for (; j < n; j++) w[j] = w[j] * inv;
 }
 
-// out_a[i] = Σ_k (w_a[k]·inv_a)·v_k[i], k in order (each product rounded, then added), for Q queries and i in [i, d)
+// out_a[i] = Σ_k p_a[k]·v_k[i], k in order (each product rounded, then added), for Q queries and i in [i, d)
 // in runs of V vectors held in registers over the keys (each value vector loaded once for the Q queries); returns
 // where the runs stopped.
 template <int Q, int V>
-static int64_t weighted_sums(const float* const w[Q], const float inv[Q], const float* values, int64_t n, int64_t d,
-                             int64_t i, float* const out[Q]) {
+static int64_t weighted_sums(const float* const p[Q], const float* values, int64_t n, int64_t d, int64_t i,
+                             float* const out[Q]) {
     for (; i + V * VL <= d; i += V * VL) {
         vf o[Q][V];
         for (int a = 0; a < Q; a++) for (int v = 0; v < V; v++) o[a][v] = vzero();
@@ -113,8 +115,8 @@ static int64_t weighted_sums(const float* const w[Q], const float inv[Q], const 
             vf vk[V];
             for (int v = 0; v < V; v++) vk[v] = vloadu(values + k * d + i + v * VL);
             for (int a = 0; a < Q; a++) {
-                const vf p = vbcast(w[a][k] * inv[a]);
-                for (int v = 0; v < V; v++) o[a][v] = vadd(o[a][v], vmul(p, vk[v]));
+                const vf pk = vbcast(p[a][k]);
+                for (int v = 0; v < V; v++) o[a][v] = vadd(o[a][v], vmul(pk, vk[v]));
             }
         }
         for (int a = 0; a < Q; a++) for (int v = 0; v < V; v++) vstore(out[a] + i + v * VL, o[a][v]);
@@ -131,15 +133,14 @@ static void attend_heads(const float* q, const float* keys, const float* values,
     const float* qa[Q];
     float* wa[Q];
     float* oa[Q];
-    float inv[Q];
     for (int a = 0; a < Q; a++) qa[a] = q + a * d, wa[a] = w + a * n, oa[a] = out + a * d;
     scores<Q>(qa, keys, n, d, scale, wa);
-    for (int a = 0; a < Q; a++) inv[a] = softmax_inv(wa[a], n);
-    int64_t i = weighted_sums<Q, 1>(wa, inv, values, n, d, weighted_sums<Q, 4>(wa, inv, values, n, d, 0, oa), oa);
+    for (int a = 0; a < Q; a++) softmax(wa[a], n);
+    int64_t i = weighted_sums<Q, 1>(wa, values, n, d, weighted_sums<Q, 4>(wa, values, n, d, 0, oa), oa);
     for (; i < d; i++)
         for (int a = 0; a < Q; a++) {
             oa[a][i] = 0.0f;
-            for (int64_t k = 0; k < n; k++) oa[a][i] += (wa[a][k] * inv[a]) * values[k * d + i];
+            for (int64_t k = 0; k < n; k++) oa[a][i] += wa[a][k] * values[k * d + i];
         }
 }
 
