@@ -1,7 +1,7 @@
 """The kernel's decoder layer (src/layer.h) at attention shapes the toy pairs do not have: query heads attended
 together by KV head in parts of up to four (5 heads a KV head: a part of 4 and one of 1), head sizes that are and are
 not a multiple of 16, a prefill of more than one block of keys: every row of a window gives the bits of its own
-one-row call, on every variant this machine runs, equal to the scalar reference's."""
+one-row call, on one thread and two, on every variant this machine runs, equal to the scalar reference's."""
 from __future__ import annotations
 
 import pytest
@@ -52,3 +52,8 @@ def test_grouped_heads_give_every_row_its_own_bits_on_every_variant(variant, hea
     window_call = _run(layer, x, angles, prefix, window, False, kv_heads, d)
     assert torch.equal(window_call, _run(layer, x, angles, prefix, window, True, kv_heads, d))
     assert torch.equal(window_call, _run(reference, x, angles, prefix, window, False, kv_heads, d))
+    native.library(variant).set_threads(2)  # the (row, KV head, part) units split between two threads
+    try:
+        assert torch.equal(window_call, _run(layer, x, angles, prefix, window, False, kv_heads, d))
+    finally:
+        native.library(variant).set_threads(1)
