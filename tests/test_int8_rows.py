@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from mirror_core.kernels import native
+from mirror_core.kernels.blocks import BlockWeights
 from mirror_core.kernels.formats import INT8, PACKINGS
 from mirror_core.kernels.variants import SCALAR
-from testing.blocks import random_blocks
 from testing.variants import variant_params
 
 needs_kernel = pytest.mark.skipif(native.library() is None, reason=f"no kernel here: {native.unavailable()}")
@@ -32,7 +32,7 @@ def test_every_row_count_and_position_gives_the_scalar_references_bits(variant, 
     rng = random.Random(f"{variant}{storage}")
     gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
     for k, n in ((32, 1), (96, 33), (576, 100), (1024, 40)):  # 70 rows of 1024: quantised on both threads
-        b = random_blocks(storage, n, k, gen)
+        b = BlockWeights.random(storage, n, k, gen)
         w = b.dequantize().t().contiguous()
         packed, reference = native.PackedLinear(w, INT8, lib, blocks=b), native.PackedLinear(w, INT8, ref, blocks=b)
         x = torch.randn(max(ROWS), k, generator=gen) * 3                                   # [70, K]

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from mirror_core.kernels import native
+from mirror_core.kernels.blocks import BlockWeights
 from mirror_core.kernels.formats import PACKINGS
 from mirror_core.kernels.variants import SCALAR
-from testing.blocks import random_blocks
 from testing.variants import DEFAULT_TIER, variant_params
 
 VARIANTS = native.runnable_variants()
@@ -62,7 +62,7 @@ def test_every_variant_equals_the_scalar_reference(variant):
         x = torch.randn(9, k, generator=gen) * 3
         for p in PACKINGS:
             if p.blocks:
-                b = random_blocks(p.storage, n, k, gen)
+                b = BlockWeights.random(p.storage, n, k, gen)
                 w, kw = b.dequantize().t().contiguous(), {"blocks": b}
             else:
                 w, kw = torch.randn(k, n, generator=gen) / k ** 0.5, {}
