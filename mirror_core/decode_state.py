@@ -25,6 +25,7 @@ from .events import (
     StepRecord,
     TokenEvent,
 )
+from .lanes import pinned
 from .messages import DraftWindow
 from .metrics import SOURCES, RunSummary, interval_length, interval_overlap
 from .runners.protocol import TargetRunner
@@ -45,8 +46,9 @@ class DecodeState:
 
     def __init__(self, request: Request, target: TargetRunner, exit_layer: int, eos_ids: frozenset[int],
                  stop: threading.Event | None, settings: RunSettings, features: bool = False,
-                 window_steps: tuple[float, ...] = ()):
+                 window_steps: tuple[float, ...] = (), prefill_cpus: tuple[int, ...] = ()):
         self.req, self.target, self.exit_layer = request, target, exit_layer
+        self.prefill_cpus = prefill_cpus  # where the prefill runs, one kernel thread a core (): the lane's own cores
         self.window_steps = window_steps  # the target's forward of 1, 2, .. rows in one-row steps (load-time)
         self.features = features  # the draft reads the target's h^(ℓ_e) (a feature-reading draft; ℓ_e is its layer)
         self.cfg = request.sampling
@@ -108,12 +110,14 @@ class DecodeState:
         only its LM head runs (a fifth of a token's arithmetic saved on every other prompt row)."""
         t0 = self.now()
         h_prompt = None
-        if self.features:
-            at_exit = self.target.forward_to_exit(self.cache, self.ids, self.exit_layer)
-            h_prompt = at_exit.h.cpu()                                                         # [P, H]
-            logits = self.target.finish_pass(at_exit, rows=1)                                  # [1, V]
-        else:
-            logits = self.target.forward(self.cache, self.ids, rows=1)                         # [1, V]
+        cpus = self.prefill_cpus
+        with pinned(cpus, len(cpus), kernel=True) if cpus else contextlib.nullcontext():
+            if self.features:
+                at_exit = self.target.forward_to_exit(self.cache, self.ids, self.exit_layer)
+                h_prompt = at_exit.h.cpu()                                                     # [P, H]
+                logits = self.target.finish_pass(at_exit, rows=1)                              # [1, V]
+            else:
+                logits = self.target.forward(self.cache, self.ids, rows=1)                     # [1, V]
         token = target_token(logits[-1], self.cfg, len(self.ids))
         self.span(STAGE_PREFILL, t0, self.now(), 0)
         self.commit([(token, ORIGIN_TARGET, False)], 0)

@@ -22,7 +22,7 @@ from .config import DTYPE_CHOICES, SERIAL_DECODERS, LaneConfig, MirrorError, Req
 from .decode import decode_events
 from .decode_state import DecodeState
 from .events import Event, RunEnd
-from .lanes import make_draft_lane, pinned
+from .lanes import make_draft_lane, pinned, prefill_cpus
 from .metrics import RunSummary
 from .models.loading import encode_text
 from .kernels.formats import NEEDS
@@ -207,10 +207,11 @@ class MirrorEngine:
                     out.put(None)
 
     def _run(self, request: Request, stop: threading.Event, out: queue.Queue) -> None:
+        features = self.info.draft_features is not None and request.decoder != "ar"
         run = DecodeState(request, self.target, request.spec.exit_layer, self.eos_ids, stop,
-                          self.info.run_settings(request),
-                          features=self.info.draft_features is not None and request.decoder != "ar",
-                          window_steps=self.info.window_steps())
+                          self.info.run_settings(request), features=features,
+                          window_steps=self.info.window_steps(),
+                          prefill_cpus=prefill_cpus(self.info.lanes, features, self.target.kernel.library is not None))
         for batch in decode_events(run, self.lane):
             out.put(batch)
 

@@ -49,14 +49,6 @@ def test_every_row_equals_its_own_one_row_call(variant, fmt):
         assert torch.allclose(alone, xq @ wq, rtol=1e-4, atol=1e-4 * k ** 0.5)
 
 
-def _blocks(kind: str, n: int, k: int, gen: torch.Generator) -> BlockWeights:
-    d = (torch.rand(n, k // 32, generator=gen) * 0.02).half()
-    if kind == "q4_1":
-        q = torch.randint(0, 16, (n, k // 32, 32), generator=gen, dtype=torch.uint8)
-        return BlockWeights(kind, d, q, (-torch.rand(n, k // 32, generator=gen) * 0.1).half())
-    return BlockWeights(kind, d, torch.randint(-128, 128, (n, k // 32, 32), generator=gen, dtype=torch.int8))
-
-
 @needs_kernel
 @pytest.mark.parametrize("variant", variant_params())
 def test_every_variant_equals_the_scalar_reference(variant):
@@ -70,7 +62,7 @@ def test_every_variant_equals_the_scalar_reference(variant):
         x = torch.randn(9, k, generator=gen) * 3
         for p in PACKINGS:
             if p.blocks:  # a GGUF's blocks, or (q8_0) their float weights, which it quantises itself
-                b = _blocks(p.storage, n, k, gen)
+                b = BlockWeights.random(p.storage, n, k, gen)
                 w, kw = b.dequantize().t().contiguous(), {} if p.quantises else {"blocks": b}
             else:
                 w, kw = torch.randn(k, n, generator=gen) / k ** 0.5, {}

@@ -226,6 +226,22 @@ def test_ar_and_sd_take_every_core_only_where_the_load_measured_it_faster():
     assert not WholeMachine(1, 3.2, 2, 270.8, (84.0, 83.0)).bounded and faster.bounded
 
 
+def test_the_prefill_takes_the_draft_lanes_cores_only_while_they_wait_for_its_features():
+    """A feature-reading draft in a process on the CPU prefills only on the prompt's features, so the target's
+    prefill on the exact kernel runs on both lanes' cores; a token draft (it prefills at once), a torch target (its
+    bits may follow its threads), a thread lane or an accelerator keep the target lane's own cores."""
+    from dataclasses import replace
+
+    from mirror_core.lanes import prefill_cpus
+
+    lanes = LaneConfig(target_cpus=(0,), draft_cpus=(1,))
+    assert prefill_cpus(lanes, features=True, kernel=True) == (0, 1)
+    assert prefill_cpus(lanes, features=False, kernel=True) == ()
+    assert prefill_cpus(lanes, features=True, kernel=False) == ()
+    assert prefill_cpus(replace(lanes, kind="thread"), features=True, kernel=True) == ()
+    assert prefill_cpus(replace(lanes, draft_device="cuda:0", draft_cpus=()), features=True, kernel=True) == ()
+
+
 def test_the_whole_machine_is_timed_again_while_it_lies_outside_its_bounds(monkeypatch):
     """time_whole_machine: a timing where the whole machine's step is more than WHOLE_MACHINE_BOUND times the lane's
     (another process held a core) is timed again, up to WHOLE_MACHINE_TRIES times; the first within the bounds is

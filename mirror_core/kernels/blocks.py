@@ -56,3 +56,13 @@ class BlockWeights:
             raise ValueError(f"fused blocks must share one format, got {sorted(kinds)}")
         m = None if parts[0].m is None else torch.cat([p.m for p in parts])
         return BlockWeights(parts[0].kind, torch.cat([p.d for p in parts]), torch.cat([p.q for p in parts]), m)
+
+    @staticmethod
+    def random(kind: str, n: int, k: int, gen: torch.Generator) -> "BlockWeights":
+        """Random blocks of a weight [N, K] (q4_1: values 0..15, a scale and a minimum; q8_0: int8 values and a
+        scale): what the kernel's timings (scripts/kernel_rows.py) and its tests run on."""
+        d = (torch.rand(n, k // QK, generator=gen) * 0.02).half()
+        if kind == "q4_1":
+            q = torch.randint(0, 16, (n, k // QK, QK), generator=gen, dtype=torch.uint8)
+            return BlockWeights(kind, d, q, (-torch.rand(n, k // QK, generator=gen) * 0.1).half())
+        return BlockWeights(kind, d, torch.randint(-128, 128, (n, k // QK, QK), generator=gen, dtype=torch.int8))

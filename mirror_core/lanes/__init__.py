@@ -3,7 +3,7 @@ format, lane placement on devices and cores, and the fault hook. Lanes move mess
 decoding decisions (the draft lane's work is draft_worker.DraftWorker)."""
 from .codec import LaneError
 from .draft_lanes import DraftLaneSpec, InlineLane, ProcessLane, ThreadLane, make_draft_lane
-from .placement import auto_lanes, pinned
+from .placement import auto_lanes, pinned, prefill_cpus
 
 __all__ = ["LaneError", "DraftLaneSpec", "InlineLane", "ProcessLane", "ThreadLane", "make_draft_lane", "auto_lanes",
-           "pinned"]
+           "pinned", "prefill_cpus"]

@@ -127,6 +127,17 @@ def auto_lanes(target_device: str | None = None, draft_device: str | None = None
     return plan_lanes(target_device, draft_device, kind, runner, dtype).lanes
 
 
+def prefill_cpus(lanes: LaneConfig, features: bool, kernel: bool) -> tuple[int, ...]:
+    """Where a request's target prefill runs, one kernel thread a core: every core of both CPU lanes where the draft
+    is a process that reads the target's features (it prefills only once the prompt's features come, so its cores
+    sit idle through the target's prefill) and the target computes on the exact kernel (whose bits do not depend on
+    its threads); () elsewhere: the target lane's own cores."""
+    if not (features and kernel and lanes.kind == "process" and lanes.target_device == lanes.draft_device == "cpu"
+            and lanes.draft_cpus):
+        return ()
+    return tuple(sorted(set(lanes.target_cpus) | set(lanes.draft_cpus)))
+
+
 @contextlib.contextmanager
 def pinned(cpus: tuple[int, ...], threads: int, kernel: bool = False):
     """Pin the calling thread to `cpus` (where the OS can) and give it `threads` threads for the duration: torch's

@@ -1,38 +1,38 @@
 // int8 activations against GGUF blocks (llama.cpp's kind of function): a call first rounds each row of x alone to
-// int8 per block of QK k (quantise_rows): dx = max|x| / 127, qx = round_even(x · (1/dx)), and per block a record of
-// qx[32], dx, sx = dx·Σqx and Σqx. Per block and column the integer sum Σ q·qx is exact (vpdpbusd with VNNI, else
-// maddubs/madd, else C), then, in this order, acc = fma(d·dx, sum, acc) and for q4_1 acc = fma(m, sx, acc).
+// int8 per block of QK k (quantise_row): dx = max|x| / 127, qx = round_even(x · (1/dx)), and per block a record of
+// qx[32], dx, sx = dx·Σqx, Σqx and −128·Σqx. Per block and column the integer sum Σ q·qx is exact (vpdpbusd with
+// VNNI, else maddubs/madd, else C), then, in this order, acc = fma(d·dx, sum, acc) and for q4_1 acc = fma(m, sx, acc).
 // One function for every row count, row position, thread count and variant: the integer sums are exact, and the
 // float steps are the same lane by lane. The weights are packed for 4-k dot products (formats.h's _I8 layouts).
 #pragma once
 
-constexpr int64_t XREC = QK + 12;  // one row block's record: qx[32], dx, sx, Σqx
+constexpr int64_t XREC = QK + 16;  // one row block's record: qx[32], dx, sx, Σqx, −128·Σqx
+constexpr int64_t I8_ROWS = 32;    // rows a panel pass carries (their accumulators stay in L1)
 
 static inline float rec_f32(const uint8_t* p) { float v; memcpy(&v, p, 4); return v; }
 static inline int32_t rec_i32(const uint8_t* p) { int32_t v; memcpy(&v, p, 4); return v; }
 
-// x [m, k] (row stride xs) → records [m, k/QK, XREC]. Exact steps only (max, a correctly rounded product, round to
-// nearest even), in plain C on every variant, so every variant gives the same bytes.
-static void quantise_rows(const float* x, int64_t m, int64_t k, int64_t xs, uint8_t* out) {
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t b = 0; b < k / QK; b++) {
-            const float* v = x + r * xs + b * QK;
-            uint8_t* rec = out + (r * (k / QK) + b) * XREC;
-            float amax = 0.0f;
-            for (int i = 0; i < QK; i++) amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
-            const float dx = amax / 127.0f, id = dx != 0.0f ? 1.0f / dx : 0.0f;
-            int32_t sum = 0;
-            for (int i = 0; i < QK; i++) {
-                float t = nearbyintf(v[i] * id);  // the default rounding mode: to nearest even
-                int32_t q = t > 127.0f ? 127 : t < -127.0f ? -127 : (int32_t)t;
-                rec[i] = (uint8_t)(int8_t)q;
-                sum += q;
-            }
-            float sx = dx * (float)sum;
-            memcpy(rec + QK, &dx, 4);
-            memcpy(rec + QK + 4, &sx, 4);
-            memcpy(rec + QK + 8, &sum, 4);
-        }
+// One row x [k] → its records [k/QK, XREC]. Exact steps only (max, a correctly rounded product, round to nearest
+// even, a clamp), lane by lane in simd.h's layer, so every variant gives the same bytes. A NaN never wins the max
+// (vmax keeps its second operand) and rounds to −127.
+static void quantise_row(const float* x, int64_t k, uint8_t* out) {
+    for (int64_t b = 0; b < k / QK; b++) {
+        const float* v = x + b * QK;
+        uint8_t* rec = out + b * XREC;
+        const vf v0 = vloadu(v), v1 = vloadu(v + VL);
+        const float amax = hmax(vmax(vabs(v0), vmax(vabs(v1), vzero())));
+        const float dx = amax / 127.0f, id = dx != 0.0f ? 1.0f / dx : 0.0f;
+        const vi q0 = vtoi(vmin(vbcast(127.0f), vmax(vround(vmul(v0, vbcast(id))), vbcast(-127.0f))));
+        const vi q1 = vtoi(vmin(vbcast(127.0f), vmax(vround(vmul(v1, vbcast(id))), vbcast(-127.0f))));
+        istore_i8(rec, q0);
+        istore_i8(rec + VL, q1);
+        const int32_t sum = ihsum(iadd(q0, q1)), base = -128 * sum;
+        const float sx = dx * (float)sum;
+        memcpy(rec + QK, &dx, 4);
+        memcpy(rec + QK + 4, &sx, 4);
+        memcpy(rec + QK + 8, &sum, 4);
+        memcpy(rec + QK + 12, &base, 4);
+    }
 }
 
 // The float steps of one block for one row and 16 columns (shared with amx.h, lane for lane).
@@ -42,46 +42,63 @@ static inline vf i8_epilogue(vf acc, vf dw, vf mw, const uint8_t* rec, vi sum) {
     return MIN ? vfma(mw, vbcast(rec_f32(rec + QK + 4)), acc) : acc;
 }
 
-// R row records against one panel of _I8-packed q4_1 (MIN) or q8_0 blocks. Per block, the weights of both halves
-// are unpacked once (wv), then each row broadcasts each of its 8 groups of 4 activations once for both halves: per
-// row and block 8 broadcasts and 16 dot products, whatever R is.
-template <int R, bool MIN>
-static void block_i8(const uint8_t* x, int64_t xs, const uint8_t* w, int64_t kb, float* y, int64_t ys, int64_t col0, int64_t n) {
-    constexpr int64_t BYTES = MIN ? sizeof(PackedQ4_1) : sizeof(PackedQ8_0), HALF = MIN ? 4 * 64 : 8 * 64;
-    vf acc[R][NV];
-    for (int r = 0; r < R; r++) for (int v = 0; v < NV; v++) acc[r][v] = vzero();
+// Half h (16 columns) of one _I8-packed q4_1 (MIN) or q8_0 block: its 8 groups of 4 k, one 32-bit lane a column,
+// ready for simd.h's dot32_u4 (q4_1: 0..15) or dot32_s8 (q8_0: through s8_weights).
+template <bool MIN>
+static inline void i8_half(const uint8_t* q, int h, vi wv[8]) {
+    if (MIN) {  // groups g and g + 4 share a byte (low and high nibble)
+        for (int g = 0; g < 4; g++) {
+            const vi t = iload(q + h * 4 * 64 + g * 64);
+            wv[g] = iand(t, iset(0x0F0F0F0F));
+            wv[g + 4] = iand(isrl4(t), iset(0x0F0F0F0F));
+        }
+    } else {
+        for (int g = 0; g < 8; g++) wv[g] = s8_weights(iload(q + h * 8 * 64 + g * 64));
+    }
+}
+
+// `rows` (≤ I8_ROWS) row records against one panel of _I8-packed blocks. Block by block, each half's weights are
+// unpacked once into registers and every row's sums and float steps run against them, the rows' accumulators in L1:
+// the weights stream once for all the rows, and a row costs 16 dot products a block, whatever `rows` is.
+template <bool MIN>
+static void panel_i8(const uint8_t* x, int64_t xs, int64_t rows, const uint8_t* w, int64_t kb, float* y, int64_t ys,
+                     int64_t col0, int64_t n) {
+    constexpr int64_t BYTES = MIN ? sizeof(PackedQ4_1) : sizeof(PackedQ8_0);
+    alignas(64) float acc[I8_ROWS][PANEL];
+    for (int64_t r = 0; r < rows; r++) for (int h = 0; h < NV; h++) vstore(&acc[r][h * VL], vzero());
     for (int64_t b = 0; b < kb; b++) {
         const uint8_t* blk = w + b * BYTES;
         for (int64_t i = 0; i < BYTES; i += 64) prefetch(blk + PREFETCH + i);
         const uint8_t* q = blk + (MIN ? 2 : 1) * PANEL * 2;
-        vi wv[NV][8];  // each half's 8 groups of 4 k, one 32-bit lane a column
-        vf dw[NV], mw[NV];
-        vi wsum[NV];
         for (int h = 0; h < NV; h++) {  // columns 16h .. 16h + 15
-            dw[h] = vload_f16((const uint16_t*)blk + h * VL);
-            mw[h] = MIN ? vload_f16((const uint16_t*)blk + PANEL + h * VL) : vzero();
-            wsum[h] = izero();
-            for (int g = 0; g < 8; g++) {
-                if (MIN) {  // q4_1: groups g and g + 4 share a byte (low and high nibble)
-                    vi t = iload(q + h * HALF + (g % 4) * 64);
-                    wv[h][g] = iand(g < 4 ? t : isrl4(t), iset(0x0F0F0F0F));
-                } else {
-                    wsum[h] = s8_wsum(wsum[h], wv[h][g] = iload(q + h * HALF + g * 64));
-                }
+            const vf dw = vload_f16((const uint16_t*)blk + h * VL);
+            const vf mw = MIN ? vload_f16((const uint16_t*)blk + PANEL + h * VL) : vzero();
+            vi wv[8];
+            i8_half<MIN>(q, h, wv);
+            for (int64_t r = 0; r < rows; r++) {
+                const uint8_t* rec = x + r * xs + b * XREC;
+                const vi sum = MIN ? dot32_u4(wv, rec) : dot32_s8(wv, rec, rec_i32(rec + QK + 12));
+                vstore(&acc[r][h * VL], i8_epilogue<MIN>(vload(&acc[r][h * VL]), dw, mw, rec, sum));
             }
-        }
-        for (int r = 0; r < R; r++) {
-            const uint8_t* rec = x + r * xs + b * XREC;
-            vi sum[NV];
-            for (int h = 0; h < NV; h++) sum[h] = izero();
-            for (int g = 0; g < 8; g++) {
-                const vi x4 = iset(rec_i32(rec + 4 * g));
-                for (int h = 0; h < NV; h++)
-                    sum[h] = MIN ? dot_u4s8(sum[h], wv[h][g], x4) : dot_s8s8(sum[h], wv[h][g], x4);
-            }
-            for (int h = 0; h < NV; h++)
-                acc[r][h] = i8_epilogue<MIN>(acc[r][h], dw[h], mw[h], rec, MIN ? sum[h] : s8_fix(sum[h], wsum[h]));
         }
     }
-    store_block(y, ys, R, acc, col0, n);
+    for (int64_t r = 0; r < rows; r++)
+        for (int h = 0; h < NV; h++) {
+            const int64_t col = col0 + h * VL;
+            if (col < n) vstore_cols(y + r * ys + col, vload(&acc[r][h * VL]), n - col);
+        }
+}
+
+// Every panel once, split between the pool's threads; within a panel the rows in passes of at most I8_ROWS (as even
+// as can be: 17 rows are one pass, 40 are two of 20).
+template <bool MIN>
+static void run_panels_i8(const uint8_t* x, int64_t m, int64_t xs, const uint8_t* w, int64_t kb, int64_t panel_bytes,
+                          float* y, int64_t ys, int64_t n) {
+    const int64_t panels = (n + PANEL - 1) / PANEL, passes = (m + I8_ROWS - 1) / I8_ROWS, per = (m + passes - 1) / passes;
+    parallel_for(panels, [&](int64_t first, int64_t last, int) {
+        for (int64_t p = first; p < last; p++)
+            for (int64_t r0 = 0; r0 < m; r0 += per)
+                panel_i8<MIN>(x + r0 * xs, xs, m - r0 < per ? m - r0 : per, w + p * panel_bytes, kb, y + r0 * ys, ys,
+                              p * PANEL, n);
+    });
 }

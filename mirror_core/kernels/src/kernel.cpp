@@ -6,8 +6,8 @@
 //   formats.h         the weight formats: enum, packed block structs, the traits table
 //   float_kernels.h   f32, f16, bf16 register blocks
 //   gguf_kernels.h    q4_1 / q8_0 blocks dequantised in registers (float32's function)
-//   int8_kernels.h    q4_1 / q8_0 blocks against int8 activations (the int8 function)
 //   pool.h            the calling thread's pool and the panel split
+//   int8_kernels.h    q4_1 / q8_0 blocks against int8 activations (the int8 function)
 //   amx.h             AMX-INT8 tiles for long int8 calls (amx variant only)
 //   pack.h            the packers
 //   layer.h           the decoder layer
@@ -31,8 +31,8 @@ namespace {
 #include "formats.h"
 #include "float_kernels.h"
 #include "gguf_kernels.h"
-#include "int8_kernels.h"
 #include "pool.h"
+#include "int8_kernels.h"
 #include "amx.h"
 #include "pack.h"
 #include "layer.h"
@@ -49,8 +49,6 @@ MSD_ROWS(F16_BLOCKS, float, uint16_t, (block_fma<R, uint16_t>))
 MSD_ROWS(BF16_BLOCKS, uint32_t, uint32_t, (block_bf16<R>))
 MSD_ROWS(Q4_1_BLOCKS, float, uint8_t, (block_gguf<R, true>))
 MSD_ROWS(Q8_0_BLOCKS, float, uint8_t, (block_gguf<R, false>))
-MSD_ROWS(I8_Q4_1_BLOCKS, uint8_t, uint8_t, (block_i8<R, true>))
-MSD_ROWS(I8_Q8_0_BLOCKS, uint8_t, uint8_t, (block_i8<R, false>))
 
 static bool bad(int64_t m, int64_t k, int64_t n, int64_t xs, int64_t ys, const void* x, const void* w, const void* y) {
     return m < 1 || k < 1 || n < 1 || xs < k || ys < n || !x || !w || !y || ((uintptr_t)w % 64) != 0;
@@ -63,10 +61,11 @@ static int linear_i8(bool q4_1, const float* x, int64_t m, int64_t k, int64_t xs
     const int64_t kb = k / QK, bytes = q4_1 ? sizeof(PackedQ4_1) : sizeof(PackedQ8_0);
     thread_local std::vector<uint8_t> recs;
     if ((int64_t)recs.size() < m * kb * XREC) recs.resize(m * kb * XREC);
-    quantise_rows(x, m, k, xs, recs.data());
-    if (!linear_amx(q4_1, recs.data(), m, kb * XREC, w, kb, kb * bytes, y, ys, n))
-        run_panels<uint8_t, uint8_t>(q4_1 ? I8_Q4_1_BLOCKS.data() : I8_Q8_0_BLOCKS.data(), recs.data(), m, kb * XREC,
-                                     w, kb, kb * bytes, y, ys, n);
+    uint8_t* rec = recs.data();
+    each_row(m, k, [&](int64_t r) { quantise_row(x + r * xs, k, rec + r * kb * XREC); });
+    if (linear_amx(q4_1, recs.data(), m, kb * XREC, w, kb, kb * bytes, y, ys, n)) return 0;
+    if (q4_1) run_panels_i8<true>(recs.data(), m, kb * XREC, w, kb, kb * bytes, y, ys, n);
+    else run_panels_i8<false>(recs.data(), m, kb * XREC, w, kb, kb * bytes, y, ys, n);
     return 0;
 }
 

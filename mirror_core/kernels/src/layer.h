@@ -56,17 +56,36 @@ static float dot(const float* a, const float* b, int64_t n) {  // one FMA chain 
     return s;
 }
 
-// One query row of one head over its n visible keys: out[D] = Σ_j softmax(q·k_j · scale)_j v_j. w: n floats scratch.
-static void attend_row(const float* q, const float* keys, const float* values, int64_t n, int64_t d, float scale,
-                       float* w, float* out) {
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < n; j++) {
-        w[j] = dot(q, keys + j * d, d) * scale;
-        mx = w[j] > mx ? w[j] : mx;
-    }
-    vf vsum = vzero(), vmx = vbcast(mx);
+// w_a[j] = dot(q_a, k_j)·scale for Q queries and j < n: where d is a multiple of 16, 16 keys at a time (each key's
+// lane chains, and hsum16's tree, are dot's pair for pair; the 16 keys stay in L1 for the Q queries), the rest key by
+// key.
+template <int Q>
+static void scores(const float* const q[Q], const float* keys, int64_t n, int64_t d, float scale, float* const w[Q]) {
     int64_t j = 0;
-    for (; j + VL <= n; j += VL) {
+    for (; d % VL == 0 && j + VL <= n; j += VL)
+        for (int a = 0; a < Q; a++) {
+            vf acc[VL];
+            for (int t = 0; t < VL; t++) acc[t] = vzero();
+            for (int64_t i = 0; i < d; i += VL) {
+                const vf qi = vloadu(q[a] + i);
+                for (int t = 0; t < VL; t++) acc[t] = vfma(qi, vloadu(keys + (j + t) * d + i), acc[t]);
+            }
+            vstore(w[a] + j, vmul(hsum16(acc), vbcast(scale)));
+        }
+    for (; j < n; j++)
+        for (int a = 0; a < Q; a++) w[a][j] = dot(q[a], keys + j * d, d) * scale;
+}
+
+// w[0..n) ← e^(w − max w) · (1 / Σ e), the product rounded once (a NaN never the max: vmax keeps its second operand).
+static void softmax(float* w, int64_t n) {
+    vf vmx = vbcast(-INFINITY);
+    int64_t j = 0;
+    for (; j + VL <= n; j += VL) vmx = vmax(vloadu(w + j), vmx);
+    float mx = hmax(vmx);
+    for (; j < n; j++) mx = w[j] > mx ? w[j] : mx;
+    vf vsum = vzero();
+    vmx = vbcast(mx);
+    for (j = 0; j + VL <= n; j += VL) {
         vf e = vexp(vsub(vloadu(w + j), vmx));
         vstore(w + j, e);
         vsum = vadd(vsum, e);
@@ -79,11 +98,61 @@ static void attend_row(const float* q, const float* keys, const float* values, i
     float sum = hsum(vsum);
     for (int l = 0; j + l < n; l++) sum += (w[j + l] = el[l]);
     const float inv = 1.0f / sum;
-    for (int64_t i = 0; i < d; i++) out[i] = 0.0f;
-    for (int64_t k = 0; k < n; k++) {
-        const float p = w[k] * inv;
-        const float* v = values + k * d;
-        for (int64_t i = 0; i < d; i++) out[i] += p * v[i];
+    for (j = 0; j + VL <= n; j += VL) vstore(w + j, vmul(vloadu(w + j), vbcast(inv)));
+    for (; j < n; j++) w[j] = w[j] * inv;
+}
+
+// out_a[i] = Σ_k p_a[k]·v_k[i], k in order (each product rounded, then added), for Q queries and i in [i, d)
+// in runs of V vectors held in registers over the keys (each value vector loaded once for the Q queries); returns
+// where the runs stopped.
+template <int Q, int V>
+static int64_t weighted_sums(const float* const p[Q], const float* values, int64_t n, int64_t d, int64_t i,
+                             float* const out[Q]) {
+    for (; i + V * VL <= d; i += V * VL) {
+        vf o[Q][V];
+        for (int a = 0; a < Q; a++) for (int v = 0; v < V; v++) o[a][v] = vzero();
+        for (int64_t k = 0; k < n; k++) {
+            vf vk[V];
+            for (int v = 0; v < V; v++) vk[v] = vloadu(values + k * d + i + v * VL);
+            for (int a = 0; a < Q; a++) {
+                const vf pk = vbcast(p[a][k]);
+                for (int v = 0; v < V; v++) o[a][v] = vadd(o[a][v], vmul(pk, vk[v]));
+            }
+        }
+        for (int a = 0; a < Q; a++) for (int v = 0; v < V; v++) vstore(out[a] + i + v * VL, o[a][v]);
+    }
+    return i;
+}
+
+// Q query heads that share one KV head, at one row over its n visible keys: out_a[D] = Σ_j softmax(q_a·k_j·scale)_j
+// v_j, each head by its own steps (the same as alone); the keys and values are read once for the Q heads.
+// q, out: the Q heads' D floats each, one after another; w: Q·n floats scratch.
+template <int Q>
+static void attend_heads(const float* q, const float* keys, const float* values, int64_t n, int64_t d, float scale,
+                         float* w, float* out) {
+    const float* qa[Q];
+    float* wa[Q];
+    float* oa[Q];
+    for (int a = 0; a < Q; a++) qa[a] = q + a * d, wa[a] = w + a * n, oa[a] = out + a * d;
+    scores<Q>(qa, keys, n, d, scale, wa);
+    for (int a = 0; a < Q; a++) softmax(wa[a], n);
+    int64_t i = weighted_sums<Q, 1>(wa, values, n, d, weighted_sums<Q, 4>(wa, values, n, d, 0, oa), oa);
+    for (; i < d; i++)
+        for (int a = 0; a < Q; a++) {
+            oa[a][i] = 0.0f;
+            for (int64_t k = 0; k < n; k++) oa[a][i] += wa[a][k] * values[k * d + i];
+        }
+}
+
+constexpr int64_t HEADS_TOGETHER = 4;  // query heads of one KV head attended together (their accumulators fit)
+
+static void attend(int64_t heads, const float* q, const float* keys, const float* values, int64_t n, int64_t d,
+                   float scale, float* w, float* out) {
+    switch (heads) {
+    case 1: attend_heads<1>(q, keys, values, n, d, scale, w, out); break;
+    case 2: attend_heads<2>(q, keys, values, n, d, scale, w, out); break;
+    case 3: attend_heads<3>(q, keys, values, n, d, scale, w, out); break;
+    default: attend_heads<4>(q, keys, values, n, d, scale, w, out);
     }
 }
 
@@ -129,7 +198,7 @@ static int layer_forward(const msd_layer* L, float* x, int64_t t, const float* c
     thread_local std::vector<float> kept;
     std::vector<float> once;
     const int64_t threads = tl_pool.active;
-    size_t need = (size_t)(t * H + t * nqkv + t * nq + t * 2 * I + t * I + threads * keys);
+    size_t need = (size_t)(t * H + t * nqkv + t * nq + t * 2 * I + t * I + threads * HEADS_TOGETHER * keys);
     std::vector<float>& buf = need <= ((size_t)1 << 22) ? kept : once;
     if (buf.size() < need) buf.resize(need);
     float* xn = buf.data();            // [t, H]
@@ -137,25 +206,30 @@ static int layer_forward(const msd_layer* L, float* x, int64_t t, const float* c
     float* att = qkv + t * nqkv;       // [t, nq]
     float* gu = att + t * nq;          // [t, 2I]
     float* act = gu + t * 2 * I;       // [t, I]
-    float* w = act + t * I;            // [threads, keys] attention weights of one row and head, per thread
+    float* w = act + t * I;            // [threads, 4, keys] attention weights of one row's heads, per thread
 
-    for (int64_t r = 0; r < t; r++) rms_norm_row(x + r * H, L->ln1, H, L->eps, xn + r * H);
+    each_row(t, H, [&](int64_t r) { rms_norm_row(x + r * H, L->ln1, H, L->eps, xn + r * H); });
     if (linear(L->fmt[0], xn, t, H, L->w_qkv, nqkv, qkv)) return 1;
-    for (int64_t r = 0; r < t; r++) qkv_row(L, qkv + r * nqkv, r, cos, sin, kc, vc, cap, start);
-    parallel_for(t * Hq, [&](int64_t lo, int64_t hi, int tid) {  // (row, head) pairs split between the threads
-        float* scratch = w + tid * keys;                           // this thread's own
+    each_row(t, nqkv, [&](int64_t r) { qkv_row(L, qkv + r * nqkv, r, cos, sin, kc, vc, cap, start); });
+    const int64_t parts = (rep + HEADS_TOGETHER - 1) / HEADS_TOGETHER;  // of each KV head's query heads
+    parallel_for(t * Hkv * parts, [&](int64_t lo, int64_t hi, int tid) {  // (row, KV head, part) split between threads
+        float* scratch = w + tid * HEADS_TOGETHER * keys;                   // this thread's own
         for (int64_t u = lo; u < hi; u++) {
-            const int64_t r = u / Hq, h = u % Hq, n = start + r + 1;  // row r sees entries 0..start+r
-            attend_row(qkv + r * nqkv + h * D, kc + (h / rep) * cap * D, vc + (h / rep) * cap * D, n, D, L->scale,
-                       scratch, att + r * nq + h * D);
+            const int64_t r = u / (Hkv * parts), g = u / parts % Hkv, h = g * rep + u % parts * HEADS_TOGETHER;
+            const int64_t n = start + r + 1;                                // row r sees entries 0..start+r
+            const int64_t heads = g * rep + rep - h < HEADS_TOGETHER ? g * rep + rep - h : HEADS_TOGETHER;
+            attend(heads, qkv + r * nqkv + h * D, kc + g * cap * D, vc + g * cap * D, n, D, L->scale, scratch,
+                   att + r * nq + h * D);
         }
     });
     if (linear(L->fmt[1], att, t, nq, L->w_o, H, xn)) return 1;                    // xn ← o_proj(att)
-    for (int64_t i = 0; i < t * H; i++) x[i] = x[i] + xn[i];
-    for (int64_t r = 0; r < t; r++) rms_norm_row(x + r * H, L->ln2, H, L->eps, xn + r * H);
+    each_row(t, H, [&](int64_t r) {
+        for (int64_t i = r * H; i < (r + 1) * H; i++) x[i] = x[i] + xn[i];
+        rms_norm_row(x + r * H, L->ln2, H, L->eps, xn + r * H);
+    });
     if (linear(L->fmt[2], xn, t, H, L->w_gate_up, 2 * I, gu)) return 1;
-    for (int64_t r = 0; r < t; r++) silu_mul(gu + r * 2 * I, gu + r * 2 * I + I, I, act + r * I);  // silu(gate)·up
+    each_row(t, I, [&](int64_t r) { silu_mul(gu + r * 2 * I, gu + r * 2 * I + I, I, act + r * I); });  // silu(gate)·up
     if (linear(L->fmt[3], act, t, I, L->w_down, H, xn)) return 1;
-    for (int64_t i = 0; i < t * H; i++) x[i] = x[i] + xn[i];
+    each_row(t, H, [&](int64_t r) { for (int64_t i = r * H; i < (r + 1) * H; i++) x[i] = x[i] + xn[i]; });
     return 0;
 }

@@ -86,6 +86,16 @@ static void parallel_for(int64_t units, F&& f) {
     }, &ctx, threads);
 }
 
+// f(r) for every row r < t of `width` values each: on the pool's threads like parallel_for's units where the call
+// holds at least ROW_WORK values, else here (a window's rows cost less than waking the workers). Row-wise work: each
+// row's result depends on that row alone, so never on who ran it.
+constexpr int64_t ROW_WORK = 1 << 16;
+template <typename F>
+static void each_row(int64_t t, int64_t width, F&& f) {
+    if (t * width < ROW_WORK) { for (int64_t r = 0; r < t; r++) f(r); return; }
+    parallel_for(t, [&](int64_t lo, int64_t hi, int) { for (int64_t r = lo; r < hi; r++) f(r); });
+}
+
 // Every panel once, the panels split between the pool's threads; within a panel, the rows GROUP at a time (the panel
 // stays in L1/L2 for the next group). blocks[R − 1] computes R rows; panel_bytes: one panel's packed bytes.
 template <typename X, typename W>

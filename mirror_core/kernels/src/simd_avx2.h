@@ -35,6 +35,18 @@ static inline __m256 pow2_8(__m256 n) {
 }
 static inline vf vpow2(vf a) { return MSD_F2(pow2_8); }  // 2^n for integral n in [−126, 127], exactly
 static inline vf vcvt(vi a) { return vf{_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
+static inline vi vtoi(vf a) { return vi{_mm256_cvtps_epi32(a.lo), _mm256_cvtps_epi32(a.hi)}; }  // integral: exact
+static inline vf vabs(vf a) {
+    const __m256 m = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    return vf{_mm256_and_ps(a.lo, m), _mm256_and_ps(a.hi, m)};
+}
+static inline float hmax(vf a) {  // no NaN lanes: any order is exact
+    alignas(32) float t[VL];
+    vstore(t, a);
+    float r = t[0];
+    for (int i = 1; i < VL; i++) r = t[i] > r ? t[i] : r;
+    return r;
+}
 static inline vf vload_f16(const uint16_t* p) {
     return vf{_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 8)))};
 }
@@ -62,19 +74,47 @@ static inline vi iload_s8(const uint8_t* p) {
 }
 static inline vi iand(vi a, vi b) { return vi{_mm256_and_si256(a.lo, b.lo), _mm256_and_si256(a.hi, b.hi)}; }
 static inline vi isrl4(vi a) { return vi{_mm256_srli_epi32(a.lo, 4), _mm256_srli_epi32(a.hi, 4)}; }
+static inline vi iadd(vi a, vi b) { return vi{_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
 static inline void istore(int32_t* p, vi a) { _mm256_storeu_si256((__m256i*)p, a.lo); _mm256_storeu_si256((__m256i*)(p + 8), a.hi); }
 
-static inline __m256i dot8_u4s8(__m256i acc, __m256i a, __m256i b) {  // a ≤ 15: a pair's sum never saturates int16
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
+// One row's exact dot products over a block's 32 k for 16 columns (simd_avx512.h's dot32_u4 / dot32_s8).
+static inline vi s8_weights(vi w) { return w; }
+static inline __m256i bcast8(const uint8_t* x) { int32_t a; memcpy(&a, x, 4); return _mm256_set1_epi32(a); }
+static inline vi dot32_u4(const vi w[8], const uint8_t* x) {  // int16 pairs ≤ 2·15·127: 8 groups add up to ≤ 30480
+    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+    for (int g = 0; g < 8; g++) {
+        const __m256i xv = bcast8(x + 4 * g);
+        lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(w[g].lo, xv));
+        hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(w[g].hi, xv));
+    }
+    const __m256i one = _mm256_set1_epi16(1);
+    return vi{_mm256_madd_epi16(lo, one), _mm256_madd_epi16(hi, one)};
 }
 static inline __m256i dot8_s8s8(__m256i acc, __m256i w, __m256i x) {  // |w| ≤ 128 unsigned, x with w's sign
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)),
                                                    _mm256_set1_epi16(1)));
 }
-static inline vi dot_u4s8(vi acc, vi a, vi b) { return vi{dot8_u4s8(acc.lo, a.lo, b.lo), dot8_u4s8(acc.hi, a.hi, b.hi)}; }
-static inline vi dot_s8s8(vi acc, vi w, vi x) { return vi{dot8_s8s8(acc.lo, w.lo, x.lo), dot8_s8s8(acc.hi, w.hi, x.hi)}; }
-static inline vi s8_wsum(vi acc, vi) { return acc; }
-static inline vi s8_fix(vi sum, vi) { return sum; }
+static inline vi dot32_s8(const vi w[8], const uint8_t* x, int32_t) {
+    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+    for (int g = 0; g < 8; g++) {
+        const __m256i xv = bcast8(x + 4 * g);
+        lo = dot8_s8s8(lo, w[g].lo, xv);
+        hi = dot8_s8s8(hi, w[g].hi, xv);
+    }
+    return vi{lo, hi};
+}
+static inline int32_t ihsum(vi a) {
+    alignas(32) int32_t t[VL];
+    istore(t, a);
+    int32_t s = 0;
+    for (int i = 0; i < VL; i++) s += t[i];
+    return s;
+}
+static inline void istore_i8(uint8_t* p, vi a) {  // −128..127
+    alignas(32) int32_t t[VL];
+    istore(t, a);
+    for (int i = 0; i < VL; i++) p[i] = (uint8_t)(int8_t)t[i];
+}
 
 static inline float hsum(vf v) {  // simd.h's tree: (i, i+8) is lo + hi, then (i, i+4), (i, i+2), (0, 1)
     __m256 h = _mm256_add_ps(v.lo, v.hi);
@@ -82,4 +122,10 @@ static inline float hsum(vf v) {  // simd.h's tree: (i, i+8) is lo + hi, then (i
     q = _mm_add_ps(q, _mm_movehl_ps(q, q));
     q = _mm_add_ss(q, _mm_movehdup_ps(q));
     return _mm_cvtss_f32(q);
+}
+
+static inline vf hsum16(const vf a[16]) {  // lane j = hsum(a[j])
+    alignas(64) float t[VL];
+    for (int j = 0; j < VL; j++) t[j] = hsum(a[j]);
+    return vloadu(t);
 }

@@ -31,6 +31,13 @@ static inline float pow2_1(float n) {  // 2^n for integral n in [−126, 127], e
 }
 static inline vf vpow2(vf n) { MSD_LANES(vf, pow2_1(n.l[i])); }
 static inline vf vcvt(vi a) { MSD_LANES(vf, (float)a.l[i]); }
+static inline vi vtoi(vf a) { MSD_LANES(vi, (int32_t)a.l[i]); }  // integral values in int32's range: exact
+static inline vf vabs(vf a) { MSD_LANES(vf, fabsf(a.l[i])); }
+static inline float hmax(vf a) {  // no NaN lanes: any order is exact
+    float r = a.l[0];
+    for (int i = 1; i < VL; i++) r = a.l[i] > r ? a.l[i] : r;
+    return r;
+}
 static inline vf vload_f16(const uint16_t* p) { MSD_LANES(vf, f16_to_f32(p[i])); }
 static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline vf vbf16_even(const uint32_t* p) { MSD_LANES(vf, bits_f32(p[i] << 16)); }
@@ -43,6 +50,9 @@ static inline vi iload_u8(const uint8_t* p) { MSD_LANES(vi, (int32_t)p[i]); }
 static inline vi iload_s8(const uint8_t* p) { MSD_LANES(vi, (int32_t)(int8_t)p[i]); }
 static inline vi iand(vi a, vi b) { MSD_LANES(vi, a.l[i] & b.l[i]); }
 static inline vi isrl4(vi a) { MSD_LANES(vi, (int32_t)((uint32_t)a.l[i] >> 4)); }
+static inline vi iadd(vi a, vi b) { MSD_LANES(vi, a.l[i] + b.l[i]); }
+static inline int32_t ihsum(vi a) { int32_t s = 0; for (int i = 0; i < VL; i++) s += a.l[i]; return s; }
+static inline void istore_i8(uint8_t* p, vi a) { for (int i = 0; i < VL; i++) p[i] = (uint8_t)(int8_t)a.l[i]; }
 static inline void istore(int32_t* p, vi a) { memcpy(p, a.l, 64); }
 static inline int32_t byte_of(int32_t v, int t, bool sign) {
     uint32_t b = ((uint32_t)v >> (8 * t)) & 0xFFu;
@@ -53,10 +63,19 @@ static inline int32_t dot4(int32_t a, int32_t b, bool a_signed) {
     for (int t = 0; t < 4; t++) s += byte_of(a, t, a_signed) * byte_of(b, t, true);
     return s;
 }
-static inline vi dot_u4s8(vi acc, vi a, vi b) { MSD_LANES(vi, acc.l[i] + dot4(a.l[i], b.l[i], false)); }
-static inline vi dot_s8s8(vi acc, vi w, vi x) { MSD_LANES(vi, acc.l[i] + dot4(w.l[i], x.l[i], true)); }
-static inline vi s8_wsum(vi acc, vi) { return acc; }
-static inline vi s8_fix(vi sum, vi) { return sum; }
+// One row's exact dot products over a block's 32 k for 16 columns (simd_avx512.h's dot32_u4 / dot32_s8).
+static inline vi s8_weights(vi w) { return w; }
+static inline vi dot32(const vi w[8], const uint8_t* x, bool w_signed) {
+    vi s = izero();
+    for (int g = 0; g < 8; g++) {
+        int32_t a;
+        memcpy(&a, x + 4 * g, 4);
+        for (int i = 0; i < VL; i++) s.l[i] += dot4(w[g].l[i], a, w_signed);
+    }
+    return s;
+}
+static inline vi dot32_u4(const vi w[8], const uint8_t* x) { return dot32(w, x, false); }
+static inline vi dot32_s8(const vi w[8], const uint8_t* x, int32_t) { return dot32(w, x, true); }
 #undef MSD_LANES
 
 static inline float hsum(vf v) {  // simd.h's tree
@@ -65,4 +84,10 @@ static inline float hsum(vf v) {  // simd.h's tree
     for (int i = 0; i < 4; i++) b[i] = a[i] + a[i + 4];
     for (int i = 0; i < 2; i++) c[i] = b[i] + b[i + 2];
     return c[0] + c[1];
+}
+
+static inline vf hsum16(const vf a[16]) {  // lane j = hsum(a[j])
+    alignas(64) float t[VL];
+    for (int j = 0; j < VL; j++) t[j] = hsum(a[j]);
+    return vloadu(t);
 }
