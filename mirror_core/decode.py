@@ -37,7 +37,7 @@ from .events import (
     StepRecord,
 )
 from .lanes.codec import LaneError
-from .context_draft import context_plan
+from .draft_choice import choice_plan
 from .messages import (SOURCE_BRANCH, SOURCE_CONTEXT, BranchRequest, DraftStart, DraftWindow, ExitReadout,
                        ResolveRequest, branch_rows)
 from .planner import BranchPlanner
@@ -113,7 +113,7 @@ def start_draft_lane(state: DecodeState, lane: DraftLane) -> bool:
     """Send DraftStart; False (and a recorded fallback) when the draft lane cannot start."""
     try:
         lane.start(DraftStart(state.req.prompt_ids, state.req.spec.gamma, state.cfg,
-                              context_plan(state.req.spec.context, state.req.max_new_tokens, state.window_steps)))
+                              choice_plan(state.req.spec, state.req.max_new_tokens, state.window_steps, state.step_s)))
         return True
     except LaneError as exc:
         state.fallback = f"draft lane failed to start ({exc}); decoded on the target alone"
@@ -153,7 +153,7 @@ def send_candidates(state: DecodeState, lane: DraftLane, planner: BranchPlanner,
     logits_exit = state.target.exit_readout(h, state.exit_layer)              # [γ+1, V]
     slots = logits_exit.shape[0]                                               # γ+1
     x = logits_exit if state.cfg.greedy else warp_logits(logits_exit, state.cfg)  # same support as p_target
-    drafts = torch.tensor(w[1:], device=x.device).unsqueeze(1)                 # [γ, 1]
+    drafts = torch.tensor(w[1:], dtype=torch.long, device=x.device).unsqueeze(1)  # [γ, 1]
     draft_is_top1 = (x[: slots - 1].argmax(-1, keepdim=True) == drafts).squeeze(1).tolist()
     x = x.clone()
     x[: slots - 1].scatter_(1, drafts, float("-inf"))                         # c ≠ d_j at draft slot j
@@ -189,7 +189,7 @@ def accept_window(state: DecodeState, logits: torch.Tensor, window: DraftWindow,
 def commit_step(state: DecodeState, w: list[int], result: AcceptResult, window: DraftWindow, step: int) -> int:
     """Commit the accepted drafts and c (n_t of them before EOS or the budget); report the rejected drafts."""
     drafts, reused = w[1:], window.source == SOURCE_BRANCH
-    origin = ORIGIN_BONUS if result.accepted == len(drafts) else ORIGIN_CORRECTION
+    origin = ORIGIN_TARGET if not drafts else ORIGIN_BONUS if result.accepted == len(drafts) else ORIGIN_CORRECTION
     committed = state.commit([(d, ORIGIN_ACCEPTED, reused) for d in drafts[: result.accepted]]
                              + [(result.token, origin, False)], step, from_context=window.source == SOURCE_CONTEXT)
     state.reject(step, drafts, result.accepted)
@@ -228,7 +228,7 @@ def step_record(*, step: int, w: list[int], result: AcceptResult, committed: int
     return StepRecord(
         step=step, window=tuple(w), drafted=len(w) - 1, accepted=result.accepted, token=result.token,
         committed=committed, from_branch=window.source == SOURCE_BRANCH, hit=hit, source=window.source,
-        context=window.context,
+        context=window.context, choice=window.choice,
         topk_ids=readout.ranked if readout else (), topk_logprobs=readout.topk_logprobs if readout else (),
         target_tokens=result.target_tokens, branches=branches,
         branch_rows=tuple(branch_rows(readout.topk_ids)) if readout and branches else (),

@@ -43,9 +43,10 @@ class DecodeState:
 
     def __init__(self, request: Request, target: TargetRunner, exit_layer: int, eos_ids: frozenset[int],
                  stop: threading.Event | None, settings: RunSettings, features: bool = False,
-                 window_steps: tuple[float, ...] = ()):
+                 window_steps: tuple[float, ...] = (), step_s: float = 0.0):
         self.req, self.target, self.exit_layer = request, target, exit_layer
         self.window_steps = window_steps  # the target's forward of 1, 2, .. rows in one-row steps (load-time)
+        self.step_s = step_s              # its one-row step (s, load-time; 0: not timed)
         self.features = features  # the draft reads the target's h^(ℓ_e) (a feature-reading draft; ℓ_e is its layer)
         self.cfg = request.sampling
         self.eos_ids = eos_ids if request.stop_at_eos else frozenset()
@@ -165,7 +166,7 @@ def summarize(records: list[StepRecord], spans: list[SpanEvent], gamma: int, *, 
         committed += r.committed
         drafted += r.drafted
         accepted += r.accepted
-        hist[min(r.accepted, gamma)] += 1
+        hist[min(r.accepted, gamma)] += r.drafted > 0   # a window of zero proposed nothing to accept
         for i in range(1, gamma + 1):
             pos_dr[i - 1] += r.drafted >= i
             pos_acc[i - 1] += r.accepted >= i

@@ -15,7 +15,8 @@ from typing import Protocol
 
 from .. import machine
 from ..config import FaultPlan, LaneConfig, MirrorError
-from ..draft_worker import DraftWorker, worker_for
+from ..draft_feature import worker_for
+from ..draft_worker import DraftWorker
 from ..messages import DraftStart, DraftWindow, ResolveRequest
 from ..records import Calibration
 from ..runners.mapped import runner_name
