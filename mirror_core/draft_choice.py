@@ -257,11 +257,11 @@ class WindowChooser:
         cost = self.costs.verify(size + 1) + self.costs.wait(source)
         if source == SOURCE_MODEL:
             cost += self.costs.draft_work(size, fed)
-        return _candidate(source, size, min(self.model.expected(size), self.room), cost)
+        return _candidate(source, size, min(self.model.expected(size), max(1, self.room)), cost)
 
     def _context(self, offer: ContextOffer, size: int) -> Candidate:
         cost = self.costs.verify(size + 1) + self.costs.wait(SOURCE_CONTEXT)
-        return _candidate(SOURCE_CONTEXT, size, min(offer.proposal(size).expected, self.room), cost)
+        return _candidate(SOURCE_CONTEXT, size, min(offer.proposal(size).expected, max(1, self.room)), cost)
 
 
 def _candidate(source: str, size: int, expected: float, cost_s: float) -> Candidate:

@@ -35,12 +35,12 @@ class FeatureDraftWorker(DraftWorker):
         self.tokens: list[int] = list(req.prompt_ids)   # committed tokens (the window's drafts are not)
         self.known = 0                                  # cache entries built from the target's own features
         self.prefix = 0                                 # entries past `known` fed with true features (M_t's)
-        self.pending: torch.Tensor | None = None        # [n, H] true features of entries known.. not fed yet
+        self.pending: list[torch.Tensor] = []           # [n_i, H] true features of entries known.. not fed yet
         self._start_window(req)                         # (entries of tokens committed while the model did not draft)
 
     def _with_pending(self, features: torch.Tensor) -> torch.Tensor:
         """features [n, H] for the entries after the pending ones → [pending + n, H] from entry `known` on."""
-        return features if self.pending is None else torch.cat([self.pending, features])
+        return torch.cat([*self.pending, features]) if self.pending else features
 
     def _branch(self, cmd: BranchRequest) -> None:
         with self._span(STAGE_DRAFT_BRANCHES):
@@ -51,7 +51,7 @@ class FeatureDraftWorker(DraftWorker):
                 logits, _ = self.runner.forward(self.cache, feed, self._with_pending(cmd.features[:size]))  # [T, V]
                 self._agree(logits, feed[1:len(self.tokens) - self.known - 1], self.known + 2)
                 self._count(0, 1)
-            self.known, self.pending, self.prefix = len(self.tokens) - 1, None, size
+            self.known, self.pending, self.prefix = len(self.tokens) - 1, [], size
             rows = branch_rows(cmd.topk_ids)
             self.branch_set = self._branch_rows(rows, cmd.features) if rows else None
 
@@ -97,11 +97,14 @@ class FeatureDraftWorker(DraftWorker):
         leaves the entries of d1..d_{A_t}, c pending (those M_t's features already fed stay: `prefix`)."""
         self.tokens += new
         if drafted:
-            self.known, self.pending, self.prefix = len(self.tokens) - 1, None, 0
+            self.known, self.pending, self.prefix = len(self.tokens) - 1, [], 0
             return
-        features = self._with_pending(cmd.features)                     # entries known..len(tokens)−2
-        fed = min(self.prefix, len(features) - 1)                       # accepted drafts' entries fed with M_t
-        self.known, self.pending, self.prefix = self.known + fed, features[fed:], 0
+        if self.prefix:  # M_t's batch fed the window's entries (nothing was pending then): those accepted stay fed
+            fed = min(self.prefix, len(cmd.features) - 1)
+            self.known, self.pending = self.known + fed, [cmd.features[fed:]]
+        else:            # the entries of w0 (and d1..d_{A_t}) wait with the earlier ones, gathered in one tensor when fed
+            self.pending.append(cmd.features)
+        self.prefix = 0
 
     def _roll_out(self, logits: torch.Tensor, g: torch.Tensor, size: int) -> int:
         """`size` draft tokens from the last fed entry's output (logits [1, V], g [1, H]), each next on its predicted

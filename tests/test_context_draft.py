@@ -3,7 +3,6 @@ choice, Rule R's law with a point-mass draft, and every decoder's greedy tokens 
 copy and prompts that do not, up to the token budget and EOS."""
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -16,7 +15,7 @@ from mirror_core.draft_choice import ChoicePlan, WindowChooser
 from mirror_core.draft_worker import point_mass
 from mirror_core.metrics import SOURCES
 from mirror_core.verify import accept
-from testing.toy_models import build_pair, feature_draft, hf_greedy
+from testing.toy_models import build_pair, hf_greedy
 
 CONTEXT = SOURCES.index("context")
 OFF = ContextConfig(enabled=False)
@@ -96,10 +95,8 @@ def test_rule_r_with_a_point_mass_draft_gives_the_targets_law():
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("context"))
-    target, draft = build_pair(root, "llama", target_layers=4)
-    return target, draft, feature_draft(target, os.path.join(root, "fdraft"), layer=2, steps=40)
+def pair(llama_with_drafts):
+    return llama_with_drafts
 
 
 COPYING = [tuple(range(10, 40)) + tuple(range(10, 16)),   # the prompt already repeats: the answer can copy it

@@ -5,7 +5,6 @@ forced mixes of plain steps and windows of every kind; a draft that sat out catc
 it would have; and the counts and reasons the page shows."""
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import pytest
@@ -14,7 +13,7 @@ from mirror_core import LaneConfig, MirrorEngine, Request, SamplingConfig, SpecC
 from mirror_core.config import ContextConfig
 from mirror_core.draft_choice import PROBE_GAP, ChoicePlan, WindowChoice, WindowChooser
 from mirror_core.verify import accept
-from testing.toy_models import build_pair, feature_draft, hf_greedy
+from testing.toy_models import hf_greedy
 from ui.inspector import inspector_html
 from ui.numbers import numbers_html
 from ui.session import DecoderRun, TokenNamer
@@ -110,10 +109,8 @@ def test_a_window_of_zero_commits_the_targets_own_draw():
 
 # -- the engine --------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("zero"))
-    target, draft = build_pair(root, "llama", target_layers=4)
-    return target, draft, feature_draft(target, os.path.join(root, "fdraft"), layer=2, steps=40)
+def pair(llama_with_drafts):
+    return llama_with_drafts
 
 
 CHOOSE = WindowChooser.choose

@@ -17,7 +17,8 @@ PEER_DECODERS = ("hf", "hf_assisted", "llama_cpp", "llama_cpp_one")  # llama_cpp
 BENCH_DECODERS = tuple(ENGINE_DECODERS) + PEER_DECODERS
 SWEEP_AXES = {"gamma": "gamma", "kappa": "kappa", "exit": "exit_layer",  # --sweep name → SpecConfig field
               "budget": "branch_budget"}
-DRAFTING_DECODERS = ("sd", "mirror", "sd_model", "mirror_model", "sd_raw", "mirror_raw", "hf_assisted")  # the decoders a γ applies to
+DRAFTING_DECODERS = ("sd", "mirror", "sd_model", "mirror_model", "sd_raw", "mirror_raw",  # the decoders a γ applies to
+                     "hf_assisted")
 
 
 @dataclass(frozen=True)
