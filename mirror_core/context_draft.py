@@ -65,12 +65,15 @@ class ContextIndex:
         self.ngram = ngram
         self.tokens: list[int] = []
         self.ends: dict[tuple[int, ...], int] = {}   # n-gram → index just past its latest occurrence
+        self.followers: dict[int, set[int]] = {}     # token → the tokens after it in the bigrams of `ends`
 
     def extend(self, tokens) -> None:
         for t in tokens:
             end = len(self.tokens)     # index the n-grams ending at the current last token, then append
             for n in range(1, min(self.ngram, end) + 1):
                 self.ends[tuple(self.tokens[end - n:end])] = end
+            if end >= 2:
+                self.followers.setdefault(self.tokens[end - 2], set()).add(self.tokens[end - 1])
             self.tokens.append(int(t))
 
     def match(self) -> tuple[int, int]:

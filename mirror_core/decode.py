@@ -90,15 +90,18 @@ def speculative_decode(state: DecodeState, lane: DraftLane, mirror: bool) -> Ite
     while window is not None and not state.done:
         state.check_stop()
         step += 1
-        w = [state.ids[-1], *window.tokens]                            # [w0, d1..dγ]
+        w = [state.ids[-1], *window.tokens]                            # [w0, d1..d_g]; a window of zero: [w0]
         t_verify = state.now()
-        logits, readout, h = verify(state, lane, planner if mirror else None, w, step)  # [γ+1, V]; M_t mid-pass
-        costs = (state.now() - t_verify, state.wait_s)                 # the step's measured costs, for the draft lane
+        logits, readout, h = verify(state, lane, planner if mirror else None, w, step)  # [g+1, V]; M_t mid-pass
+        verify_s = state.now() - t_verify
         result = accept_window(state, logits, window, step)            # (A_t, c)
         hit = verdict(readout, result)                                 # c ∈ TopK_τ (None: no branches this step)
         committed = commit_step(state, w, result, window, step)        # d1..d_{A_t}, then c
+        window = confirm(state, lane, window, step)                    # a promised window of zero: its reply, now
+        costs = (verify_s, state.wait_s)                               # the step's measured costs, for the draft lane
         h_kept = None if h is None else h[: result.accepted + 1]      # [A_t+1, H]: w0, d1..d_{A_t}
-        following = None if state.done else next_window(state, lane, step, result, bool(hit), h_kept, costs)
+        following = None if state.done or state.fallback else next_window(
+            state, lane, step, result, bool(hit), h_kept, costs, plain=promise_kept(window, result, hit))
         if readout is not None:
             planner.after_step(readout, result.accepted, result.token, *branch_work(following))
         state.record(step_record(step=step, w=w, result=result, committed=committed, window=window,
@@ -197,13 +200,20 @@ def commit_step(state: DecodeState, w: list[int], result: AcceptResult, window: 
 
 
 def next_window(state: DecodeState, lane: DraftLane, step: int, result: AcceptResult, hit: bool,
-                features: torch.Tensor | None = None, costs: tuple[float, float] = (0.0, 0.0)) -> DraftWindow | None:
+                features: torch.Tensor | None = None, costs: tuple[float, float] = (0.0, 0.0), plain: bool = False
+                ) -> DraftWindow | None:
     """Tell the draft lane (A_t, c), the verdict, (a feature draft) the new positions' h^(ℓ_e) and what verifying
     its last window cost (the verification pass, the wait for the window: seconds); its reply is the next window
-    (None: the lane failed)."""
+    (None: the lane failed). `plain`: the last reply promised a window of zero next, so the request is posted and the
+    plain step starts at once; `confirm` collects the reply when it ends."""
     t0 = state.now()
+    request = ResolveRequest(step, result.accepted, result.token, hit, features, *costs)
     try:
-        window = lane.resolve(ResolveRequest(step, result.accepted, result.token, hit, features, *costs))
+        if plain:
+            lane.post(request)
+            state.wait_s = 0.0
+            return DraftWindow.promised_zero()
+        window = lane.resolve(request)
     except LaneError as exc:
         state.fallback = f"draft lane failed at step {step} ({exc}); finished on the target alone"
         return None
@@ -212,6 +222,31 @@ def next_window(state: DecodeState, lane: DraftLane, step: int, result: AcceptRe
     state.wait_s = t1 - t0 if step > 0 else 0.0  # the first window comes with the draft's prefill
     state.draft_reply(window, step)
     return window
+
+
+def confirm(state: DecodeState, lane: DraftLane, window: DraftWindow, step: int) -> DraftWindow:
+    """The draft lane's reply for a promised window of zero, collected once the plain step is done (it was worked out
+    while the target computed); another window is returned as it is. A failed lane: the window as it was, and the
+    run finishes on the target alone."""
+    if not window.promised:
+        return window
+    t0 = time.perf_counter()
+    try:
+        reply = lane.collect()
+    except LaneError as exc:
+        state.fallback = f"draft lane failed at step {step} ({exc}); finished on the target alone"
+        return window
+    t1 = time.perf_counter()
+    state.span(STAGE_WAIT, t0, t1, step)
+    state.wait_s = t1 - t0
+    state.draft_reply(reply, step)
+    return reply
+
+
+def promise_kept(window: DraftWindow, result: AcceptResult, hit: bool | None) -> bool:
+    """Whether the step after this one is the plain step the window's reply promised: c is not among the tokens that
+    could make the context offer a window, and no branch for c was rolled out."""
+    return window.then_plain_unless is not None and not hit and result.token not in window.then_plain_unless
 
 
 def branch_work(window: DraftWindow | None) -> tuple[int, float]:

@@ -97,6 +97,7 @@ class WindowChoice:
     other: Candidate | None       # the best candidate of another source (None: none was on offer)
     probe: bool = False           # a model window proposed though modelled to lose, to measure the draft again
     measured: bool = False        # the costs are this run's own timings (False: the load's, before any)
+    promised: bool = False        # a plain step promised at the step before (the target lane had started it)
 
 
 @dataclass
@@ -203,12 +204,15 @@ class WindowChooser:
         self.work_s = 0.0                        # ... and the draft's work to make it (s)
         self.since_news = 0                      # committed tokens since the model's acceptance was last seen
         self.probe_gap = PROBE_GAP
+        self.token = prompt_ids[-1] if len(prompt_ids) else -1  # the last token committed
+        self.promise: frozenset[int] | None = None  # a plain step promised next, unless c is one of these
 
     def learn(self, accepted: int, verify_s: float, wait_s: float, new: list[int]) -> None:
         """The last window's outcome and costs (from ResolveRequest), then the tokens this step committed."""
         last = self.last.chosen if self.last is not None else None
         self.room -= len(new)
         self.since_news += len(new)
+        self.token = new[-1] if new else self.token
         if self.context is not None:
             self.context.index.extend(new)
         if last is None:
@@ -241,14 +245,28 @@ class WindowChooser:
         if offer is not None:
             candidates += [self._context(offer, n) for n in range(1, len(offer.tokens) + 1)]
         best = max(candidates, key=lambda c: c.per_ms)  # ties: the first, so a plain step wins a tie
-        probe = best.source == SOURCE_ZERO and self.since_news >= self.probe_gap
-        if probe:
-            best = self._model(SOURCE_MODEL, 1, fed)
-        other = max((c for c in candidates if c.source != best.source), key=lambda c: c.per_ms, default=None)
-        self.last = WindowChoice(best, other, probe, measured=bool(self.costs.verified))
-        self.proposal = offer.proposal(best.size) if best.source == SOURCE_CONTEXT else None
+        promised = self.promise is not None and not hit and self.token not in self.promise
+        plain = best.source == SOURCE_ZERO
+        probe = plain and not promised and self.since_news >= self.probe_gap
+        chosen = candidates[0] if promised else self._model(SOURCE_MODEL, 1, fed) if probe else best
+        other = max((c for c in candidates if c.source != chosen.source), key=lambda c: c.per_ms, default=None)
+        self.last = WindowChoice(chosen, other, probe, bool(self.costs.verified), promised)
+        self.proposal = offer.proposal(chosen.size) if chosen.source == SOURCE_CONTEXT else None
+        self.promise = self._promise() if plain and not probe else None
         self.work_s = 0.0
         return self.last
+
+    def _promise(self) -> frozenset[int] | None:
+        """After a plain step chosen on the merits, the step after it is plain too unless the token it commits makes
+        the context offer a window (a bigram seen before: with a match of min_match ≥ 2 tokens only those can) or a
+        probe falls due; None where a match of one token would do (every token seen before could break it)."""
+        if self.since_news + 1 >= self.probe_gap or self.room <= 2:
+            return None
+        if self.context is None:
+            return frozenset()
+        if self.plan.context.min_match < 2:
+            return None
+        return frozenset(self.context.index.followers.get(self.token, ()))
 
     def _plain(self) -> Candidate:
         return _candidate(SOURCE_ZERO, 0, 1.0, self.costs.verify(1) + self.costs.wait(SOURCE_ZERO))

@@ -174,8 +174,10 @@ class DraftWorker:
         self.chooser.work_s = time.perf_counter() - t0
         self._advance(new, cmd, source in (SOURCE_MODEL, SOURCE_BRANCH))
         self.source = source
+        promise = self.chooser.promise
         reply = DraftWindow(tuple(self.window), self.p_window, row, branches, self.spans, self.forwards,
-                            self.produced, source, self.chooser.proposal, choice)
+                            self.produced, source, self.chooser.proposal, choice,
+                            None if promise is None else tuple(sorted(promise)))
         self.spans, self.forwards, self.produced = [], 0, 0
         return reply
 

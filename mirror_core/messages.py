@@ -62,6 +62,16 @@ class DraftWindow:
     source: str = SOURCE_MODEL              # SOURCES: where the window came from
     context: ContextProposal | None = None  # a context window's match and its modelled acceptance
     choice: WindowChoice | None = None      # why this window (and its length) was proposed (draft_choice.py)
+    # a window of zero only: the step after it is a plain step too unless the token it commits is one of these (the
+    # tokens after which the context could offer a window) or c is a hit; then the target lane posts that step's
+    # ResolveRequest and starts the plain step at once, collecting this reply when it ends. None: ask first
+    then_plain_unless: tuple[int, ...] | None = None
+    promised: bool = False                  # made by the target lane: a window of zero promised, its reply to come
+
+    @classmethod
+    def promised_zero(cls) -> DraftWindow:
+        """The window of zero the last reply promised, verified before the draft lane's reply for it is collected."""
+        return cls((), None, None, (), source=SOURCE_ZERO, promised=True)
 
 
 @dataclass(frozen=True)

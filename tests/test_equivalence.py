@@ -95,9 +95,11 @@ def test_parallel_lanes_are_lossless(pairs, kind):
         for i, prompt in enumerate(prompts(4, seed=3)):
             ref = hf_greedy(target, prompt, N_NEW)
             for decoder in ("sd", "mirror"):
-                end = engine.generate(Request(prompt, decoder, N_NEW, spec=SpecConfig(2 + i, 1 + i, 2)))
-                assert list(end.token_ids) == ref
-                assert end.fallback is None
+                for zero_windows in (True, False):  # on: plain steps promised ahead run while the draft lane works
+                    spec = SpecConfig(2 + i, 1 + i, 2, zero_windows=zero_windows)
+                    end = engine.generate(Request(prompt, decoder, N_NEW, spec=spec))
+                    assert list(end.token_ids) == ref
+                    assert end.fallback is None
 
 
 def test_step_records_name_each_branch_row(pairs, engines):

@@ -37,7 +37,8 @@ def process_engine(heavy_pair):
 
 
 def test_cpu_lanes_overlap_in_time(process_engine):
-    events = list(process_engine.stream(Request((1, 2, 3, 4), "mirror", 48, spec=SpecConfig(3, 2, 4))))
+    spec = SpecConfig(3, 2, 4, zero_windows=False)  # a window every step: the branch batches to hide are every step's
+    events = list(process_engine.stream(Request((1, 2, 3, 4), "mirror", 48, spec=spec)))
     end = events[-1]
     spans = [e for e in events if type(e).__name__ == "SpanEvent"]
     suffix = [(s.t0, s.t1) for s in spans if s.stage == "target_suffix"]

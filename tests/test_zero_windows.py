@@ -11,6 +11,7 @@ import pytest
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SamplingConfig, SpecConfig, StepRecord
 from mirror_core.config import ContextConfig
+from mirror_core.context_draft import ContextPlan
 from mirror_core.draft_choice import PROBE_GAP, ChoicePlan, WindowChoice, WindowChooser
 from mirror_core.verify import accept
 from testing.toy_models import hf_greedy
@@ -91,6 +92,31 @@ def test_probes_measure_the_draft_again_and_back_off():
     assert ch.choose(False, 1).chosen.source == "model"
 
 
+def test_a_plain_step_promises_the_next_unless_the_context_could_offer():
+    """After a plain step chosen on its merits the next is promised plain (the target starts it without waiting) unless
+    the token it commits could make the context offer a window; the promise is kept even if the draft has meanwhile
+    started to agree, and not renewed then."""
+    ch = WindowChooser(ChoicePlan(True, 64, ROWS, 0.005, ContextPlan(2, 16)), 3, (5, 6, 7, 8, 6, 9))
+    ch.costs.learn(1, 0.005, "zero", 0.0001)
+    windows(ch, 3, 0, 30)
+    first = ch.choose(False, 1)
+    assert first.chosen.source == "zero" and not first.promised and ch.promise == frozenset()  # nothing follows 9
+    ch.learn(0, 0.005, 0.0001, [6])
+    second = ch.choose(False, 1)
+    assert second.promised and ch.promise == {7, 9}           # after 6 the context has seen 7 and 9
+    ch.learn(0, 0.005, 0.0001, [7])
+    third = ch.choose(False, 1)
+    assert not third.promised and third.chosen.source == "context" and ch.proposal.tokens[:2] == (8, 6)
+    ch = chooser()
+    windows(ch, 3, 0, 30)
+    ch.choose(False, 1)
+    assert ch.promise == frozenset()                          # no context draft: only a hit breaks the promise
+    ch.learn(0, 0.005, 0.0001, [4])
+    ch.agree([1.0] * 40)                                      # the draft agrees now: the promise holds, once
+    assert ch.choose(False, 1).promised and ch.promise is None
+    assert not ch.choose(True, 1).promised                    # a hit: a branch may be the next window
+
+
 def test_the_budget_caps_what_a_window_can_commit():
     ch = chooser(max_new=1)
     windows(ch, 3, 3, 30)
@@ -124,11 +150,12 @@ def forced(pattern):
         own = CHOOSE(self, hit, fed)
         self.forced = getattr(self, "forced", -1) + 1
         kind = pattern[self.forced % len(pattern)]
-        if kind == "own":
+        if kind == "own" or own.promised:  # a promised plain step is already under way on the target lane
             return own
         size = self.gamma if kind == "γ" else min(kind, self.gamma)
         chosen = self._plain() if size == 0 else self._model("model", size, fed)
         self.last, self.proposal, self.work_s = WindowChoice(chosen, None), None, 0.0
+        self.promise = self.promise if size == 0 and own.chosen.source == "zero" else None
         return self.last
     return choose
 
@@ -175,6 +202,29 @@ def test_rule_r_with_windows_of_zero_only_is_ar_token_for_token(pair, decoder, m
             want = engine.generate(Request(prompt, "ar", 24, sampling=SamplingConfig(0.9, seed=5))).token_ids
             end = engine.generate(Request(prompt, decoder, 24, sampling=sampling, spec=SpecConfig(gamma=2, kappa=2)))
             assert end.token_ids == want and end.summary.zero_windows == end.summary.steps
+
+
+@pytest.mark.parametrize("draft_kind", ["token", "feature"])
+def test_promised_plain_steps_start_without_waiting_and_stay_exact(pair, draft_kind, monkeypatch):
+    """Where no window can win (the model's made hopeless, no probes, no context) every step after the first is a
+    promised plain step: its request posted, the plain step started at once, the reply collected after it; the tokens
+    are ar's under every rule, Rule R included (a window of zero commits ar's draw)."""
+    target, draft, fdraft = pair
+    model = WindowChooser._model
+    monkeypatch.setattr(WindowChooser, "_model", lambda self, *a: replace(model(self, *a), ms=1e6))
+    monkeypatch.setattr("mirror_core.draft_choice.PROBE_GAP", 10**6)
+    spec = SpecConfig(gamma=2, kappa=2, context=ContextConfig(enabled=False))
+    with MirrorEngine.load(target, draft if draft_kind == "token" else fdraft,
+                           LaneConfig(kind="inline", dtype="float32")) as engine:
+        for sampling in (*SAMPLINGS[:2], SamplingConfig(0.9, seed=5, rule="rejection")):
+            want = engine.generate(Request(PROMPTS[2], "ar", 24, sampling=replace(sampling, rule="exact"))).token_ids
+            for decoder in ("sd", "mirror"):
+                events = list(engine.stream(Request(PROMPTS[2], decoder, 24, sampling=sampling, spec=spec)))
+                records = [e for e in events if isinstance(e, StepRecord)]
+                assert events[-1].token_ids == want and events[-1].fallback is None, (decoder, sampling)
+                assert all(r.source == "zero" for r in records)
+                unpromised = 3 + sum(bool(r.hit) for r in records)  # the first step, the last two (the budget), hits
+                assert sum(r.choice.promised for r in records) >= len(records) - unpromised
 
 
 def _first_drafts(events, prompt_len: int) -> dict[int, int]:

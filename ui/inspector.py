@@ -63,6 +63,10 @@ def _offer(c) -> str:
 def why_chosen(choice) -> str:
     """The chooser's reasons (draft_choice.WindowChoice): what this window and the best other were modelled to give."""
     basis = "this run's own timings" if choice.measured else "the load's timings, before the run had timed any"
+    if choice.promised:
+        return (f"Promised at the step before: no token that step could commit would let the context offer a window, "
+                f"so the target began this plain step without waiting for the draft lane's reply; {_offer(choice.chosen)}"
+                + (f", against {_offer(choice.other)}" if choice.other is not None else "") + f" (modelled on {basis}).")
     if choice.probe:
         return (f"A probe: {_offer(choice.chosen)}, modelled to lose against {_offer(choice.other)}, proposed "
                 f"anyway to measure the draft's acceptance again after a run of plain steps (modelled on {basis}).")

@@ -36,6 +36,8 @@ class DraftLane(Protocol):
     def start(self, cmd: DraftStart) -> None: ...            # a request's prefill and first rollout, sent
     def branch(self, cmd) -> None: ...                       # M_t (BranchRequest), sent
     def resolve(self, cmd: ResolveRequest) -> DraftWindow: ...  # (A_t, c) → the next window
+    def post(self, cmd: ResolveRequest) -> None: ...         # (A_t, c) sent; its window collected later ...
+    def collect(self) -> DraftWindow: ...                    # ... here, after the next plain step
     def drain(self) -> None: ...                             # forget what a finished request left in flight
     def close(self) -> None: ...
 
@@ -119,13 +121,17 @@ class InlineLane:
     def start(self, cmd) -> None:
         self.queued.append(cmd)
 
-    branch = start
+    branch = post = start
 
     def resolve(self, cmd: ResolveRequest) -> DraftWindow:
+        self.post(cmd)
+        return self.collect()
+
+    def collect(self) -> DraftWindow:
+        """Serve what was sent, in order; the reply is the ResolveRequest's."""
         queued, self.queued = self.queued, []
-        for earlier in queued:
-            self.serve(earlier)
-        return _raise_if_error(self.serve(cmd))
+        replies = [self.serve(cmd) for cmd in queued]
+        return _raise_if_error(next(r for cmd, r in zip(queued, replies) if isinstance(cmd, ResolveRequest)))
 
     def drain(self) -> None:
         self.queued = []
@@ -165,10 +171,13 @@ class ThreadLane:
     def start(self, cmd) -> None:
         self.inbox.put(cmd)
 
-    branch = start
+    branch = post = start
 
     def resolve(self, cmd: ResolveRequest) -> DraftWindow:
-        self.inbox.put(cmd)
+        self.post(cmd)
+        return self.collect()
+
+    def collect(self) -> DraftWindow:
         return _raise_if_error(self.outbox.get())
 
     def drain(self) -> None:
@@ -229,8 +238,14 @@ class ProcessLane:
     branch = _send
 
     def resolve(self, cmd: ResolveRequest) -> DraftWindow:
+        self.post(cmd)
+        return self.collect()
+
+    def post(self, cmd: ResolveRequest) -> None:
         self._send(cmd)
         self.outstanding += 1
+
+    def collect(self) -> DraftWindow:
         try:
             msg = self.channel.to_target.recv(self.proc.is_alive, self.timeout_s)
         except ChannelClosed as exc:
