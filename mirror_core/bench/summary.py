@@ -13,8 +13,8 @@ from .rows import BenchRow, baseline_decoder, derive, entries
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PATH_FIELDS = ("target", "draft", "prompts_file")  # the settings that may name a folder or file of this machine
 FORMAT = "mirror-sd-bench/5"  # /3: rows carry the --dtype they ran at; /4: agreement_with_ar, step_ar_ms (llama.cpp);
-#                               /5: by_source (per window source: model, branch, context, zero), ttft_s, decode
-#                               speedup, zero_share
+#                               /5: by_source (per window source: model, branch, context; zero since windows of
+#                               zero), ttft_s, decode speedup
 NOTES = (
     "Engine decoders (ar, ar_all, sd, mirror) are timed by the engine's own spans: prefill start → last commit, "
     "one monotonic clock for both lanes; loading and tokenisation excluded.",
@@ -79,7 +79,12 @@ class SummaryEntry:
     agreement_with_ar: float | None = None         # mean common-prefix share with ar (llama.cpp: another function)
     step_ar_ms: float | None = None                # median T_AR over prompts (ar, ar_all; llama.cpp: between tokens)
     by_source: dict | None = None                  # RunSummary.by_source of the prompts' runs pooled (counters added)
-    zero_share: float | None = None                # windows of zero / steps, pooled over prompts (draft_choice.py)
+
+    @property
+    def zero_share(self) -> float | None:
+        """Steps that took a window of zero over every step, pooled over prompts (None: no steps)."""
+        steps = sum(c["steps"] for c in self.by_source.values()) if self.by_source else 0
+        return self.by_source["zero"]["steps"] / steps if steps and "zero" in self.by_source else None
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -151,14 +156,8 @@ def summarize(rows: list[BenchRow]) -> list[SummaryEntry]:
                                             if r.step_ms and r.hidden_bound_ms]),
             all_equal_to_ar=None if all(e is None for e in equal) else all(e is True for e in equal),
             agreement_with_ar=_mean(col("agreement_with_ar")), step_ar_ms=_median(col("t_ar_ms")),
-            by_source=(pooled := _pooled_sources(col("by_source"))), zero_share=_zero_share(pooled)))
+            by_source=_pooled_sources(col("by_source"))))
     return out
-
-
-def _zero_share(by_source: dict | None) -> float | None:
-    """Steps that took a window of zero over every step (None: no steps)."""
-    steps = sum(c["steps"] for c in by_source.values()) if by_source else 0
-    return by_source["zero"]["steps"] / steps if steps else None
 
 
 def _pooled_sources(per_row: list[dict | None]) -> dict | None:
