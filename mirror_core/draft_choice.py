@@ -15,10 +15,11 @@ Acceptance  a model or branch window of g tokens commits E(g) = 1 + Σ_{i≤g} �
             at position j given 1..j−1 accepted, each new observation weighing most (DECAY); a_1 also learns from the
             draft's agreement with the tokens the target committed without it (the rows its catch-up forward computes
             anyway); a context window of L tokens 1 + Σ_{i≤L} q^i (context_draft.py). Both are capped at the budget.
-Costs       the verification of r rows: this run's mean at r rows, else the load's figure rescaled to the run's; the
-            wait for a window: this run's mean for its source beyond the draft's own work, plus, for the model, that
-            work as this run timed it: a draft step per token, and each row its catch-up feeds beyond the first (a
-            feature-reading draft feeds the tokens committed while it did not draft in one forward when it next does).
+Costs       each the median of this run's last RECENT samples: the verification of r rows (the run's at r rows once
+            timed MIN_TIMED times, else the load's figure at the run's scale); the wait for a window from its source
+            beyond the draft's own work; for the model, that work: a draft step per token, and each row its catch-up
+            feeds beyond the first (a draft that sat out is fed the tokens committed meanwhile in one forward when it
+            next drafts; the prompt's rows, which the first draft pays whenever it comes, are not a window's cost).
 Probes      while plain steps win nothing shows whether the draft has started to agree: after `probe_gap` committed
             tokens without news of the model's acceptance a 1-token model window is proposed anyway; the gap starts at
             PROBE_GAP and doubles, up to PROBE_GAP_MAX, after each probe that leaves the model losing.
@@ -27,6 +28,8 @@ Only efficiency depends on this: the target verifies every window, so the output
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from .config import MAX_GAMMA, SpecConfig
@@ -44,6 +47,8 @@ ASSUMED_ROW_STEPS = 0.25     # cost of a row beyond the first where the load tim
 ASSUMED_STEP_S = 0.005       # a target step (s) where the load timed none, until the run times its own
 ASSUMED_DRAFT_STEPS = 0.15   # a draft step in target steps until the run times one (the default pair: 0.76 of 5 ms)
 ASSUMED_FEED_ROW = 0.1       # a catch-up row beyond the first, in draft steps, until the run times one
+RECENT = 8                   # a cost is the median of its last this many samples ...
+MIN_TIMED = 3                # ... and a row count's own once it has this many (else the load's shape at the run's scale)
 PROBE_GAP = 8                # committed tokens without news of the model's acceptance before a probe window ...
 PROBE_GAP_MAX = 64           # ... doubling up to this while probes keep losing
 
@@ -100,65 +105,62 @@ class WindowChoice:
     promised: bool = False        # a plain step promised at the step before (the target lane had started it)
 
 
+def _recent() -> deque:
+    return deque(maxlen=RECENT)
+
+
+def _median(samples) -> float | None:
+    return statistics.median(samples) if samples else None
+
+
 @dataclass
 class RunCosts:
     """What this run measured, in seconds: the target's verifications by rows, the waits for windows by source, and
-    the draft's steps (before any: the load's timings and the stated assumptions)."""
+    the draft's steps; each the median of its last RECENT samples (a busy machine's outliers and its drift), before
+    any the load's timings and the stated assumptions."""
     plan: ChoicePlan
-    verified: dict[int, list[float]] = field(default_factory=dict)  # rows → [Σ s, n]
-    timed_s: float = 0.0       # Σ of those verifications (s) ...
-    timed_steps: float = 0.0   # ... and Σ of the load's cost for them (steps): their ratio is s per load step
-    waits: dict[str, list[float]] = field(default_factory=lambda: {s: [0.0, 0] for s in SOURCES})  # beyond the work
-    draft_step: list[float] = field(default_factory=lambda: [0.0, 0])  # [Σ s, n] the draft's one-row forwards
-    feed_row: list[float] = field(default_factory=lambda: [0.0, 0])    # [Σ s, rows] catch-up rows beyond the first
+    verified: dict[int, deque] = field(default_factory=dict)            # rows → recent verifications (s)
+    scale: deque = field(default_factory=_recent)                       # recent verifications per load step (s)
+    waits: dict[str, deque] = field(default_factory=lambda: {s: _recent() for s in SOURCES})  # beyond the work (s)
+    draft_step: deque = field(default_factory=_recent)                  # the draft's one-row forwards (s)
+    feed_row: deque = field(default_factory=_recent)                    # a catch-up row beyond the first (s)
 
     @property
     def step_s(self) -> float:
         """Seconds per one-row step of the load: the run's own once it timed a verification."""
-        if self.timed_steps:
-            return self.timed_s / self.timed_steps
-        return self.plan.step_s or ASSUMED_STEP_S
+        return _median(self.scale) or self.plan.step_s or ASSUMED_STEP_S
 
     def verify(self, rows: int) -> float:
-        timed = self.verified.get(rows)
-        return timed[0] / timed[1] if timed else self.plan.steps(rows) * self.step_s
+        """The verification of `rows` rows: the run's at that row count once timed MIN_TIMED times, else the load's
+        figure at the run's scale."""
+        timed = self.verified.get(rows, ())
+        return _median(timed) if len(timed) >= MIN_TIMED else self.plan.steps(rows) * self.step_s
 
     def wait(self, source: str) -> float:
-        """The mean wait for a window from `source` beyond the draft's own work (any source's before one)."""
-        total, n = self.waits[source]
-        if n:
-            return total / n
-        every = [w for w in self.waits.values() if w[1]]
-        return sum(w[0] for w in every) / sum(w[1] for w in every) if every else 0.0
+        """The wait for a window from `source` beyond the draft's own work (any source's before one)."""
+        mine = self.waits[source]
+        return _median(mine) if mine else _median([w for waits in self.waits.values() for w in waits]) or 0.0
 
     def draft_work(self, size: int, fed: int) -> float:
         """A model rollout of `size` tokens whose first forward feeds `fed` rows."""
-        total, n = self.draft_step
-        step = total / n if n else ASSUMED_DRAFT_STEPS * self.step_s
-        total, rows = self.feed_row
-        row = total / rows if rows else ASSUMED_FEED_ROW * step
+        step = _median(self.draft_step) or ASSUMED_DRAFT_STEPS * self.step_s
+        row = _median(self.feed_row) or ASSUMED_FEED_ROW * step
         return size * step + max(0, fed - 1) * row
 
     def learn(self, rows: int, verify_s: float, source: str, wait_s: float) -> None:
         """One verification of `rows` rows and the wait (beyond the draft's work) for its window."""
-        timed = self.verified.setdefault(rows, [0.0, 0])
-        timed[0], timed[1] = timed[0] + verify_s, timed[1] + 1
-        self.timed_s += verify_s
-        self.timed_steps += self.plan.steps(rows)
-        wait = self.waits[source]
-        wait[0], wait[1] = wait[0] + max(0.0, wait_s), wait[1] + 1
+        self.verified.setdefault(rows, _recent()).append(verify_s)
+        self.scale.append(verify_s / self.plan.steps(rows))
+        self.waits[source].append(max(0.0, wait_s))
 
     def learn_rollout(self, fed: int, first_s: float, steps: int, rest_s: float) -> None:
         """A rollout: its first forward over `fed` rows, then `steps` one-row forwards."""
         if steps:
-            self.draft_step[0] += rest_s
-            self.draft_step[1] += steps
+            self.draft_step.append(rest_s / steps)
         if fed == 1:
-            self.draft_step[0] += first_s
-            self.draft_step[1] += 1
-        elif self.draft_step[1]:
-            self.feed_row[0] += max(0.0, first_s - self.draft_step[0] / self.draft_step[1])
-            self.feed_row[1] += fed - 1
+            self.draft_step.append(first_s)
+        elif self.draft_step:
+            self.feed_row.append(max(0.0, first_s - _median(self.draft_step)) / (fed - 1))
 
 
 @dataclass
@@ -250,7 +252,7 @@ class WindowChooser:
         probe = plain and not promised and self.since_news >= self.probe_gap
         chosen = candidates[0] if promised else self._model(SOURCE_MODEL, 1, fed) if probe else best
         other = max((c for c in candidates if c.source != chosen.source), key=lambda c: c.per_ms, default=None)
-        self.last = WindowChoice(chosen, other, probe, bool(self.costs.verified), promised)
+        self.last = WindowChoice(chosen, other, probe, bool(self.costs.scale), promised)
         self.proposal = offer.proposal(chosen.size) if chosen.source == SOURCE_CONTEXT else None
         self.promise = self._promise() if plain and not probe else None
         self.work_s = 0.0

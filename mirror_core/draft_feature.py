@@ -7,7 +7,7 @@ import time
 import torch
 
 from .config import FaultPlan
-from .draft_worker import DraftWorker, _BranchSet
+from .draft_worker import AGREE_ROWS, DraftWorker, _BranchSet
 from .events import STAGE_DRAFT_BRANCHES, STAGE_DRAFT_ROLLOUT, STAGE_PREFILL
 from .messages import BranchRequest, DraftStart, ResolveRequest, branch_rows
 from .runners.protocol import Runner
@@ -71,8 +71,10 @@ class FeatureDraftWorker(DraftWorker):
         return _BranchSet(rows, torch.stack(tokens, 1), None if ps[0] is None else torch.stack(ps, 1), bcache)
 
     def _fed(self, cmd: ResolveRequest) -> int:
-        """Rows a fresh rollout would feed now: the pending entries and those of d1..d_{A_t}, c not fed yet."""
-        return len(self.tokens) + cmd.accepted - self.known - min(self.prefix, cmd.accepted)
+        """Rows a fresh rollout would feed now: the pending entries and those of d1..d_{A_t}, c not fed yet, less the
+        prompt's (its prefill is the first draft's whenever that comes: no window's cost)."""
+        unfed_prompt = max(0, len(self.req.prompt_ids) - 1 - self.known)
+        return len(self.tokens) + cmd.accepted - self.known - min(self.prefix, cmd.accepted) - unfed_prompt
 
     def _miss(self, cmd: ResolveRequest, size: int) -> None:
         """Feed the entries the new features complete in one forward, then draft `size` tokens on predicted features
@@ -82,10 +84,12 @@ class FeatureDraftWorker(DraftWorker):
             keep = self.known + min(self.prefix, cmd.accepted)  # entries (d_{j+1}, f_j) already fed for accepted d's
             self.runner.truncate(self.cache, keep)
             feed = (self.tokens + list(self.window[: cmd.accepted]) + [cmd.token])[keep + 1:]  # x_{i+1}, entries keep..
+            rows = min(len(feed), AGREE_ROWS + 1)                # the head on the last rows: agreement samples, d1
             t0 = time.perf_counter()
-            logits, g = self.runner.forward(self.cache, feed, features[keep - self.known:])  # [T, V], [T, H]
+            logits, g = self.runner.forward(self.cache, feed, features[keep - self.known:], rows)  # [rows, V], [rows, H]
             t1 = time.perf_counter()
-            self._agree(logits[:-1], feed[1:], keep + 2)
+            first = len(feed) - rows + 1                         # the feed index the first of those rows predicts
+            self._agree(logits[:-1], feed[first:], keep + 1 + first)
             steps = self._roll_out(logits[-1:], g[-1:], size)
             self.chooser.costs.learn_rollout(len(feed), t1 - t0, steps, time.perf_counter() - t1)
 

@@ -46,6 +46,9 @@ def self_verify(logits: torch.Tensor, lookahead: list[int], cfg: SamplingConfig,
     return emitted, None if p is None else p[: len(emitted)]
 
 
+AGREE_ROWS = 8  # a catch-up forward runs the draft's head on at most this many rows before its last: agreement samples
+
+
 class DraftFault(RuntimeError):
     """Injected failure of the draft lane (MIRROR_FAULT_DRAFT_AT_STEP)."""
 
@@ -213,7 +216,8 @@ class DraftWorker:
         self.runner.truncate(self.cache, min(self.runner.cache_len(self.cache), self.committed + cmd.accepted))
 
     def _fed(self, cmd: ResolveRequest) -> int:
-        """Rows a fresh rollout would feed now: the committed tokens the cache lacks, and c."""
+        """Rows a fresh rollout would feed now: the committed tokens the cache lacks, and c (the token draft prefilled
+        the prompt at DraftStart)."""
         return self.committed + cmd.accepted + 1 - min(self.runner.cache_len(self.cache), self.committed + cmd.accepted)
 
     def _miss(self, cmd: ResolveRequest, size: int) -> None:
@@ -245,10 +249,12 @@ class DraftWorker:
         self.p_window = torch.stack(ps[:size]) if ps else None  # [size, V]
 
     def _ar_step(self, feed: list[int], _lookahead: list[int], at: int):
-        """One forward over feed (the first at cache position `at`: its rows are the draft's agreement samples)."""
-        logits = self.runner.forward(self.cache, feed)                       # [T, V]
-        if len(feed) > 1:
-            self._agree(logits[:-1], feed[1:], at + 1)
+        """One forward over feed (the first at cache position `at`), the head on its last AGREE_ROWS + 1 rows: the
+        draft's agreement samples, then the next token."""
+        rows = min(len(feed), AGREE_ROWS + 1)
+        logits = self.runner.forward(self.cache, feed, rows=rows)            # [rows, V]
+        first = len(feed) - rows + 1                                         # the feed index the first row predicts
+        self._agree(logits[:-1], feed[first:], at + first)
         ids, p = draft_sample(logits[-1:], self.req.sampling, self.gen)
         self._count(1, 1)
         return [int(ids[0])], p, []

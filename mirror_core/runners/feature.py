@@ -107,8 +107,10 @@ class FeatureRunner:
             cache.v = torch.nn.functional.pad(cache.v, pad)
 
     @torch.inference_mode()
-    def forward(self, cache: FeatureCache, ids: list[int], features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append entries for (ids[t], features[t]) at positions cache_len..: logits [T, V] and g [T, H]."""
+    def forward(self, cache: FeatureCache, ids: list[int], features: torch.Tensor, rows: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append entries for (ids[t], features[t]) at positions cache_len..: logits [T, V] and g [T, H] (with
+        `rows`: of the last `rows` entries only, so a long catch-up runs its head on those alone)."""
         t, start = len(ids), cache.length
         end = start + t
         self._reserve(cache, end)
@@ -124,7 +126,8 @@ class FeatureRunner:
             x = m.finish(layer, x, q, cache.k[i, :, :end].unsqueeze(0), cache.v[i, :, :end].unsqueeze(0), may,
                          self._linear)
         cache.length = end
-        return self._out(m.logits(x[0], self._linear)), x[0].float()                             # [T, V], [T, H]
+        x = x[0] if rows is None else x[0, max(0, t - rows):]                                    # [T or rows, H]
+        return self._out(m.logits(x, self._linear)), x.float()                                   # [.., V], [.., H]
 
     # -- branch rows -----------------------------------------------------------------------------
     def fork(self, cache: FeatureCache, valid_lengths: list[int]) -> FeatureBranches:
