@@ -124,17 +124,25 @@ class RunCosts:
     waits: dict[str, deque] = field(default_factory=lambda: {s: _recent() for s in SOURCES})  # beyond the work (s)
     draft_step: deque = field(default_factory=_recent)                  # the draft's one-row forwards (s)
     feed_row: deque = field(default_factory=_recent)                    # a catch-up row beyond the first (s)
+    known: dict[int, float] = field(default_factory=dict)               # verify(rows), and step_s at 0, since the
+    #                                                                     last sample
 
     @property
     def step_s(self) -> float:
-        """Seconds per one-row step of the load: the run's own once it timed a verification."""
-        return _median(self.scale) or self.plan.step_s or ASSUMED_STEP_S
+        """Seconds per one-row step of the load: the run's own once it timed a verification (kept as `known[0]`)."""
+        step = self.known.get(0)
+        if step is None:
+            step = self.known[0] = _median(self.scale) or self.plan.step_s or ASSUMED_STEP_S
+        return step
 
     def verify(self, rows: int) -> float:
         """The verification of `rows` rows: the run's at that row count once timed MIN_TIMED times, else the load's
-        figure at the run's scale."""
-        timed = self.verified.get(rows, ())
-        return _median(timed) if len(timed) >= MIN_TIMED else self.plan.steps(rows) * self.step_s
+        figure at the run's scale (kept until the next sample: a choice asks for many row counts)."""
+        known = self.known.get(rows)
+        if known is None:
+            timed = self.verified.get(rows, ())
+            known = self.known[rows] = _median(timed) if len(timed) >= MIN_TIMED else self.plan.steps(rows) * self.step_s
+        return known
 
     def wait(self, source: str) -> float:
         """The wait for a window from `source` beyond the draft's own work (any source's before one)."""
@@ -151,6 +159,7 @@ class RunCosts:
         """One verification of `rows` rows and the wait (beyond the draft's work) for its window."""
         self.verified.setdefault(rows, _recent()).append(verify_s)
         self.scale.append(verify_s / self.plan.steps(rows))
+        self.known.clear()
         self.waits[source].append(max(0.0, wait_s))
 
     def learn_rollout(self, fed: int, first_s: float, steps: int, rest_s: float) -> None:
@@ -244,8 +253,7 @@ class WindowChooser:
         candidates += [self._model(SOURCE_BRANCH, g, 0) for g in sizes] if hit else []
         candidates += [self._model(SOURCE_MODEL, g, fed) for g in sizes]
         offer = self.context.offer(self.room - 1) if self.context is not None else None
-        if offer is not None:
-            candidates += [self._context(offer, n) for n in range(1, len(offer.tokens) + 1)]
+        candidates += self._context(offer) if offer is not None else []
         best = max(candidates, key=lambda c: c.per_ms)  # ties: the first, so a plain step wins a tie
         promised = self.promise is not None and not hit and self.token not in self.promise
         plain = best.source == SOURCE_ZERO
@@ -279,9 +287,14 @@ class WindowChooser:
             cost += self.costs.draft_work(size, fed)
         return _candidate(source, size, min(self.model.expected(size), max(1, self.room)), cost)
 
-    def _context(self, offer: ContextOffer, size: int) -> Candidate:
-        cost = self.costs.verify(size + 1) + self.costs.wait(SOURCE_CONTEXT)
-        return _candidate(SOURCE_CONTEXT, size, min(offer.proposal(size).expected, max(1, self.room)), cost)
+    def _context(self, offer: ContextOffer) -> list[Candidate]:
+        """The context copy of each length 1..L: 1 + Σ_{i≤n} q^i tokens for a verification of n + 1 rows."""
+        out, expected, reach, wait = [], 1.0, 1.0, self.costs.wait(SOURCE_CONTEXT)
+        for n in range(1, len(offer.tokens) + 1):
+            reach *= offer.q
+            expected += reach
+            out.append(_candidate(SOURCE_CONTEXT, n, min(expected, max(1, self.room)), self.costs.verify(n + 1) + wait))
+        return out
 
 
 def _candidate(source: str, size: int, expected: float, cost_s: float) -> Candidate:

@@ -24,7 +24,7 @@ def accept(logits_target: torch.Tensor, draft: list[int], cfg: SamplingConfig, f
     """Run the request's rule over the window; slot j predicts the token at first_position + j - 1."""
     argmax = tuple(int(t) for t in argmax_last(logits_target).tolist())  # [D+1]
     if not draft:  # a window of zero: the target's own token at this position, drawn as ar draws it
-        return AcceptResult(0, target_token(logits_target[0], cfg, first_position), argmax)
+        return AcceptResult(0, argmax[0] if cfg.greedy else target_token(logits_target[0], cfg, first_position), argmax)
     if cfg.greedy:
         a = 0
         while a < len(draft) and draft[a] == argmax[a]:
