@@ -13,6 +13,7 @@ SD takes them from the same layer of its verification pass), so SD and Mirror-SD
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator
@@ -37,6 +38,7 @@ from .events import (
     StepRecord,
 )
 from .lanes.codec import LaneError
+from .lanes.placement import pinned
 from .draft_choice import choice_plan
 from .messages import (SOURCE_BRANCH, SOURCE_CONTEXT, BranchRequest, DraftStart, DraftWindow, ExitReadout,
                        ResolveRequest, branch_rows)
@@ -92,8 +94,9 @@ def speculative_decode(state: DecodeState, lane: DraftLane, mirror: bool) -> Ite
         step += 1
         w = [state.ids[-1], *window.tokens]                            # [w0, d1..d_g]; a window of zero: [w0]
         t_verify = state.now()
-        logits, readout, h = verify(state, lane, planner if mirror else None, w, step)  # [g+1, V]; M_t mid-pass
-        verify_s = state.now() - t_verify
+        with plain_cores(state, window):                               # a window of zero: a plain step, ar's cores
+            logits, readout, h = verify(state, lane, planner if mirror and window.tokens else None, w, step)
+        verify_s = state.now() - t_verify                              # logits [g+1, V]; M_t sent mid-pass
         result = accept_window(state, logits, window, step)            # (A_t, c)
         hit = verdict(readout, result)                                 # c ∈ TopK_τ (None: no branches this step)
         committed = commit_step(state, w, result, window, step)        # d1..d_{A_t}, then c
@@ -121,6 +124,14 @@ def start_draft_lane(state: DecodeState, lane: DraftLane) -> bool:
     except LaneError as exc:
         state.fallback = f"draft lane failed to start ({exc}); decoded on the target alone"
         return False
+
+
+def plain_cores(state: DecodeState, window: DraftWindow):
+    """Where a window of zero runs in Mirror-SD: on the cores ar runs on (DecodeState.plain_cpus: every core, where ar
+    runs there), as ar takes a step, with no candidates sent (the draft lane has no branches to roll out meanwhile);
+    any other window on the lane's cores as they are (sd and ar run on ar's cores throughout)."""
+    cpus = () if window.tokens else state.plain_cpus
+    return pinned(cpus, len(cpus), state.target.kernel.library is not None) if cpus else contextlib.nullcontext()
 
 
 def verify(state: DecodeState, lane: DraftLane, planner: BranchPlanner | None, w: list[int], step: int

@@ -210,7 +210,8 @@ class MirrorEngine:
         run = DecodeState(request, self.target, request.spec.exit_layer, self.eos_ids, stop,
                           self.info.run_settings(request),
                           features=self.info.draft_features is not None and request.decoder != "ar",
-                          window_steps=self.info.window_steps(), step_s=self.info.step_s())
+                          window_steps=self.info.window_steps(), step_s=self.info.step_s(),
+                          plain_cpus=self.info.serial_cpus if request.decoder == "mirror" else ())
         for batch in decode_events(run, self.lane):
             out.put(batch)
 

@@ -133,6 +133,9 @@ def _branches(decoder: str, rec: StepRecord, name, last: bool) -> str:
     if decoder != "mirror":
         return ("<p><b>No branches</b>: vanilla SD has no early exit, so the next window is drafted only after "
                 "verification (serial).</p>")
+    if rec.source == "zero":
+        return ("<p><b>No branches</b>: a window of zero sends no candidates; the target took a plain step on AR's "
+                "cores while the draft lane had nothing to roll out.</p>")
     if rec.hit is None:
         return ("<p><b>No branches</b>: the early-exit candidates did not reach the draft lane this step "
                 "(the draft lane failed); the run continued on the target alone.</p>")
