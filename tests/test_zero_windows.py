@@ -285,3 +285,21 @@ def test_windows_of_zero_are_counted_and_explained(pair, monkeypatch):
     assert "windows of zero" in table and f"{len(plain)} of {len(records)} steps" in table
     line = zero_windows_line({"sd": run})
     assert f"at {len(plain)} of {len(records)} steps" in line and "modelled" in line
+
+
+def test_the_switch_reaches_the_request_from_the_cli_and_the_page():
+    """One default (SpecConfig.zero_windows: on); --zero-windows off and the page's Zero windows unticked are raw
+    speculation."""
+    from mirror_core.cli import build_parser, request_from_args
+    from ui.settings import CONTROLS, DEFAULTS, controls_by_name, settings_from_ui
+
+    assert SpecConfig().zero_windows is True and DEFAULTS["zero_windows"] is True
+    for flag, on in ((), True), (("--zero-windows", "off"), False), (("--zero-windows", "on"), True):
+        args = build_parser().parse_args(["generate", "--prompt", "x", *flag])
+        assert request_from_args(args, (1,)).spec.zero_windows is on
+    values = {**DEFAULTS, "prompt": "hi", "target": "t", "draft": "d"}
+    for on in (True, False):
+        s = settings_from_ui(controls_by_name([{**values, "zero_windows": on}[k] for k in CONTROLS]))
+        assert s.requests((1, 2))[0].spec.zero_windows is on
+    with pytest.raises(Exception, match="zero windows"):
+        SpecConfig(zero_windows="yes")
