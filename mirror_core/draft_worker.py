@@ -22,8 +22,8 @@ from . import machine
 from .config import FaultPlan, SamplingConfig
 from .draft_choice import WindowChooser
 from .events import STAGE_DRAFT_BRANCHES, STAGE_DRAFT_ROLLOUT, STAGE_PREFILL, STAGE_SELECT_BRANCH
-from .messages import (SOURCE_BRANCH, SOURCE_MODEL, BranchRequest, DraftStart, DraftWindow, ResolveRequest,
-                       SpanTuple, branch_rows)
+from .messages import (SOURCE_BRANCH, SOURCE_MODEL, SOURCE_ZERO, BranchRequest, DraftStart, DraftWindow,
+                       ResolveRequest, SpanTuple, branch_rows)
 from .runners.protocol import Runner
 from .sampling import argmax_last, draft_sample, probs
 
@@ -77,6 +77,7 @@ class DraftWorker:
         self.runner, self.fault = runner, fault
         self.cache = None
         self.req: DraftStart | None = None
+        self.asleep = False  # the lane waits for the next command asleep (DraftStart.shared): the target uses our cores
 
     def handle(self, cmd) -> DraftWindow | None:
         """Process one command; only ResolveRequest has a reply."""
@@ -177,6 +178,7 @@ class DraftWorker:
         self.chooser.work_s = time.perf_counter() - t0
         self._advance(new, cmd, source in (SOURCE_MODEL, SOURCE_BRANCH))
         self.source = source
+        self.asleep = self.req.shared == "all" or (self.req.shared == "plain" and source == SOURCE_ZERO)
         promise = self.chooser.promise
         reply = DraftWindow(tuple(self.window), self.p_window, row, branches, self.spans, self.forwards,
                             self.produced, source, self.chooser.proposal, choice,
@@ -192,6 +194,7 @@ class DraftWorker:
         self.spans: list[SpanTuple] = []
         self.forwards = self.produced = 0
         self.chooser = WindowChooser(req.choice, req.gamma, req.prompt_ids)
+        self.asleep = req.shared == "all"           # wait for the next command asleep: the target uses our cores
         self.source: str | None = None              # where the last window came from
         self.seen_upto = len(req.prompt_ids)        # committed tokens from here on were committed without the model
 

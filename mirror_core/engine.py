@@ -207,11 +207,14 @@ class MirrorEngine:
                     out.put(None)
 
     def _run(self, request: Request, stop: threading.Event, out: queue.Queue) -> None:
+        serial, lanes = self.info.serial_cpus, self.info.lanes
+        shared = "" if not set(serial) & set(lanes.draft_cpus) else {"sd": "all", "mirror": "plain"}.get(
+            request.decoder, "")  # the steps that run on ar's cores use the draft lane's too
         run = DecodeState(request, self.target, request.spec.exit_layer, self.eos_ids, stop,
                           self.info.run_settings(request),
                           features=self.info.draft_features is not None and request.decoder != "ar",
                           window_steps=self.info.window_steps(), step_s=self.info.step_s(),
-                          plain_cpus=self.info.serial_cpus if request.decoder == "mirror" else ())
+                          plain_cpus=serial if request.decoder == "mirror" else (), shared=shared)
         for batch in decode_events(run, self.lane):
             out.put(batch)
 

@@ -25,6 +25,9 @@ class DraftStart:
     gamma: int
     sampling: SamplingConfig
     choice: ChoicePlan                     # how the draft lane chooses each window (draft_choice.py)
+    # which of the target's steps run on the draft lane's cores too (ar's cores hold them): "" none, "plain" its plain
+    # steps (Mirror-SD), "all" all of them (sd); the draft lane then waits for its next command asleep, not spinning
+    shared: str = ""
 
 
 @dataclass(frozen=True)

@@ -321,8 +321,8 @@ def _process_main(spec: DraftLaneSpec, channel: ChannelHandle) -> None:
 def _serve_commands(ch: Channel, serve: _Serve, alive) -> None:
     box = ch.to_worker
     while True:
-        try:
-            cmd = decode(box.recv(alive, float("inf"), busy=True))
+        try:  # asleep where the target's next step uses this lane's cores (the worker says: DraftStart.shared)
+            cmd = decode(box.recv(alive, float("inf"), busy=True, asleep=serve.worker.asleep))
         except ChannelClosed:
             return
         if isinstance(cmd, LaneShutdown):
