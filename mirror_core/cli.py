@@ -57,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--limit", type=int, default=None, help="use the first N prompts")
     b.add_argument("--decoders", default=None,
                    help="comma-separated, from ar, ar_all, sd, mirror, hf, hf_assisted, sd_model and mirror_model (sd "
-                   "and mirror with the context draft off), llama_cpp and llama_cpp_one (default: all that apply but "
-                   "the last four)")
+                   "and mirror with the context draft off), sd_raw and mirror_raw (sd and mirror with zero windows "
+                   "off), llama_cpp and llama_cpp_one (default: all that apply but the last six)")
     b.add_argument("--repeats", type=int, default=3, help="timed runs per prompt, decoder and setting (median)")
     b.add_argument("--warmup", type=int, default=1, help="untimed runs of every decoder and setting first")
     b.add_argument("--sweep", nargs="+", default=None, metavar="AXIS=V1,V2",
@@ -103,6 +103,11 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
                    help="the context draft proposes only after a suffix match of at least this many tokens")
     g.add_argument("--context-max-window", type=int, default=ContextConfig.max_window,
                    help="the longest context window, in tokens (its length is chosen per step up to this)")
+    g.add_argument("--zero-windows", default="on" if SpecConfig.zero_windows else "off", choices=("on", "off"),
+                   help="sd and mirror: each step proposes a window only where the latency model, on the run's own "
+                   "costs and acceptance, says it commits more tokens per millisecond than a plain target step, and "
+                   "takes a plain step (a window of zero) elsewhere, with γ the longest length chosen per step; off = "
+                   "a γ-token window every step (raw speculation); never changes the output")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
@@ -159,7 +164,8 @@ def request_from_args(args, prompt_ids: tuple[int, ...]) -> Request:
     return Request(prompt_ids=prompt_ids, decoder=args.decoder, max_new_tokens=args.max_new_tokens,
                    sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed, args.rule),
                    spec=SpecConfig(args.gamma, args.kappa, args.exit_layer, args.branch_budget,
-                                   ContextConfig(args.context == "on", args.context_min_match, args.context_max_window)))
+                                   ContextConfig(args.context == "on", args.context_min_match, args.context_max_window),
+                                   args.zero_windows == "on"))
 
 
 def generate(args) -> int:

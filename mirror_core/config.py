@@ -132,9 +132,14 @@ class SpecConfig:
     # AUTO_BRANCH_BUDGET = as many as the draft lane finishes while the target runs its suffix
     branch_budget: int = AUTO_BRANCH_BUDGET
     context: ContextConfig = field(default_factory=ContextConfig)  # the context draft beside the model draft
+    # True: each step proposes a window only where it is modelled to commit more tokens per millisecond than a plain
+    # target step (a window of zero: the target verifies [w0] alone), and γ is the longest of the lengths chosen per
+    # step (draft_choice.py); False: every step proposes a γ-token window (raw speculation). The output never changes.
+    zero_windows: bool = True
 
     def __post_init__(self) -> None:
         _require(isinstance(self.context, ContextConfig), f"context must be a ContextConfig, got {self.context!r}")
+        _require(isinstance(self.zero_windows, bool), f"zero windows must be on or off, got {self.zero_windows!r}")
         _require(_is_int(self.branch_budget) and AUTO_BRANCH_BUDGET <= self.branch_budget <= (MAX_GAMMA + 1) * MAX_KAPPA,
                  f"branch budget must be an integer in {AUTO_BRANCH_BUDGET}..{(MAX_GAMMA + 1) * MAX_KAPPA} "
                  f"(0 = every candidate, {AUTO_BRANCH_BUDGET} = auto), got {self.branch_budget!r}")

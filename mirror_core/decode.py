@@ -13,6 +13,7 @@ SD takes them from the same layer of its verification pass), so SD and Mirror-SD
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator
@@ -37,7 +38,8 @@ from .events import (
     StepRecord,
 )
 from .lanes.codec import LaneError
-from .context_draft import context_plan
+from .lanes.placement import pinned
+from .draft_choice import choice_plan
 from .messages import (SOURCE_BRANCH, SOURCE_CONTEXT, BranchRequest, DraftStart, DraftWindow, ExitReadout,
                        ResolveRequest, branch_rows)
 from .planner import BranchPlanner
@@ -90,15 +92,19 @@ def speculative_decode(state: DecodeState, lane: DraftLane, mirror: bool) -> Ite
     while window is not None and not state.done:
         state.check_stop()
         step += 1
-        w = [state.ids[-1], *window.tokens]                            # [w0, d1..dγ]
+        w = [state.ids[-1], *window.tokens]                            # [w0, d1..d_g]; a window of zero: [w0]
         t_verify = state.now()
-        logits, readout, h = verify(state, lane, planner if mirror else None, w, step)  # [γ+1, V]; M_t mid-pass
-        costs = (state.now() - t_verify, state.wait_s)                 # the step's measured costs, for the draft lane
+        with plain_cores(state, window):                               # a window of zero: a plain step, ar's cores
+            logits, readout, h = verify(state, lane, planner if mirror and window.tokens else None, w, step)
+        verify_s = state.now() - t_verify                              # logits [g+1, V]; M_t sent mid-pass
         result = accept_window(state, logits, window, step)            # (A_t, c)
         hit = verdict(readout, result)                                 # c ∈ TopK_τ (None: no branches this step)
         committed = commit_step(state, w, result, window, step)        # d1..d_{A_t}, then c
+        window = confirm(state, lane, window, step)                    # a promised window of zero: its reply, now
+        costs = (verify_s, state.wait_s)                               # the step's measured costs, for the draft lane
         h_kept = None if h is None else h[: result.accepted + 1]      # [A_t+1, H]: w0, d1..d_{A_t}
-        following = None if state.done else next_window(state, lane, step, result, bool(hit), h_kept, costs)
+        following = None if state.done or state.fallback else next_window(
+            state, lane, step, result, bool(hit), h_kept, costs, plain=promise_kept(window, result, hit))
         if readout is not None:
             planner.after_step(readout, result.accepted, result.token, *branch_work(following))
         state.record(step_record(step=step, w=w, result=result, committed=committed, window=window,
@@ -113,11 +119,20 @@ def start_draft_lane(state: DecodeState, lane: DraftLane) -> bool:
     """Send DraftStart; False (and a recorded fallback) when the draft lane cannot start."""
     try:
         lane.start(DraftStart(state.req.prompt_ids, state.req.spec.gamma, state.cfg,
-                              context_plan(state.req.spec.context, state.req.max_new_tokens, state.window_steps)))
+                              choice_plan(state.req.spec, state.req.max_new_tokens, state.window_steps, state.step_s),
+                              state.shared))
         return True
     except LaneError as exc:
         state.fallback = f"draft lane failed to start ({exc}); decoded on the target alone"
         return False
+
+
+def plain_cores(state: DecodeState, window: DraftWindow):
+    """Where a window of zero runs in Mirror-SD: on the cores ar runs on (DecodeState.plain_cpus: every core, where ar
+    runs there), as ar takes a step, with no candidates sent (the draft lane has no branches to roll out meanwhile);
+    any other window on the lane's cores as they are (sd and ar run on ar's cores throughout)."""
+    cpus = () if window.tokens else state.plain_cpus
+    return pinned(cpus, len(cpus), state.target.kernel.library is not None) if cpus else contextlib.nullcontext()
 
 
 def verify(state: DecodeState, lane: DraftLane, planner: BranchPlanner | None, w: list[int], step: int
@@ -154,7 +169,7 @@ def send_candidates(state: DecodeState, lane: DraftLane, planner: BranchPlanner,
     logits_exit = state.target.exit_readout(h, state.exit_layer)              # [γ+1, V]
     slots = logits_exit.shape[0]                                               # γ+1
     x = logits_exit if state.cfg.greedy else warp_logits(logits_exit, state.cfg)  # same support as p_target
-    drafts = torch.tensor(w[1:], device=x.device).unsqueeze(1)                 # [γ, 1]
+    drafts = torch.tensor(w[1:], dtype=torch.long, device=x.device).unsqueeze(1)  # [γ, 1]
     draft_is_top1 = (x[: slots - 1].argmax(-1, keepdim=True) == drafts).squeeze(1).tolist()
     x = x.clone()
     x[: slots - 1].scatter_(1, drafts, float("-inf"))                         # c ≠ d_j at draft slot j
@@ -190,7 +205,7 @@ def accept_window(state: DecodeState, logits: torch.Tensor, window: DraftWindow,
 def commit_step(state: DecodeState, w: list[int], result: AcceptResult, window: DraftWindow, step: int) -> int:
     """Commit the accepted drafts and c (n_t of them before EOS or the budget); report the rejected drafts."""
     drafts, reused = w[1:], window.source == SOURCE_BRANCH
-    origin = ORIGIN_BONUS if result.accepted == len(drafts) else ORIGIN_CORRECTION
+    origin = ORIGIN_TARGET if not drafts else ORIGIN_BONUS if result.accepted == len(drafts) else ORIGIN_CORRECTION
     committed = state.commit([(d, ORIGIN_ACCEPTED, reused) for d in drafts[: result.accepted]]
                              + [(result.token, origin, False)], step, from_context=window.source == SOURCE_CONTEXT)
     state.reject(step, drafts, result.accepted)
@@ -198,13 +213,20 @@ def commit_step(state: DecodeState, w: list[int], result: AcceptResult, window: 
 
 
 def next_window(state: DecodeState, lane: DraftLane, step: int, result: AcceptResult, hit: bool,
-                features: torch.Tensor | None = None, costs: tuple[float, float] = (0.0, 0.0)) -> DraftWindow | None:
+                features: torch.Tensor | None = None, costs: tuple[float, float] = (0.0, 0.0), plain: bool = False
+                ) -> DraftWindow | None:
     """Tell the draft lane (A_t, c), the verdict, (a feature draft) the new positions' h^(ℓ_e) and what verifying
     its last window cost (the verification pass, the wait for the window: seconds); its reply is the next window
-    (None: the lane failed)."""
+    (None: the lane failed). `plain`: the last reply promised a window of zero next, so the request is posted and the
+    plain step starts at once; `confirm` collects the reply when it ends."""
     t0 = state.now()
+    request = ResolveRequest(step, result.accepted, result.token, hit, features, *costs)
     try:
-        window = lane.resolve(ResolveRequest(step, result.accepted, result.token, hit, features, *costs))
+        if plain:
+            lane.post(request)
+            state.wait_s = 0.0
+            return DraftWindow.promised_zero()
+        window = lane.resolve(request)
     except LaneError as exc:
         state.fallback = f"draft lane failed at step {step} ({exc}); finished on the target alone"
         return None
@@ -213,6 +235,31 @@ def next_window(state: DecodeState, lane: DraftLane, step: int, result: AcceptRe
     state.wait_s = t1 - t0 if step > 0 else 0.0  # the first window comes with the draft's prefill
     state.draft_reply(window, step)
     return window
+
+
+def confirm(state: DecodeState, lane: DraftLane, window: DraftWindow, step: int) -> DraftWindow:
+    """The draft lane's reply for a promised window of zero, collected once the plain step is done (it was worked out
+    while the target computed); another window is returned as it is. A failed lane: the window as it was, and the
+    run finishes on the target alone."""
+    if not window.promised:
+        return window
+    t0 = time.perf_counter()
+    try:
+        reply = lane.collect()
+    except LaneError as exc:
+        state.fallback = f"draft lane failed at step {step} ({exc}); finished on the target alone"
+        return window
+    t1 = time.perf_counter()
+    state.span(STAGE_WAIT, t0, t1, step)
+    state.wait_s = t1 - t0
+    state.draft_reply(reply, step)
+    return reply
+
+
+def promise_kept(window: DraftWindow, result: AcceptResult, hit: bool | None) -> bool:
+    """Whether the step after this one is the plain step the window's reply promised: c is not among the tokens that
+    could make the context offer a window, and no branch for c was rolled out."""
+    return window.then_plain_unless is not None and not hit and result.token not in window.then_plain_unless
 
 
 def branch_work(window: DraftWindow | None) -> tuple[int, float]:
@@ -229,7 +276,7 @@ def step_record(*, step: int, w: list[int], result: AcceptResult, committed: int
     return StepRecord(
         step=step, window=tuple(w), drafted=len(w) - 1, accepted=result.accepted, token=result.token,
         committed=committed, from_branch=window.source == SOURCE_BRANCH, hit=hit, source=window.source,
-        context=window.context,
+        context=window.context, choice=window.choice,
         topk_ids=readout.ranked if readout else (), topk_logprobs=readout.topk_logprobs if readout else (),
         target_tokens=result.target_tokens, branches=branches,
         branch_rows=tuple(branch_rows(readout.topk_ids)) if readout and branches else (),

@@ -1,12 +1,14 @@
-"""The draft lane's work: prefill, fresh rollouts, branch-complete rollouts, and branch adoption.
+"""The draft lane's work: prefill, fresh rollouts, branch-complete rollouts, branch adoption, and each step's choice
+of window (draft_choice.py). FeatureDraftWorker, a feature-reading draft's, is in draft_feature.py.
 
 A DraftWorker lives on the draft lane (its own process, thread, or inline) and sees only token
 ids: the committed tokens it is told about, the early-exit candidates M_t, and (A_t, c).
 
 Cache invariant between steps (docs/ALGORITHM.md §2.8): the draft cache holds a prefix of the committed tokens
 through w0 (`committed` of them) followed by the window: after a model rollout all of them plus d1..d_{γ−1} (and d_γ
-once bonus-slot branches have been prepared); after a context window (context_draft.py), which the draft model did
-not roll out, possibly fewer, fed when the model next drafts.
+once bonus-slot branches have been prepared; after an adopted branch cut to g < γ tokens, d_g.. too); after a window
+the draft model did not roll out (a context copy, context_draft.py, or a window of zero), possibly fewer, fed in one
+forward when the model next drafts.
 """
 from __future__ import annotations
 
@@ -18,12 +20,12 @@ import torch
 
 from . import machine
 from .config import FaultPlan, SamplingConfig
-from .context_draft import ContextDrafter, ContextProposal
+from .draft_choice import WindowChooser
 from .events import STAGE_DRAFT_BRANCHES, STAGE_DRAFT_ROLLOUT, STAGE_PREFILL, STAGE_SELECT_BRANCH
-from .messages import (SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_MODEL, BranchRequest, DraftStart, DraftWindow,
+from .messages import (SOURCE_BRANCH, SOURCE_MODEL, SOURCE_ZERO, BranchRequest, DraftStart, DraftWindow,
                        ResolveRequest, SpanTuple, branch_rows)
 from .runners.protocol import Runner
-from .sampling import draft_sample
+from .sampling import argmax_last, draft_sample, probs
 
 
 def self_verify(logits: torch.Tensor, lookahead: list[int], cfg: SamplingConfig, gen: torch.Generator | None
@@ -44,6 +46,9 @@ def self_verify(logits: torch.Tensor, lookahead: list[int], cfg: SamplingConfig,
     return emitted, None if p is None else p[: len(emitted)]
 
 
+AGREE_ROWS = 8  # a catch-up forward runs the draft's head on at most this many rows before its last: agreement samples
+
+
 class DraftFault(RuntimeError):
     """Injected failure of the draft lane (MIRROR_FAULT_DRAFT_AT_STEP)."""
 
@@ -61,16 +66,18 @@ class DraftWorker:
 
     DraftStart prefills the prompt and the first window follows at ResolveRequest(step 0); a
     BranchRequest (M_t) rolls out one γ-token branch per candidate as one batch; a ResolveRequest
-    adopts the branch the target lane's verdict names (a hit) or truncates to the committed prefix
-    and rolls out γ fresh tokens (a miss), unless the context draft's window is modelled to do better
-    (context_draft.py). It owns the draft cache and its own torch.Generator (seed + 1); it sees token
-    ids only. `fault` is the test hook that makes it fail on purpose.
+    replies with the window its chooser values best (draft_choice.py): the branch the target lane's verdict
+    names (a hit), g ≤ γ fresh tokens after truncating to the committed prefix, a context copy
+    (context_draft.py), or none (a window of zero: the target takes a plain step). It owns the draft cache
+    and its own torch.Generator (seed + 1); it sees token ids only. `fault` is the test hook that makes it
+    fail on purpose.
     """
 
     def __init__(self, runner: Runner, fault: FaultPlan = FaultPlan()):
         self.runner, self.fault = runner, fault
         self.cache = None
         self.req: DraftStart | None = None
+        self.asleep = False  # the lane waits for the next command asleep (DraftStart.shared): the target uses our cores
 
     def handle(self, cmd) -> DraftWindow | None:
         """Process one command; only ResolveRequest has a reply."""
@@ -151,91 +158,111 @@ class DraftWorker:
         return tokens, p_draft
 
     def _resolve(self, cmd: ResolveRequest) -> DraftWindow:
-        """The target lane's verdict: on a hit adopt branch (s_t = A_t + 1, c) as the next window, else roll out afresh."""
+        """The target lane's verdict and what it cost, then the next window the chooser values best (draft_choice.py):
+        branch (s_t = A_t + 1, c) on a hit, a fresh rollout, a context copy, or none (a window of zero)."""
         bs, self.branch_set = self.branch_set, None
         branches = () if bs is None else tuple(tuple(r) for r in bs.tokens.tolist())
         new = list(self.window[: cmd.accepted]) + [cmd.token]  # what this step commits: d1..d_{A_t}, c
-        row, proposal = None, None
-        if self.context is not None:
-            self.context.learn(self.proposal, len(self.window), cmd.accepted, cmd.verify_s, cmd.wait_s)
-            self.context.index.extend(new)
-            proposal = self.context.propose()
-        if proposal is not None:
-            self._take_context(cmd, proposal)
-            source = SOURCE_CONTEXT
-        elif cmd.hit:
-            row = bs.rows.index((cmd.accepted, cmd.token))  # the target lane saw c among the candidates it sent
-            with self._span(STAGE_SELECT_BRANCH):
-                self.cache = self.runner.select_row(bs.cache, row)
-            self.window = bs.tokens[row].tolist()
-            self.p_window = None if bs.p_draft is None else bs.p_draft[row]
-            source = SOURCE_BRANCH
+        if self.source in (SOURCE_MODEL, SOURCE_BRANCH):      # the model proposed at this step: not its agreement
+            self.seen_upto = len(self.tokens) + len(new)
+        self.chooser.learn(cmd.accepted, cmd.verify_s, cmd.wait_s, new)
+        choice = self.chooser.choose(cmd.hit, self._fed(cmd))
+        source, size, row = choice.chosen.source, choice.chosen.size, None
+        t0 = time.perf_counter()
+        if source == SOURCE_BRANCH:
+            row = self._adopt(bs, cmd, size)
+        elif source == SOURCE_MODEL:
+            self._miss(cmd, size)
         else:
-            self._miss(cmd, new)
-            source = SOURCE_MODEL
-        self._advance(new, cmd, proposal is None)
-        self.proposal = proposal
+            self._take_copy(cmd, () if self.chooser.proposal is None else self.chooser.proposal.tokens)
+        self.chooser.work_s = time.perf_counter() - t0
+        self._advance(new, cmd, source in (SOURCE_MODEL, SOURCE_BRANCH))
+        self.source = source
+        self.asleep = self.req.shared == "all" or (self.req.shared == "plain" and source == SOURCE_ZERO)
+        promise = self.chooser.promise
         reply = DraftWindow(tuple(self.window), self.p_window, row, branches, self.spans, self.forwards,
-                            self.produced, source, proposal)
+                            self.produced, source, self.chooser.proposal, choice,
+                            None if promise is None else tuple(sorted(promise)))
         self.spans, self.forwards, self.produced = [], 0, 0
         return reply
 
     def _start_window(self, req: DraftStart) -> None:
-        """A request's window state: none yet, and the context draft when the request has it on."""
+        """A request's window state: none yet, and its window chooser (with the context draft when it is on)."""
         self.window: list[int] = []
         self.p_window: torch.Tensor | None = None
         self.branch_set: _BranchSet | None = None
         self.spans: list[SpanTuple] = []
         self.forwards = self.produced = 0
-        self.context = None if req.context is None else ContextDrafter(req.context, req.gamma)
-        if self.context is not None:
-            self.context.start(req.prompt_ids)
-        self.proposal: ContextProposal | None = None
+        self.chooser = WindowChooser(req.choice, req.gamma, req.prompt_ids)
+        self.asleep = req.shared == "all"           # wait for the next command asleep: the target uses our cores
+        self.source: str | None = None              # where the last window came from
+        self.seen_upto = len(req.prompt_ids)        # committed tokens from here on were committed without the model
 
-    def _take_context(self, cmd: ResolveRequest, proposal: ContextProposal) -> None:
-        """The next window is the context's: the draft model rolls nothing out."""
+    def _adopt(self, bs: _BranchSet, cmd: ResolveRequest, size: int) -> int:
+        """Adopt branch (s_t, c), the target lane saw c among the candidates it sent; its first `size` tokens."""
+        row = bs.rows.index((cmd.accepted, cmd.token))
+        with self._span(STAGE_SELECT_BRANCH):
+            self.cache = self.runner.select_row(bs.cache, row)
+        self.window = bs.tokens[row, :size].tolist()
+        self.p_window = None if bs.p_draft is None else bs.p_draft[row, :size]
+        return row
+
+    def _take_copy(self, cmd: ResolveRequest, tokens: tuple[int, ...]) -> None:
+        """A window the draft model rolls nothing out for: a context copy, or a window of zero (no tokens)."""
         self._keep_committed(cmd)
-        self.window = list(proposal.tokens)
-        self.p_window = None if self.req.sampling.greedy else point_mass(proposal.tokens, self.runner.vocab_size)
+        self.window = list(tokens)
+        self.p_window = None if self.req.sampling.greedy or not tokens else point_mass(tokens, self.runner.vocab_size)
 
     def _keep_committed(self, cmd: ResolveRequest) -> None:
-        """Before a context window: the cache keeps the part of the committed tokens it already holds (a branch's
-        cache is dropped); the rest is fed when the model next drafts."""
+        """Before a window the model did not roll out: the cache keeps the part of the committed tokens it already
+        holds (a branch's cache is dropped); the rest is fed when the model next drafts."""
         self.runner.truncate(self.cache, min(self.runner.cache_len(self.cache), self.committed + cmd.accepted))
 
-    def _miss(self, cmd: ResolveRequest, new: list[int]) -> None:
+    def _fed(self, cmd: ResolveRequest) -> int:
+        """Rows a fresh rollout would feed now: the committed tokens the cache lacks, and c (the token draft prefilled
+        the prompt at DraftStart)."""
+        return self.committed + cmd.accepted + 1 - min(self.runner.cache_len(self.cache), self.committed + cmd.accepted)
+
+    def _miss(self, cmd: ResolveRequest, size: int) -> None:
         with self._span(STAGE_DRAFT_ROLLOUT):
-            self._fresh_rollout(cmd.accepted, cmd.token)
+            self._fresh_rollout(cmd.accepted, cmd.token, size)
 
     def _advance(self, new: list[int], cmd: ResolveRequest, drafted: bool) -> None:
         """After the reply's window is set: the committed prefix grows by d1..d_{A_t} and c."""
         self.tokens += new
         self.committed += len(new)
 
-    def _fresh_rollout(self, accepted: int, token: int) -> None:
-        """Truncate to the committed prefix, feed what is missing plus c, draft γ tokens."""
+    def _fresh_rollout(self, accepted: int, token: int, size: int) -> None:
+        """Truncate to the committed prefix, feed what is missing plus c (one forward), draft `size` tokens."""
         keep = min(self.runner.cache_len(self.cache), self.committed + accepted)
         self.runner.truncate(self.cache, keep)
         feed = (self.tokens + self.window)[keep: self.committed + accepted] + [token]
-        step = self._ss_step if self.runner.num_streams else self._ar_step
-        window, ps, lookahead = [], [], []
-        while len(window) < self.req.gamma:
-            emitted, p, lookahead = step(feed, lookahead)
+        fed, step = len(feed), self._ss_step if self.runner.num_streams else self._ar_step
+        window, ps, lookahead, times = [], [], [], [time.perf_counter()]
+        while len(window) < size:
+            emitted, p, lookahead = step(feed, lookahead, keep)
             window += emitted
             ps += [] if p is None else list(p)
             feed = emitted[-1:]
-        # The cache holds c, d1..d_{γ−1} after the committed prefix (an SS pass may have gone further).
-        self.runner.truncate(self.cache, self.committed + accepted + self.req.gamma)
-        self.window = window[: self.req.gamma]
-        self.p_window = torch.stack(ps[: self.req.gamma]) if ps else None  # [γ, V]
+            times.append(time.perf_counter())
+        self.chooser.costs.learn_rollout(fed, times[1] - times[0], len(times) - 2, times[-1] - times[1])
+        # The cache holds c, d1..d_{size−1} after the committed prefix (an SS pass may have gone further).
+        self.runner.truncate(self.cache, self.committed + accepted + size)
+        self.window = window[:size]
+        self.p_window = torch.stack(ps[:size]) if ps else None  # [size, V]
 
-    def _ar_step(self, feed: list[int], _lookahead: list[int]):
-        logits = self.runner.forward(self.cache, feed)[-1:]                  # [1, V]
-        ids, p = draft_sample(logits, self.req.sampling, self.gen)
+    def _ar_step(self, feed: list[int], _lookahead: list[int], at: int):
+        """One forward over feed (the first at cache position `at`), the head on its last AGREE_ROWS + 1 rows: the
+        draft's agreement samples, then the next token."""
+        rows = min(len(feed), AGREE_ROWS + 1)
+        logits = self.runner.forward(self.cache, feed, rows=rows)            # [rows, V]
+        first = len(feed) - rows + 1                                         # the feed index the first row predicts
+        self._agree(logits[:-1], feed[first:], at + first)
+        ids, p = draft_sample(logits[-1:], self.req.sampling, self.gen)
         self._count(1, 1)
         return [int(ids[0])], p, []
 
-    def _ss_step(self, feed: list[int], lookahead: list[int]):
+    def _ss_step(self, feed: list[int], lookahead: list[int], _at: int):
         """One SS pass over feed + lookahead: verify the lookahead, emit, propose the next lookahead."""
         before = self.runner.cache_len(self.cache)
         main, streams = self.runner.forward_streams(self.cache, feed + lookahead)  # [T, V], [T, n, H]
@@ -246,6 +273,14 @@ class DraftWorker:
         return emitted, p, self.runner.stream_proposals(streams[base + len(emitted) - 1]).tolist()
 
     # -- helpers ---------------------------------------------------------------------------
+    def _agree(self, logits: torch.Tensor, actual: list[int], first: int) -> None:
+        """Tell the chooser how the draft agrees with tokens the target committed without it: logits [T, V] row r
+        predicted actual[r], the committed token at position first + r; tokens of the model's own steps are left out
+        (their outcome is counted already)."""
+        skip = max(0, self.seen_upto - first)
+        if skip < len(actual):
+            self.chooser.agree(agreement(logits[skip:len(actual)], actual[skip:], self.req.sampling))
+
     def _count(self, tokens: int, row_forwards: int) -> None:
         """η̄ bookkeeping: draft tokens produced per row-forward (1 for an AR draft)."""
         self.produced += tokens
@@ -274,106 +309,6 @@ class _Span:
         return False
 
 
-class FeatureDraftWorker(DraftWorker):
-    """The draft lane's work for a feature-reading draft (models/feature_draft.py, runners/feature.py).
-
-    Its cache entry i is (x_{i+1}, f_i): it holds one entry fewer than the committed tokens, and an entry is exact
-    only once the target has computed f_i. So the prefill waits for the prompt's features (they come with
-    ResolveRequest step 0), and every ResolveRequest carries the features of w0, d1..d_{A_t}: the draft drops its
-    guessed entries back to `known` (entries from true features) and feeds (d1, f_w0) .. (c, f_{d_A}) before it
-    rolls out γ tokens on its own predicted features. M_t carries all γ+1 slots' features: the branch batch first
-    feeds (d1, f_w0) .. (d_γ, f_{d_{γ−1}}) once (the rows' shared prefix), then each row (j, v) starts at
-    (v, f_{slot j}), so an adopted branch's entries up to c are exact and a fallback reuses the first A_t.
-    """
-
-    def _start(self, req: DraftStart) -> None:
-        self.req = req
-        self.gen = torch.Generator().manual_seed(req.sampling.seed + 1)
-        self.cache = self.runner.new_cache()
-        self.tokens: list[int] = list(req.prompt_ids)   # committed tokens (the window's drafts are not)
-        self.known = 0                                  # cache entries built from the target's own features
-        self.prefix = 0                                 # entries past `known` fed with true features (M_t's)
-        self.pending: torch.Tensor | None = None        # [n, H] true features of entries known.. not fed yet
-        self._start_window(req)                         # (entries of tokens committed while context windows ran)
-
-    def _with_pending(self, features: torch.Tensor) -> torch.Tensor:
-        """features [n, H] for the entries after the pending ones → [pending + n, H] from entry `known` on."""
-        return features if self.pending is None else torch.cat([self.pending, features])
-
-    def _branch(self, cmd: BranchRequest) -> None:
-        with self._span(STAGE_DRAFT_BRANCHES):
-            gamma, size = self.req.gamma, len(self.window)
-            self.runner.truncate(self.cache, self.known)
-            feed = self.tokens[self.known + 1:] + self.window                 # pending entries, then d1..d_L
-            self.runner.forward(self.cache, feed, self._with_pending(cmd.features[:size]), rows=0)  # (d_{j+1}, f_j)
-            self.known, self.pending, self.prefix = len(self.tokens) - 1, None, size
-            self._count(0, 1)
-            rows = branch_rows(cmd.topk_ids)
-            if not rows:
-                self.branch_set = None
-                return
-            bcache = self.runner.fork(self.cache, [self.known + j for j, _ in rows])
-            ids = torch.tensor([v for _, v in rows], dtype=torch.long)                   # [R]
-            feats = cmd.features[torch.tensor([j for j, _ in rows])]                     # [R, H]
-            tokens, ps = [], []
-            for _ in range(gamma):
-                logits, feats = self.runner.forward_rows(bcache, ids, feats)             # [R, V_d+1], [R, H]
-                ids, p = self._sample(logits)
-                ids = ids.cpu()
-                tokens.append(ids)
-                ps.append(p)
-                self._count(len(rows), len(rows))
-            self.branch_set = _BranchSet(rows, torch.stack(tokens, 1),
-                                         None if ps[0] is None else torch.stack(ps, 1), bcache)
-
-    def _miss(self, cmd: ResolveRequest, new: list[int]) -> None:
-        """Feed the entries the new features complete, then draft γ tokens on predicted features (at step 0: the
-        prompt's entries, the draft's prefill)."""
-        with self._span(STAGE_PREFILL if self.known == 0 else STAGE_DRAFT_ROLLOUT):
-            features = self._with_pending(cmd.features)          # entries known.. (pending, then w0, d1..d_{A_t})
-            keep = self.known + min(self.prefix, cmd.accepted)  # entries (d_{j+1}, f_j) already fed for accepted d's
-            self.runner.truncate(self.cache, keep)
-            tokens = self.tokens + new
-            feed = tokens[keep + 1:]                             # x_{i+1} for entries keep..len(tokens)−2
-            self._roll_out(self.runner.forward(self.cache, feed, features[keep - self.known:], rows=1))  # [1, V_d+1|H]
-
-    def _keep_committed(self, cmd: ResolveRequest) -> None:
-        """Nothing to cut: entries past `known` are brought up to date lazily (`pending`, then `_advance`)."""
-
-    def _advance(self, new: list[int], cmd: ResolveRequest, drafted: bool) -> None:
-        """A drafted window (rollout or branch) leaves every committed entry fed; a context window leaves the
-        entries of d1..d_{A_t}, c pending (those M_t's features already fed stay: `prefix`)."""
-        self.tokens += new
-        if drafted:
-            self.known, self.pending, self.prefix = len(self.tokens) - 1, None, 0
-            return
-        features = self._with_pending(cmd.features)                     # entries known..len(tokens)−2
-        fed = min(self.prefix, len(features) - 1)                       # accepted drafts' entries fed with M_t
-        self.known, self.pending, self.prefix = self.known + fed, features[fed:], 0
-
-    def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft tokens from logits over the draft's vocabulary [R, V_d+1]: target ids [R] and p_draft over the
-        target's vocabulary [R, V] (None at T = 0), as draft_sample over the target's would give them."""
-        ids, p = draft_sample(logits, self.req.sampling, self.gen)
-        return self.runner.target_ids(ids), None if p is None else self.runner.over_target_vocab(p)
-
-    def _roll_out(self, first: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """γ draft tokens from the last fed entry's outputs (logits [1, V_d+1], g [1, H]), each next on its predicted
-        feature."""
-        logits, g = first
-        window, ps = [], []
-        while True:
-            ids, p = self._sample(logits)
-            window.append(int(ids[0]))
-            ps += [] if p is None else list(p)
-            self._count(1, 1)                                 # one pass, one token
-            if len(window) == self.req.gamma:
-                break
-            logits, g = self.runner.forward(self.cache, window[-1:], g)
-        self.window = window
-        self.p_window = torch.stack(ps) if ps else None                                  # [γ, V]
-
-
 def point_mass(tokens: tuple[int, ...], vocab: int) -> torch.Tensor:
     """p_draft of a context window: each token with probability 1 ([L, V], one-hot), so that Rule R accepts d_j
     with probability p_target(d_j) and resamples from p_target without d_j: exactly the target's law."""
@@ -382,6 +317,12 @@ def point_mass(tokens: tuple[int, ...], vocab: int) -> torch.Tensor:
     return p
 
 
-def worker_for(runner: Runner, fault: FaultPlan = FaultPlan()) -> DraftWorker:
-    """The draft lane's worker for this runner: a feature-reading draft's own, else the token-only one."""
-    return (FeatureDraftWorker if runner.reads_features else DraftWorker)(runner, fault)
+def agreement(logits: torch.Tensor, actual: list[int], cfg: SamplingConfig) -> list[float]:
+    """p_draft of each committed token, rows of logits [T, V] (1 or 0 at T = 0): the acceptance a 1-token window
+    would have had (its expectation under Rule E; a lower bound under Rule R)."""
+    ids = torch.tensor(actual, dtype=torch.long)                                         # [T]
+    if cfg.greedy:
+        return (argmax_last(logits) == ids).float().tolist()
+    return probs(logits, cfg).gather(-1, ids.unsqueeze(1)).squeeze(1).tolist()
+
+

@@ -207,11 +207,18 @@ class MirrorEngine:
                     out.put(None)
 
     def _run(self, request: Request, stop: threading.Event, out: queue.Queue) -> None:
+        serial, lanes = self.info.serial_cpus, self.info.lanes
         features = self.info.draft_features is not None and request.decoder != "ar"
+        # the steps that run on cores the draft lane holds: sd's on ar's; Mirror-SD's plain ones, and every one
+        # where the draft lane lends its cores for the layers before the early exit (PairInfo.lend_cpus)
+        on_ar, lent = (bool(set(cpus) & set(lanes.draft_cpus)) for cpus in (serial, self.info.lend_cpus))
+        shared = {"sd": "all" if on_ar else "",
+                  "mirror": "all" if lent else "plain" if on_ar else ""}.get(request.decoder, "")
         run = DecodeState(request, self.target, request.spec.exit_layer, self.eos_ids, stop,
                           self.info.run_settings(request), features=features,
-                          window_steps=self.info.window_steps(),
-                          prefill_cpus=prefill_cpus(self.info.lanes, features, self.target.kernel.library is not None))
+                          window_steps=self.info.window_steps(), step_s=self.info.step_s(),
+                          plain_cpus=serial if request.decoder == "mirror" else (), shared=shared,
+                          prefill_cpus=prefill_cpus(lanes, features, self.target.kernel.library is not None))
         for batch in decode_events(run, self.lane):
             out.put(batch)
 

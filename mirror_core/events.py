@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Union
 
 from .config import LaneConfig, Request
 from .context_draft import ContextProposal
+from .draft_choice import WindowChoice
 # WHOLE_MACHINE_BOUND: read by ui/, which reaches the load's records through the events that carry them
 from .records import UNCHECKED, WHOLE_MACHINE_BOUND, Calibration, Roofline, RowCheck, WholeMachine  # noqa: F401
 
@@ -108,7 +109,7 @@ class SpanEvent:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One verification pass; the raw material of every metric."""
+    """One verification pass (of [w0] alone where the step took a window of zero); the raw material of every metric."""
 
     step: int
     window: tuple[int, ...]        # [w0, d1..dγ]
@@ -126,8 +127,10 @@ class StepRecord:
     branch_rows: tuple[tuple[int, int], ...] = ()     # (slot index 0..γ, candidate token) of each branch row
     branch_row: int | None = None                     # the reused row on a hit
     t_end: float = 0.0
-    source: str = "model"                             # messages.SOURCES: where this window came from
-    context: ContextProposal | None = None            # a context window's match and why its length was chosen
+    source: str = "model"                             # metrics.SOURCES: where this window came from ("zero": none)
+    context: ContextProposal | None = None            # a context window's match and its modelled acceptance
+    choice: WindowChoice | None = None                # why this window and its length: each candidate's modelled
+                                                      # tokens per ms against a plain step's (draft_choice.py)
 
 
 @dataclass(frozen=True)

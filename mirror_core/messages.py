@@ -12,12 +12,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import SamplingConfig
-from .context_draft import ContextPlan, ContextProposal
-from .metrics import SOURCES
-
-# where a window came from (metrics.SOURCES, whose order the per-source counters keep): a fresh rollout of the draft
-# model, a precomputed branch adopted on a hit (Mirror-SD), a copy from the prompt and the output (context_draft.py)
-SOURCE_MODEL, SOURCE_BRANCH, SOURCE_CONTEXT = SOURCES
+from .context_draft import ContextProposal
+from .draft_choice import SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_MODEL, SOURCE_ZERO, ChoicePlan, WindowChoice  # noqa: F401
 
 SpanTuple = tuple[str, float, float]  # (stage, t0, t1) on the shared monotonic clock
 
@@ -28,7 +24,10 @@ class DraftStart:
     prompt_ids: tuple[int, ...]
     gamma: int
     sampling: SamplingConfig
-    context: ContextPlan | None = None     # the context draft's plan (None: off)
+    choice: ChoicePlan                     # how the draft lane chooses each window (draft_choice.py)
+    # which of the target's steps run on the draft lane's cores too (ar's cores hold them): "" none, "plain" its plain
+    # steps (Mirror-SD), "all" all of them (sd); the draft lane then waits for its next command asleep, not spinning
+    shared: str = ""
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,8 @@ class ResolveRequest:
 
 @dataclass
 class DraftWindow:
-    tokens: tuple[int, ...]                 # d1..dγ of the next window (a context window: d1..d_L, L ≤ MAX_GAMMA)
+    tokens: tuple[int, ...]                 # d1..d_g of the next window, g ≤ γ (a context window: d1..d_L,
+    #                                         L ≤ MAX_GAMMA; a window of zero: none, the target verifies [w0] alone)
     p_draft: torch.Tensor | None            # [γ, V] the exact law each token was drawn from (T > 0), CPU; a context
     #                                         window's is one-hot (a point mass)
     branch_row: int | None                  # the adopted branch row (a hit), or None (a fresh rollout)
@@ -63,7 +63,18 @@ class DraftWindow:
     forwards: int = 0                       # draft row-forwards since the previous reply (a batch of R rows = R)
     produced: int = 0                       # draft tokens those row-forwards produced (η̄ = produced / forwards)
     source: str = SOURCE_MODEL              # SOURCES: where the window came from
-    context: ContextProposal | None = None  # a context window's match and the latency model's reasons
+    context: ContextProposal | None = None  # a context window's match and its modelled acceptance
+    choice: WindowChoice | None = None      # why this window (and its length) was proposed (draft_choice.py)
+    # a window of zero only: the step after it is a plain step too unless the token it commits is one of these (the
+    # tokens after which the context could offer a window) or c is a hit; then the target lane posts that step's
+    # ResolveRequest and starts the plain step at once, collecting this reply when it ends. None: ask first
+    then_plain_unless: tuple[int, ...] | None = None
+    promised: bool = False                  # made by the target lane: a window of zero promised, its reply to come
+
+    @classmethod
+    def promised_zero(cls) -> DraftWindow:
+        """The window of zero the last reply promised, verified before the draft lane's reply for it is collected."""
+        return cls((), None, None, (), source=SOURCE_ZERO, promised=True)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ from dataclasses import dataclass, fields
 
 
 KINDS = ("tau1", "deeper", "bonus")  # where the correction landed: slot 1, a deeper draft slot, the bonus slot
-SOURCES = ("model", "branch", "context")  # where a window came from (messages.SOURCES, in the same order)
+# where a window came from (draft_choice.SOURCE_*, in this order): a fresh rollout of the draft model, an adopted branch,
+# a copy from the context, or none: a window of zero tokens (a plain target step, where no window was modelled to win)
+SOURCES = ("model", "branch", "context", "zero")
 
 
 def _ratio_of(num: str, den: str, definition: str) -> property:
@@ -30,7 +32,8 @@ class RunSummary:
     committed: int = 0                           # Σ n_t over steps
     drafted: int = 0                             # Σ D_t
     accepted: int = 0                            # Σ A_t
-    hist: tuple[int, ...] = ()                   # counts of A_t over 0..γ (a longer context window's A_t ≥ γ: last)
+    hist: tuple[int, ...] = ()                   # counts of A_t over 0..γ of the steps that proposed a window (a
+    #                                              longer context window's A_t ≥ γ: last)
     pos_accepted: tuple[int, ...] = ()           # #(A_t ≥ i), i = 1..γ
     pos_drafted: tuple[int, ...] = ()            # #(D_t ≥ i), i = 1..γ
     branched_steps: int = 0                      # steps that had precomputed branches
@@ -46,9 +49,9 @@ class RunSummary:
     hidden_s: float = 0.0                        # |draft busy ∩ target busy| on one clock
     wall_s: float = 0.0                          # prefill start → last commit
     ttft_s: float | None = None                  # prefill start → first new token (None: no token)
-    source_steps: tuple[int, int, int] = (0, 0, 0)     # verification steps whose window came from each SOURCES
-    source_drafted: tuple[int, int, int] = (0, 0, 0)   # Σ D_t of those steps (tokens proposed)
-    source_accepted: tuple[int, int, int] = (0, 0, 0)  # Σ A_t of those steps (tokens accepted)
+    source_steps: tuple[int, ...] = (0,) * len(SOURCES)     # verification steps whose window came from each SOURCES
+    source_drafted: tuple[int, ...] = (0,) * len(SOURCES)   # Σ D_t of those steps (tokens proposed)
+    source_accepted: tuple[int, ...] = (0,) * len(SOURCES)  # Σ A_t of those steps (tokens accepted)
 
     def __post_init__(self) -> None:
         g = self.gamma
@@ -59,7 +62,8 @@ class RunSummary:
 
     # -- metrics (docs/ALGORITHM.md §8): each is a ratio of counters, None when its denominator is 0 -----
     tau = _ratio_of("committed", "steps",
-                    "τ = Σ n_t / #steps: tokens committed per verification, counting the correction or bonus token.")
+                    "τ = Σ n_t / #steps: tokens committed per verification, counting the correction or bonus token "
+                    "(a window of zero verifies [w0] alone and commits 1).")
     acceptance_rate = _ratio_of("accepted", "drafted", "α = Σ A_t / Σ D_t: the share of presented draft tokens accepted.")
     hit_rate = _ratio_of("hits", "branched_steps",
                          "#hit steps / #steps that had branches (the first step has none): c was among the "
@@ -98,6 +102,12 @@ class RunSummary:
         accepted (Σ A_t), acceptance = accepted / proposed, mean accepted run = accepted / steps."""
         return {name: source_entry(n, d, a)
                 for name, n, d, a in zip(SOURCES, self.source_steps, self.source_drafted, self.source_accepted)}
+
+    @property
+    def zero_windows(self) -> int:
+        """Steps that took a window of zero: no window was modelled to commit more tokens per millisecond than a plain
+        target step, so the target verified [w0] alone and committed its own token."""
+        return self.source_steps[SOURCES.index("zero")]
 
     @property
     def target_passes(self) -> int:
@@ -146,6 +156,7 @@ class RunSummary:
             "draft_busy_s": self.draft_busy_s, "target_busy_s": self.target_busy_s, "wall_s": self.wall_s,
             "ttft_s": self.ttft_s, "tokens_per_s": self.tokens_per_s, "draft_forwards": self.draft_forwards,
             "draft_tokens_per_forward": self.draft_tokens_per_forward, "by_source": self.by_source,
+            "zero_windows": self.zero_windows,
             "counters": {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
                          for f in fields(self)},
         }

@@ -85,10 +85,16 @@ class PairInfo:
 
     def window_steps(self) -> tuple[float, ...]:
         """The target's forward of 1, 2, .. MAX_GAMMA + 1 rows in one-row steps, timed at load on the target lane
-        (Calibration.window_ms; () where it was not): the cost the context draft's window length is chosen by."""
+        (Calibration.window_ms; () where it was not): the cost each step's window is chosen by (draft_choice.py)."""
         cal = self.target_dtype
         ms = [] if cal is None else [cal.window_ms(cal.sequence, m) for m in range(1, MAX_GAMMA + 2)]
         return () if not ms or None in ms else tuple(round(v / ms[0], 4) for v in ms)
+
+    def step_s(self) -> float:
+        """The target's one-row step timed at load on the target lane (s; 0 where it was not): window_steps' unit."""
+        cal = self.target_dtype
+        ms = None if cal is None else cal.window_ms(cal.sequence, 1)
+        return 0.0 if ms is None else ms / 1e3
 
     def describe(self) -> dict:
         """What ran: the CLI's --json `pair` object (the numbers panel's "Ran:" line says the same from the run

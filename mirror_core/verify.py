@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import SamplingConfig
-from .sampling import argmax_last, keyed_uniform, probs, sample_inverse_cdf
+from .sampling import argmax_last, keyed_uniform, probs, sample_inverse_cdf, target_token
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,8 @@ def accept(logits_target: torch.Tensor, draft: list[int], cfg: SamplingConfig, f
            p_draft: torch.Tensor | None, gen: torch.Generator | None) -> AcceptResult:
     """Run the request's rule over the window; slot j predicts the token at first_position + j - 1."""
     argmax = tuple(int(t) for t in argmax_last(logits_target).tolist())  # [D+1]
+    if not draft:  # a window of zero: the target's own token at this position, drawn as ar draws it
+        return AcceptResult(0, argmax[0] if cfg.greedy else target_token(logits_target[0], cfg, first_position), argmax)
     if cfg.greedy:
         a = 0
         while a < len(draft) and draft[a] == argmax[a]:

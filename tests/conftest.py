@@ -16,6 +16,19 @@ def pairs(pair_root) -> dict[str, tuple[str, str]]:
     return {arch: build_pair(pair_root, arch) for arch in ARCHS}
 
 
+@pytest.fixture(scope="session")
+def llama_with_drafts(tmp_path_factory) -> tuple[str, str, str]:
+    """A 4-layer Llama target with its token draft and a feature-reading draft of layer 2 (training it takes most of
+    a minute: one copy for every test module that needs it)."""
+    import os
+
+    from testing.toy_models import feature_draft
+
+    root = str(tmp_path_factory.mktemp("llama_with_drafts"))
+    target, draft = build_pair(root, "llama", target_layers=4)
+    return target, draft, feature_draft(target, os.path.join(root, "fdraft"), layer=2, steps=40)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def calibration_cache(tmp_path_factory):
     """Dtype calibrations (runners/calibrate.py) go to a folder of this session, not the user's cache

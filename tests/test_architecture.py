@@ -197,10 +197,11 @@ def _cache_moves(module: str) -> set[str]:
 
 def test_only_the_two_lanes_loops_move_cache_positions():
     """The target's cache moves only in the target lane's loop (decode.py over DecodeState) and the draft's only in
-    DraftWorker; outside them only runners/ (on caches of their own: calibration, the row check) and training call
-    a runner; verify.py and sampling.py call no model."""
+    DraftWorker (and FeatureDraftWorker, draft_feature.py); outside them only runners/ (on caches of their own:
+    calibration, the row check) and training call a runner; verify.py and sampling.py call no model."""
     movers = {m for m in MODULES if not m.startswith("mirror_core.runners") and _cache_moves(m)}
-    assert movers == {"mirror_core.decode", "mirror_core.decode_state", "mirror_core.draft_worker"}, movers
+    assert movers == {"mirror_core.decode", "mirror_core.decode_state", "mirror_core.draft_worker",
+                      "mirror_core.draft_feature"}, movers
     assert not {m for m in UI_MODULES if _cache_moves(m)}  # ui/ never calls a runner
 
 

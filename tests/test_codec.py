@@ -21,20 +21,27 @@ from mirror_core.lanes.codec import (
     decode,
     encode,
 )
+from mirror_core.context_draft import ContextPlan, ContextProposal
+from mirror_core.draft_choice import Candidate, ChoicePlan, WindowChoice
 from mirror_core.messages import BranchRequest, DraftStart, DraftWindow, ResolveRequest
 
 _GEN = torch.Generator().manual_seed(0)
 WINDOW = DraftWindow((1, 2, 3, 4), torch.rand(4, 7, generator=_GEN), 0, ((1, 2, 3, 4),) * 3 + ((9,),),
                      [("draft_branches", 1.5, 2.25), ("select_branch", 2.25, 2.5), ("draft_rollout", 3.0, 4.0)], 12, 13)
+PLAN = ChoicePlan(True, 64, (1.0, 1.13, 1.33), 0.006, ContextPlan(2, 16))
+CHOICE = WindowChoice(Candidate("zero", 0, 1.0, 5.1), Candidate("context", 3, 2.4375, 7.2), promised=True)
 SAMPLES = [
-    DraftStart((5,), 1, SamplingConfig()),
+    DraftStart((5,), 1, SamplingConfig(), ChoicePlan(False, 1, ())),
     DraftStart(tuple(range(300)), 16, SamplingConfig(temperature=0.7, top_k=5, top_p=0.9, seed=2**63 - 1,
-                                                     rule="rejection")),
+                                                     rule="rejection"), PLAN),
     BranchRequest(0, ()),
     BranchRequest(2, ((1, 2), (3, -1), (-1, -1), (4,), ())),   # -1 candidates, ragged and empty rows
     ResolveRequest(5, 2, 17, True),
     ResolveRequest(6, 0, 3, False),
     DraftWindow((1, 2), None, None, ()),                                             # greedy, no branches, no spans
+    DraftWindow((), None, None, (), source="zero", choice=CHOICE, then_plain_unless=(3, 9)),  # a window of zero
+    DraftWindow((4, 5), None, None, (), source="context", context=ContextProposal((4, 5), 6, 9, 0.8, 2.44),
+                choice=WindowChoice(Candidate("context", 2, 2.44, 6.7), None, probe=False, measured=True)),
     WINDOW,                                                                          # p_draft, 3 spans
     DraftWindow((7,), torch.rand(1, 3, generator=_GEN, dtype=torch.float64), 9, ((7, 8),),  # float64 → float32
                 [("prefill", 0.0, 1e-9)], 1, 1),
@@ -88,7 +95,7 @@ def test_a_message_too_large_for_the_channel_is_refused_with_a_clear_error():
     try:
         too_large = r"too large for the channel: frame kind 1 has \d+ int64 words, the mailbox holds 32"
         with pytest.raises(ValueError, match=too_large):
-            ch.to_worker.send(encode(DraftStart(tuple(range(60)), 4, SamplingConfig())), lambda: True, 1)
+            ch.to_worker.send(encode(DraftStart(tuple(range(60)), 4, SamplingConfig(), PLAN)), lambda: True, 1)
         with pytest.raises(ValueError, match="float32 words"):
             ch.to_worker.send(encode(DraftWindow((1, 2), torch.rand(2, 3, generator=_GEN), None, ())), lambda: True, 1)
         assert ch.to_worker.drained()  # nothing was published

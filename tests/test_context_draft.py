@@ -3,7 +3,6 @@ choice, Rule R's law with a point-mass draft, and every decoder's greedy tokens 
 copy and prompts that do not, up to the token budget and EOS."""
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -11,11 +10,12 @@ import torch
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SpecConfig
 from mirror_core.config import CONTEXT_NGRAM, ContextConfig, MirrorError, SamplingConfig
-from mirror_core.context_draft import MATCH_CAP, ContextDrafter, ContextIndex, ContextPlan
+from mirror_core.context_draft import MATCH_CAP, ContextIndex, ContextPlan
+from mirror_core.draft_choice import ChoicePlan, WindowChooser
 from mirror_core.draft_worker import point_mass
 from mirror_core.metrics import SOURCES
 from mirror_core.verify import accept
-from testing.toy_models import build_pair, feature_draft, hf_greedy
+from testing.toy_models import build_pair, hf_greedy
 
 CONTEXT = SOURCES.index("context")
 OFF = ContextConfig(enabled=False)
@@ -48,32 +48,36 @@ def test_the_index_finds_what_a_brute_force_search_finds(vocab):
 
 
 def test_the_cost_by_rows_extends_along_the_last_timed_slope():
-    plan = ContextPlan(2, 16, 64, (1.0, 1.1, 1.2, 1.4))
-    assert plan.cost(3) == 1.2 and plan.cost(6) == pytest.approx(1.4 + 2 * 0.15)
-    assert ContextPlan(2, 16, 64, ()).cost(5) == pytest.approx(2.0)  # not timed: the stated assumption
+    plan = ChoicePlan(True, 64, (1.0, 1.1, 1.2, 1.4))
+    assert plan.steps(3) == 1.2 and plan.steps(6) == pytest.approx(1.4 + 2 * 0.15)
+    assert ChoicePlan(True, 64, ()).steps(5) == pytest.approx(2.0)  # not timed: the stated assumption
+
+
+def chooser(prompt, max_new=64, zero_windows=False, gamma=4) -> WindowChooser:
+    plan = ChoicePlan(zero_windows, max_new, tuple(1 + 0.1 * r for r in range(8)), 0.005, ContextPlan(2, 16))
+    return WindowChooser(plan, gamma, prompt)
 
 
 def test_the_drafter_copies_long_matches_and_learns_from_misses():
-    drafter = ContextDrafter(ContextPlan(2, 16, 64, tuple(1 + 0.1 * r for r in range(8))), gamma=4)
     text = list(range(100, 140))
-    drafter.start(text)
-    drafter.index.extend(text[:20])               # the output so far repeats the first 20 tokens of the prompt
-    long = drafter.propose()
-    assert long is not None and long.match == 20 and long.tokens == tuple(text[20:20 + len(long.tokens)])
-    assert len(long.tokens) > 4 and long.expected > 1 + 4 * 0.5   # longer than γ: the evidence pays for it
-    drafter.index.extend([7])                      # nothing matches a fresh token: the model drafts
-    assert drafter.propose() is None
-    short = ContextDrafter(drafter.plan, gamma=4)
-    short.start([1, 2, 3, 9, 1, 2])
-    first = short.propose()
-    assert first is not None and first.match == 2
-    for _ in range(20):                            # its proposals at this match length keep failing
-        short.learn(first, len(first.tokens), 0)
-    assert short.propose() is None
-    near_end = ContextDrafter(ContextPlan(2, 16, 3, drafter.plan.window_steps), gamma=4)
-    near_end.start(text)
-    near_end.index.extend(text[:2])                # 1 token left in the budget: a 1-token window (then c) at most
-    assert near_end.propose().tokens == (text[2],)
+    long = chooser(text)
+    long.learn(0, 0.0, 0.0, text[:20])              # the output so far repeats the first 20 tokens of the prompt
+    choice = long.choose(False, 1)
+    proposal = long.proposal
+    assert choice.chosen.source == "context" and proposal.match == 20
+    assert proposal.tokens == tuple(text[20:20 + len(proposal.tokens)]) == tuple(text[20:20 + choice.chosen.size])
+    assert len(proposal.tokens) > 4 and proposal.expected > 1 + 4 * 0.5   # longer than γ: the evidence pays for it
+    long.learn(len(proposal.tokens), 0.0, 0.0, [7])  # nothing matches a fresh token: the model drafts
+    assert long.choose(False, 1).chosen.source == "model"
+    short = chooser([1, 2, 3, 9, 1, 2])
+    first = short.choose(False, 1)
+    assert first.chosen.source == "context" and short.proposal.match == 2
+    for _ in range(60):                            # its proposals at this match length keep failing
+        short.context.learn(short.proposal, 0)
+    assert short.choose(False, 1).chosen.source == "model"
+    near_end = chooser(text, max_new=3)
+    near_end.learn(0, 0.0, 0.0, text[:2])          # 1 token left in the budget: a 1-token window (then c) at most
+    assert near_end.choose(False, 1).chosen.source == "context" and near_end.proposal.tokens == (text[2],)
 
 
 def test_rule_r_with_a_point_mass_draft_gives_the_targets_law():
@@ -91,10 +95,8 @@ def test_rule_r_with_a_point_mass_draft_gives_the_targets_law():
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("context"))
-    target, draft = build_pair(root, "llama", target_layers=4)
-    return target, draft, feature_draft(target, os.path.join(root, "fdraft"), layer=2, steps=40)
+def pair(llama_with_drafts):
+    return llama_with_drafts
 
 
 COPYING = [tuple(range(10, 40)) + tuple(range(10, 16)),   # the prompt already repeats: the answer can copy it
@@ -165,11 +167,12 @@ def test_bad_context_settings_are_refused():
 
 
 def test_costs_become_what_the_run_measured():
-    """Once the target lane has timed a verification, costs are the run's own (in load steps): the window's pass at
-    its row count, or the load's figure rescaled, plus the mean wait for a window from that source."""
-    drafter = ContextDrafter(ContextPlan(2, 16, 64, tuple(1 + 0.1 * r for r in range(17))), gamma=2)
-    assert drafter.cost(3, context=False) == pytest.approx(1.2)             # nothing timed yet: the load's
-    drafter.learn(None, 2, 1, verify_s=0.006, wait_s=0.003)                  # a model window of 3 rows
+    """Once the target lane has timed a verification, costs are the run's own (s): the window's pass at its row count,
+    or the load's figure rescaled, plus the mean wait for a window from that source beyond the draft's work."""
+    costs = chooser([1, 2, 3]).costs
+    assert costs.verify(3) == pytest.approx(1.2 * 0.005)                  # nothing timed yet: the load's
+    costs.learn(3, 0.006, "model", 0.003)                                 # a model window of 3 rows
     per_step = 0.006 / 1.2
-    assert drafter.cost(3, context=False) == pytest.approx((0.006 + 0.003) / per_step)
-    assert drafter.cost(5, context=True) == pytest.approx(1.4)               # rescaled load figure, no wait yet
+    assert costs.verify(3) == pytest.approx(0.006) and costs.wait("model") == pytest.approx(0.003)
+    assert costs.verify(5) == pytest.approx(1.4 * per_step)               # rescaled load figure
+    assert costs.wait("context") == pytest.approx(0.003)                  # no context wait yet: any source's mean

@@ -95,9 +95,11 @@ def test_parallel_lanes_are_lossless(pairs, kind):
         for i, prompt in enumerate(prompts(4, seed=3)):
             ref = hf_greedy(target, prompt, N_NEW)
             for decoder in ("sd", "mirror"):
-                end = engine.generate(Request(prompt, decoder, N_NEW, spec=SpecConfig(2 + i, 1 + i, 2)))
-                assert list(end.token_ids) == ref
-                assert end.fallback is None
+                for zero_windows in (True, False):  # on: plain steps promised ahead run while the draft lane works
+                    spec = SpecConfig(2 + i, 1 + i, 2, zero_windows=zero_windows)
+                    end = engine.generate(Request(prompt, decoder, N_NEW, spec=spec))
+                    assert list(end.token_ids) == ref
+                    assert end.fallback is None
 
 
 def test_step_records_name_each_branch_row(pairs, engines):
@@ -133,6 +135,6 @@ def test_branch_budget_keeps_output_and_caps_rows(arch, pairs, engines):
                 assert len(r.branch_rows) <= cap and len(r.branches) <= cap
                 assert all(v in r.topk_ids[j] for j, v in r.branch_rows)  # topk_ids: every candidate, pruned too
                 if budget == 1 and r.branches:  # the rest are shown as pruned, not dropped (ui/inspector.py)
-                    assert sum(v >= 0 for row in r.topk_ids for v in row) > 1 or spec.kappa * (spec.gamma + 1) == 1
+                    assert sum(v >= 0 for row in r.topk_ids for v in row) > 1 or spec.kappa * (r.drafted + 1) == 1  # (a window of zero: 1 slot)
                     cells = "".join(_topk_cells(r, j, str, None) for j in range(len(r.topk_ids)))
                     assert cells.count("pruned (budget)") == sum(v >= 0 for row in r.topk_ids for v in row) - 1

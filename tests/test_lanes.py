@@ -38,7 +38,8 @@ def process_engine(heavy_pair):
 
 
 def test_cpu_lanes_overlap_in_time(process_engine):
-    events = list(process_engine.stream(Request((1, 2, 3, 4), "mirror", 48, spec=SpecConfig(3, 2, 4))))
+    spec = SpecConfig(3, 2, 4, zero_windows=False)  # a window every step: the branch batches to hide are every step's
+    events = list(process_engine.stream(Request((1, 2, 3, 4), "mirror", 48, spec=spec)))
     end = events[-1]
     spans = [e for e in events if type(e).__name__ == "SpanEvent"]
     suffix = [(s.t0, s.t1) for s in spans if s.stage == "target_suffix"]
@@ -157,9 +158,9 @@ def test_an_idle_reader_dozes_on_the_doorbell_and_the_writer_rings_it(monkeypatc
     checks = iter([False, False, False, False, True])
     channel.wait_until(lambda: next(checks), lambda: True, 60, doze=lambda: phases.append("doze"))
     assert phases == ["spin", f"sleep {channel.SLEEP_S}", "doze", "doze"]
-    phases.clear()  # a reader that knows the next message is far (recv(block=True)): the doorbell at once, no spin
+    phases.clear()  # a reader whose cores the target is using (recv(asleep=True)): the doorbell at once, no spin
     clock, checks = iter([0.0, 0.001, 0.002]), iter([False, False, True])
-    channel.wait_until(lambda: next(checks), lambda: True, 60, doze=lambda: phases.append("doze"), idle_s=0.0)
+    channel.wait_until(lambda: next(checks), lambda: True, 60, doze=lambda: phases.append("doze"), asleep=True)
     assert phases == ["doze", "doze"]
     monkeypatch.undo()
 
@@ -175,8 +176,8 @@ def test_an_idle_reader_dozes_on_the_doorbell_and_the_writer_rings_it(monkeypatc
         ch.close()
 
 
-def test_a_blocked_reader_is_woken_by_every_message_without_a_lost_ring():
-    """recv(block=True) sleeps on the doorbell at once; the fences on both sides (channel.full_fence) mean no ring
+def test_a_reader_asleep_is_woken_by_every_message_without_a_lost_ring():
+    """recv(asleep=True) sleeps on the doorbell at once; the barriers on both sides (channel.full_barrier) mean no ring
     is lost to the race between DOZING and SEQ, so no round trip waits out DOZE_S (300 round trips, as a run's)."""
     import threading
 
@@ -187,7 +188,7 @@ def test_a_blocked_reader_is_woken_by_every_message_without_a_lost_ring():
 
     def reader():
         for _ in range(300):
-            msg = ch.to_worker.recv(lambda: True, 5, block=True)
+            msg = ch.to_worker.recv(lambda: True, 5, asleep=True)
             ch.to_target.send(Message(2, msg.i64 + 1, *empty), lambda: True, 5)
 
     worker = threading.Thread(target=reader, daemon=True)

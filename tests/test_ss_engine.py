@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from mirror_core import LaneConfig, MirrorEngine, Request, SamplingConfig, SpecConfig
 from mirror_core.config import SamplingConfig as SC
+from mirror_core.draft_choice import ChoicePlan
 from mirror_core.draft_worker import DraftWorker
 from mirror_core.messages import BranchRequest, DraftStart, ResolveRequest
 from mirror_core.models.ss_draft import ss_draft_from_llama
@@ -38,12 +39,12 @@ def test_ss_draft_is_lossless_for_every_decoder(ss_pair, kind, runner):
     with MirrorEngine.load(target, draft, LaneConfig(dtype="float32", kind=kind, runner=runner)) as engine:
         for i, prompt in enumerate(prompts(4, seed=21)):
             ref = hf_greedy(target, prompt, 24)
-            for decoder in ("ar", "sd", "mirror"):
-                spec = SpecConfig(gamma=2 + 2 * i, kappa=1 + i, exit_layer=1 + i % 3)
+            for decoder, zero_windows in (("ar", True), ("sd", False), ("mirror", True), ("mirror", False)):
+                spec = SpecConfig(gamma=2 + 2 * i, kappa=1 + i, exit_layer=1 + i % 3, zero_windows=zero_windows)
                 end = engine.generate(Request(prompt, decoder, 24, spec=spec))
                 assert list(end.token_ids) == ref, (decoder, prompt, spec)
                 assert end.fallback is None, end.fallback
-                if decoder != "ar":  # η̄: several tokens per SS pass, and some lookahead rejected
+                if not zero_windows:  # η̄ of γ-token rollouts: several tokens per SS pass, some lookahead rejected
                     assert 1.0 < end.summary.draft_tokens_per_forward < 3.0
 
 
@@ -65,7 +66,7 @@ def test_ss_rollouts_equal_one_token_at_a_time_decoding(ss_pair, runner_class):
     model = AutoModelForCausalLM.from_pretrained(draft).eval()
     worker = DraftWorker(runner_class(model))
     prompt, gamma = (3, 1, 4, 1, 5), 7
-    worker.handle(DraftStart(prompt, gamma, SC()))
+    worker.handle(DraftStart(prompt, gamma, SC(), ChoicePlan(False, 64, ())))  # raw speculation: γ every step
     first = worker.handle(ResolveRequest(0, 0, 9, hit=False))
     assert list(first.tokens) == main_greedy_generate(model, list(prompt) + [9], gamma)
     candidates = ((10, 11), (12,), (13, 14), (15,), (16,), (17,), (18,), (19, 20))

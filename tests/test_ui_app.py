@@ -31,7 +31,7 @@ RUN_PARAMETERS = (("Textbox", "Prompt"), ("Textbox", "Target"), ("Textbox", "Dra
                   ("Number", "Temperature"), ("Number", "Top-k"), ("Number", "Top-p"), ("Radio", "Rule"),
                   ("Number", "Max new tokens"), ("Number", "Seed"), ("Number", "Branch budget"),
                   ("Checkbox", "Live plots"), ("Number", "Repeats"), ("Checkbox", "Raw prompt"),
-                  ("Checkbox", "Context draft"), ("Dropdown", "Format"))
+                  ("Checkbox", "Context draft"), ("Dropdown", "Format"), ("Checkbox", "Zero windows"))
 
 
 @pytest.fixture(scope="module")

@@ -19,30 +19,59 @@ def inspector_html(run: DecoderRun | None, step: float | None) -> str:
     if isinstance(rec, str):
         return rec
     name = run.namer.show
-    bonus = rec.accepted == rec.drafted
-    kind = "bonus" if bonus else "correction"
-    head = (f"<p><b>Step {rec.step}</b>: the target verified W = [w0, {drafts(rec.drafted)}] in one pass, accepted "
-            f"A_t = {rec.accepted}, and its {kind} c = <code>{html.escape(name(rec.token))}</code> sits at slot "
-            f"s_t = A_t + 1 = {rec.accepted + 1} (slots 1..γ+1; slot γ+1 is the bonus); {count(rec.committed, 'token')} "
-            "committed. This window was " + window_source(rec) + "</p>")
+    kind = "bonus" if rec.accepted == rec.drafted else "correction"
+    if rec.drafted:
+        head = (f"<p><b>Step {rec.step}</b>: the target verified W = [w0, {drafts(rec.drafted)}] in one pass, accepted "
+                f"A_t = {rec.accepted}, and its {kind} c = <code>{html.escape(name(rec.token))}</code> sits at slot "
+                f"s_t = A_t + 1 = {rec.accepted + 1} (slots 1..γ+1; slot γ+1 is the bonus); "
+                f"{count(rec.committed, 'token')} committed. This window was " + window_source(rec) + "</p>")
+    else:
+        head = (f"<p><b>Step {rec.step}</b>: the target verified W = [w0] alone and committed its own token "
+                f"<code>{html.escape(name(rec.token))}</code>, a plain step. This window was " + window_source(rec)
+                + "</p>")
     sampling = run.start.settings.request.sampling if run.start else None
     rule = None if sampling is None or sampling.greedy else sampling.rule
     return head + _slots_table(rec, name, rule) + _branches(run.decoder, rec, name, last=rec is run.steps[-1])
 
 
 def window_source(rec: StepRecord) -> str:
-    """Where the window came from, and for a context window why its length was chosen (the latency model's terms)."""
+    """Where the window came from, and why it and its length were chosen (the latency model's terms)."""
     c = rec.context
-    if rec.source == "context" and c is not None:
-        return (f"<b>copied from the context</b>: the last {c.match} committed tokens occurred before, and the "
-                f"{len(c.tokens)} tokens that followed them there were proposed (of {c.available} on offer). Why "
-                f"{len(c.tokens)}: each copied token is accepted with q ≈ {c.q:.2f} at this match length (this run's "
-                f"count), so the window is modelled to commit {c.expected:.2f} tokens for {c.cost:.2f} target steps "
-                f"of verification, {c.expected / c.cost:.2f} per step, against {c.model_value:.2f} for the draft "
-                "model's window (modelled).")
-    if rec.from_branch:
-        return "<b>a reused branch</b> (a hit at the previous step)."
-    return "a fresh draft rollout."
+    if rec.source == "zero":
+        where = "<b>a window of zero</b>: no window was modelled to beat a plain step."
+    elif rec.source == "context" and c is not None:
+        where = (f"<b>copied from the context</b>: the last {c.match} committed tokens occurred before, and the "
+                 f"{len(c.tokens)} tokens that followed them there were proposed (of {c.available} on offer); each "
+                 f"copied token is accepted with q ≈ {c.q:.2f} at this match length (this run's count).")
+    elif rec.from_branch:
+        where = "<b>a reused branch</b> (a hit at the previous step)."
+    else:
+        where = "a fresh draft rollout."
+    return where + ("" if rec.choice is None else " " + why_chosen(rec.choice))
+
+
+SOURCE_WORDS = {"model": "the draft model's {n}-token window", "branch": "the adopted branch's first {n} tokens",
+                "context": "a {n}-token context copy", "zero": "a plain step"}
+
+
+def _offer(c) -> str:
+    """'the draft model's 1-token window: 1.48 tokens in 7.10 ms (0.208 per ms)'."""
+    return (SOURCE_WORDS[c.source].format(n=c.size) + f": {c.expected:.2f} token{'' if c.expected == 1 else 's'} "
+            f"in {c.ms:.2f} ms ({c.per_ms:.3f} per ms)")
+
+
+def why_chosen(choice) -> str:
+    """The chooser's reasons (draft_choice.WindowChoice): what this window and the best other were modelled to give."""
+    basis = "this run's own timings" if choice.measured else "the load's timings, before the run had timed any"
+    if choice.promised:
+        return (f"Promised at the step before: no token that step could commit would let the context offer a window, "
+                f"so the target began this plain step without waiting for the draft lane's reply; {_offer(choice.chosen)}"
+                + (f", against {_offer(choice.other)}" if choice.other is not None else "") + f" (modelled on {basis}).")
+    if choice.probe:
+        return (f"A probe: {_offer(choice.chosen)}, modelled to lose against {_offer(choice.other)}, proposed "
+                f"anyway to measure the draft's acceptance again after a run of plain steps (modelled on {basis}).")
+    other = f", against {_offer(choice.other)}" if choice.other is not None else ""
+    return f"Why: {_offer(choice.chosen)}{other} (modelled on {basis})."
 
 
 def _sampled(rec: StepRecord, j: int, draft: int | None, rule: str, name) -> str:
@@ -104,6 +133,9 @@ def _branches(decoder: str, rec: StepRecord, name, last: bool) -> str:
     if decoder != "mirror":
         return ("<p><b>No branches</b>: vanilla SD has no early exit, so the next window is drafted only after "
                 "verification (serial).</p>")
+    if rec.source == "zero":
+        return ("<p><b>No branches</b>: a window of zero sends no candidates; the target took a plain step on AR's "
+                "cores while the draft lane had nothing to roll out.</p>")
     if rec.hit is None:
         return ("<p><b>No branches</b>: the early-exit candidates did not reach the draft lane this step "
                 "(the draft lane failed); the run continued on the target alone.</p>")
@@ -119,8 +151,8 @@ def _branches(decoder: str, rec: StepRecord, name, last: bool) -> str:
                    f"(the draft lane adopted its KV cache; no rollout after verification).")
     else:
         verdict = (f"<b class='mirror-slow'>Miss → fallback</b>: c = <code>{html.escape(name(rec.token))}</code> is not "
-                   f"among slot s_t = {slot}'s κ candidates, so no precomputed branch starts with it; the draft lane "
-                   f"rolled out γ fresh tokens after verification.")
+                   f"among slot s_t = {slot}'s κ candidates, so no precomputed branch starts with it; the next window "
+                   f"came without one (a fresh rollout, a context copy or a window of zero: the next step says).")
     by_slot: dict[int, list[int]] = {}  # the shown rows, grouped by slot: only slot s_t's rows can be reused
     for r in range(min(len(rec.branches), len(rows), MAX_BRANCH_ROWS)):
         by_slot.setdefault(rows[r][0], []).append(r)

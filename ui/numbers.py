@@ -9,7 +9,7 @@ from mirror_core.latency import LatencyModel, latency_model_from_events, per_ste
 from mirror_core.events import WHOLE_MACHINE_BOUND  # ui/ reaches records through events
 from mirror_core.models.pairs import target_function
 
-from .render import shown_path
+from .render import count as counted, shown_path
 from .session import DecoderRun
 from .settings import DECODER_ORDER, DECODER_TITLES
 from .whatif import why_model
@@ -80,6 +80,11 @@ def _source_cell(run: DecoderRun, source: str) -> str:
     return f"{c['steps']} · {c['accepted']}/{c['proposed']} · {c['mean_accepted_run']:.2f}"
 
 
+def _zero_cell(summary) -> str:
+    """'31 of 52 steps': the steps that took a window of zero ("—": AR, no steps)."""
+    return f"{summary.zero_windows} of {counted(summary.steps, 'step')}" if summary.steps else "—"
+
+
 def _positions_cell(summary) -> str:
     """'α_1 0.62 (n 39) · α_2 …': each position's acceptance beside the windows it was counted over."""
     if not summary.steps:
@@ -114,6 +119,9 @@ _ROWS = (
     ("Ω̂_κ (exit overlap)", lambda r, s: _f(r.summary.exit_overlap), "share of slots whose target token is in that slot's early-exit top-κ"),
     *(_source_row(source, title)
       for source, title in (("model", "model draft"), ("branch", "adopted branch"), ("context", "context copy"))),
+    ("windows of zero", lambda r, s: _zero_cell(r.summary), "steps whose window had zero tokens: no window was "
+     "modelled to commit more tokens per millisecond than a plain target step, so the target verified [w0] alone and "
+     "committed its own token (Zero windows on; the step inspector says why at each step)"),
     ("new tokens / target passes", lambda r, s: f"{r.summary.new_tokens} / {r.summary.target_passes}", "target forward passes after the prefill: verification passes (sd, mirror) + one-token steps (ar)"),
     ("other processes", lambda r, s: _f(r.others, "{:.0%} of a core"),
      "the CPU time other processes used while this run was timed ÷ its wall time (the machine's busy time less this "

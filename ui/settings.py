@@ -98,6 +98,11 @@ RUN_CONTROLS = (
             "verify windows copied from there (yellow tokens), as long as the latency model says pays; elsewhere the "
             "draft model drafts. Never changes the output.", ContextConfig.enabled, row="speculation"),
     Control("format", "Format", "auto: the pair's own.", "auto"),
+    Control("zero_windows", "Zero windows", "On: each step SD and Mirror-SD propose a window only where the latency "
+            "model, on the run's own costs and acceptance, says it commits more tokens per millisecond than a plain "
+            "target step, and take a plain step (a window of zero) elsewhere; γ is then the longest window. Off: a "
+            "γ-token window every step (raw speculation). Never changes the output.", SpecConfig.zero_windows,
+            row="speculation"),
 )
 CONTROLS = tuple(c.name for c in RUN_CONTROLS)
 BY_NAME = {c.name: c for c in RUN_CONTROLS}
@@ -155,7 +160,8 @@ def settings_from_ui(values: Mapping[str, object]) -> ComparisonSettings:
     gamma, kappa = _bounded("gamma", _as_int(v["gamma"], "γ")), _bounded("kappa", _as_int(v["kappa"], "κ"))
     spec = SpecConfig(gamma=gamma or None, kappa=kappa or None, exit_layer=exit_layer or None,  # 0: the pair's
                       branch_budget=_bounded("branch_budget", _as_int(v["branch_budget"], "branch budget")),
-                      context=ContextConfig(enabled=_as_flag(v["context"], "context draft")))
+                      context=ContextConfig(enabled=_as_flag(v["context"], "context draft")),
+                      zero_windows=_as_flag(v["zero_windows"], "zero windows"))
     sampling = SamplingConfig(temperature=_bounded("temperature", _as_float(v["temperature"], "temperature")),
                               top_k=_bounded("top_k", _as_int(v["top_k"], "top-k")),
                               top_p=_bounded("top_p", _as_float(v["top_p"], "top-p")),

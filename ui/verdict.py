@@ -73,7 +73,9 @@ def _verdict(session: Session) -> str:
         return provisional + "<b>No verdict</b>: the runs committed no tokens to compare."
     middle = ranked[(len(ranked) - 1) // 2]
     noisy = noise_line(session.history, ranked)
+    zero = zero_windows_line(middle)
     return (f"<p class='mirror-headline' id='mirror-headline'>{provisional}{html.escape(headline(repeats))}</p>"
+            + (f"<p id='mirror-zero'>{html.escape(zero)}</p>" if zero else "")
             + (f"<p class='mirror-noisy' id='mirror-noisy'>{html.escape(noisy)}</p>" if noisy else "")
             + gauge_html(break_even(middle))
             + "<details id='mirror-why-fold'><summary>Why, in numbers, with every definition</summary>"
@@ -125,6 +127,16 @@ def sd_over_ar(repeats: list[dict[str, DecoderRun]]) -> float | None:
     """Vanilla SD ÷ AR: the median of the per-repeat ratios (None where SD did not run)."""
     xs = sd_xs(repeats)
     return statistics.median(xs) if xs else None
+
+
+def zero_windows_line(rep: dict[str, DecoderRun]) -> str:
+    """How many steps of each speculative decoder took a window of zero, and why ('' where none did)."""
+    said = [f"{DECODER_TITLES[d]} at {s.zero_windows} of {count(s.steps, 'step')}" for d in ("mirror", "sd")
+            if d in rep and (s := rep[d].summary) is not None and s.zero_windows]
+    if not said:
+        return ""
+    return (f"A window of zero (a plain target step): {' and '.join(said)}, where no window was modelled to commit "
+            "more tokens per millisecond than a plain step (the step inspector says why at each step).")
 
 
 def noise_line(history: list[DecoderRun], ranked: list[dict[str, DecoderRun]]) -> str:

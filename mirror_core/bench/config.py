@@ -6,15 +6,19 @@ from dataclasses import dataclass
 from ..config import MirrorError, SamplingConfig, SpecConfig
 
 # bench name → engine decoder; sd_model and mirror_model are sd and mirror with the context draft off (the model
-# draft alone), so that one bench shows what the context draft adds where it fires and costs where it does not
+# draft alone), so that one bench shows what the context draft adds where it fires and costs where it does not;
+# sd_raw and mirror_raw are sd and mirror with zero windows off (a γ-token window every step: raw speculation), so
+# that one bench shows what taking a plain step where no window pays changes
 ENGINE_DECODERS = {"ar": "ar", "ar_all": "ar", "sd": "sd", "mirror": "mirror", "sd_model": "sd",
-                   "mirror_model": "mirror"}
+                   "mirror_model": "mirror", "sd_raw": "sd", "mirror_raw": "mirror"}
 MODEL_ONLY = ("sd_model", "mirror_model")
+RAW = ("sd_raw", "mirror_raw")
 PEER_DECODERS = ("hf", "hf_assisted", "llama_cpp", "llama_cpp_one")  # llama_cpp*: optional (bench/peers.py)
 BENCH_DECODERS = tuple(ENGINE_DECODERS) + PEER_DECODERS
 SWEEP_AXES = {"gamma": "gamma", "kappa": "kappa", "exit": "exit_layer",  # --sweep name → SpecConfig field
               "budget": "branch_budget"}
-DRAFTING_DECODERS = ("sd", "mirror", "sd_model", "mirror_model", "hf_assisted")  # the decoders a γ applies to
+DRAFTING_DECODERS = ("sd", "mirror", "sd_model", "mirror_model", "sd_raw", "mirror_raw",  # the decoders a γ applies to
+                     "hf_assisted")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from ..machine import usable_cpus
 from ..metrics import RunSummary
 from ..phases import StepPhases, step_phases
 from ..models.loading import assistable, encode_text
-from .config import (BENCH_DECODERS, DRAFTING_DECODERS, ENGINE_DECODERS, MODEL_ONLY, PEER_DECODERS, SWEEP_AXES,
+from .config import (BENCH_DECODERS, DRAFTING_DECODERS, ENGINE_DECODERS, MODEL_ONLY, PEER_DECODERS, RAW, SWEEP_AXES,
                      BenchConfig)
 from .rows import BenchRow, ModelMs, run_metrics
 
@@ -142,7 +142,7 @@ def default_decoders(lanes: LaneConfig, draft: str | None = None) -> tuple[str, 
     """Every decoder that applies, but those asked for by name: the optional llama.cpp peers, and sd and mirror with
     the context draft off; hf_assisted only with a draft transformers can drive (models/loading.py: assistable)."""
     return tuple(d for d in BENCH_DECODERS if (d != "ar_all" or lanes.target_device == "cpu")
-                 and not d.startswith("llama_cpp") and d not in MODEL_ONLY
+                 and not d.startswith("llama_cpp") and d not in MODEL_ONLY + RAW
                  and (d != "hf_assisted" or draft is None or assistable(draft)))
 
 
@@ -181,6 +181,7 @@ def plan(engine: MirrorEngine, config: BenchConfig, probe: tuple[int, ...]) -> l
         mirror = ENGINE_DECODERS.get(decoder) == "mirror"
         for spec in specs:
             spec = replace(spec, context=ContextConfig(enabled=False)) if decoder in MODEL_ONLY else spec
+            spec = replace(spec, zero_windows=False) if decoder in RAW else spec
             spec = engine.validate(Request(probe, ENGINE_DECODERS.get(decoder, "ar"), config.max_new_tokens,
                                            config.sampling, spec)).spec  # γ, κ, ℓ_e left out: the pair's
             cells.append(Cell(decoder, spec, spec.gamma if decoder in DRAFTING_DECODERS else None,

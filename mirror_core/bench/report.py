@@ -14,7 +14,8 @@ _SUMMARY_COLS = (("tok/s", "tokens_per_s", "{:.1f}"), ("×base", "speedup_vs_bas
                  ("×ar", "speedup_vs_ar", "{:.2f}"),
                  ("×ar_all", "speedup_vs_ar_all", "{:.2f}"), ("τ", "tau", "{:.2f}"),
                  ("α", "acceptance_rate", "{:.2f}"),
-                 ("hit", "hit_rate", "{:.2f}"), ("hidden", "draft_hidden_fraction", "{:.2f}"),
+                 ("hit", "hit_rate", "{:.2f}"), ("zero", "zero_share", "{:.2f}"),
+                 ("hidden", "draft_hidden_fraction", "{:.2f}"),
                  ("bound", "bound", "{:.2f}"), ("pred×ar", "predicted_speedup_vs_ar", "{:.2f}"),
                  ("step/hb", "step_over_hidden_bound", "{:.2f}"), ("=ar", "all_equal_to_ar", "{}"),
                  ("agree", "agreement_with_ar", "{:.2f}"), ("step ms", "step_ar_ms", "{:.2f}"))
@@ -36,6 +37,7 @@ def format_table(report: BenchReport) -> str:
         lines.append(s.name.ljust(width) + "".join(f"{_cell(getattr(s, k), f):>10}" for _, k, f in _SUMMARY_COLS))
     lines.append(f"baseline: {report.baseline or '– (run ar or ar_all)'}; ×base = median speedup over prompts "
                  "(min–max); ×base dec = the same after the first token (the prefill left out); bound = τ·T_AR/T_verify; pred×ar = latency model (modelled); "
+                 "zero = steps that took a window of zero (a plain target step) / steps; "
                  "step/hb = mirror step / hidden-draft bound; agree = common prefix with ar's tokens (share); "
                  "step ms = median target-only step (llama.cpp: time between tokens)")
     for dtype, k in (report.settings.get("target_kernel") or {}).items():

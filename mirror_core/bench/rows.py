@@ -13,7 +13,7 @@ from ..metrics import RunSummary
 
 BASELINES = ("ar", "ar_all")       # the target-only decoders; the faster over the suite is the baseline
 # the engine's speculative decoders (bench/config.py: *_model = the context draft off): the physical bound applies
-SPECULATIVE = ("sd", "mirror", "sd_model", "mirror_model")
+SPECULATIVE = ("sd", "mirror", "sd_model", "mirror_model", "sd_raw", "mirror_raw")
 RUN_METRICS = ("tau", "acceptance_rate", "hit_rate", "fallback_frequency", "draft_hidden_fraction",
                "draft_tokens_per_forward", "steps", "by_source", "ttft_s")  # BenchRow fields from the RunSummary
 

@@ -13,8 +13,8 @@ from .rows import BenchRow, baseline_decoder, derive, entries
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PATH_FIELDS = ("target", "draft", "prompts_file")  # the settings that may name a folder or file of this machine
 FORMAT = "mirror-sd-bench/6"  # /3: rows carry the --dtype they ran at; /4: agreement_with_ar, step_ar_ms (llama.cpp);
-#                               /5: by_source (per window source: model, branch, context), ttft_s, decode speedup;
-#                               /6: phases_ms (the mean step by phase: phases.py)
+#                               /5: by_source (per window source: model, branch, context; zero since windows of
+#                               zero), ttft_s, decode speedup; /6: phases_ms (the mean step by phase: phases.py)
 NOTES = (
     "Engine decoders (ar, ar_all, sd, mirror) are timed by the engine's own spans: prefill start → last commit, "
     "one monotonic clock for both lanes; loading and tokenisation excluded.",
@@ -83,6 +83,12 @@ class SummaryEntry:
     step_ar_ms: float | None = None                # median T_AR over prompts (ar, ar_all; llama.cpp: between tokens)
     by_source: dict | None = None                  # RunSummary.by_source of the prompts' runs pooled (counters added)
     phases_ms: dict | None = None                  # each phase's mean over prompts (BenchRow.phases_ms)
+
+    @property
+    def zero_share(self) -> float | None:
+        """Steps that took a window of zero over every step, pooled over prompts (None: no steps)."""
+        steps = sum(c["steps"] for c in self.by_source.values()) if self.by_source else 0
+        return self.by_source["zero"]["steps"] / steps if steps and "zero" in self.by_source else None
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

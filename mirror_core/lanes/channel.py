@@ -18,15 +18,14 @@ counters are still polled without it, as hints. `Channel(ordered_stores=...)` pi
 
 Waiting. A reader yield-spins for SPIN_S (a run exchanges messages every few milliseconds), then
 sleeps in short ticks, and once idle for IDLE_S (between runs) sets DOZING and blocks on the mailbox's
-doorbell, a semaphore the writer releases after publishing when it sees DOZING. Both sides put a full
-fence between their store and their load of the other's flag (a lock's atomic exchange: x86 may
-otherwise let each load pass its own store, and both miss the other), so no ring is lost; a
-DOZE_S timeout still bounds a wait. An idle draft lane thus costs almost no CPU, and the first
-message after a pause arrives within a fraction of a millisecond (measured: BENCHMARKS.md's
-history, `python -m mirror_core channel`). A reader that knows the next message is milliseconds
-away (the draft lane after it answered a window: the target verifies it first) blocks on the
-doorbell at once (recv(block=True)), so its core is free meanwhile: Mirror-SD's target lane
-borrows it for the layers before the early exit (LaneConfig.lend_cores).
+doorbell, a semaphore the writer releases after publishing when it sees DOZING. Each side puts a full
+barrier between its store and its load of the other's flag (x86 may let a load pass an earlier store), so
+no ring is lost; DOZE_S, the doze's timeout, only bounds a wait whose writer died. An idle draft lane thus
+costs almost no CPU, and the first message after a pause arrives within a fraction of a millisecond
+(measured: BENCHMARKS.md's history, `python -m mirror_core channel`). A reader whose cores the target is
+using meanwhile waits asleep at once (recv(asleep=True)): spinning there would take them from the target (sd
+on ar's cores, Mirror-SD's plain steps, and Mirror-SD's layers before the early exit where the draft lane lends
+its cores: LaneConfig.lend_cores).
 
 Every message is (kind, int64 array, float64 array, float32 array); codec.py lays the lanes'
 dataclasses out in it.
@@ -62,12 +61,21 @@ SPIN_S = 0.05   # a waiting reader yield-spins this long (µs latency while a ru
 SLEEP_S = 0.0002  # then sleeps this long between polls,
 IDLE_S = 1.0      # and after this long without a message blocks on the mailbox's doorbell (a semaphore the
 DOZE_S = 0.1      # writer rings after publishing), re-polling at least every DOZE_S: an idle lane costs ~0 CPU
-_FENCE = threading.Lock()  # acquired and released as a full memory fence (its atomic exchange orders loads and stores)
 LOCK_TIMEOUT_S = 10.0  # a mailbox lock is held for microseconds; longer means its holder died inside it
 
 # Hosts whose cores see each other's stores in program order (x86 TSO); platform.machine() spellings.
 TSO_MACHINES = frozenset({"x86_64", "amd64", "i386", "i486", "i586", "i686", "x86"})
 ORDERED_STORES = platform.machine().lower() in TSO_MACHINES  # this host: publish with plain stores
+
+
+_BARRIER = threading.Lock()
+
+
+def full_barrier() -> None:
+    """A full memory barrier (an uncontended lock's atomic read-modify-write): the store before it is seen by the
+    other cores before the load after it is made, which x86's ordered stores alone do not promise."""
+    with _BARRIER:
+        pass
 
 
 class ChannelClosed(RuntimeError):
@@ -126,20 +134,19 @@ class Mailbox:
             self.f32[: msg.f32.size] = msg.f32
             h[KIND], h[N_I64], h[N_F64], h[N_F32] = msg.kind, msg.i64.size, msg.f64.size, msg.f32.size
             h[SEQ] = h[SEQ] + 1  # publish last
-        full_fence()  # SEQ's store before DOZING's load (the reader fences the other way round)
-        if h[DOZING] and self.bell is not None:  # a reader idle for IDLE_S sleeps on the doorbell: wake it
+        full_barrier()  # SEQ's store before DOZING's load
+        if h[DOZING] and self.bell is not None:  # a reader sleeps on the doorbell: wake it
             self.bell.release()
 
     def poll(self) -> bool:
         return int(self.header[SEQ]) != self.last_read
 
-    def recv(self, alive: Callable[[], bool], timeout_s: float, busy: bool = False, block: bool = False) -> Message:
+    def recv(self, alive: Callable[[], bool], timeout_s: float, busy: bool = False, asleep: bool = False) -> Message:
         """Copy the next message out; busy=True marks the mailbox busy before acknowledging, so idle() never
-        reports a command the reader has taken but not finished (the reader calls mark_idle when done);
-        block=True sleeps on the doorbell at once instead of spinning first (where the mailbox has one)."""
+        reports a command the reader has taken but not finished (the reader calls mark_idle when done); asleep=True
+        waits on the doorbell at once instead of spinning first (the target is using the reader's cores)."""
         h = self.header
-        wait_until(self.poll, alive, timeout_s, None if self.bell is None else self._doze,
-                   0.0 if block and self.bell is not None else IDLE_S)
+        wait_until(self.poll, alive, timeout_s, None if self.bell is None else self._doze, asleep)
         with self._fenced:
             msg = Message(int(h[KIND]), self.i64[: h[N_I64]].copy(), self.f64[: h[N_F64]].copy(),
                           self.f32[: h[N_F32]].copy())
@@ -153,7 +160,7 @@ class Mailbox:
         """Idle: sleep until the writer rings (or DOZE_S passes: a ring lost to a race costs at most that)."""
         self.header[DOZING] = 1
         try:
-            full_fence()  # DOZING's store before SEQ's load
+            full_barrier()  # DOZING's store before SEQ's load
             if not self.poll():
                 self.bell.acquire(timeout=DOZE_S)
         finally:
@@ -197,31 +204,27 @@ class _Fence:
         self.lock.release()
 
 
-def full_fence() -> None:
-    """A full memory fence: no load after it is done before a store before it (a lock's atomic exchange)."""
-    with _FENCE:
-        pass
-
-
 def wait_until(ready: Callable[[], bool], alive: Callable[[], bool], timeout_s: float,
-               doze: Callable[[], None] | None = None, idle_s: float = IDLE_S) -> None:
+               doze: Callable[[], None] | None = None, asleep: bool = False) -> None:
     """Poll until ready: yield-spin for SPIN_S, then sleep SLEEP_S between polls; a reader with a doorbell calls
-    doze() instead once idle for `idle_s` (0: at once, no spin). Waits without one (a writer waiting for ACK,
+    doze() instead once idle for IDLE_S, or at once when `asleep`. Waits without one (a writer waiting for ACK,
     drain) keep the short ticks, so they never add more than SLEEP_S. The peer's liveness and the timeout are
     checked every 256 spins and after every sleep."""
     t0 = time.perf_counter()
     spins = 0
     while not ready():
         waited = time.perf_counter() - t0
-        if doze is not None and waited >= idle_s:
+        if asleep and doze is not None:
             doze()
         elif waited < SPIN_S:
             yield_cpu()
             spins += 1
             if spins % 256:
                 continue
-        else:
+        elif waited < IDLE_S or doze is None:
             time.sleep(SLEEP_S)
+        else:
+            doze()
         if not alive():
             raise ChannelClosed("the draft lane's process died")
         if waited > timeout_s:

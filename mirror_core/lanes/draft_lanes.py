@@ -15,7 +15,8 @@ from typing import Protocol
 
 from .. import machine
 from ..config import FaultPlan, LaneConfig, MirrorError
-from ..draft_worker import DraftWorker, worker_for
+from ..draft_feature import worker_for
+from ..draft_worker import DraftWorker
 from ..messages import DraftStart, DraftWindow, ResolveRequest
 from ..records import Calibration
 from ..runners.mapped import runner_name
@@ -35,6 +36,8 @@ class DraftLane(Protocol):
     def start(self, cmd: DraftStart) -> None: ...            # a request's prefill and first rollout, sent
     def branch(self, cmd) -> None: ...                       # M_t (BranchRequest), sent
     def resolve(self, cmd: ResolveRequest) -> DraftWindow: ...  # (A_t, c) → the next window
+    def post(self, cmd: ResolveRequest) -> None: ...         # (A_t, c) sent; its window collected later ...
+    def collect(self) -> DraftWindow: ...                    # ... here, after the next plain step
     def drain(self) -> None: ...                             # forget what a finished request left in flight
     def close(self) -> None: ...
 
@@ -118,13 +121,17 @@ class InlineLane:
     def start(self, cmd) -> None:
         self.queued.append(cmd)
 
-    branch = start
+    branch = post = start
 
     def resolve(self, cmd: ResolveRequest) -> DraftWindow:
+        self.post(cmd)
+        return self.collect()
+
+    def collect(self) -> DraftWindow:
+        """Serve what was sent, in order; the reply is the ResolveRequest's."""
         queued, self.queued = self.queued, []
-        for earlier in queued:
-            self.serve(earlier)
-        return _raise_if_error(self.serve(cmd))
+        replies = [self.serve(cmd) for cmd in queued]
+        return _raise_if_error(next(r for cmd, r in zip(queued, replies) if isinstance(cmd, ResolveRequest)))
 
     def drain(self) -> None:
         self.queued = []
@@ -164,10 +171,13 @@ class ThreadLane:
     def start(self, cmd) -> None:
         self.inbox.put(cmd)
 
-    branch = start
+    branch = post = start
 
     def resolve(self, cmd: ResolveRequest) -> DraftWindow:
-        self.inbox.put(cmd)
+        self.post(cmd)
+        return self.collect()
+
+    def collect(self) -> DraftWindow:
         return _raise_if_error(self.outbox.get())
 
     def drain(self) -> None:
@@ -228,8 +238,14 @@ class ProcessLane:
     branch = _send
 
     def resolve(self, cmd: ResolveRequest) -> DraftWindow:
+        self.post(cmd)
+        return self.collect()
+
+    def post(self, cmd: ResolveRequest) -> None:
         self._send(cmd)
         self.outstanding += 1
+
+    def collect(self) -> DraftWindow:
         try:
             msg = self.channel.to_target.recv(self.proc.is_alive, self.timeout_s)
         except ChannelClosed as exc:
@@ -303,12 +319,10 @@ def _process_main(spec: DraftLaneSpec, channel: ChannelHandle) -> None:
 
 
 def _serve_commands(ch: Channel, serve: _Serve, alive) -> None:
-    """Serve the target lane's commands; after answering a window, sleep on the doorbell until the next command (the
-    target verifies the window first: milliseconds), so this lane's cores are free for it meanwhile."""
-    box, answered = ch.to_worker, False
+    box = ch.to_worker
     while True:
-        try:
-            cmd = decode(box.recv(alive, float("inf"), busy=True, block=answered))
+        try:  # asleep where the target's next step uses this lane's cores (the worker says: DraftStart.shared)
+            cmd = decode(box.recv(alive, float("inf"), busy=True, asleep=serve.worker.asleep))
         except ChannelClosed:
             return
         if isinstance(cmd, LaneShutdown):
@@ -316,8 +330,7 @@ def _serve_commands(ch: Channel, serve: _Serve, alive) -> None:
             return
         reply = serve(cmd)
         box.mark_idle()
-        answered = isinstance(cmd, ResolveRequest)
-        if answered:
+        if isinstance(cmd, ResolveRequest):
             ch.to_target.send(encode(LaneFailed.of(reply) if isinstance(reply, BaseException) else reply), alive, 600)
 
 

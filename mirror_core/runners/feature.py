@@ -114,7 +114,8 @@ class FeatureRunner:
     def forward(self, cache: FeatureCache, ids: list[int], features: torch.Tensor, rows: int | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append entries for (ids[t], features[t]) at positions cache_len..: logits [T, V_d+1] and g [T, H]; with
-        `rows`, only the last rows' (0: none; a rollout reads the last, a branch batch's shared prefix none)."""
+        `rows`, only the last rows' (0: none; a rollout reads the last, a branch batch's shared prefix none, a long
+        catch-up its last alone)."""
         t, start = len(ids), cache.length
         end = start + t
         self._reserve(cache, end)
@@ -137,8 +138,8 @@ class FeatureRunner:
             cache.v[i, :, start:end] = v[0]
             x = m.finish(layer, x, q, cache.k[i, :, :end].unsqueeze(0), cache.v[i, :, :end].unsqueeze(0), may)
         cache.length = end
-        x = x[0] if rows is None else x[0, t - rows:]                                             # [T|rows, H]
-        return self._out(m.logits(x)), x.float()
+        x = x[0] if rows is None else x[0, max(0, t - rows):]                                    # [T or rows, H]
+        return self._out(m.logits(x)), x.float()                                                  # [.., V_d+1], [.., H]
 
     # -- branch rows -----------------------------------------------------------------------------
     def fork(self, cache: FeatureCache, valid_lengths: list[int]) -> FeatureBranches:

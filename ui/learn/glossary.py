@@ -50,8 +50,12 @@ GLOSSARY = (
                                "draft), boilerplate and repeats. On open prose a 135 M draft agrees with the target "
                                "too rarely for verification to pay back, and no decoder can beat AR by much."),
     ("window source", "Where a verified window came from: a fresh rollout of the draft model, a branch adopted on a "
-                      "hit, or a copy from the context; the numbers table counts each (steps, accepted/proposed, "
-                      "mean accepted run)."),
+                      "hit, a copy from the context, or none (a window of zero); the numbers table counts each "
+                      "(steps, accepted/proposed, mean accepted run)."),
+    ("window of zero", "A step with no draft tokens: the target verifies [w0] alone and commits its own token, a "
+                       "plain step. Taken (Zero windows on) where no window, of any source and length up to γ, is "
+                       "modelled on the run's own costs and acceptance to commit more tokens per millisecond; a "
+                       "1-token probe window re-measures the draft now and then. Never changes the output."),
     ("format", "The function the target computes (its weights' and activations' number format: int8 as llama.cpp "
                "computes a GGUF, float32, bfloat16, float16): the text's author. Every decoder emits this function's "
                "tokens; another format is another function, with other tokens where the two disagree."),

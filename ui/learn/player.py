@@ -64,7 +64,8 @@ def phases(run: DecoderRun, rec: StepRecord) -> tuple[list[Phase], list[SpanEven
     out = [Phase("Window in", f"The target reads the window [w0, {drafts(gamma)}] = "
                  f"{' '.join(code(t) for t in rec.window)} in one forward pass; this window "
                  + {"branch": "was a reused branch (a hit at the step before).", "context": "was copied from the "
-                    "context (the prompt and the output so far)."}.get(rec.source, "was a fresh rollout."),
+                    "context (the prompt and the output so far).", "zero": "had no draft tokens (a window of zero: "
+                    "no window was modelled to beat a plain step)."}.get(rec.source, "was a fresh rollout."),
                  start)]
     layer = run.start.settings.exit_layer if run.start else None
     n = "ℓ_e" if layer is None else str(layer)
