@@ -17,6 +17,7 @@ from mirror_core.lanes.codec import (
     Codec,
     LaneFailed,
     LaneReady,
+    LaneRest,
     LaneShutdown,
     decode,
     encode,
@@ -48,6 +49,7 @@ SAMPLES = [
     LaneFailed.of(ValueError("bad token 'é' at step 3")),
     LaneReady('{"lane": "draft", "sequence": "float32", "rows": "bfloat16"}', "FastSSRunner"),
     LaneShutdown(),
+    LaneRest(),
 ]
 
 

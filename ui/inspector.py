@@ -129,7 +129,8 @@ def _topk_cells(rec: StepRecord, slot: int, name, highlight: int | None) -> str:
     return " ".join(chips) or "<i>none</i>"
 
 
-def _branches(decoder: str, rec: StepRecord, name, last: bool) -> str:
+def _no_branches(decoder: str, rec: StepRecord) -> str:
+    """Why a step had no branches at all ('' where it had candidates on the draft lane)."""
     if decoder != "mirror":
         return ("<p><b>No branches</b>: vanilla SD has no early exit, so the next window is drafted only after "
                 "verification (serial).</p>")
@@ -139,6 +140,12 @@ def _branches(decoder: str, rec: StepRecord, name, last: bool) -> str:
     if rec.hit is None:
         return ("<p><b>No branches</b>: the early-exit candidates did not reach the draft lane this step "
                 "(the draft lane failed); the run continued on the target alone.</p>")
+    return ""
+
+
+def _branches(decoder: str, rec: StepRecord, name, last: bool) -> str:
+    if none := _no_branches(decoder, rec):
+        return none
     slot = rec.accepted + 1
     if not rec.branches:
         why = "the run ended at this step (EOS or max new tokens), so no next window was needed" if last else \

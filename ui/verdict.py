@@ -73,10 +73,9 @@ def _verdict(session: Session) -> str:
         return provisional + "<b>No verdict</b>: the runs committed no tokens to compare."
     middle = ranked[(len(ranked) - 1) // 2]
     noisy = noise_line(session.history, ranked)
-    zero = zero_windows_line(middle)
+    said = [(zero_windows_line(middle), "id='mirror-zero'"), (noisy, "class='mirror-noisy' id='mirror-noisy'")]
     return (f"<p class='mirror-headline' id='mirror-headline'>{provisional}{html.escape(headline(repeats))}</p>"
-            + (f"<p id='mirror-zero'>{html.escape(zero)}</p>" if zero else "")
-            + (f"<p class='mirror-noisy' id='mirror-noisy'>{html.escape(noisy)}</p>" if noisy else "")
+            + "".join(f"<p {attrs}>{html.escape(line)}</p>" for line, attrs in said if line)
             + gauge_html(break_even(middle))
             + "<details id='mirror-why-fold'><summary>Why, in numbers, with every definition</summary>"
             + f"<p>{html.escape(verdict_text(repeats))}</p>"

@@ -58,6 +58,12 @@ class LaneReady:
 
 
 @dataclasses.dataclass(frozen=True)
+class LaneRest:
+    """The request is over: the draft lane's process waits for the next command asleep (the target may run on every
+    core meanwhile, ar included), not spinning, and not waking in short ticks."""
+
+
+@dataclasses.dataclass(frozen=True)
 class LaneShutdown:
     """The target lane asks the draft lane's process to exit."""
 
@@ -305,6 +311,7 @@ FRAMES = {
     5: LaneFailed,
     6: LaneReady,
     7: LaneShutdown,
+    8: LaneRest,
 }
 CODEC = Codec(FRAMES)
 encode = CODEC.encode

@@ -21,7 +21,7 @@ from ..messages import DraftStart, DraftWindow, ResolveRequest
 from ..records import Calibration
 from ..runners.mapped import runner_name
 from .channel import Channel, ChannelClosed, ChannelHandle, wait_until
-from .codec import LaneError, LaneFailed, LaneReady, LaneShutdown, decode, encode
+from .codec import LaneError, LaneFailed, LaneReady, LaneRest, LaneShutdown, decode, encode
 from .placement import pinned
 
 
@@ -218,12 +218,14 @@ class ProcessLane:
         self.calibration = Calibration.from_json(reply.calibration)
         self.runner_name = reply.runner
         self.outstanding = 0
+        self.resting = False  # the worker was last told to rest (LaneRest), nothing sent since
 
     def _send(self, cmd) -> None:
         try:
             self.channel.to_worker.send(encode(cmd), self.proc.is_alive, self.timeout_s)
         except ChannelClosed as exc:
             raise LaneError(str(exc)) from None
+        self.resting = isinstance(cmd, LaneRest)
 
     def start(self, cmd: DraftStart) -> None:
         if not self.proc.is_alive():  # a previous request killed it (fault injection or crash)
@@ -254,15 +256,18 @@ class ProcessLane:
         return _raise_if_error(_lane_error(decode(msg)))
 
     def drain(self) -> None:
-        """Wait until the worker has finished every command sent (at most one step of work)."""
+        """Wait until the worker has finished every command sent (at most one step of work); then it rests (LaneRest)
+        until the next request."""
         if not self.proc.is_alive():
             return
         try:
             while self.outstanding:
                 self.channel.to_target.recv(self.proc.is_alive, self.timeout_s)
                 self.outstanding -= 1
+            if not self.resting:
+                self._send(LaneRest())
             wait_until(self.channel.to_worker.idle, self.proc.is_alive, self.timeout_s)
-        except ChannelClosed:
+        except (ChannelClosed, LaneError):
             pass
 
     def close(self) -> None:
@@ -319,15 +324,19 @@ def _process_main(spec: DraftLaneSpec, channel: ChannelHandle) -> None:
 
 
 def _serve_commands(ch: Channel, serve: _Serve, alive) -> None:
-    box = ch.to_worker
+    box, resting = ch.to_worker, False
     while True:
-        try:  # asleep where the target's next step uses this lane's cores (the worker says: DraftStart.shared)
-            cmd = decode(box.recv(alive, float("inf"), busy=True, asleep=serve.worker.asleep))
+        try:  # asleep between requests, and where the target's next step uses this lane's cores (DraftStart.shared)
+            cmd = decode(box.recv(alive, float("inf"), busy=True, asleep=resting or serve.worker.asleep))
         except ChannelClosed:
             return
         if isinstance(cmd, LaneShutdown):
             box.mark_idle()
             return
+        resting = isinstance(cmd, LaneRest)
+        if resting:
+            box.mark_idle()
+            continue
         reply = serve(cmd)
         box.mark_idle()
         if isinstance(cmd, ResolveRequest):
