@@ -130,10 +130,11 @@ def _add_pair_and_settings(g: argparse.ArgumentParser) -> None:
                    help="where ar and sd run the target (their draft lane waits while it works): all = every core "
                    "(the whole-machine baseline), lane = the target lane's own cores; mirror uses the lane's, and "
                    "borrows the draft lane's for the layers before the early exit where --lend-cores allows")
-    g.add_argument("--lend-cores", default="auto", choices=LEND_CORES,
+    g.add_argument("--lend-cores", default=LaneConfig().lend_cores, choices=LEND_CORES,
                    help="mirror's target lane borrows the draft lane's cores for the layers before the early exit, "
                    "while the draft sleeps until the candidates come: auto = where every core timed faster at load "
-                   "(as ar and sd run there), off = each lane keeps its own cores")
+                   "(as ar and sd run there), off = each lane keeps its own cores (the default: measured faster on a "
+                   "2-core CPU)")
 
 
 def lanes_from_args(args) -> LaneConfig:

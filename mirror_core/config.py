@@ -225,8 +225,9 @@ class LaneConfig:
     # Mirror-SD's target lane borrows the draft lane's cores for the layers before the early exit, while the draft
     # lane sleeps until M_t (it has nothing to do before it), and gives them back for the suffix: "auto" = where the
     # load timed every core faster than the lane's (as ar and sd run there) and the draft lane is a process or a
-    # thread, "off" = the lanes keep their own cores for the whole step
-    lend_cores: str = "auto"
+    # thread, "off" = the lanes keep their own cores for the whole step (the default: on a 2-core AMD EPYC the
+    # borrowed prefix cost more than it saved, 10.7 against 9.7 ms a step: docs/BENCHMARKS.md)
+    lend_cores: str = "off"
     fault: FaultPlan = field(default_factory=FaultPlan)  # test hook: make the draft lane fail on purpose
 
     def __post_init__(self) -> None:
