@@ -205,7 +205,7 @@ def test_the_learn_tab_plays_a_step_of_the_last_run_and_shows_its_tree(pair_root
 STEP_CLICK_JS = """(() => {
   const what = %s;
   const gantt = document.querySelector(".mirror-plot-gantt"), inspector = document.querySelector("#mirror-inspector");
-  const report = () => JSON.stringify({zoom: gantt.dataset.zoom || "", inspector: inspector.innerText.slice(0, 300),
+  const report = () => JSON.stringify({zoom: gantt.dataset.zoom || "", inspector: inspector.innerText.slice(0, 1500),
                                        cursors: window.__cursors || []});
   if (what === "token") {  // a committed token of a later step of the Mirror-SD stream
     const toks = [...document.querySelectorAll("#mirror-tokens-mirror .mirror-tok[data-step]")].filter(t => +t.dataset.step > 1);

@@ -73,11 +73,12 @@ def _verdict(session: Session) -> str:
         return provisional + "<b>No verdict</b>: the runs committed no tokens to compare."
     middle = ranked[(len(ranked) - 1) // 2]
     noisy = noise_line(session.history, ranked)
-    said = [(zero_windows_line(middle), "id='mirror-zero'"), (noisy, "class='mirror-noisy' id='mirror-noisy'")]
+    zero = zero_windows_line(middle)  # in the fold, first: above it the sentence and the gauge stay within 70 words
     return (f"<p class='mirror-headline' id='mirror-headline'>{provisional}{html.escape(headline(repeats))}</p>"
-            + "".join(f"<p {attrs}>{html.escape(line)}</p>" for line, attrs in said if line)
+            + (f"<p class='mirror-noisy' id='mirror-noisy'>{html.escape(noisy)}</p>" if noisy else "")
             + gauge_html(break_even(middle))
             + "<details id='mirror-why-fold'><summary>Why, in numbers, with every definition</summary>"
+            + (f"<p id='mirror-zero'>{html.escape(zero)}</p>" if zero else "")
             + f"<p>{html.escape(verdict_text(repeats))}</p>"
             + f"<p><small>{html.escape(how_measured(timed) + ' ' + DEFINITIONS + ' ' + GAUGE)}</small></p>"
             + "<p><b>Where a step's time goes, from load to run</b></p>" + costs_html(middle, session.pair_info)

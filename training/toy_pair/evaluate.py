@@ -29,7 +29,8 @@ def evaluate_speculation(out_dir: str, prompts: list, n_tokens: int) -> dict:
     from mirror_core.metrics import RunSummary
 
     # toy drafts have no profile: the pair's choice is DEFAULT_GAMMA, DEFAULT_KAPPA
-    spec = SpecConfig(DEFAULT_GAMMA, DEFAULT_KAPPA, context=ContextConfig(enabled=False))
+    # raw speculation, a window every step (windows of zero follow this machine's timings too)
+    spec = SpecConfig(DEFAULT_GAMMA, DEFAULT_KAPPA, context=ContextConfig(enabled=False), zero_windows=False)
     result = {"settings": {"gamma": spec.gamma, "kappa": spec.kappa, "max_new_tokens": n_tokens,
                            "prompts": len(prompts), "temperature": 0.0, "dtype": "float32", "context_draft": False}}
     target, lanes = os.path.join(out_dir, "target"), LaneConfig(kind="inline", dtype="float32")
