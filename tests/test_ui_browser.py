@@ -212,14 +212,16 @@ STEP_CLICK_JS = """(() => {
     toks[Math.floor(toks.length / 2)].click();
     return JSON.stringify({step: +toks[Math.floor(toks.length / 2)].dataset.step});
   }
-  if (what === "bar") {  // hover along the tokens-per-step plot until the tooltip names a step, then click there
+  if (what === "bar") {  // hover over the tokens-per-step plot until the tooltip names a Mirror-SD step, then click there
     const canvas = document.querySelector(".mirror-plot-steps canvas"), r = canvas.getBoundingClientRect();
     const tip = document.querySelector(".mirror-plot-steps .mirror-plot-tip");
-    for (let x = r.width - 30; x > 70; x -= 2) {
-      const at = {clientX: r.left + x, clientY: r.top + 30 + 18 + 150 - 4, bubbles: true};
-      canvas.dispatchEvent(new MouseEvent("mousemove", at));
-      const m = /step (\d+):/.exec(tip.textContent);
-      if (tip.style.display === "block" && m) { canvas.dispatchEvent(new MouseEvent("click", at)); return JSON.stringify({step: +m[1]}); }
+    for (let y = r.height - 4; y > 30; y -= 6) {  // each speculative decoder has its own panel: find Mirror-SD's
+      for (let x = r.width - 30; x > 70; x -= 2) {
+        const at = {clientX: r.left + x, clientY: r.top + y, bubbles: true};
+        canvas.dispatchEvent(new MouseEvent("mousemove", at));
+        const m = /^Mirror-SD step (\d+):/.exec(tip.textContent);
+        if (tip.style.display === "block" && m) { canvas.dispatchEvent(new MouseEvent("click", at)); return JSON.stringify({step: +m[1]}); }
+      }
     }
     return JSON.stringify({step: 0});
   }

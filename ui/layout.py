@@ -116,9 +116,13 @@ def _wire_learn_link(state: gr.State, v: views.Views, tabs: gr.Tabs, player: lea
         if decoder != "mirror" or run is None or not run.steps:
             raise gr.Error("the step player plays Mirror-SD steps: run Mirror-SD and pick its run in the inspector",
                            print_exception=False)
-        s = min(max(int(step or 1), 1), run.steps[-1].step)
+        try:
+            s = min(max(int(step or 1), 1), run.steps[-1].step)
+        except (TypeError, ValueError):
+            s = 1
         return (gr.Tabs(selected="learn"), s, 1) + player.views(session, s, 1) + (learn.follow_key(session),)
 
     v.learn.click(open_in_learn, [state, v.outputs["inspect_run"], v.outputs["inspect_step"]],
                   [tabs, player.step, player.phase, player.player, player.tree, player.followed],
-                  api_name="inspect_learn", show_progress="hidden", queue=False)
+                  api_name="inspect_learn", show_progress="hidden", queue=False,
+                  preprocess=False)  # the raw step, clamped above: an out-of-range one is not an error badge

@@ -204,7 +204,9 @@ def _inspection(session: Session) -> dict[str, object]:
     """The step inspector (reset to step 1 of the speculative run), the trace, and the session."""
     pick = "mirror" if "mirror" in session.runs else "sd"
     run = session.runs.get(pick)
-    last = run.steps[-1].step if run is not None and run.steps else 1
+    # the slider reaches the longest speculative run's last step: a token or bar of either run opens its step
+    last = max((r.steps[-1].step for r in (session.runs.get(d) for d in ("mirror", "sd")) if r is not None and r.steps),
+               default=1)
     return {"inspect_run": gr.Radio(value=pick), "inspect_step": gr.Slider(minimum=1, maximum=max(last, 2), value=1),
             "inspector": inspector.inspector_html(run, 1), "trace": session.trace_path, STATE: session}
 
