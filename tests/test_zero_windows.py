@@ -303,3 +303,25 @@ def test_the_switch_reaches_the_request_from_the_cli_and_the_page():
         assert s.requests((1, 2))[0].spec.zero_windows is on
     with pytest.raises(Exception, match="zero windows"):
         SpecConfig(zero_windows="yes")
+
+
+def test_a_mirror_run_of_plain_steps_only_gets_a_verdict(pair, monkeypatch):
+    """Every step a window of zero (no prefix, readout or suffix to time): the verdict, its fold, the gauge and the
+    numbers still read the run, and say its steps were plain."""
+    from ui.session import Session
+    from ui.verdict import verdict_html
+
+    target, draft, _ = pair
+    monkeypatch.setattr(WindowChooser, "choose", forced((0,)))
+    session = Session()
+    with MirrorEngine.load(target, draft, LaneConfig(kind="inline", dtype="float32")) as engine:
+        for decoder in ("ar", "mirror", "sd"):
+            run = DecoderRun(decoder, TokenNamer(None))
+            for e in engine.stream(Request(PROMPTS[2], decoder, 24, spec=SpecConfig(gamma=2, kappa=2))):
+                run.add(e)
+            session.history.append(run)
+            session.runs[decoder] = run
+    session.idle.set()
+    shown = verdict_html(session)
+    assert "Speculation" in shown and "at 23 of 23 steps" in shown and "plain" in shown
+    assert "windows of zero" in numbers_html(session.runs)

@@ -101,6 +101,8 @@ def chain(mirror: DecoderRun | None, ar: DecoderRun | None, info=None) -> Chain 
         return None
     pre, suf = (per_step_totals(mirror.spans, (s,)) for s in (ev.STAGE_TARGET_PREFIX, ev.STAGE_TARGET_SUFFIX))
     windows = [1e3 * (pre[k] + suf.get(k, 0.0)) for k in pre]
+    if not windows:  # every step a window of zero: no verification to chain
+        return None
     q1, _, q3 = statistics.quantiles(windows, n=4, method="inclusive") if len(windows) > 1 else windows * 3
     s = mirror.start.settings
     same = info is not None and (info.target, info.draft) == (s.target, s.draft)

@@ -262,6 +262,10 @@ def _reason(rep: dict[str, DecoderRun]) -> str:
     step = model.measured_step / model.t_ar
     tau = model.tau
     modelled = "" if model.speedup is None else f"; the latency model predicts {model.speedup:.2f}×"
+    if verify <= 0:  # no step verified a window: every step was a window of zero
+        return (f"no step proposed a window (every step was a plain target step: a window of zero, where no window "
+                f"was expected to beat a plain step), so a step cost {step:.2f} AR steps and committed {tau:.2f} "
+                f"tokens{modelled}.")
     windows = window_words(rep["mirror"])
     joined = " and" if windows.startswith("the window") else ", and"  # after a list of windows, a comma
     return (f"each verification ({windows}{joined} the early-exit readout) cost "
