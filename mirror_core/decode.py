@@ -119,7 +119,8 @@ def start_draft_lane(state: DecodeState, lane: DraftLane) -> bool:
     """Send DraftStart; False (and a recorded fallback) when the draft lane cannot start."""
     try:
         lane.start(DraftStart(state.req.prompt_ids, state.req.spec.gamma, state.cfg,
-                              choice_plan(state.req.spec, state.req.max_new_tokens, state.window_steps, state.step_s),
+                              choice_plan(state.req.spec, state.req.max_new_tokens, state.window_steps, state.step_s,
+                                          state.plain_s),
                               state.shared))
         return True
     except LaneError as exc:

@@ -46,12 +46,14 @@ class DecodeState:
 
     def __init__(self, request: Request, target: TargetRunner, exit_layer: int, eos_ids: frozenset[int],
                  stop: threading.Event | None, settings: RunSettings, features: bool = False,
-                 window_steps: tuple[float, ...] = (), step_s: float = 0.0, plain_cpus: tuple[int, ...] = (),
+                 window_steps: tuple[float, ...] = (), step_s: float = 0.0, plain_s: float = 0.0,
+                 plain_cpus: tuple[int, ...] = (),
                  shared: str = "", prefill_cpus: tuple[int, ...] = ()):
         self.req, self.target, self.exit_layer = request, target, exit_layer
         self.prefill_cpus = prefill_cpus  # where the prefill runs, one kernel thread a core (): the lane's own cores
         self.window_steps = window_steps  # the target's forward of 1, 2, .. rows in one-row steps (load-time)
         self.step_s = step_s              # its one-row step (s, load-time; 0: not timed)
+        self.plain_s = plain_s            # a plain step where plain steps run (s, load-time; 0: not timed)
         self.plain_cpus = plain_cpus      # where Mirror-SD's plain steps run (ar's cores; (): the lane's own)
         self.shared = shared              # which steps use the draft lane's cores too (DraftStart.shared)
         self.features = features  # the draft reads the target's h^(ℓ_e) (a feature-reading draft; ℓ_e is its layer)

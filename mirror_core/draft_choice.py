@@ -16,7 +16,8 @@ Acceptance  a model or branch window of g tokens commits E(g) = 1 + Σ_{i≤g} �
             draft's agreement with the tokens the target committed without it (the rows its catch-up forward computes
             anyway); a context window of L tokens 1 + Σ_{i≤L} q^i (context_draft.py). Both are capped at the budget.
 Costs       each the median of this run's last RECENT samples: the verification of r rows (the run's at r rows once
-            timed MIN_TIMED times, else the load's figure at the run's scale); the wait for a window from its source
+            timed MIN_TIMED times, else the load's figure: a plain step's where plain steps run, more rows' at the
+            run's scale); the wait for a window from its source
             beyond the draft's own work; for the model, that work: a draft step per token, and each row its catch-up
             feeds beyond the first (a draft that sat out is fed the tokens committed meanwhile in one forward when it
             next drafts; the prompt's rows, which the first draft pays whenever it comes, are not a window's cost).
@@ -62,6 +63,8 @@ class ChoicePlan:
     #                                   () = not timed on this runner: 1 + ASSUMED_ROW_STEPS per extra row
     step_s: float = 0.0               # the load's one-row step (s); 0 = not timed (ASSUMED_STEP_S)
     context: ContextPlan | None = None  # the context draft's settings (None: off)
+    plain_s: float = 0.0              # the load's plain step where plain steps run (s; every core where ar runs
+    #                                   there); 0 = not timed (the one-row step at the run's scale)
 
     def steps(self, rows: int) -> float:
         """The forward of `rows` rows in one-row steps; past the timed rows, extended along the last timed slope."""
@@ -74,11 +77,12 @@ class ChoicePlan:
         return w[-1] + max(slope, 0.0) * (rows - len(w))
 
 
-def choice_plan(spec: SpecConfig, max_new_tokens: int, window_steps: tuple[float, ...], step_s: float) -> ChoicePlan:
+def choice_plan(spec: SpecConfig, max_new_tokens: int, window_steps: tuple[float, ...], step_s: float,
+                plain_s: float = 0.0) -> ChoicePlan:
     """The plan for a request's settings and the load's row costs."""
     context = spec.context
     return ChoicePlan(spec.zero_windows, max_new_tokens, window_steps, step_s,
-                      ContextPlan(context.min_match, context.max_window) if context.enabled else None)
+                      ContextPlan(context.min_match, context.max_window) if context.enabled else None, plain_s)
 
 
 @dataclass(frozen=True)
@@ -137,11 +141,13 @@ class RunCosts:
 
     def verify(self, rows: int) -> float:
         """The verification of `rows` rows: the run's at that row count once timed MIN_TIMED times, else the load's
-        figure at the run's scale (kept until the next sample: a choice asks for many row counts)."""
+        figure: one row (a plain step) as the load timed it where plain steps run, more at the run's scale (kept until
+        the next sample: a choice asks for many row counts)."""
         known = self.known.get(rows)
         if known is None:
             timed = self.verified.get(rows, ())
-            known = self.known[rows] = _median(timed) if len(timed) >= MIN_TIMED else self.plan.steps(rows) * self.step_s
+            known = self.known[rows] = _median(timed) if len(timed) >= MIN_TIMED else \
+                self.plan.plain_s if rows == 1 and self.plan.plain_s else self.plan.steps(rows) * self.step_s
         return known
 
     def wait(self, source: str) -> float:

@@ -217,6 +217,7 @@ class MirrorEngine:
         run = DecodeState(request, self.target, request.spec.exit_layer, self.eos_ids, stop,
                           self.info.run_settings(request), features=features,
                           window_steps=self.info.window_steps(), step_s=self.info.step_s(),
+                          plain_s=self.info.plain_step_s(),
                           plain_cpus=serial if request.decoder == "mirror" else (), shared=shared,
                           prefill_cpus=prefill_cpus(lanes, features, self.target.kernel.library is not None))
         for batch in decode_events(run, self.lane):

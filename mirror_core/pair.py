@@ -96,6 +96,14 @@ class PairInfo:
         ms = None if cal is None else cal.window_ms(cal.sequence, 1)
         return 0.0 if ms is None else ms / 1e3
 
+    def plain_step_s(self) -> float:
+        """A plain target step where ar, sd and Mirror-SD's windows of zero run it (s; 0 where it was not timed): the
+        whole machine's step where serial_cpus names every core, else the lane's. The draft lane's chooser prices a
+        window of zero by it until the run has timed its own plain steps (step_s's row curve, timed on the lane's
+        cores, does not carry over to every core: there one row is bandwidth-bound and a window more compute-bound)."""
+        whole = self.whole_machine
+        return whole.all_ms / 1e3 if whole is not None and self.serial_cpus else self.step_s()
+
     def describe(self) -> dict:
         """What ran: the CLI's --json `pair` object (the numbers panel's "Ran:" line says the same from the run
         settings)."""

@@ -12,7 +12,7 @@ from . import machine
 from .config import LaneConfig
 from .lanes import pinned
 from .records import Calibration, Roofline, RowCheck, WholeMachine
-from .runners.calibrate import calibrate_target, lane_read_gbs, step_ms
+from .runners.calibrate import cached_step_is_stale, calibrate_target, lane_read_gbs, step_ms
 
 WHOLE_MACHINE_PAIRS = 4  # the lane's and the whole machine's step, timed alternately this many times at load
 WHOLE_MACHINE_TRIES = 3  # timings of both at most, until one lies within its bounds (records.WholeMachine.bounded)
@@ -29,9 +29,14 @@ def time_target(runner, vocab: int, lanes: LaneConfig, config) -> TargetTiming:
     """With the target lane's threads, the kernels it will run: its dtype first, then its call-shape check; then the
     whole machine's step beside the lane's (time_whole_machine)."""
     kernel = runner.kernel.library is not None
-    with pinned(lanes.target_cpus if lanes.target_device == "cpu" else (), lanes.target_threads, kernel):
+    cores = lanes.target_cpus if lanes.target_device == "cpu" else ()
+    with pinned(cores, lanes.target_threads, kernel):
         dtype, rows = calibrate_target(runner, vocab, lanes.dtype, config, lanes.keep_formats)
-    return TargetTiming(dtype, rows, time_whole_machine(runner, lanes))
+    whole = time_whole_machine(runner, lanes)
+    if whole is not None and not whole.busy and cached_step_is_stale(dtype, whole.lane_ms):
+        with pinned(cores, lanes.target_threads, kernel):  # a cached table out of step with today's lane: time it anew
+            dtype, rows = calibrate_target(runner, vocab, lanes.dtype, config, lanes.keep_formats, retime=True)
+    return TargetTiming(dtype, rows, whole)
 
 
 def time_whole_machine(runner, lanes: LaneConfig, stop: threading.Event | None = None) -> WholeMachine | None:

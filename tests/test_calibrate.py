@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -65,6 +66,32 @@ def test_the_target_takes_the_pairs_format_and_the_next_load_reads_the_cache(pai
     model3, runner3 = _runner(pairs["llama"][0])
     third, _ = calibrate_target(runner3, runner3.vocab_size, "auto", model3.config)
     assert not third.cached and Calibration.from_json(open(path).read()).table == third.table
+
+
+def test_a_cached_table_out_of_step_with_todays_lane_is_timed_again(pairs, tmp_path, monkeypatch):
+    """A table cached while another process held a core (its step 2× today's) is timed anew at the next load, where
+    the load's fresh step on the same cores says so; a table within STALE of it either way is read as it is."""
+    from mirror_core.machine import usable_cpus
+    from mirror_core.target_timing import time_target
+
+    cal = Calibration("target", "auto", "int8", "int8", (Timing("int8", "step", 7.5), Timing("int8", "rows1", 7.4)),
+                      cached=True)
+    assert cal_mod.cached_step_is_stale(cal, 5.8) and cal_mod.cached_step_is_stale(cal, 12.0)
+    assert not cal_mod.cached_step_is_stale(cal, 7.0) and not cal_mod.cached_step_is_stale(replace(cal, cached=False), 5.8)
+    cpus = usable_cpus()
+    if len(cpus) < 2:
+        pytest.skip("needs two usable cores (the lane's step is timed beside the whole machine's)")
+    monkeypatch.setenv("MIRROR_SD_CACHE", str(tmp_path))
+    lanes = LaneConfig(kind="inline", target_cpus=cpus[:1], draft_cpus=cpus[1:], target_threads=1, draft_threads=1)
+    model, runner = _runner(pairs["llama"][0])
+    first = time_target(runner, runner.vocab_size, lanes, model.config).dtype
+    (path,) = [os.path.join(tmp_path, "calibration", f) for f in os.listdir(os.path.join(tmp_path, "calibration"))]
+    slow = replace(first, table=tuple(replace(t, ms=2 * t.ms) for t in first.table))  # timed under load
+    with open(path, "w") as f:
+        f.write(slow.to_json())
+    again = time_target(runner, runner.vocab_size, lanes, model.config)
+    assert not again.dtype.cached and again.dtype.ms("float32", "step") < slow.ms("float32", "step")
+    assert Calibration.from_json(open(path).read()).table == again.dtype.table  # the new table replaces the stale one
 
 
 def test_the_draft_chooses_per_shape(pairs, tmp_path, monkeypatch):

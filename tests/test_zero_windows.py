@@ -64,6 +64,30 @@ def test_off_is_raw_speculation():
     assert (choice.chosen.source, choice.chosen.size, choice.other) == ("model", 3, None)
 
 
+def test_a_plain_step_is_priced_where_it_runs_until_the_run_times_its_own():
+    """The load's row curve is one core's; a plain step runs on every core (ar's cores), where one row is cheaper than
+    that curve at the run's scale says: the chooser prices it by the load's plain step there until the run has timed
+    MIN_TIMED plain steps of its own."""
+    from mirror_core.draft_choice import MIN_TIMED
+
+    def run(plain_s: float) -> WindowChooser:  # the run timed only 2-row windows: 1.3 one-core steps, not the 1.05
+        ch = WindowChooser(ChoicePlan(True, 64, (1.0, 1.05, 1.08, 1.1), 0.006, None, plain_s), 1, (1, 2, 3))
+        for _ in range(3):
+            ch.costs.learn(2, 0.0066, "model", 0.0001)
+        ch.costs.learn_rollout(1, 0.0006, 0, 0.0)
+        windows(ch, 1, 0, 7)
+        windows(ch, 1, 1, 3)                        # the draft's first token accepted 3 times in 10
+        return ch
+
+    scaled = run(0.0)                                # a plain step at the run's scale: 0.0066 / 1.05 s
+    assert scaled.costs.verify(1) == pytest.approx(0.0066 / 1.05) and scaled.choose(False, 1).chosen.source == "model"
+    anchored = run(0.0044)                           # the load's plain step on every core
+    assert anchored.costs.verify(1) == 0.0044 and anchored.choose(False, 1).chosen.source == "zero"
+    for _ in range(MIN_TIMED):                       # then the run's own plain steps
+        anchored.costs.learn(1, 0.005, "zero", 0.0)
+    assert anchored.costs.verify(1) == 0.005
+
+
 def test_a_branch_on_a_hit_needs_no_draft_work():
     ch = chooser(gamma=2)
     windows(ch, 2, 1, 30)

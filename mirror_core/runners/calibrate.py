@@ -45,6 +45,7 @@ BRANCH_ROWS = DEFAULT_KAPPA * (DEFAULT_GAMMA + 1)        # the draft's branch ba
 MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 15, 1.5            # timed rounds per dtype: at least 3, then until the budget
 MARGIN = 0.05  # a lower precision than the loaded one is chosen only when it is this much faster (else: timing noise)
 SCREEN = 2.0   # a dtype whose widest matmul takes this many times the loaded dtype's is not timed further
+STALE = 1.2    # a cached one-token step this far from the load's fresh timing, either way, is timed again
 CACHE_VERSION = 7
 
 
@@ -81,10 +82,11 @@ def pair_format(runner) -> str:
 
 
 def calibrate_target(runner, vocab_size: int, requested: str, config,
-                     keep_loaded: bool = False) -> tuple[Calibration, RowCheck]:
+                     keep_loaded: bool = False, retime: bool = False) -> tuple[Calibration, RowCheck]:
     """Set the target's format (the pair's own for auto: pair_format), made one function by its row plan, and return
     its calibration and call-shape check; `keep_loaded`: the runner keeps its loaded weights, so that another format
-    can be set later on the loaded pair (LaneConfig.keep_formats)."""
+    can be set later on the loaded pair (LaneConfig.keep_formats); `retime`: time it again though the cache holds its
+    table (a stale one: cached_step_is_stale), the cached call-shape checks kept."""
     if requested in BLOCK_FUNCTIONS and DTYPES[requested] not in runner.formats.offered:
         raise MirrorError(f"--dtype {NEEDS[requested]}; this target " + (
             "has none (a prepared registry model keeps its GGUF; python -m mirror_core prepare adds it)"
@@ -96,8 +98,9 @@ def calibrate_target(runner, vocab_size: int, requested: str, config,
     prefix, ids = _probe(runner, WINDOW)
     shapes = {"step": lambda c: runner.forward(c, ids[:1]), "window": lambda c: runner.forward(c, ids)}
     path = _cache_path(runner, "target", names, list(shapes), config)
-    cal = _read(path, "target", names, list(shapes))
-    known = dict(cal.exact) if cal is not None else {}
+    cached = _read(path, "target", names, list(shapes))
+    known = dict(cached.exact) if cached is not None else {}
+    cal = None if retime else cached
     checks: dict[str, RowCheck] = {}
 
     def prepare(name: str) -> None:
@@ -119,6 +122,16 @@ def calibrate_target(runner, vocab_size: int, requested: str, config,
         _write(path, cal)
     runner.drop_unused_dtypes(keep_loaded)
     return cal, checks[choice]
+
+
+def cached_step_is_stale(cal: Calibration, step_now_ms: float) -> bool:
+    """Whether a cached table's one-token step (either of its timings) lies more than STALE from the step timed just
+    now on the same cores (the cache was written while another process held a core, or the machine has changed speed
+    since): every row count and the chooser's costs are read from that table, so it is timed again."""
+    if not (cal.cached and step_now_ms):
+        return False
+    cached = [ms for shape in ("step", "rows1") if (ms := cal.ms(cal.sequence, shape))]  # two timings of one step
+    return any(not 1 / STALE <= ms / step_now_ms <= STALE for ms in cached)
 
 
 def calibrate_draft(runner, requested: str, config) -> Calibration:
