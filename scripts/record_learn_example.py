@@ -1,7 +1,11 @@
 """Record the Learn tab's example (assets/learn_example/example.json): one real run of AR, vanilla SD and Mirror-SD on
 the default pair, so the step player, the branch tree and the what-if open on something before a visitor's first run.
 
-    python scripts/record_learn_example.py [--prompt TEXT] [--max-new 64] [--out assets/learn_example/example.json]
+    python scripts/record_learn_example.py [--prompt TEXT] [--max-new 64] [--zero-windows off]
+                                           [--out assets/learn_example/example.json]
+
+Windows of zero are off by default here: the example teaches a Mirror-SD step's phases, so every step verifies a
+window (raw speculation, as `--zero-windows off` decodes); the page's own runs use the engine's policy.
 
 Kept from the engine's events: every span and step record of the three runs (times relative to each run's start),
 their summaries' raw counters, the load-time timings the what-if starts from, the machine it ran on, and the text of
@@ -62,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prompt", default="Write a Python Fibonacci function.")
     p.add_argument("--max-new", type=int, default=64)
+    p.add_argument("--zero-windows", choices=("on", "off"), default="off",
+                   help="the draft lane's windows of zero (default off: every step of the example verifies a window)")
     p.add_argument("--out", default=os.path.join(HERE, "assets", "learn_example", "example.json"))
     args = p.parse_args(argv)
     from mirror_core import MirrorEngine, Request, SpecConfig, machine
@@ -71,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = MirrorEngine.load(pair.target, pair.draft)
     try:
         ids = engine.encode(args.prompt)
-        spec = engine.info.resolve(SpecConfig())
+        spec = engine.info.resolve(SpecConfig(zero_windows=args.zero_windows == "on"))
         for _ in engine.stream(Request(ids, "mirror", 8, spec=spec)):  # warm-up, as the page's loader does
             pass
         runs = {d: _run(engine, Request(ids, d, args.max_new, spec=spec)) for d in ("ar", "sd", "mirror")}
@@ -81,10 +87,11 @@ def main(argv: list[str] | None = None) -> int:
             "format": FORMAT, "prompt": args.prompt, "prompt_ids": list(ids), "max_new_tokens": args.max_new,
             "recorded": {"cpu": machine.cpu_model(), "cores": len(machine.usable_cpus()),
                          "date": datetime.date.today().isoformat(), "lanes": engine.info.lanes.kind,
-                         "command": "python scripts/record_learn_example.py"},
+                         "command": "python scripts/record_learn_example.py"
+                                    + ("" if args.zero_windows == "off" else " --zero-windows on")},
             "pair": {"target": pair.target, "draft": os.path.relpath(pair.draft, HERE) if pair.draft else None,
                      "num_layers": engine.info.num_layers, "gamma": spec.gamma, "kappa": spec.kappa,
-                     "exit_layer": spec.exit_layer},
+                     "exit_layer": spec.exit_layer, "zero_windows": spec.zero_windows},
             "load": _load_figures(engine.info),
             "tokens": {str(t): tok.decode([t], skip_special_tokens=False) for t in sorted(shown)},
             "runs": runs}

@@ -221,11 +221,17 @@ def test_the_accelerator_view_moves_the_draft_and_the_readout_and_gives_the_pape
     m = fast.model()
     assert m.t_branch <= m.delta and m.t_fresh >= 0.1 * m.t_ar  # the paper's conditions: hidden, and it matters
     p = prediction(fast)
-    assert p["mirror_x"] >= p["sd_x"] and "the paper's ordering" in ordering(fast)
     text = html.unescape(curve_html(cpu, accelerator=True))
     assert "On an accelerator (modelled: the window's forward = one AR step" in text and "kept as the knobs" in text
-    assert f"Mirror-SD {p['mirror_x']:.2f}× ≥ vanilla SD {p['sd_x']:.2f}×" in text
-    every_miss = with_(fast, ff=1.0)  # every step falls back: Mirror-SD pays SD's rollout and its own readout
+    if p["mirror_x"] >= p["sd_x"]:
+        assert "the paper's ordering" in ordering(fast)
+        assert f"Mirror-SD {p['mirror_x']:.2f}× ≥ vanilla SD {p['sd_x']:.2f}×" in text
+    else:  # this recording's readout and messages outweigh the rollout SD waits for: the term is named
+        assert "the largest term that prevents it" in ordering(fast) and f"Mirror-SD {p['mirror_x']:.2f}×" in text
+    cheap = with_(fast, overhead_ms=0.1 * fast.overhead_ms)  # a readout as cheap as the paper's: its ordering
+    q = prediction(cheap)
+    assert q["mirror_x"] >= q["sd_x"] and "the paper's ordering" in ordering(cheap)
+    every_miss = with_(cheap, ff=1.0)  # every step falls back: Mirror-SD pays SD's rollout and its own readout
     assert "the largest term that prevents it: the fallback rollouts FF·T_fresh" in ordering(every_miss)
 
 
@@ -349,9 +355,12 @@ def test_the_player_replays_a_step_accelerator_shaped_and_says_it_is_modelled():
     mirror, ar = example.runs["mirror"], example.runs["ar"]
     shaped, t_ar = accelerator_shaped(mirror, ar), ar_step_time(ar.spans)
     measured_spans = {(s.step, s.stage): s.t1 - s.t0 for s in mirror.spans}
+    following = {rec.step - 1: rec.source for rec in mirror.steps}  # step → where the window after it came from
     for rec in mirror.steps:
         spans = {s.stage: s for s in shaped.spans if s.step == rec.step}
         length = lambda st: spans[st].t1 - spans[st].t0  # noqa: E731
+        if not rec.drafted:  # a window of zero: a plain step, no window to re-time
+            continue
         window = length("target_prefix") + length("target_suffix")
         was = measured_spans[rec.step, "target_prefix"] + measured_spans[rec.step, "target_suffix"]
         assert window == pytest.approx(min(t_ar, was))  # one AR step, as on an accelerator
@@ -359,7 +368,8 @@ def test_the_player_replays_a_step_accelerator_shaped_and_says_it_is_modelled():
         assert length("exit_readout") == pytest.approx(scale * measured_spans[rec.step, "exit_readout"])
         if "draft_branches" in spans:  # branches were rolled out (the run's last step may end first): from M_t on
             assert spans["draft_branches"].t0 == pytest.approx(spans["exit_readout"].t1)
-            assert (rec.hit is False) == ("draft_rollout" in spans)  # a miss rolls out afresh, after the branches
+        if rec.step in following:  # a fresh rollout after the step iff the next window is the draft model's
+            assert (following[rec.step] == "model") == ("draft_rollout" in spans), rec.step
     assert accelerator_shaped(mirror, None) is None  # no AR run, no T_AR to scale to
     measured, tree = step_views(Session(), 2, 6, MEASURED)
     modelled, same_tree = step_views(Session(), 2, 6, SHAPED)

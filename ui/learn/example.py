@@ -71,7 +71,8 @@ class Example:
 
 def _run(decoder: str, data: dict, head: dict, namer: RecordedNamer) -> DecoderRun:
     run = DecoderRun(decoder, namer)
-    spec = SpecConfig(gamma=head["pair"]["gamma"], kappa=head["pair"]["kappa"], exit_layer=head["pair"]["exit_layer"])
+    spec = SpecConfig(gamma=head["pair"]["gamma"], kappa=head["pair"]["kappa"], exit_layer=head["pair"]["exit_layer"],
+                      zero_windows=head["pair"].get("zero_windows", False))
     request = Request(tuple(head["prompt_ids"]), decoder, head["max_new_tokens"], SamplingConfig(), spec)
     settings = RunSettings(request, LaneConfig(kind=head["recorded"]["lanes"]), head["pair"]["exit_layer"],
                            head["pair"]["target"], head["pair"]["draft"], "")
