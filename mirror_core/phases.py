@@ -39,6 +39,8 @@ PHASES = {
     "mirror": (("prefix", (STAGE_TARGET_PREFIX,), "layers 1..ℓ_e over the window (T_pre)"),
                ("readout", (STAGE_EXIT_READOUT,), "the early-exit readout at ℓ_e and sending top-κ (T_rv^ee)"),
                ("suffix", (STAGE_TARGET_SUFFIX,), "layers ℓ_e+1..N and the LM head (Δ)"),
+               ("verify", (STAGE_TARGET_VERIFY,), "the plain steps' passes (a window of zero: no draft tokens, so no "
+                "early exit; on ar's cores)"),
                ("accept", (STAGE_ACCEPT,), "the acceptance rule (part of T_rv^fv)"),
                (WAIT, (STAGE_WAIT,), "the draft lane's answer: a branch adopted, or a fresh rollout on a miss")),
 }

@@ -443,8 +443,8 @@ def test_one_steps_bars_add_up_to_the_measured_step_and_the_chain_quotes_each_ve
 
     ar_run, run = ar(40), mirror(20, 0.010, 0.001, 0.010, 0.001)
     bar = step_bar(run)
-    assert dict(bar.parts) == pytest.approx({"prefix": 10.0, "readout": 1.0, "suffix": 10.0, "accept": 1.0,
-                                             "wait for the draft": 0.0, "the rest": 0.0}, abs=1e-6)
+    assert dict(bar.parts) == pytest.approx({"prefix": 10.0, "readout": 1.0, "suffix": 10.0, "verify": 0.0,
+                                             "accept": 1.0, "wait for the draft": 0.0, "the rest": 0.0}, abs=1e-6)
     assert bar.step_ms == pytest.approx(22.0) and step_bar(ar_run).step_ms == pytest.approx(10.0)
     c = chain(run, ar_run, _load_info())
     text = re.sub(r"\s+", " ", html.unescape(re.sub("<[^>]+>", " ", chain_html(c))))

@@ -349,3 +349,6 @@ def test_a_mirror_run_of_plain_steps_only_gets_a_verdict(pair, monkeypatch):
     shown = verdict_html(session)
     assert "Speculation" in shown and "at 23 of 23 steps" in shown and "plain" in shown
     assert "windows of zero" in numbers_html(session.runs)
+    from ui.costs import step_bar
+    parts = dict(step_bar(session.runs["mirror"]).parts)  # the plain steps' passes are a phase, not "the rest"
+    assert parts["verify"] > parts["the rest"] and parts["prefix"] == parts["suffix"] == 0.0

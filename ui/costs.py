@@ -224,8 +224,9 @@ def sd_reason(sd: DecoderRun | None, mirror: DecoderRun | None, x_sd: float | No
     if a is None or b is None:
         return ""
     pa, pb = dict(a.parts), dict(b.parts)
-    terms = [(f"the window ({_cores(mirror)}) against SD's verify ({_cores(sd)})", pb["prefix"] + pb["suffix"],
-              pa["verify"]), ("the early-exit readout", pb["readout"], 0.0),
+    plain = " and its plain steps' passes" if pb.get("verify") else ""  # windows of zero: no early exit
+    terms = [(f"the window ({_cores(mirror)}){plain} against SD's verify ({_cores(sd)})",
+              pb["prefix"] + pb["suffix"] + pb.get("verify", 0.0), pa["verify"]), ("the early-exit readout", pb["readout"], 0.0),
              ("the wait for the draft", pb["wait for the draft"], pa["wait for the draft"]),
              ("acceptance and the rest", pb["accept"] + pb[OTHER[0]], pa["accept"] + pa[OTHER[0]])]
     terms.sort(key=lambda t: -abs(t[1] - t[2]))
