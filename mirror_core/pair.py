@@ -121,8 +121,14 @@ class PairInfo:
         settings = None if self.spec_choice is None else {
             "gamma": self.spec_choice.gamma, "kappa": self.spec_choice.kappa, "why": self.spec_choice.why,
             "modelled_speedup": self.spec_choice.speedup, "modelled_sd_speedup": self.spec_choice.sd_speedup}
+        whole = self.whole_machine
+        cores = len(self.serial_cpus) or (len(lanes.target_cpus) if lanes.target_device == "cpu" else 0)
+        machine = None if whole is None else {
+            "lane_step_ms": whole.lane_ms, "every_core_step_ms": whole.all_ms, "spread": whole.spread,
+            "busy": whole.busy, "retimed": whole.retimed, "ar_cores": cores}
         return {"target": target, "draft": draft, "chosen_settings": settings,
-                "exit_head": None if self.exit_head is None else asdict(self.exit_head)}  # None: the logit lens
+                "exit_head": None if self.exit_head is None else asdict(self.exit_head),  # None: the logit lens
+                "whole_machine": machine}  # the load's timing of ar's step: on the lane's cores and on every core
 
     def exit_readout(self, layer: int) -> str:
         """How a run at ℓ_e = layer reads its candidates, in words (the run settings and the page say it)."""

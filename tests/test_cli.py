@@ -42,6 +42,8 @@ def test_json_output_matches_the_contract(pairs, tmp_path):
     assert roofline["weight_format"] == "float32" and len(roofline["rows_ms"]) == 8 and roofline["weight_bytes"] > 0
     assert roofline["read_gbs"] > 0 and roofline["step_fraction"] > 0 and roofline["window_steps"][0] == 1.0
     assert pair["draft"]["source"] == draft and pair["draft"]["runner"] == "FastLlamaRunner" and pair["exit_head"] is None
+    whole = pair["whole_machine"]  # None where the target lane holds every core
+    assert whole is None or (whole["lane_step_ms"] > 0 and whole["every_core_step_ms"] > 0 and whole["ar_cores"] >= 1)
     assert out["calibration"]["target"]["requested"] == out["calibration"]["draft"]["requested"] == "float32"
     events = json.loads(trace.read_text())["events"]
     assert events[0]["type"] == "RunStart" and events[-1]["type"] == "RunEnd"
