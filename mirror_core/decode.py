@@ -40,6 +40,7 @@ from .events import (
 from .lanes.codec import LaneError
 from .lanes.placement import pinned
 from .draft_choice import choice_plan
+from .models.exit_head import ExitLogits
 from .messages import (SOURCE_BRANCH, SOURCE_CONTEXT, BranchRequest, DraftStart, DraftWindow, ExitReadout,
                        ResolveRequest, branch_rows)
 from .planner import BranchPlanner
@@ -165,26 +166,45 @@ def verify(state: DecodeState, lane: DraftLane, planner: BranchPlanner | None, w
 def send_candidates(state: DecodeState, lane: DraftLane, planner: BranchPlanner, w: list[int], step: int,
                     h: torch.Tensor, features: torch.Tensor | None) -> ExitReadout:
     """The early exit, between layers ℓ_e and ℓ_e+1 of the target pass: top-κ per slot of h^(ℓ_e) [γ+1, H]
-    (d_j excluded) → M_t → draft lane (with the slots' features [γ+1, H] on the CPU when the draft reads them)."""
+    (d_j excluded) → M_t → draft lane (with the slots' features [γ+1, H] on the CPU when the draft reads them). A
+    trained exit head names its own tokens only (every other logit is -inf): the readout's columns are those tokens,
+    so the softmax and top-κ run over them alone, the same candidates as over the whole vocabulary."""
     t0 = state.now()
-    logits_exit = state.target.exit_readout(h, state.exit_layer)              # [γ+1, V]
-    slots = logits_exit.shape[0]                                               # γ+1
-    x = logits_exit if state.cfg.greedy else warp_logits(logits_exit, state.cfg)  # same support as p_target
-    drafts = torch.tensor(w[1:], dtype=torch.long, device=x.device).unsqueeze(1)  # [γ, 1]
-    draft_is_top1 = (x[: slots - 1].argmax(-1, keepdim=True) == drafts).squeeze(1).tolist()
-    x = x.clone()
-    x[: slots - 1].scatter_(1, drafts, float("-inf"))                         # c ≠ d_j at draft slot j
-    logp_exit = torch.log_softmax(x, dim=-1)                                   # [γ+1, V]
-    top = torch.topk(logp_exit, min(state.req.spec.kappa, x.shape[-1]), dim=-1)  # [γ+1, κ]
-    ids = torch.where(torch.isfinite(top.values), top.indices, -1)             # [γ+1, κ]
+    exit = state.target.exit_readout(h, state.exit_layer)                     # logits [γ+1, V'] over its columns
+    ids, values, draft_is_top1 = exit_candidates(exit, w[1:], state.cfg, state.req.spec.kappa)  # [γ+1, κ] each
     topk_ids = tuple(tuple(r) for r in planner.select(ids, draft_is_top1).tolist())
     try:
         lane.branch(BranchRequest(step, topk_ids, features))
         delivered = True
     except LaneError:
         delivered = False
-    return ExitReadout(topk_ids, tuple(tuple(round(v, 4) for v in r) for r in top.values.tolist()),
+    return ExitReadout(topk_ids, tuple(tuple(round(v, 4) for v in r) for r in values.tolist()),
                        tuple(tuple(r) for r in ids.tolist()), tuple(draft_is_top1), delivered, t0, state.now())
+
+
+def exit_candidates(exit: ExitLogits, drafts: list[int], cfg, kappa: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, list[bool]]:
+    """Top-κ token ids [γ+1, κ] (-1 where fewer are finite) and their log-probabilities [γ+1, κ] per slot of the
+    readout, d_j excluded at draft slot j; and whether d_j was the readout's top-1 there. Over the readout's columns:
+    where a trained head names only its own tokens the rest are -inf, so these are the candidates over all of V."""
+    slots = exit.logits.shape[0]                                               # γ+1
+    x = exit.logits if cfg.greedy else warp_logits(exit.logits, cfg)           # same support as p_target
+    cols = exit.columns(list(drafts))                                          # [γ]: d_j's column (-1: -inf anyway)
+    top1 = x[: slots - 1].argmax(-1).tolist()                                  # [γ]
+    draft_is_top1 = [c >= 0 and c == t for c, t in zip(cols, top1)]
+    x = x.clone()
+    for j, c in enumerate(cols):                                               # c ≠ d_j at draft slot j
+        if c >= 0:
+            x[j, c] = float("-inf")
+    logp_exit = torch.log_softmax(x, dim=-1)                                   # [γ+1, V']
+    kappa = min(kappa, exit.vocab_size or x.shape[-1])
+    top = torch.topk(logp_exit, min(kappa, x.shape[-1]), dim=-1)               # [γ+1, ≤κ]
+    ids = torch.where(torch.isfinite(top.values), exit.token_ids(top.indices), -1)  # [γ+1, ≤κ]
+    values = top.values
+    if ids.shape[1] < kappa:  # fewer columns than κ: the rest are -inf over the whole vocabulary
+        ids = torch.nn.functional.pad(ids, (0, kappa - ids.shape[1]), value=-1)          # [γ+1, κ]
+        values = torch.nn.functional.pad(values, (0, kappa - values.shape[1]), value=float("-inf"))
+    return ids, values, draft_is_top1
 
 
 def verdict(readout: ExitReadout | None, result: AcceptResult) -> bool | None:

@@ -18,16 +18,24 @@ import threading
 from dataclasses import replace
 from typing import Iterator
 
-from .config import DTYPE_CHOICES, SERIAL_DECODERS, LaneConfig, MirrorError, Request, check_prompt_text, parse_token_ids
+from .config import (DTYPE_CHOICES, SERIAL_DECODERS, LaneConfig, MirrorError, Request, SpecConfig, check_prompt_text,
+                     parse_token_ids)
 from .decode import decode_events
 from .decode_state import DecodeState
-from .events import Event, RunEnd
+from .events import Event, RunEnd, SpanEvent, StepRecord
+from .latency import StepOverheads
+from .phases import step_phases
+from .runners.exactness import probe_ids
 from .lanes import make_draft_lane, pinned, prefill_cpus
 from .metrics import RunSummary
 from .models.loading import encode_text
 from .kernels.formats import NEEDS
-from .pair import PairInfo, draft_lane_spec, lane_plan, load_target, pair_info, read_pair, with_target_timing
+from .pair import (PairInfo, draft_lane_spec, lane_plan, load_target, pair_info, read_pair, with_overheads,
+                   with_target_timing)
 from .target_timing import TargetTiming, time_target, time_whole_machine
+
+
+OVERHEAD_PROMPT, OVERHEAD_TOKENS = 32, 24  # the probe prompt's tokens and each decoder's new tokens (_time_overheads)
 
 
 class MirrorEngine:
@@ -60,7 +68,33 @@ class MirrorEngine:
         timed = time_target(loaded.runner, pair.vocab, lanes, loaded.config)
         lane = None if draft is None else make_draft_lane(lanes, draft_lane_spec(draft, lanes, pair, trust_remote_code))
         info = pair_info(target, draft, lanes, pair, loaded, timed, lane)
-        return cls(loaded.runner, lane, info, pair.tokenizer, loaded.eos_ids, loaded.config)
+        engine = cls(loaded.runner, lane, info, pair.tokenizer, loaded.eos_ids, loaded.config)
+        if info.spec_choice is not None:  # the latency model chose γ, κ: it gets the overheads, and chooses again
+            engine._time_overheads()
+        return engine
+
+    def _time_overheads(self) -> None:
+        """A short run of sd and of mirror on a probe prompt, every step a draft-model window (no windows of zero, no
+        context draft), split by phase (phases.py): what a step costs beyond the target's passes and the draft's work
+        (the readout; acceptance, bookkeeping, messages) goes into the latency model that chose γ, κ, which chooses
+        again (pair.with_overheads). Left out, the model as it was, where a run does not finish cleanly."""
+        prompt = tuple(probe_ids(self.info.vocab_size, OVERHEAD_PROMPT, 7, 3))
+        spec = self.info.resolve(SpecConfig())
+        spec = replace(spec, context=replace(spec.context, enabled=False), zero_windows=False)
+        phases = {}
+        for decoder in ("sd", "mirror"):
+            events = list(self.stream(Request(prompt, decoder, OVERHEAD_TOKENS, spec=spec, stop_at_eos=False)))
+            end = events[-1]
+            if not isinstance(end, RunEnd) or end.error or end.fallback or end.summary is None:
+                return
+            phases[decoder] = step_phases(decoder, [e for e in events if isinstance(e, SpanEvent)],
+                                          [e for e in events if isinstance(e, StepRecord)], end.summary.tau)
+            if phases[decoder] is None:
+                return
+        readout, verify = dict(phases["mirror"].parts).get("readout", 0.0), dict(phases["sd"].parts).get("verify", 0.0)
+        self.info = with_overheads(self.info, StepOverheads(round(readout, 3), round(phases["sd"].overhead_ms, 3),
+                                                            round(phases["mirror"].overhead_ms, 3), round(verify, 3),
+                                                            spec.gamma))
 
     @staticmethod
     def check_pair(target: str, draft: str | None, lanes: LaneConfig | None = None,

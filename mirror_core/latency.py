@@ -144,6 +144,17 @@ def latency_model_from_events(spans: list[SpanEvent], steps: list[StepRecord], s
 
 # -- settings chosen per machine (modelled) ------------------------------------------------------------------------
 @dataclass(frozen=True)
+class StepOverheads:
+    """What a speculative step costs beyond the target's passes and the draft's rollouts (ms), timed at load by a short
+    run of each decoder (MirrorEngine.load: phases.step_phases of its steps, every step a draft-model window)."""
+    readout: float   # Mirror-SD's early-exit readout T_rv^ee: top-κ per slot at ℓ_e, M_t sent to the draft lane
+    sd: float        # vanilla SD's acceptance, the loop's bookkeeping, and the wait beyond the draft's rollouts
+    mirror: float    # the same for Mirror-SD (its wait beyond the branches and rollouts the model already holds)
+    sd_verify: float = 0.0  # vanilla SD's verification of a γ-token window where it ran (ar's cores), measured ...
+    gamma: int = 0          # ... at this γ (0: not measured): its ratio to the lane's T_verify(γ) scales every γ's
+
+
+@dataclass(frozen=True)
 class StepCosts:
     """This machine's step costs for one pair, in ms, as the lanes' dtype calibrations timed them at load
     (runners/calibrate.py: cached per machine and model shape)."""
@@ -156,6 +167,7 @@ class StepCosts:
     rows: int
     depth: int
     baseline: float | None = None  # the baseline's one-token step (AR on every core, as ar and sd run; None: t_ar)
+    overheads: StepOverheads | None = None  # what a step costs beyond the passes and rollouts (None: not timed)
 
     @property
     def base(self) -> float:
@@ -230,13 +242,18 @@ class SpecChoice:
 
 def modelled_speedups(costs: StepCosts, profile: DraftProfile, gamma: int, kappa: int) -> tuple[float, float]:
     """(Mirror-SD, vanilla SD) speedups over the baseline: τ · T_base / E[T_step], E[T_step] from §4 with every
-    branch row of κ(γ+1) rolled out, FF = 1 − hit rate, and T_fresh = γ draft steps. Mirror-SD's target runs on its
-    lane (T_AR's cores); SD's verification on the baseline's, its window scaled by T_base / T_AR."""
+    branch row of κ(γ+1) rolled out, FF = 1 − hit rate, and T_fresh = γ draft steps, plus each decoder's overheads
+    timed at load (the readout T_rv^ee; acceptance, bookkeeping and messages). Mirror-SD's target runs on its lane
+    (T_AR's cores); SD's verification on the baseline's, its window scaled by what the load measured there against
+    the lane's window (else by T_base / T_AR: on every core a window gains less than one row does)."""
     tau, verify, fresh = profile.tau(gamma), costs.verify(gamma), gamma * costs.draft_step
     pre, delta = costs.exit_share * verify, (1 - costs.exit_share) * verify
     branch = costs.branch(kappa * (gamma + 1), gamma)
-    mirror = pre + max(delta, branch) + (1 - profile.hit_rate(kappa, gamma)) * fresh
-    return tau * costs.base / mirror, tau * costs.base / (verify * costs.base / costs.t_ar + fresh)
+    o = costs.overheads or StepOverheads(0.0, 0.0, 0.0)
+    mirror = pre + o.readout + max(delta, branch) + (1 - profile.hit_rate(kappa, gamma)) * fresh + o.mirror
+    # SD verifies on ar's cores: its window as measured there at load, scaled from the lane's; else as the step scales
+    scale = o.sd_verify / costs.verify(o.gamma) if o.sd_verify and o.gamma else costs.base / costs.t_ar
+    return tau * costs.base / mirror, tau * costs.base / (verify * scale + fresh + o.sd)
 
 
 def choose_spec(costs: StepCosts, profile: DraftProfile, gammas=GAMMAS, kappas=KAPPAS) -> SpecChoice:

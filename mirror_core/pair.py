@@ -12,7 +12,7 @@ from .config import MAX_GAMMA, DEFAULT_GAMMA, DEFAULT_KAPPA, LaneConfig, MirrorE
 from .events import RunSettings
 from .lanes import DraftLaneSpec, auto_lanes
 from .lanes.faults import fault_plan_from_env
-from .latency import SpecChoice, StepCosts, choose_spec
+from .latency import SpecChoice, StepCosts, StepOverheads, choose_spec
 from .models.exit_head import choose_exit_head
 from .models.feature_draft import check_feature_draft, feature_draft_config, is_feature_draft
 from .models.gguf_blocks import read_blocks
@@ -46,6 +46,7 @@ class PairInfo:
     draft_vocab: int | None = None           # V_d of a reduced-vocabulary draft (models/vocab.py), None: all of V
     draft_features: int | None = None        # ℓ_e whose hidden states a feature-reading draft reads, None: ids only
     spec_choice: SpecChoice | None = None    # γ, κ the latency model chose for this machine (None: no draft profile)
+    overheads: StepOverheads | None = None   # a step's costs beyond passes and rollouts, timed at load (None: not)
     whole_machine: WholeMachine | None = None  # the target's step on its lane's cores and on all of them
     roofline: Roofline | None = None         # the target's kernel, bytes per token and forward by rows vs. the roofline
     serial_cpus: tuple[int, ...] = ()        # where ar and sd run the target (every core, LaneConfig.serial_cores);
@@ -120,7 +121,8 @@ class PairInfo:
             **({"reads_features_of_layer": self.draft_features} if self.draft_features else {})}
         settings = None if self.spec_choice is None else {
             "gamma": self.spec_choice.gamma, "kappa": self.spec_choice.kappa, "why": self.spec_choice.why,
-            "modelled_speedup": self.spec_choice.speedup, "modelled_sd_speedup": self.spec_choice.sd_speedup}
+            "modelled_speedup": self.spec_choice.speedup, "modelled_sd_speedup": self.spec_choice.sd_speedup,
+            "overheads_ms": None if self.overheads is None else asdict(self.overheads)}
         whole = self.whole_machine
         cores = len(self.serial_cpus) or (len(lanes.target_cpus) if lanes.target_device == "cpu" else 0)
         machine = None if whole is None else {
@@ -274,15 +276,26 @@ def with_target_timing(info: PairInfo, runner, timed: TargetTiming, lane) -> Pai
     info = replace(info, target_rows=timed.rows, target_dtype=timed.dtype, whole_machine=timed.whole,
                    roofline=roofline_of(runner, timed.dtype, timed.whole),
                    serial_cpus=_serial_cpus(info.lanes, timed.whole), lend_cpus=_lend_cpus(info.lanes, timed.whole))
-    if lane is None:
-        return info
-    baseline = timed.whole.all_ms if timed.whole is not None and info.serial_cpus else None
-    return replace(info, spec_choice=_choose_spec(timed.dtype, lane.calibration, load_profile(local_folder(info.draft)),
-                                                  info.default_exit_layer() / info.num_layers, baseline))
+    return info if lane is None else replace(info, spec_choice=_spec_choice(info))
+
+
+def with_overheads(info: PairInfo, overheads: StepOverheads) -> PairInfo:
+    """`info` with the overheads a short run of each speculative decoder timed (MirrorEngine.load), and γ, κ chosen
+    again by the latency model that now holds them."""
+    info = replace(info, overheads=overheads)
+    return replace(info, spec_choice=_spec_choice(info))
+
+
+def _spec_choice(info: PairInfo) -> SpecChoice | None:
+    """γ, κ for the pair's lanes as timed, against AR's step on every core where ar runs there (else the lane's)."""
+    whole = info.whole_machine
+    baseline = whole.all_ms if whole is not None and info.serial_cpus else None
+    return _choose_spec(info.target_dtype, info.draft_dtype, load_profile(local_folder(info.draft)),
+                        info.default_exit_layer() / info.num_layers, baseline, info.overheads)
 
 
 def _choose_spec(target: Calibration | None, draft: Calibration | None, profile, exit_share: float,
-                 baseline: float | None = None) -> SpecChoice | None:
+                 baseline: float | None = None, overheads: StepOverheads | None = None) -> SpecChoice | None:
     """γ and κ for this machine: the latency model over the lanes' timed step costs and the draft's profile, its
     speedups against `baseline` (AR's step on every core, where ar runs there; None: the lane's step); None when the
     draft has no profile or a lane's dtype was forced without timing."""
@@ -293,5 +306,5 @@ def _choose_spec(target: Calibration | None, draft: Calibration | None, profile,
     if any(v is None for v in shapes):
         return None
     t_ar, t_window, d_step, d_rows = shapes
-    return choose_spec(StepCosts(t_ar, t_window, WINDOW, exit_share, d_step, d_rows, BRANCH_ROWS, WINDOW - 1, baseline),
-                       profile)
+    return choose_spec(StepCosts(t_ar, t_window, WINDOW, exit_share, d_step, d_rows, BRANCH_ROWS, WINDOW - 1, baseline,
+                                 overheads), profile)

@@ -59,6 +59,14 @@ class StepPhases:
     tau: float                            # tokens committed per step (1 for AR)
     draft_in_wait_ms: float = 0.0         # of the wait, the draft lane's own rollouts (the rest: messages, overhead)
 
+    @property
+    def overhead_ms(self) -> float:
+        """What the step spends beyond the target's passes, the readout and the draft's own work: acceptance, the
+        rest, and the wait for the draft beyond its rollouts (messages, the draft lane's overhead)."""
+        parts = dict(self.parts)
+        wait = max(parts.get(WAIT, 0.0) - self.draft_in_wait_ms, 0.0)
+        return parts.get("accept", 0.0) + parts.get(REST[0], 0.0) + wait
+
     def to_dict(self) -> dict:
         """{phase: ms} with the whole step ("total"), τ and the wait's split: the bench's phases_ms."""
         out = {name: round(ms, 4) for name, ms in self.parts}

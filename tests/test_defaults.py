@@ -96,6 +96,9 @@ def test_a_pair_with_a_profile_fills_in_its_chosen_setting(drafts, tmp_path):
     with MirrorEngine.load(target, draft, LaneConfig(kind="inline", target_threads=1, draft_threads=1)) as engine:
         choice = engine.info.spec_choice
         assert choice is not None
+        o = engine.info.overheads  # timed at load by a short run of each decoder, and in the model that chose
+        assert o is not None and o.readout > 0 and o.sd > 0 and o.mirror > 0
+        assert engine.info.describe()["chosen_settings"]["overheads_ms"]["readout"] == o.readout
         resolved = engine.validate(Request((1, 2), "mirror", 8)).spec
         assert (resolved.gamma, resolved.kappa, resolved.exit_layer) == (choice.gamma, choice.kappa, HEAD_LAYER)
         assert engine.info.spec_note(resolved).startswith("chosen for this machine")

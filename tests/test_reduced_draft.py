@@ -104,3 +104,27 @@ def test_full_vocab_copy_proposes_what_the_reduced_draft_proposes(reduced):
     mine = runner.forward(runner.new_cache(), ids)                                        # [T, V]
     assert logits_full.shape == mine.shape
     assert torch.allclose(logits_full[:, SUBSET], mine[:, SUBSET], atol=1e-4)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_the_exit_heads_candidates_over_its_columns_are_those_over_the_whole_vocabulary(temperature):
+    """The early exit's top-κ computed over a trained head's own ids equals the same computation over every token (the
+    rest -inf), draft tokens inside and outside its ids excluded alike, and κ past its ids padded with -1."""
+    from mirror_core.config import SamplingConfig
+    from mirror_core.decode import exit_candidates
+    from mirror_core.models.exit_head import ExitHead, ExitHeadWeights, ExitLogits
+
+    gen = torch.Generator().manual_seed(3)
+    vocab, hidden = 40, 8
+    ids = torch.tensor([1, 4, 5, 9, 17, 22, 30, 39])
+    weights = ExitHeadWeights(2, hidden, 4, vocab, torch.randn(hidden, hidden, generator=gen), torch.zeros(hidden),
+                              torch.ones(hidden), ids)
+    head = ExitHead(weights, torch.randn(vocab, hidden, generator=gen), 1e-6)
+    h = torch.randn(4, hidden, generator=gen)                                  # γ + 1 = 4 slots
+    cfg = SamplingConfig(temperature=temperature, top_k=5 if temperature else 0)
+    for drafts in ([4, 9, 2], [39, 3, 1], [5, 5, 5]):                           # inside, outside and repeated
+        for kappa in (1, 3, 8, 12):
+            cols = exit_candidates(head.columns(h), drafts, cfg, kappa)
+            full = exit_candidates(ExitLogits(head.readout(h), None, vocab), drafts, cfg, kappa)
+            assert torch.equal(cols[0], full[0]) and cols[2] == full[2], (drafts, kappa)
+            assert torch.allclose(cols[1], full[1], atol=1e-5) and cols[0].shape == (4, min(kappa, vocab))

@@ -26,6 +26,14 @@ def test_tau_and_the_model_follow_the_definitions():
     branch = 25 * 3 * 2 / 40 + 3
     assert sd == pytest.approx(p.tau(2) * 20 / (verify + 6))
     assert mirror == pytest.approx(p.tau(2) * 20 / (verify * 2 / 3 + max(verify / 3, branch) + 0.7 * 6))
+    from dataclasses import replace
+
+    from mirror_core.latency import StepOverheads
+
+    timed = replace(COSTS, overheads=StepOverheads(readout=1.5, sd=0.6, mirror=0.4))  # the load's short runs
+    mirror, sd = modelled_speedups(timed, p, 2, 1)
+    assert sd == pytest.approx(p.tau(2) * 20 / (verify + 6 + 0.6))  # each decoder's own overhead, the readout serial
+    assert mirror == pytest.approx(p.tau(2) * 20 / (verify * 2 / 3 + 1.5 + max(verify / 3, branch) + 0.7 * 6 + 0.4))
 
 
 def test_a_better_draft_or_a_cheaper_window_earns_a_longer_window():

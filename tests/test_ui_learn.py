@@ -154,7 +154,7 @@ def test_the_what_if_starts_from_this_machines_load_time_timings():
     roof = Roofline("torch", "", "float32", 1, 1.0, (10.0, 11.0, 12.0))
     info = SimpleNamespace(target="t", draft=os.path.join(ROOT, "assets", "smollm2_pair", "feature_draft"),
                            target_dtype=target, draft_dtype=draft, roofline=roof, num_layers=30,
-                           whole_machine=None, serial_cpus=(),
+                           whole_machine=None, serial_cpus=(), overheads=None,
                            spec_choice=SpecChoice(1, 4, 1.32, 1.1, "why", ()),
                            resolve=lambda spec: with_(spec, gamma=1, kappa=4, exit_layer=20))
     knobs = WhatIf.from_load(info)
@@ -166,7 +166,13 @@ def test_the_what_if_starts_from_this_machines_load_time_timings():
     assert knobs.suffix_share == pytest.approx(1 - 20 / 30, abs=1e-3) and knobs.overhead_ms == 0.0
     here = starts.start(starts.THIS_MACHINE, Session(), info)
     assert "this machine's load-time timings" in here.note and "no run has measured it yet" in here.note
-    assert "profile" in here.note and "modelled 1.32×" in here.note
+    assert "profile" in here.note and "modelled 1.32×" in here.note and "not timed at load" in here.note
+    from mirror_core.latency import StepOverheads
+
+    timed = SimpleNamespace(**{**vars(info), "overheads": StepOverheads(1.5, 0.6, 0.4)})  # the load's short runs
+    assert WhatIf.from_load(timed).overhead_ms == pytest.approx(1.9)  # the readout and Mirror-SD's own overhead
+    assert "(1.90 ms a step) as a short run of each decoder timed them" in starts.start(starts.THIS_MACHINE, Session(),
+                                                                                       timed).note
 
 
 def test_a_measured_figure_outside_a_sliders_range_is_shown_at_its_end_and_said():

@@ -434,7 +434,7 @@ def _load_info(draft: str = "draft", window_ms: float = 16.0, step_ms: float = 1
     draft_cal = Calibration("draft", "auto", "float32", "float32", (Timing("float32", "step", 2.0),
                                                                     Timing("float32", "rows", 40.0)))
     return SimpleNamespace(target="target", draft=draft, target_dtype=target, draft_dtype=draft_cal,
-                           whole_machine=None, serial_cpus=(), num_layers=4,
+                           whole_machine=None, serial_cpus=(), num_layers=4, overheads=None,
                            resolve=lambda spec: SpecConfig(gamma=1, kappa=2, exit_layer=2))
 
 

@@ -62,8 +62,9 @@ class WhatIf:
         """The knobs the engine's choice of γ, κ modelled at load (mirror_core.latency.choose_spec over the lanes'
         calibrations and the draft's profile), at the γ, κ, ℓ_e the pair would run: T_AR is the baseline's step (AR on
         every core where it runs there), the window's cost is the chooser's (load_costs), τ and FF come from the
-        profile, and the readout and messages are not timed at load (0). So the knobs' Mirror-SD speedup is the one
-        the choice promised. None where the load timed too little (no draft, a forced dtype)."""
+        profile, and the readout and messages as the load's short runs timed them (PairInfo.overheads; 0 where it
+        timed none). So the knobs' Mirror-SD speedup is the one the choice promised. None where the load timed too
+        little (no draft, a forced dtype)."""
         profile = load_profile(local_folder(info.draft)) if info.draft else None
         if profile is None or info.target_dtype is None or info.draft_dtype is None:
             return None
@@ -74,7 +75,8 @@ class WhatIf:
         branch = costs.branch(spec.kappa * (spec.gamma + 1), spec.gamma)
         knobs = dict(t_ar_ms=costs.base, verify_ratio=costs.verify(spec.gamma) / costs.base,
                      suffix_share=1 - costs.exit_share, draft_ms=costs.draft_step,
-                     branch_factor=branch / (spec.gamma * costs.draft_step), overhead_ms=0.0,
+                     branch_factor=branch / (spec.gamma * costs.draft_step),
+                     overhead_ms=costs.overheads.readout + costs.overheads.mirror if costs.overheads else 0.0,
                      tau=profile.tau(spec.gamma), ff=1 - profile.hit_rate(spec.kappa, spec.gamma))
         return cls(**{k: round(v, 3) for k, v in knobs.items()}, gamma=spec.gamma)
 
@@ -101,7 +103,7 @@ def load_costs(info, exit_layer: int) -> StepCosts | None:
     rows = DEFAULT_GAMMA + 1  # the shapes runners/calibrate.py times: a window at the default γ, a branch batch
     t_ar, window, d_step, d_rows = shapes
     return StepCosts(t_ar, window, rows, exit_layer / info.num_layers, d_step, d_rows, DEFAULT_KAPPA * rows,
-                     DEFAULT_GAMMA, base)
+                     DEFAULT_GAMMA, base, info.overheads)
 
 # The paper's illustrative accelerator numbers (docs/ALGORITHM.md §4: T_target 40 ms = 20 + 20, T_branch 15,
 # T_rv 0.5, T_fresh 10, FF 0.3, E[A_t] = 4, T_AR 30): illustrative, not measured anywhere.

@@ -50,6 +50,7 @@ def format_table(report: BenchReport) -> str:
                          f"({steps[k['chosen_format']]:.1f} ms): run --dtype auto,{k['ar_fastest_format']} for "
                          "ar at both, measured")
     lines += phase_lines(report)
+    lines += load_model_lines(report)
     if report.best:
         b = report.best
         lines.append(f"best mirror setting: γ={b.gamma} κ={b.kappa} ℓe={b.exit_layer} "
@@ -72,6 +73,26 @@ def phase_lines(report: BenchReport) -> list[str]:
                 f"{p[WAIT_SPLIT[1]]:.2f})" if WAIT_SPLIT[0] in p else "")
         lines.append(f"step by phase, {s.name}: {parts} = {p['total']:.2f} ms{wait}")
     return lines
+
+
+def load_model_lines(report: BenchReport) -> list[str]:
+    """The load's latency model (γ, κ chosen with it) against what the run measured: each speculative decoder's
+    modelled speedup over the baseline beside its measured median, raw speculation's (sd_raw, mirror_raw: every step
+    a window, as the model has it) where those ran, and how far apart they are."""
+    chosen = report.settings.get("chosen_settings") or {}
+    by_name = {s.name: s for s in report.summary}
+    said = []
+    for decoder, key in (("sd", "modelled_sd_speedup"), ("mirror", "modelled_speedup")):
+        run = by_name.get(f"{decoder}_raw") or by_name.get(decoder)
+        modelled = chosen.get(key)
+        if run is None or modelled is None or not run.speedup_vs_baseline:
+            continue
+        off = modelled / run.speedup_vs_baseline - 1
+        said.append(f"{decoder} {modelled:.2f}x modelled vs {run.speedup_vs_baseline:.2f}x measured ({run.name}, "
+                    f"{off:+.0%})")
+    if not said:
+        return []
+    return ["the load's latency model (modelled at load, raw speculation, against the baseline): " + "; ".join(said)]
 
 
 def _flat(row: BenchRow) -> dict:

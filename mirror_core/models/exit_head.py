@@ -84,6 +84,26 @@ class ExitProducts:
 TORCH_PRODUCTS = ExitProducts()
 
 
+@dataclass(frozen=True)
+class ExitLogits:
+    """An early-exit readout's logits over the tokens it can name: a trained head's own ids (every other token's
+    logit is -inf, so it is left out and never computed on), or the whole vocabulary (the logit lens)."""
+    logits: torch.Tensor               # [T, V'] float32: column c is token ids[c] (ids None: token c)
+    ids: torch.Tensor | None = None    # [V'] the token id of each column; None: V' = V, column = token id
+    vocab_size: int = 0                # V: the target's vocabulary
+    at: torch.Tensor | None = None     # [V] the column of each token id, -1 outside ids (None with ids None)
+
+    def columns(self, tokens: list[int]) -> list[int]:
+        """The column of each token (-1 for a token outside the readout's ids: its logit is -inf)."""
+        if self.at is None:
+            return list(tokens)
+        return self.at[torch.tensor(tokens, dtype=torch.long, device=self.at.device)].tolist() if tokens else []
+
+    def token_ids(self, cols: torch.Tensor) -> torch.Tensor:
+        """Columns [..] → their token ids [..]."""
+        return cols if self.ids is None else self.ids[cols]
+
+
 class ExitHead:
     """The head bound to a target's LM head, on the target's device: `readout(h [..., T, H]) → logits [..., T, V]`
     (float32, -inf outside its ids)."""
@@ -101,17 +121,24 @@ class ExitHead:
         self.w = lm_head.detach()[self.ids].t().contiguous().float()                    # [H, V_e] (lm_head is [V, H])
         self.full = self.ids.numel() == weights.vocab_size and bool((self.ids == torch.arange(
             weights.vocab_size, device=device)).all())
+        self.at = torch.full((weights.vocab_size,), -1, dtype=torch.long, device=device)  # [V] token → its column
+        self.at[self.ids] = torch.arange(self.ids.numel(), device=device)
 
     def readout(self, h: torch.Tensor, products: ExitProducts = TORCH_PRODUCTS) -> torch.Tensor:
         """Logits [..., T, V] of h [..., T, H], its two products computed as the calling runner computes them."""
-        a = h.float() @ self.adapter if products.adapter is None else products.adapter(h.float())  # [..., T, H]
-        z = rms_norm(a + self.bias, self.gain, self.eps)                                # [..., T, H]
-        sub = z @ self.w if products.head is None else products.head(z)                 # [..., T, V_e]
+        sub = self.columns(h, products).logits                                          # [..., T, V_e]
         if self.full:
             return sub
         out = sub.new_full(sub.shape[:-1] + (self.vocab_size,), float("-inf"))          # [..., T, V]
         out[..., self.ids] = sub
         return out
+
+    def columns(self, h: torch.Tensor, products: ExitProducts = TORCH_PRODUCTS) -> ExitLogits:
+        """The logits of h [T, H] over the head's own ids only (readout's finite columns, the same values)."""
+        a = h.float() @ self.adapter if products.adapter is None else products.adapter(h.float())  # [..., T, H]
+        z = rms_norm(a + self.bias, self.gain, self.eps)                                # [..., T, H]
+        sub = z @ self.w if products.head is None else products.head(z)                 # [..., T, V_e]
+        return ExitLogits(sub, None, self.vocab_size) if self.full else ExitLogits(sub, self.ids, self.vocab_size, self.at)
 
 
 def choose_exit_head(choice: str, draft_folder: str | None, target_model) -> ExitHead | None:

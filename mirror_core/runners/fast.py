@@ -19,7 +19,7 @@ from ..kernels.blocks import BlockWeights
 from ..kernels.formats import Q8_0, QK
 from ..kernels.native import INT8, STAND_INS, NativeLayer, PackedLinear, format_name
 from ..kernels.native import rms_norm as native_rms_norm
-from ..models.exit_head import TORCH_PRODUCTS, ExitProducts
+from ..models.exit_head import TORCH_PRODUCTS, ExitLogits, ExitProducts
 from .protocol import NO_KERNEL, ExitPass, KernelChoice, WeightFormats, WeightStream, lower_formats
 
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -349,12 +349,13 @@ class FastLlamaRunner:
             return native_rms_norm(self._lib, x, self.norm, self.eps)
         return rms_norm(x, self.norm, self.eps)
 
-    def exit_readout(self, h: torch.Tensor, layer: int) -> torch.Tensor:
-        """The layer-ℓ_e readout: the trained exit head when it was trained for this layer, else the logit lens."""
+    def exit_readout(self, h: torch.Tensor, layer: int) -> ExitLogits:
+        """The layer-ℓ_e readout: the trained exit head when it was trained for this layer (over its own ids), else
+        the logit lens (over the whole vocabulary)."""
         head = self.exit_head
         if head is not None and head.layer == layer:
-            return head.readout(h, self._exit_products)                                   # [T, V]
-        return self._head(h.to(self.dtype))                                               # [T, V]
+            return head.columns(h, self._exit_products)                                   # [T, V_e]
+        return ExitLogits(self._head(h.to(self.dtype)), None, self.vocab_size)            # [T, V]
 
     # -- the row-shape-dependent operations, bound to this model's weights (runners/exactness.py measures them) ------
     def row_ops(self) -> list[RowOp]:

@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..models.architectures import layout
+from ..models.exit_head import ExitLogits
 from .protocol import ExitPass, KernelChoice, WholeModelFormats
 
 
@@ -149,11 +150,12 @@ class HFRunner(WholeModelFormats):
         return self.lm_head(hidden)[0, :, : self.vocab_size].float()                     # [T, V] ([rows, V])
 
     @torch.inference_mode()
-    def exit_readout(self, h: torch.Tensor, layer: int) -> torch.Tensor:
+    def exit_readout(self, h: torch.Tensor, layer: int) -> ExitLogits:
         if self.exit_head is not None and self.exit_head.layer == layer:
-            return self.exit_head.readout(h.to(self.exit_head.w.device))                   # [T, V]
+            return self.exit_head.columns(h.to(self.exit_head.w.device))                   # [T, V_e]
         h = h.to(self.final_norm.weight.device, self.final_norm.weight.dtype)
-        return self.lm_head(self.final_norm(h))[:, : self.vocab_size].float()             # [T, V]
+        return ExitLogits(self.lm_head(self.final_norm(h))[:, : self.vocab_size].float(), None,
+                          self.vocab_size)                                                # [T, V]
 
     def truncate(self, cache: DynamicCache, length: int) -> None:
         drop = self.cache_len(cache) - length

@@ -22,7 +22,7 @@ import torch
 from ..kernels.native import FORMATS
 
 if TYPE_CHECKING:
-    from ..models.exit_head import ExitHead
+    from ..models.exit_head import ExitHead, ExitLogits
     from ..records import RowPlan
 
 
@@ -175,6 +175,7 @@ class TargetRunner(Runner, Protocol):
         """Layers ℓ_e+1..N and the head of that pass: logits [T, V] (with `rows`, the last rows' [rows, V]), equal to
         what forward(cache, ids) returns."""
 
-    def exit_readout(self, h: torch.Tensor, layer: int) -> torch.Tensor:
+    def exit_readout(self, h: torch.Tensor, layer: int) -> ExitLogits:
         """The layer-ℓ_e readout of h [T, H]: the trained exit head when it reads this layer (its products run
-        like the runner's own linear maps), else the logit lens final_norm(h) · W_LM → logits [T, V] (float32)."""
+        like the runner's own linear maps; logits over its own ids only, every other token's being -inf), else the
+        logit lens final_norm(h) · W_LM → logits [T, V] (float32)."""

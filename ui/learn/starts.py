@@ -84,8 +84,10 @@ def _from_load(info) -> Start | None:
     note = (f"Started from **this machine's load-time timings** ({machine.cpu_model()}, the loaded pair): T_AR (the "
             "baseline's step), the window's cost (the *window at load* the choice of γ, κ modelled with) and the "
             "draft's step and branch rows, timed when the pair loaded. τ and FF come from the "
-            "draft's profile (measured on held-out answers when it was trained, not here); the readout and messages "
-            "are not timed at load (0 ms)." + chosen)
+            "draft's profile (measured on held-out answers when it was trained, not here); " + (
+                f"the readout and messages ({knobs.overhead_ms:.2f} ms a step) as a short run of each decoder timed "
+                "them at load." if info.overheads else "the readout and messages are not timed at load (0 ms).")
+            + chosen)
     return Start(knobs, note, f"load:{info.target}:{info.draft}")
 
 
