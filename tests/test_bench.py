@@ -296,3 +296,25 @@ def test_every_millisecond_of_a_step_is_in_a_named_phase():
     report = SimpleNamespace(summary=[SimpleNamespace(name="sd", phases_ms=d), SimpleNamespace(name="hf", phases_ms=None)])
     assert phase_lines(report) == ["step by phase, sd: verify 3.00 + accept 0.10 + wait for the draft 2.90 + the rest "
                                    "0.20 = 6.20 ms (the wait: draft rollouts 1.50, messages and draft overhead 1.40)"]
+    assert p.overhead_ms == pytest.approx(0.1 + 0.2 + 1.4)  # acceptance, the rest, the wait beyond the rollouts
+
+
+def test_the_bench_holds_the_loads_prediction_and_mirror_sd_against_sd_by_part():
+    from mirror_core.bench.report import load_model_lines, mirror_vs_sd_lines
+
+    sd = {"verify": 5.0, "accept": 0.1, "wait for the draft": 2.0, "the rest": 0.1, "total": 7.2, "tau": 1.8}
+    mirror = {"prefix": 4.0, "readout": 1.2, "suffix": 3.0, "verify": 0.0, "accept": 0.1, "wait for the draft": 1.0,
+              "the rest": 0.2, "total": 9.5, "tau": 1.8}
+    row = lambda name, x, phases: SimpleNamespace(name=name, speedup_vs_baseline=x, phases_ms=phases)  # noqa: E731
+    report = SimpleNamespace(summary=[row("ar_all", 1.0, None), row("sd", 1.0, sd), row("sd_raw", 0.9, sd),
+                                      row("mirror_raw", 0.8, mirror)],
+                             settings={"chosen_settings": {"modelled_sd_speedup": 0.99, "modelled_speedup": 0.72}})
+    assert load_model_lines(report) == ["the load's latency model (modelled at load, raw speculation, against the "
+                                        "baseline): sd 0.99x modelled vs 0.90x measured (sd_raw, +10%); mirror 0.72x "
+                                        "modelled vs 0.80x measured (mirror_raw, -10%)"]
+    (line,) = mirror_vs_sd_lines(report)  # the largest excess first: the passes (7.0 vs 5.0), then the readout
+    assert line.startswith("mirror_raw vs sd_raw: 5.28 vs 4.00 ms a token") and "the target's passes 7.00 vs 5.00; " \
+        "the readout 1.20 vs 0.00; acceptance and the rest 0.30 vs 0.20; the wait for the draft 1.00 vs 2.00" in line
+    faster = SimpleNamespace(summary=[row("sd_raw", 0.9, sd), row("mirror_raw", 1.2, {**mirror, "tau": 3.0})],
+                             settings={})
+    assert mirror_vs_sd_lines(faster) == [] and load_model_lines(faster) == []  # Mirror-SD ahead: no term to name

@@ -5,7 +5,7 @@ import csv
 import json
 import os
 
-from ..phases import PHASE_KEYS, WAIT_SPLIT
+from ..phases import PHASE_KEYS, REST, WAIT, WAIT_SPLIT
 from .rows import BenchRow
 from .summary import BenchReport
 
@@ -50,7 +50,7 @@ def format_table(report: BenchReport) -> str:
                          f"({steps[k['chosen_format']]:.1f} ms): run --dtype auto,{k['ar_fastest_format']} for "
                          "ar at both, measured")
     lines += phase_lines(report)
-    lines += load_model_lines(report)
+    lines += load_model_lines(report) + mirror_vs_sd_lines(report)
     if report.best:
         b = report.best
         lines.append(f"best mirror setting: γ={b.gamma} κ={b.kappa} ℓe={b.exit_layer} "
@@ -73,6 +73,28 @@ def phase_lines(report: BenchReport) -> list[str]:
                 f"{p[WAIT_SPLIT[1]]:.2f})" if WAIT_SPLIT[0] in p else "")
         lines.append(f"step by phase, {s.name}: {parts} = {p['total']:.2f} ms{wait}")
     return lines
+
+
+def mirror_vs_sd_lines(report: BenchReport) -> list[str]:
+    """Where vanilla SD's step costs less a token than Mirror-SD's, the terms that separate them (each decoder's mean
+    step by phase, ms), the largest first: the target's passes (Mirror-SD's on its lane beside the draft, SD's on ar's
+    cores), the readout SD does not have, each one's wait for the draft, and acceptance with the rest."""
+    by_name = {s.name: s for s in report.summary}
+    for mirror_name, sd_name in (("mirror_raw", "sd_raw"), ("mirror", "sd")):
+        m, s = (by_name.get(n) for n in (mirror_name, sd_name))
+        if m is None or s is None or not m.phases_ms or not s.phases_ms:
+            continue
+        pm, ps = m.phases_ms, s.phases_ms
+        if pm["total"] / pm["tau"] <= ps["total"] / ps["tau"]:
+            return []
+        terms = [("the target's passes", pm["prefix"] + pm["suffix"] + pm.get("verify", 0.0), ps["verify"]),
+                 ("the readout", pm["readout"], 0.0), ("the wait for the draft", pm[WAIT], ps[WAIT]),
+                 ("acceptance and the rest", pm["accept"] + pm[REST[0]], ps["accept"] + ps[REST[0]])]
+        terms.sort(key=lambda t: -(t[1] - t[2]))
+        said = "; ".join(f"{name} {a:.2f} vs {b:.2f}" for name, a, b in terms)
+        return [f"{mirror_name} vs {sd_name}: {pm['total'] / pm['tau']:.2f} vs {ps['total'] / ps['tau']:.2f} ms a "
+                f"token; a step by part, the largest excess first (ms): {said}"]
+    return []
 
 
 def load_model_lines(report: BenchReport) -> list[str]:
