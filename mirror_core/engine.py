@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import queue
 import threading
 from dataclasses import replace
@@ -22,8 +23,9 @@ from .config import (DTYPE_CHOICES, SERIAL_DECODERS, LaneConfig, MirrorError, Re
                      parse_token_ids)
 from .decode import decode_events
 from .decode_state import DecodeState
-from .events import Event, RunEnd, SpanEvent, StepRecord
+from .events import STAGE_TARGET_STEP, Event, RunEnd, SpanEvent, StepRecord
 from .latency import StepOverheads
+from .latency import per_step_totals
 from .phases import step_phases
 from .runners.exactness import probe_ids
 from .lanes import make_draft_lane, pinned, prefill_cpus
@@ -74,27 +76,33 @@ class MirrorEngine:
         return engine
 
     def _time_overheads(self) -> None:
-        """A short run of sd and of mirror on a probe prompt, every step a draft-model window (no windows of zero, no
-        context draft), split by phase (phases.py): what a step costs beyond the target's passes and the draft's work
-        (the readout; acceptance, bookkeeping, messages) goes into the latency model that chose γ, κ, which chooses
+        """A short run of ar, sd and mirror on a probe prompt, every speculative step a draft-model window (no windows
+        of zero, no context draft), split by phase (phases.py): ar's step (the baseline, timed in the same minute),
+        each decoder's window where it runs, and what a step costs beyond the target's passes and the draft's work
+        (the readout; acceptance, bookkeeping, messages) go into the latency model that chose γ, κ, which chooses
         again (pair.with_overheads). Left out, the model as it was, where a run does not finish cleanly."""
         prompt = tuple(probe_ids(self.info.vocab_size, OVERHEAD_PROMPT, 7, 3))
         spec = self.info.resolve(SpecConfig())
         spec = replace(spec, context=replace(spec.context, enabled=False), zero_windows=False)
         phases = {}
-        for decoder in ("sd", "mirror"):
+        for decoder in ("ar", "sd", "mirror"):
             events = list(self.stream(Request(prompt, decoder, OVERHEAD_TOKENS, spec=spec, stop_at_eos=False)))
             end = events[-1]
             if not isinstance(end, RunEnd) or end.error or end.fallback or end.summary is None:
                 return
-            phases[decoder] = step_phases(decoder, [e for e in events if isinstance(e, SpanEvent)],
-                                          [e for e in events if isinstance(e, StepRecord)], end.summary.tau)
+            spans = [e for e in events if isinstance(e, SpanEvent)]
+            phases[decoder] = step_phases(decoder, spans, [e for e in events if isinstance(e, StepRecord)],
+                                          end.summary.tau)
+            if decoder == "ar":  # the median step: the first steps on a pool's cores pay its threads' start
+                ar_step = 1e3 * statistics.median(per_step_totals(spans, (STAGE_TARGET_STEP,)).values() or [0.0])
             if phases[decoder] is None:
                 return
-        readout, verify = dict(phases["mirror"].parts).get("readout", 0.0), dict(phases["sd"].parts).get("verify", 0.0)
-        self.info = with_overheads(self.info, StepOverheads(round(readout, 3), round(phases["sd"].overhead_ms, 3),
-                                                            round(phases["mirror"].overhead_ms, 3), round(verify, 3),
-                                                            spec.gamma))
+        mirror, sd = dict(phases["mirror"].parts), dict(phases["sd"].parts)
+        self.info = with_overheads(self.info, StepOverheads(
+            round(mirror.get("readout", 0.0), 3), round(phases["sd"].overhead_ms, 3),
+            round(phases["mirror"].overhead_ms, 3), round(sd.get("verify", 0.0), 3), spec.gamma,
+            round(mirror.get("prefix", 0.0) + mirror.get("suffix", 0.0), 3), round(ar_step, 3),
+            round(phases["sd"].draft_in_wait_ms, 3)))
 
     @staticmethod
     def check_pair(target: str, draft: str | None, lanes: LaneConfig | None = None,

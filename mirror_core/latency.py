@@ -152,6 +152,9 @@ class StepOverheads:
     mirror: float    # the same for Mirror-SD (its wait beyond the branches and rollouts the model already holds)
     sd_verify: float = 0.0  # vanilla SD's verification of a γ-token window where it ran (ar's cores), measured ...
     gamma: int = 0          # ... at this γ (0: not measured): its ratio to the lane's T_verify(γ) scales every γ's
+    mirror_verify: float = 0.0  # Mirror-SD's window (T_pre + Δ) at that γ, beside the draft's rollouts: the same
+    ar_step: float = 0.0    # ar's one-token step where ar runs, timed in the same short runs (0: not): the baseline
+    rollout: float = 0.0    # vanilla SD's rollout of a γ-token window as it ran (its catch-up rows included; 0: not)
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,25 @@ class StepCosts:
     def verify(self, gamma: int) -> float:
         """T_verify(γ): the window's cost, linear in its rows between the two timed shapes."""
         return self.t_ar + (self.t_window - self.t_ar) * gamma / (self.window_rows - 1)
+
+    @property
+    def draft_token(self) -> float:
+        """The draft's cost a drafted token: as SD's rollouts ran at load (their catch-up rows included), else its
+        timed one-token step."""
+        o = self.overheads
+        return o.rollout / o.gamma if o and o.rollout and o.gamma else self.draft_step
+
+    def mirror_window(self, gamma: int) -> float:
+        """Mirror-SD's window: T_verify(γ) scaled by what the load measured of it beside the draft's rollouts."""
+        o = self.overheads
+        return self.verify(gamma) * (o.mirror_verify / self.verify(o.gamma) if o and o.mirror_verify and o.gamma else 1.0)
+
+    def sd_window(self, gamma: int) -> float:
+        """Vanilla SD's window on the baseline's cores: T_verify(γ) scaled by what the load measured of it there, else
+        by T_base / T_AR."""
+        o = self.overheads
+        return self.verify(gamma) * (o.sd_verify / self.verify(o.gamma) if o and o.sd_verify and o.gamma
+                                     else self.base / self.t_ar)
 
     def branch(self, rows: int, gamma: int) -> float:
         """T_branch: a branch batch costs its rows × depth in row-tokens (measured: a CPU's batch costs nearly
@@ -243,17 +265,16 @@ class SpecChoice:
 def modelled_speedups(costs: StepCosts, profile: DraftProfile, gamma: int, kappa: int) -> tuple[float, float]:
     """(Mirror-SD, vanilla SD) speedups over the baseline: τ · T_base / E[T_step], E[T_step] from §4 with every
     branch row of κ(γ+1) rolled out, FF = 1 − hit rate, and T_fresh = γ draft steps, plus each decoder's overheads
-    timed at load (the readout T_rv^ee; acceptance, bookkeeping and messages). Mirror-SD's target runs on its lane
-    (T_AR's cores); SD's verification on the baseline's, its window scaled by what the load measured there against
-    the lane's window (else by T_base / T_AR: on every core a window gains less than one row does)."""
-    tau, verify, fresh = profile.tau(gamma), costs.verify(gamma), gamma * costs.draft_step
-    pre, delta = costs.exit_share * verify, (1 - costs.exit_share) * verify
-    branch = costs.branch(kappa * (gamma + 1), gamma)
+    timed at load (the readout T_rv^ee; acceptance, bookkeeping and messages). Each decoder's window is the lane's
+    T_verify(γ) scaled by what the load's short run measured of it where it runs (Mirror-SD's on its lane beside the
+    draft's rollouts; SD's on the baseline's cores); without those runs Mirror-SD's as timed, SD's by T_base / T_AR
+    (on every core a window gains less than one row does)."""
     o = costs.overheads or StepOverheads(0.0, 0.0, 0.0)
+    tau, window, fresh = profile.tau(gamma), costs.mirror_window(gamma), gamma * costs.draft_token
+    pre, delta = costs.exit_share * window, (1 - costs.exit_share) * window
+    branch = costs.branch(kappa * (gamma + 1), gamma)
     mirror = pre + o.readout + max(delta, branch) + (1 - profile.hit_rate(kappa, gamma)) * fresh + o.mirror
-    # SD verifies on ar's cores: its window as measured there at load, scaled from the lane's; else as the step scales
-    scale = o.sd_verify / costs.verify(o.gamma) if o.sd_verify and o.gamma else costs.base / costs.t_ar
-    return tau * costs.base / mirror, tau * costs.base / (verify * scale + fresh + o.sd)
+    return tau * costs.base / mirror, tau * costs.base / (costs.sd_window(gamma) + fresh + o.sd)
 
 
 def choose_spec(costs: StepCosts, profile: DraftProfile, gammas=GAMMAS, kappas=KAPPAS) -> SpecChoice:

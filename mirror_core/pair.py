@@ -287,24 +287,28 @@ def with_overheads(info: PairInfo, overheads: StepOverheads) -> PairInfo:
 
 
 def _spec_choice(info: PairInfo) -> SpecChoice | None:
-    """γ, κ for the pair's lanes as timed, against AR's step on every core where ar runs there (else the lane's)."""
-    whole = info.whole_machine
-    baseline = whole.all_ms if whole is not None and info.serial_cpus else None
-    return _choose_spec(info.target_dtype, info.draft_dtype, load_profile(local_folder(info.draft)),
-                        info.default_exit_layer() / info.num_layers, baseline, info.overheads)
+    """γ and κ for this machine: the latency model over the pair's step costs (step_costs) and the draft's profile;
+    None when the draft has no profile or a lane's dtype was forced without timing."""
+    profile, costs = load_profile(local_folder(info.draft)), step_costs(info)
+    return None if profile is None or costs is None else choose_spec(costs, profile)
 
 
-def _choose_spec(target: Calibration | None, draft: Calibration | None, profile, exit_share: float,
-                 baseline: float | None = None, overheads: StepOverheads | None = None) -> SpecChoice | None:
-    """γ and κ for this machine: the latency model over the lanes' timed step costs and the draft's profile, its
-    speedups against `baseline` (AR's step on every core, where ar runs there; None: the lane's step); None when the
-    draft has no profile or a lane's dtype was forced without timing."""
-    if profile is None or target is None or draft is None:
+def step_costs(info: PairInfo, exit_layer: int | None = None) -> StepCosts | None:
+    """The costs the load's latency model chooses γ, κ with (ms): the lanes' calibrations (a window at the default γ,
+    a branch batch at the default κ, γ), ℓ_e/N at `exit_layer` (the pair's own where None), and the baseline: ar's
+    step as the load's short runs timed it beside the speculative decoders' (the same minute's machine), else the
+    whole machine's where ar runs on every core, else the lane's (None). None where a lane's dtype was forced without
+    timing."""
+    target, draft = info.target_dtype, info.draft_dtype
+    if target is None or draft is None:
         return None
     shapes = (target.ms(target.sequence, "step"), target.ms(target.sequence, "window"),
               draft.ms(draft.sequence, "step"), draft.ms(draft.rows, "rows"))
     if any(v is None for v in shapes):
         return None
+    whole, o = info.whole_machine, info.overheads
+    baseline = o.ar_step if o is not None and o.ar_step else whole.all_ms if whole is not None and info.serial_cpus \
+        else None
+    layer = exit_layer if exit_layer is not None else info.default_exit_layer()
     t_ar, t_window, d_step, d_rows = shapes
-    return choose_spec(StepCosts(t_ar, t_window, WINDOW, exit_share, d_step, d_rows, BRANCH_ROWS, WINDOW - 1, baseline,
-                                 overheads), profile)
+    return StepCosts(t_ar, t_window, WINDOW, layer / info.num_layers, d_step, d_rows, BRANCH_ROWS, WINDOW - 1, baseline, o)

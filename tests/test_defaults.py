@@ -97,7 +97,8 @@ def test_a_pair_with_a_profile_fills_in_its_chosen_setting(drafts, tmp_path):
         choice = engine.info.spec_choice
         assert choice is not None
         o = engine.info.overheads  # timed at load by a short run of each decoder, and in the model that chose
-        assert o is not None and o.readout > 0 and o.sd > 0 and o.mirror > 0
+        assert o is not None and o.readout > 0 and o.sd > 0 and o.mirror > 0 and o.ar_step > 0 and o.rollout > 0
+        assert o.sd_verify > 0 and o.mirror_verify > 0 and o.gamma >= 1
         assert engine.info.describe()["chosen_settings"]["overheads_ms"]["readout"] == o.readout
         resolved = engine.validate(Request((1, 2), "mirror", 8)).spec
         assert (resolved.gamma, resolved.kappa, resolved.exit_layer) == (choice.gamma, choice.kappa, HEAD_LAYER)

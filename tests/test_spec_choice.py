@@ -34,6 +34,15 @@ def test_tau_and_the_model_follow_the_definitions():
     mirror, sd = modelled_speedups(timed, p, 2, 1)
     assert sd == pytest.approx(p.tau(2) * 20 / (verify + 6 + 0.6))  # each decoder's own overhead, the readout serial
     assert mirror == pytest.approx(p.tau(2) * 20 / (verify * 2 / 3 + 1.5 + max(verify / 3, branch) + 0.7 * 6 + 0.4))
+    # each window as the load's runs measured it where it runs, at γ 2: SD's 20 ms, Mirror-SD's 30 ms (the lane's 25)
+    ran = replace(COSTS, overheads=StepOverheads(1.5, 0.6, 0.4, sd_verify=20.0, gamma=2, mirror_verify=30.0))
+    assert ran.sd_window(4) == pytest.approx(COSTS.verify(4) * 20 / 25) and ran.mirror_window(2) == pytest.approx(30)
+    mirror, sd = modelled_speedups(ran, p, 2, 1)
+    assert sd == pytest.approx(p.tau(2) * 20 / (20 + 6 + 0.6))
+    assert mirror == pytest.approx(p.tau(2) * 20 / (30 * 2 / 3 + 1.5 + max(30 / 3, branch) + 0.7 * 6 + 0.4))
+    rolled = replace(COSTS, overheads=replace(ran.overheads, rollout=8.0))  # SD's 2-token rollouts ran 8 ms: 4 a token
+    assert rolled.draft_token == 4.0 and modelled_speedups(rolled, p, 2, 1)[1] == pytest.approx(
+        p.tau(2) * 20 / (20 + 8 + 0.6))
 
 
 def test_a_better_draft_or_a_cheaper_window_earns_a_longer_window():

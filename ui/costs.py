@@ -20,9 +20,10 @@ from dataclasses import dataclass, replace
 from mirror_core import events as ev
 from mirror_core.config import SERIAL_DECODERS
 from mirror_core.latency import per_step_totals
+from mirror_core.pair import step_costs
 from mirror_core.phases import PHASES, REST, StepPhases, step_phases
 
-from .whatif import WhatIf, load_costs, prediction
+from .whatif import WhatIf, prediction
 from .numbers import latency_model, speedup
 from .plots import STAGE_STYLE
 from .session import DecoderRun
@@ -71,7 +72,7 @@ class Chain:
     """The verify cost from load to run (ms; the AR steps are these ÷ the T_AR of their side)."""
 
     gamma: int
-    load_window: float | None   # the window at load (the choice's figure: load_costs), None where the load timed none
+    load_window: float | None   # the window at load (the choice's figure: pair.step_costs), None where the load timed none
     load_t_ar: float | None     # the baseline's one-token step at load
     cached: bool                # the load's window came from the calibration cache (timed at an earlier load)
     cache_step: float | None    # that calibration's one-token step on the target lane
@@ -106,9 +107,9 @@ def chain(mirror: DecoderRun | None, ar: DecoderRun | None, info=None) -> Chain 
     q1, _, q3 = statistics.quantiles(windows, n=4, method="inclusive") if len(windows) > 1 else windows * 3
     s = mirror.start.settings
     same = info is not None and (info.target, info.draft) == (s.target, s.draft)
-    costs = load_costs(info, s.exit_layer) if same else None
+    costs = step_costs(info, s.exit_layer) if same else None
     cal, whole = s.target_dtype, s.whole_machine
-    return Chain(mirror.gamma, costs.verify(mirror.gamma) if costs else None, costs.base if costs else None,
+    return Chain(mirror.gamma, costs.mirror_window(mirror.gamma) if costs else None, costs.base if costs else None,
                  bool(cal and cal.cached), cal.ms(cal.sequence, "step") if cal else None,
                  whole.lane_ms if whole is not None else None, 1e3 * (model.t_pre + model.delta), (q1, q3),
                  1e3 * model.t_ar, 1e3 * model.t_rv_ee, bar, window_words(mirror))

@@ -16,10 +16,10 @@ import html
 from dataclasses import dataclass, fields, replace
 
 from mirror_core import SpecConfig
-from mirror_core.config import DEFAULT_GAMMA, DEFAULT_KAPPA
-from mirror_core.latency import LatencyModel, StepCosts
+from mirror_core.latency import LatencyModel
 from mirror_core.models.loading import local_folder
 from mirror_core.models.profile import load_profile
+from mirror_core.pair import step_costs
 
 # The paper's Table 1 means (speedup over target-only AR; Qwen3-14B/32B targets on accelerators, γ = 7,
 # κ = 8): docs/ALGORITHM.md. Reference points for the modelled bars, not measurements of this machine.
@@ -61,7 +61,7 @@ class WhatIf:
     def from_load(cls, info) -> WhatIf | None:
         """The knobs the engine's choice of γ, κ modelled at load (mirror_core.latency.choose_spec over the lanes'
         calibrations and the draft's profile), at the γ, κ, ℓ_e the pair would run: T_AR is the baseline's step (AR on
-        every core where it runs there), the window's cost is the chooser's (load_costs), τ and FF come from the
+        every core where it runs there), the window's cost is the chooser's (pair.step_costs), τ and FF come from the
         profile, and the readout and messages as the load's short runs timed them (PairInfo.overheads; 0 where it
         timed none). So the knobs' Mirror-SD speedup is the one the choice promised. None where the load timed too
         little (no draft, a forced dtype)."""
@@ -69,13 +69,13 @@ class WhatIf:
         if profile is None or info.target_dtype is None or info.draft_dtype is None:
             return None
         spec = info.resolve(SpecConfig())
-        costs = load_costs(info, spec.exit_layer)
+        costs = step_costs(info, spec.exit_layer)
         if costs is None:
             return None
         branch = costs.branch(spec.kappa * (spec.gamma + 1), spec.gamma)
-        knobs = dict(t_ar_ms=costs.base, verify_ratio=costs.verify(spec.gamma) / costs.base,
-                     suffix_share=1 - costs.exit_share, draft_ms=costs.draft_step,
-                     branch_factor=branch / (spec.gamma * costs.draft_step),
+        knobs = dict(t_ar_ms=costs.base, verify_ratio=costs.mirror_window(spec.gamma) / costs.base,
+                     suffix_share=1 - costs.exit_share, draft_ms=costs.draft_token,
+                     branch_factor=branch / (spec.gamma * costs.draft_token),
                      overhead_ms=costs.overheads.readout + costs.overheads.mirror if costs.overheads else 0.0,
                      tau=profile.tau(spec.gamma), ff=1 - profile.hit_rate(spec.kappa, spec.gamma))
         return cls(**{k: round(v, 3) for k, v in knobs.items()}, gamma=spec.gamma)
@@ -86,24 +86,6 @@ class WhatIf:
 
 KNOBS = tuple(f.name for f in fields(WhatIf))
 
-
-def load_costs(info, exit_layer: int) -> StepCosts | None:
-    """The step costs the engine's choice of γ, κ used at load (ms; pair._choose_spec): the lanes' calibrations
-    (a window at the default γ, a branch batch at the default κ, γ), the baseline's step (AR on every core where it
-    runs there: WholeMachine.all_ms, timed at this load). None where a lane's dtype was forced without timing."""
-    target, draft = info.target_dtype, info.draft_dtype
-    if target is None or draft is None:
-        return None
-    shapes = (target.ms(target.sequence, "step"), target.ms(target.sequence, "window"),
-              draft.ms(draft.sequence, "step"), draft.ms(draft.rows, "rows"))
-    if None in shapes:
-        return None
-    whole = info.whole_machine
-    base = whole.all_ms if whole is not None and info.serial_cpus else None
-    rows = DEFAULT_GAMMA + 1  # the shapes runners/calibrate.py times: a window at the default γ, a branch batch
-    t_ar, window, d_step, d_rows = shapes
-    return StepCosts(t_ar, window, rows, exit_layer / info.num_layers, d_step, d_rows, DEFAULT_KAPPA * rows,
-                     DEFAULT_GAMMA, base, info.overheads)
 
 # The paper's illustrative accelerator numbers (docs/ALGORITHM.md §4: T_target 40 ms = 20 + 20, T_branch 15,
 # T_rv 0.5, T_fresh 10, FF 0.3, E[A_t] = 4, T_AR 30): illustrative, not measured anywhere.
