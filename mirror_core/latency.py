@@ -33,6 +33,7 @@ from .events import (
     SpanEvent,
     StepRecord,
 )
+from .config import DEFAULT_GAMMA, DEFAULT_KAPPA
 from .metrics import RunSummary
 
 VERIFY_STAGES = (STAGE_TARGET_VERIFY, STAGE_TARGET_PREFIX, STAGE_EXIT_READOUT, STAGE_TARGET_SUFFIX)
@@ -204,6 +205,29 @@ class StepCosts:
         """T_branch: a branch batch costs its rows × depth in row-tokens (measured: a CPU's batch costs nearly
         rows × one row), plus one pass over the window for a feature-reading draft's shared prefix."""
         return self.draft_rows * rows * gamma / (self.rows * self.depth) + self.draft_step
+
+
+def step_costs(info, exit_layer: int | None = None) -> StepCosts | None:
+    """The costs the load's latency model chooses γ, κ with (ms), from a loaded pair's pair.PairInfo: the lanes' calibrations (a window at the default γ,
+    a branch batch at the default κ, γ), ℓ_e/N at `exit_layer` (the pair's own where None), and the baseline: ar's
+    step as the load's short runs timed it beside the speculative decoders' (the same minute's machine), else the
+    whole machine's where ar runs on every core, else the lane's (None). None where a lane's dtype was forced without
+    timing."""
+    target, draft = info.target_dtype, info.draft_dtype
+    if target is None or draft is None:
+        return None
+    shapes = (target.ms(target.sequence, "step"), target.ms(target.sequence, "window"),
+              draft.ms(draft.sequence, "step"), draft.ms(draft.rows, "rows"))
+    if any(v is None for v in shapes):
+        return None
+    whole, o = info.whole_machine, info.overheads
+    baseline = o.ar_step if o is not None and o.ar_step else whole.all_ms if whole is not None and info.serial_cpus \
+        else None
+    layer = exit_layer if exit_layer is not None else info.default_exit_layer()
+    t_ar, t_window, d_step, d_rows = shapes
+    window = DEFAULT_GAMMA + 1  # the shapes runners/calibrate.py times: a window at the default γ, a branch batch
+    return StepCosts(t_ar, t_window, window, layer / info.num_layers, d_step, d_rows, DEFAULT_KAPPA * window,
+                     DEFAULT_GAMMA, baseline, o)
 
 
 GAMMAS, KAPPAS = range(1, 9), range(1, 5)  # the settings choose_spec tries (a draft's profile measures τ at each γ)

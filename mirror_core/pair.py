@@ -12,7 +12,7 @@ from .config import MAX_GAMMA, DEFAULT_GAMMA, DEFAULT_KAPPA, LaneConfig, MirrorE
 from .events import RunSettings
 from .lanes import DraftLaneSpec, auto_lanes
 from .lanes.faults import fault_plan_from_env
-from .latency import SpecChoice, StepCosts, StepOverheads, choose_spec
+from .latency import SpecChoice, StepOverheads, choose_spec, step_costs
 from .models.exit_head import choose_exit_head
 from .models.feature_draft import check_feature_draft, feature_draft_config, is_feature_draft
 from .models.gguf_blocks import read_blocks
@@ -23,7 +23,7 @@ from .models.profile import load_profile
 from .models.vocab import load_vocab_map
 from .records import UNCHECKED, Calibration, ExitHeadInfo, Roofline, RowCheck, WholeMachine
 from .runners import build_runner
-from .runners.calibrate import BRANCH_ROWS, WINDOW, format_name, pair_format
+from .runners.calibrate import format_name, pair_format
 from .target_timing import TargetTiming, roofline_of
 
 @dataclass(frozen=True)
@@ -291,24 +291,3 @@ def _spec_choice(info: PairInfo) -> SpecChoice | None:
     None when the draft has no profile or a lane's dtype was forced without timing."""
     profile, costs = load_profile(local_folder(info.draft)), step_costs(info)
     return None if profile is None or costs is None else choose_spec(costs, profile)
-
-
-def step_costs(info: PairInfo, exit_layer: int | None = None) -> StepCosts | None:
-    """The costs the load's latency model chooses γ, κ with (ms): the lanes' calibrations (a window at the default γ,
-    a branch batch at the default κ, γ), ℓ_e/N at `exit_layer` (the pair's own where None), and the baseline: ar's
-    step as the load's short runs timed it beside the speculative decoders' (the same minute's machine), else the
-    whole machine's where ar runs on every core, else the lane's (None). None where a lane's dtype was forced without
-    timing."""
-    target, draft = info.target_dtype, info.draft_dtype
-    if target is None or draft is None:
-        return None
-    shapes = (target.ms(target.sequence, "step"), target.ms(target.sequence, "window"),
-              draft.ms(draft.sequence, "step"), draft.ms(draft.rows, "rows"))
-    if any(v is None for v in shapes):
-        return None
-    whole, o = info.whole_machine, info.overheads
-    baseline = o.ar_step if o is not None and o.ar_step else whole.all_ms if whole is not None and info.serial_cpus \
-        else None
-    layer = exit_layer if exit_layer is not None else info.default_exit_layer()
-    t_ar, t_window, d_step, d_rows = shapes
-    return StepCosts(t_ar, t_window, WINDOW, layer / info.num_layers, d_step, d_rows, BRANCH_ROWS, WINDOW - 1, baseline, o)

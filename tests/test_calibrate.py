@@ -71,7 +71,9 @@ def test_the_target_takes_the_pairs_format_and_the_next_load_reads_the_cache(pai
 def test_a_cached_table_out_of_step_with_todays_lane_is_timed_again(pairs, tmp_path, monkeypatch):
     """A table cached while another process held a core (its step 2× today's) is timed anew at the next load, where
     the load's fresh step on the same cores says so; a table within STALE of it either way is read as it is."""
+    from mirror_core import target_timing
     from mirror_core.machine import usable_cpus
+    from mirror_core.records import WholeMachine
     from mirror_core.target_timing import time_target
 
     cal = Calibration("target", "auto", "int8", "int8", (Timing("int8", "step", 7.5), Timing("int8", "rows1", 7.4)),
@@ -85,6 +87,8 @@ def test_a_cached_table_out_of_step_with_todays_lane_is_timed_again(pairs, tmp_p
     lanes = LaneConfig(kind="inline", target_cpus=cpus[:1], draft_cpus=cpus[1:], target_threads=1, draft_threads=1)
     model, runner = _runner(pairs["llama"][0])
     first = time_target(runner, runner.vocab_size, lanes, model.config).dtype
+    step = first.ms("float32", "step")  # the load's fresh step, as a quiet machine gives it (a busy one: no re-time)
+    monkeypatch.setattr(target_timing, "time_whole_machine", lambda *a: WholeMachine(1, step, len(cpus), step))
     (path,) = [os.path.join(tmp_path, "calibration", f) for f in os.listdir(os.path.join(tmp_path, "calibration"))]
     slow = replace(first, table=tuple(replace(t, ms=2 * t.ms) for t in first.table))  # timed under load
     with open(path, "w") as f:

@@ -19,8 +19,7 @@ from dataclasses import dataclass, replace
 
 from mirror_core import events as ev
 from mirror_core.config import SERIAL_DECODERS
-from mirror_core.latency import per_step_totals
-from mirror_core.pair import step_costs
+from mirror_core.latency import per_step_totals, step_costs
 from mirror_core.phases import PHASES, REST, StepPhases, step_phases
 
 from .whatif import WhatIf, prediction
@@ -72,7 +71,7 @@ class Chain:
     """The verify cost from load to run (ms; the AR steps are these ÷ the T_AR of their side)."""
 
     gamma: int
-    load_window: float | None   # the window at load (the choice's figure: pair.step_costs), None where the load timed none
+    load_window: float | None   # the window at load (the choice's figure: latency.step_costs), None where the load timed none
     load_t_ar: float | None     # the baseline's one-token step at load
     cached: bool                # the load's window came from the calibration cache (timed at an earlier load)
     cache_step: float | None    # that calibration's one-token step on the target lane

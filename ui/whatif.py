@@ -16,10 +16,9 @@ import html
 from dataclasses import dataclass, fields, replace
 
 from mirror_core import SpecConfig
-from mirror_core.latency import LatencyModel
+from mirror_core.latency import LatencyModel, step_costs
 from mirror_core.models.loading import local_folder
 from mirror_core.models.profile import load_profile
-from mirror_core.pair import step_costs
 
 # The paper's Table 1 means (speedup over target-only AR; Qwen3-14B/32B targets on accelerators, γ = 7,
 # κ = 8): docs/ALGORITHM.md. Reference points for the modelled bars, not measurements of this machine.
@@ -61,7 +60,7 @@ class WhatIf:
     def from_load(cls, info) -> WhatIf | None:
         """The knobs the engine's choice of γ, κ modelled at load (mirror_core.latency.choose_spec over the lanes'
         calibrations and the draft's profile), at the γ, κ, ℓ_e the pair would run: T_AR is the baseline's step (AR on
-        every core where it runs there), the window's cost is the chooser's (pair.step_costs), τ and FF come from the
+        every core where it runs there), the window's cost is the chooser's (latency.step_costs), τ and FF come from the
         profile, and the readout and messages as the load's short runs timed them (PairInfo.overheads; 0 where it
         timed none). So the knobs' Mirror-SD speedup is the one the choice promised. None where the load timed too
         little (no draft, a forced dtype)."""
