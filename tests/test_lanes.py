@@ -70,7 +70,10 @@ def test_stop_flag_ends_the_run_within_one_step(process_engine, heavy_pair):
     stop = threading.Event()
     steps = 0
     tokens = []
-    for event in process_engine.stream(Request((1, 2, 3), "mirror", 200, spec=SpecConfig(3, 2, 4)), stop):
+    # every step a window (each waits for the draft lane), so the target lane cannot run many steps ahead of this
+    # consumer: plain steps on a toy target take microseconds, and their records queue faster than they are read
+    spec = SpecConfig(3, 2, 4, zero_windows=False)
+    for event in process_engine.stream(Request((1, 2, 3), "mirror", 200, spec=spec), stop):
         if isinstance(event, StepRecord):
             steps += 1
             if steps == 2:

@@ -12,6 +12,7 @@ import html
 import json
 import os
 import re
+import statistics
 import threading
 import time
 
@@ -143,7 +144,9 @@ def test_the_pages_mirror_over_ar_agrees_with_the_apis_and_the_page_holds_still_
         print(f"live plots {live}: page {ratios}, API {api}")  # -s: the figures
         assert lo * (1 - SLACK) <= ratios[1] <= hi * (1 + SLACK), (live, ratios, api)
         assert page["provisional"], "no provisional verdict while the repeats ran"
-        assert ("timing noise" in text) == bool(noise_note(ratios)), (ratios, text)
+        q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")  # of the figures as the page rounds them
+        if min(abs(q1 - 1), abs(q3 - 1)) > 0.01:  # else the page's unrounded quartile may lie either side of 1×
+            assert ("timing noise" in text) == bool(noise_note(ratios)), (ratios, text)
         assert "the page drawing nothing while it ran" in text
     calm = pages[False]["updates"]  # live plots off: no replay at the end, so every update came while timing
     for d in ("ar", "mirror", "sd"):
