@@ -130,10 +130,10 @@ AR_AGREEMENT = 0.15  # the page's AR tokens/s within this share of the CLI's on 
 @pytest.mark.slow  # loads the toy pair on the app's lanes, and times AR on the page and through the CLI, alternately
 def test_the_pages_ar_runs_as_the_clis_does():
     """The page's AR (run_comparison on app.py's lanes: the same plan, threads and warm-up as `python -m mirror_core
-    generate --decoder ar`) runs within AR_AGREEMENT of the CLI's on the same prompt, medians of alternated runs. A
-    larger gap is explained away only where the noise meter says another process took more than NOISY_CORES of a core
-    while one of them was timed (it is skipped then, with the figures); else it fails."""
-    import statistics
+    generate --decoder ar`) runs within AR_AGREEMENT of the CLI's on the same prompt, the best of alternated runs each
+    (noise only slows a run, and the VM's neighbours slow some by a fifth where no meter here sees them). A larger gap
+    is explained away only where the noise meter says another process took more than NOISY_CORES of a core while one
+    of them was timed (it is skipped then, with the figures); else it fails."""
 
     from mirror_core import auto_lanes
     from mirror_core.machine import cpu_times, others_cores
@@ -147,7 +147,7 @@ def test_the_pages_ar_runs_as_the_clis_does():
     target, draft = (os.path.join(ROOT, "assets", "default_pair", name) for name in ("target", "draft_ar"))
     prompt, tokens = "The quick brown fox", "64"
     loader = EngineLoader(auto_lanes())
-    page, cli, noise = [], [], []
+    page, cli, noise, cores = [], [], [], []
     try:
         loader.get(target, draft)
         for _ in range(3):
@@ -158,6 +158,8 @@ def test_the_pages_ar_runs_as_the_clis_does():
                 pass
             run = session.runs["ar"]
             page.append(run.summary.tokens_per_s)
+            lanes = run.start.settings.lanes
+            page_cores = len(run.start.settings.serial_cpus) or len(lanes.target_cpus)
             noise.append(run.others)
             before = cpu_times()
             proc = run_cli("generate", "--target", target, "--prompt", prompt, "--decoder", "ar", "--max-new-tokens",
@@ -166,12 +168,17 @@ def test_the_pages_ar_runs_as_the_clis_does():
             out = json.loads(proc.stdout.strip().splitlines()[-1])
             assert out["token_ids"] == list(run.end.token_ids)  # the same function, the same tokens
             cli.append(out["stats"]["tokens_per_s"])
+            whole = out["pair"]["whole_machine"]  # where the CLI's load put ar (None: the lane holds every core)
+            cores.append(page_cores == (whole["ar_cores"] if whole else page_cores))
             noise.append(others_cores(before, cpu_times()))  # the CLI's process is this one's child: not "other"
     finally:
         loader.close()
-    gap = statistics.median(page) / statistics.median(cli) - 1
-    said = (f"page {statistics.median(page):.1f} tok/s {[round(x) for x in page]}, CLI {statistics.median(cli):.1f} "
-            f"tok/s {[round(x) for x in cli]}: {gap:+.0%}; other processes {max(noise):.0%} of a core at most")
+    said = (f"page {[round(x) for x in page]} tok/s, CLI {[round(x) for x in cli]}, on the same cores {cores}; other "
+            f"processes {max(noise):.0%} of a core at most")
+    if not any(cores):  # each timed the machine and chose its cores: a noisy minute can put them apart every time
+        pytest.skip(f"the page's and the CLI's loads timed the machine differently every time: {said}")
+    gap = max(p for p, same in zip(page, cores) if same) / max(c for c, same in zip(cli, cores) if same) - 1
+    said += f": {gap:+.0%} (the best of each where both ran on the same cores)"
     if abs(gap) > AR_AGREEMENT and max(noise) > NOISY_CORES:
         pytest.skip(f"another process took a share of the cores while AR was timed: {said}")
     assert abs(gap) <= AR_AGREEMENT, said
