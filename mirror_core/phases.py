@@ -99,6 +99,15 @@ def step_phases(decoder: str, spans: list[SpanEvent], steps: list[StepRecord], t
     return StepPhases(decoder, tuple(parts), step, tau or 1.0, 1e3 * interval_overlap(waits, work) / n)
 
 
+def versus_sd(mirror: dict[str, float], sd: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """Mirror-SD's mean step against vanilla SD's by the terms that separate them (ms, from each decoder's phases:
+    StepPhases.parts or to_dict): the target's passes (Mirror-SD's window, its plain steps' passes included, against
+    SD's verify), the readout SD does not have, each one's wait for the draft, and acceptance with the rest."""
+    return {"passes": (mirror["prefix"] + mirror["suffix"] + mirror.get("verify", 0.0), sd["verify"]),
+            "readout": (mirror["readout"], 0.0), "wait": (mirror[WAIT], sd[WAIT]),
+            "accept": (mirror["accept"] + mirror[REST[0]], sd["accept"] + sd[REST[0]])}
+
+
 # Every key a StepPhases.to_dict can hold, in one order (the CSV's phase columns, the same whatever ran).
 PHASE_KEYS = tuple(dict.fromkeys([name for parts in PHASES.values() for name, _, _ in parts] + [REST[0], *WAIT_SPLIT,
                                                                                                   "total", "tau"]))

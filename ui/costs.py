@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from mirror_core import events as ev
 from mirror_core.config import SERIAL_DECODERS
 from mirror_core.latency import per_step_totals, step_costs
-from mirror_core.phases import PHASES, REST, StepPhases, step_phases
+from mirror_core.phases import PHASES, REST, StepPhases, step_phases, versus_sd
 
 from .whatif import WhatIf, prediction
 from .numbers import latency_model, speedup
@@ -223,12 +223,11 @@ def sd_reason(sd: DecoderRun | None, mirror: DecoderRun | None, x_sd: float | No
     a, b = step_bar(sd), step_bar(mirror)
     if a is None or b is None:
         return ""
-    pa, pb = dict(a.parts), dict(b.parts)
+    pb = dict(b.parts)
     plain = " and its plain steps' passes" if pb.get("verify") else ""  # windows of zero: no early exit
-    terms = [(f"the window ({_cores(mirror)}){plain} against SD's verify ({_cores(sd)})",
-              pb["prefix"] + pb["suffix"] + pb.get("verify", 0.0), pa["verify"]), ("the early-exit readout", pb["readout"], 0.0),
-             ("the wait for the draft", pb["wait for the draft"], pa["wait for the draft"]),
-             ("acceptance and the rest", pb["accept"] + pb[OTHER[0]], pa["accept"] + pa[OTHER[0]])]
+    names = {"passes": f"the window ({_cores(mirror)}){plain} against SD's verify ({_cores(sd)})",
+             "readout": "the early-exit readout", "wait": "the wait for the draft", "accept": "acceptance and the rest"}
+    terms = [(names[k], m, s) for k, (m, s) in versus_sd(pb, dict(a.parts)).items()]
     terms.sort(key=lambda t: -abs(t[1] - t[2]))
     said = "; ".join(f"{name} {m:.2f} vs {s:.2f} ms" for name, m, s in terms)
     per_token = (b.step_ms / b.tau, a.step_ms / a.tau)

@@ -5,7 +5,7 @@ import csv
 import json
 import os
 
-from ..phases import PHASE_KEYS, REST, WAIT, WAIT_SPLIT
+from ..phases import PHASE_KEYS, WAIT_SPLIT, versus_sd
 from .rows import BenchRow
 from .summary import BenchReport
 
@@ -87,9 +87,9 @@ def mirror_vs_sd_lines(report: BenchReport) -> list[str]:
         pm, ps = m.phases_ms, s.phases_ms
         if pm["total"] / pm["tau"] <= ps["total"] / ps["tau"]:
             return []
-        terms = [("the target's passes", pm["prefix"] + pm["suffix"] + pm.get("verify", 0.0), ps["verify"]),
-                 ("the readout", pm["readout"], 0.0), ("the wait for the draft", pm[WAIT], ps[WAIT]),
-                 ("acceptance and the rest", pm["accept"] + pm[REST[0]], ps["accept"] + ps[REST[0]])]
+        names = {"passes": "the target's passes", "readout": "the readout", "wait": "the wait for the draft",
+                 "accept": "acceptance and the rest"}
+        terms = [(names[k], a, b) for k, (a, b) in versus_sd(pm, ps).items()]
         terms.sort(key=lambda t: -(t[1] - t[2]))
         said = "; ".join(f"{name} {a:.2f} vs {b:.2f}" for name, a, b in terms)
         return [f"{mirror_name} vs {sd_name}: {pm['total'] / pm['tau']:.2f} vs {ps['total'] / ps['tau']:.2f} ms a "
